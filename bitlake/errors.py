@@ -1,0 +1,49 @@
+"""Every error bitlake raises on purpose derives from :class:`BitlakeError`."""
+
+
+class BitlakeError(Exception):
+    """Base class of bitlake's errors."""
+
+
+class TableNotFoundError(BitlakeError):
+    """The path does not exist."""
+
+
+class NotATableError(BitlakeError):
+    """The path exists but holds no bitlake table."""
+
+
+class TableExistsError(BitlakeError):
+    """create_table was pointed at a path that already holds a table."""
+
+
+class UnsupportedFormatVersionError(BitlakeError):
+    """The table was written by a newer format version than this library reads."""
+
+
+class CorruptTableError(BitlakeError):
+    """A metadata file fails its checksum or cannot be parsed."""
+
+
+class InvalidInputError(BitlakeError):
+    """A batch or an argument breaks the table's contract; nothing of it was written."""
+
+
+class SchemaMismatchError(InvalidInputError):
+    """The input's columns or types do not match the table schema."""
+
+
+class NullValueError(InvalidInputError):
+    """A key column or the delta column holds a null."""
+
+
+class UnknownOperationError(InvalidInputError):
+    """The op column holds a value other than "upsert" or "delete"."""
+
+
+class CommitConflictError(BitlakeError):
+    """A concurrent commit made this one impossible, and retrying could not resolve it."""
+
+
+class VersionNotFoundError(BitlakeError):
+    """The requested version does not exist (or is outside the retained window)."""

@@ -1,0 +1,102 @@
+"""Current-view reads in Spark: the committed data files, rows filtered by the bitmaps.
+
+The plan is chosen per file from the segment counts in the commit log, without reading a bitmap on
+the driver: a file whose segments are fully valid is scanned plainly; a file whose segments have no
+valid row is skipped; the rest are scanned and left-anti-joined on the packed 64-bit row id with the
+invalid row ids, which executors expand from the bitmap files. That list is broadcast while it is
+shorter than ``read.broadcast_invalid_rows`` and shuffled beyond.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+
+from bitlake import bitmap, rowid
+from bitlake.commitlog import DataFile
+from bitlake.fs import FileIO
+from bitlake.spark.landing import DATA_DIR, data_schema
+from bitlake.state import TableState
+
+_INVALID_IN = "path string, part int, seq int, offsets long"
+
+
+@dataclasses.dataclass
+class _InvalidIds:
+    base: str
+
+    def __call__(self, batches):
+        import os
+
+        cache = bitmap.BitmapCache(lambda p: os.path.join(self.base, p))
+        for rb in batches:
+            for r in rb.to_pylist():
+                bm = cache.get(r["path"], r["part"], r["seq"])
+                offsets = bitmap.invalid_offsets(bm, r["offsets"]).astype(np.int64)
+                if len(offsets):
+                    ids = offsets | np.int64(rowid.segment_key(r["part"], r["seq"]))
+                    yield pa.RecordBatch.from_arrays([pa.array(ids, pa.int64())], ["_invalid"])
+
+
+def plan_files(state: TableState) -> tuple[list[DataFile], list[DataFile], int]:
+    """Splits the visible data files into (clean, dirty) and returns the invalid-row count of dirty ones."""
+    clean, dirty, invalid = [], [], 0
+    dirty_segments = set()
+    for f in state.data_files():
+        s = state.segments.get(f.segment)
+        if s is None or s.cardinality == 0:
+            continue
+        if s.cardinality >= s.data_rows:
+            clean.append(f)
+        else:
+            dirty.append(f)
+            if f.segment not in dirty_segments:
+                dirty_segments.add(f.segment)
+                invalid += s.offsets - s.cardinality
+    return clean, dirty, invalid
+
+
+def scan(spark, io: FileIO, state: TableState, files: list[DataFile]):
+    from bitlake.schema import spark_schema
+
+    meta = state.metadata
+    reader = spark.read.format(meta.file_format).schema(spark_schema(data_schema(meta)))
+    if meta.partition_by:
+        reader = reader.option("basePath", io.path(DATA_DIR))
+    return reader.load([io.path(f.path) for f in files])
+
+
+def read(spark, io: FileIO, state: TableState, include_row_ids: bool = False):
+    """The current view of ``state`` as a Spark DataFrame."""
+    from pyspark.sql import functions as F
+
+    from bitlake.schema import spark_schema
+
+    meta = state.metadata
+    columns = meta.column_names + (list(rowid.ROW_ID_COLUMNS) if include_row_ids else [])
+    clean, dirty, invalid = plan_files(state)
+    parts = []
+    if clean:
+        parts.append(scan(spark, io, state, clean).select(columns))
+    if dirty:
+        segments = sorted({f.segment for f in dirty})
+        rows = [(state.segments[k].bitmap, k[0], k[1], state.segments[k].offsets) for k in segments]
+        ids = (
+            spark.createDataFrame(rows, _INVALID_IN)
+            .repartition(max(1, min(len(rows), spark.sparkContext.defaultParallelism)))
+            .mapInArrow(_InvalidIds(io.base), "_invalid long")
+        )
+        if invalid <= meta.int_prop("read.broadcast_invalid_rows"):
+            ids = F.broadcast(ids)
+        df = scan(spark, io, state, dirty)
+        df = df.join(ids, rowid.spark_packed() == F.col("_invalid"), "left_anti")
+        parts.append(df.select(columns))
+    if not parts:
+        schema = spark_schema(data_schema(meta))
+        return spark.createDataFrame([], schema).select(columns)
+    out = parts[0]
+    for p in parts[1:]:
+        out = out.unionByName(p)
+    return out

@@ -1,0 +1,437 @@
+"""The public API: create, open, ingest, MetaGen, read, history, cleanup."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import random
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from bitlake import bitmap, commitlog, rowid
+from bitlake import state as state_mod
+from bitlake.commitlog import Batch, Commit
+from bitlake.errors import (
+    CommitConflictError,
+    InvalidInputError,
+    NotATableError,
+    TableExistsError,
+    TableNotFoundError,
+)
+from bitlake.fs import FileIO, file_io
+from bitlake.schema import TableMetadata, conform_spark_input, to_arrow_schema
+from bitlake.state import TableState
+
+PARTS_DIR = "_bitlake/parts"
+MAX_COMMIT_ATTEMPTS = 30
+MAX_BATCH_ID_LENGTH = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class IngestResult:
+    """What an ``ingest`` or ``metagen`` call did.
+
+    ``committed`` is False when the batch id had already been committed (an idempotent retry): then
+    ``version`` is the version that committed it and nothing was written. ``counts`` holds
+    inserted, updated, deleted, stale and ignored_deletes for this batch (zero until MetaGen ran).
+    """
+
+    batch_id: str | None
+    version: int
+    committed: bool
+    visible: bool
+    counts: dict[str, int]
+
+
+def create_table(
+    path: str,
+    schema: Any,
+    *,
+    primary_key: list[str] | None = None,
+    delta_column: str | None = None,
+    partition_by: list[str] | None = None,
+    file_format: str = "parquet",
+    num_buckets: int = 16,
+    properties: dict[str, str] | None = None,
+) -> Table:
+    """Creates a table at ``path`` (a local folder or ``file://`` URI) and returns it.
+
+    Args:
+        path: the table's base path; it must not hold a table yet.
+        schema: a pyarrow.Schema or a Spark StructType.
+        primary_key: key columns; with ``delta_column`` makes the table keyed (upserts, deletes).
+        delta_column: the column that orders a key's records (a timestamp, date or integer).
+        partition_by: columns whose values become Hive-style folders; the key store stays global.
+        file_format: ``parquet`` or ``orc``.
+        num_buckets: the key store's fixed number of hash buckets.
+        properties: table properties (see ``schema.DEFAULT_PROPERTIES``).
+    """
+    io = file_io(path)
+    meta = TableMetadata(
+        schema=to_arrow_schema(schema),
+        primary_key=tuple(primary_key or ()),
+        delta_column=delta_column,
+        partition_by=tuple(partition_by or ()),
+        file_format=file_format,
+        num_buckets=num_buckets,
+        properties=dict(properties or {}),
+    )
+    meta.validate()
+    if commitlog.list_versions(io):
+        raise TableExistsError(f"{io.base} already holds a bitlake table")
+    commit = Commit(version=0, operation=commitlog.CREATE, timestamp_ms=commitlog.now_ms(0), metadata=meta.to_json())
+    try:
+        commitlog.write(io, commit)
+    except FileExistsError:
+        raise TableExistsError(f"{io.base} already holds a bitlake table") from None
+    return Table(io)
+
+
+def open_table(path: str) -> Table:
+    """Opens an existing table; TableNotFoundError / NotATableError otherwise."""
+    io = file_io(path)
+    if not io.exists():
+        raise TableNotFoundError(f"no such table: {io.base} does not exist")
+    if not io.is_dir():
+        raise NotATableError(f"{io.base} is a file, not a bitlake table")
+    table = Table(io)
+    table.refresh()
+    return table
+
+
+class Table:
+    """A bitlake table. Cheap to create; every call reads the commit log as needed."""
+
+    def __init__(self, io: FileIO):
+        self.io = io
+        self._state: TableState | None = None
+
+    def __repr__(self) -> str:
+        return f"Table({self.io.base!r}, version={self.version})"
+
+    @property
+    def path(self) -> str:
+        return self.io.base
+
+    @property
+    def metadata(self) -> TableMetadata:
+        return self.refresh().metadata
+
+    @property
+    def version(self) -> int:
+        return self.refresh().version
+
+    def refresh(self) -> TableState:
+        """Brings the cached state up to the latest commit and returns it."""
+        if self._state is None:
+            self._state = state_mod.load(self.io)
+        latest = commitlog.list_versions(self.io)[-1]
+        for v in range(self._state.version + 1, latest + 1):
+            self._state.apply(commitlog.read(self.io, v))
+        return self._state
+
+    def state(self, version: int | None = None) -> TableState:
+        """The table's state at ``version`` (default: latest); a fresh copy the caller may keep."""
+        return state_mod.load(self.io, version)
+
+    # ----------------------------------------------------------------------------------- writes
+
+    def ingest(
+        self,
+        data: Any,
+        *,
+        op_column: str | None = None,
+        batch_id: str | None = None,
+        metagen: bool = True,
+        spark: Any = None,
+    ) -> IngestResult:
+        """Ingests one batch: lands its records and (by default) runs MetaGen and commits.
+
+        Args:
+            data: a Spark DataFrame, a pyarrow Table or a pandas DataFrame with the table's columns.
+            op_column: a string column saying what each record does: ``"upsert"`` or ``"delete"``.
+                Without it every record is an upsert. It is not stored.
+            batch_id: the batch's id; a batch id that already committed makes this a no-op.
+            metagen: False lands the data only (pending); ``metagen()`` makes it visible later.
+            spark: the SparkSession; default ``bitlake.spark_session()``.
+        """
+        from bitlake.spark import landing
+
+        spark = spark or _session()
+        meta = self.metadata
+        batch_id = _check_batch_id(batch_id)
+        if op_column is not None and not meta.keyed:
+            raise InvalidInputError("an unkeyed (append-only) table takes no op_column: it has no deletes")
+        state = self.refresh()
+        done = self._already_committed(state, batch_id)
+        if done is not None:
+            return done
+        df = conform_spark_input(_to_spark(spark, data), meta, op_column)
+        part = self._claim_part(state)
+        files = landing.land(df, meta, self.io.base, part, op_column is not None)
+        batch = Batch(batch_id, part, tuple(files))
+        try:
+            if metagen:
+                return self._commit_metagen(spark, batch)
+            return self._commit_land(batch)
+        except BaseException:
+            if self.refresh().batches.get(batch_id) is None:
+                landing.remove_part_files(self.io.base, part)
+            raise
+
+    def metagen(self, *, spark: Any = None) -> IngestResult:
+        """Runs MetaGen over every pending (landed, not yet visible) batch and commits them at once."""
+        spark = spark or _session()
+        return self._commit_metagen(spark, None)
+
+    def _already_committed(self, state: TableState, batch_id: str) -> IngestResult | None:
+        if batch_id not in state.batches:
+            return None
+        visible = state.visible.get(batch_id)
+        version = visible if visible is not None else state.batches[batch_id]
+        counts = commitlog.read(self.io, version).batch_counts.get(batch_id, {})
+        return IngestResult(batch_id, version, False, visible is not None, counts)
+
+    def _claim_part(self, state: TableState) -> int:
+        """Claims a segment part no other job has: an atomic create of ``_bitlake/parts/<n>``."""
+        listed = [int(n) for n in self.io.list(PARTS_DIR) if n.isdigit()]
+        n = max([state.max_part, *listed]) + 1
+        while True:
+            if n > rowid.MAX_PART:
+                raise InvalidInputError("the table has used every segment part; compact it into a new table")
+            try:
+                self.io.put_if_absent(f"{PARTS_DIR}/{n:08d}", b"")
+                return n
+            except FileExistsError:
+                n += 1
+
+    def _commit_land(self, batch: Batch) -> IngestResult:
+        def build(state: TableState):
+            c = Commit(state.version + 1, commitlog.LAND, commitlog.now_ms(state.timestamp_ms),
+                       batch_id=batch.batch_id, landed=batch)
+            return c, []
+
+        result = self._commit(build, batch)
+        if isinstance(result, IngestResult):
+            return result
+        return IngestResult(batch.batch_id, result.version, True, False, {})
+
+    def _commit_metagen(self, spark, batch: Batch | None) -> IngestResult:
+        from bitlake.spark import metagen
+
+        def build(state: TableState):
+            batches = list(state.pending) + ([batch] if batch else [])
+            if not batches:
+                return None, []
+            version = state.version + 1
+            out = metagen.run(spark, self.io, state, batches, version)
+            batch_counts = {b.batch_id: out.batch_counts.get(i, dict.fromkeys(metagen.COUNTS, 0))
+                            for i, b in enumerate(batches)}
+            c = Commit(
+                version=version,
+                operation=commitlog.INGEST if batch else commitlog.METAGEN,
+                timestamp_ms=commitlog.now_ms(state.timestamp_ms),
+                batch_id=batch.batch_id if batch else None,
+                landed=batch,
+                processed=tuple(b.batch_id for b in batches),
+                segments=tuple(out.segments),
+                logs=tuple(out.logs),
+                keystore_add=tuple(out.keystore_add),
+                keystore_remove=tuple(out.keystore_remove),
+                counts=out.counts(),
+                batch_counts=batch_counts,
+            )
+            return c, out.written()
+
+        result = self._commit(build, batch)
+        if isinstance(result, IngestResult):
+            return result
+        if result is None:
+            return IngestResult(None, self.version, False, True, {})
+        counts = result.batch_counts.get(batch.batch_id, {}) if batch else dict(result.counts)
+        return IngestResult(batch.batch_id if batch else None, result.version, True, True, counts)
+
+    def _commit(self, build, batch: Batch | None):
+        """Optimistic commit: build against the latest state, put-if-absent the next version, rebase on loss.
+
+        A lost race proves our commit did not land, so the metadata files built for it are deleted
+        before rebuilding; data files of the batch are kept for the next attempt.
+        """
+        from bitlake.spark import landing
+
+        for attempt in range(MAX_COMMIT_ATTEMPTS):
+            state = self.refresh()
+            if batch is not None:
+                done = self._already_committed(state, batch.batch_id)
+                if done is not None:
+                    landing.remove_part_files(self.io.base, batch.segment_part)
+                    return done
+            commit, written = build(state)
+            if commit is None:
+                return None
+            try:
+                commitlog.write(self.io, commit)
+            except FileExistsError:
+                for path in written:
+                    self.io.delete(path)
+                time.sleep(random.uniform(0.05, 0.2) * min(attempt + 1, 10))
+                continue
+            new_state = self.refresh()
+            if new_state.version % state.metadata.int_prop("checkpoint.interval") == 0:
+                state_mod.write_checkpoint(self.io, new_state)
+            return commit
+        raise CommitConflictError(
+            f"gave up after {MAX_COMMIT_ATTEMPTS} attempts: other writers kept committing to {self.io.base} first"
+        )
+
+    # ------------------------------------------------------------------------------------ reads
+
+    def to_spark(self, spark: Any = None, *, include_row_ids: bool = False):
+        """The current view as a Spark DataFrame (system columns hidden unless ``include_row_ids``)."""
+        from bitlake.spark import reader
+
+        spark = spark or _session()
+        return reader.read(spark, self.io, self.refresh(), include_row_ids)
+
+    def to_arrow(self, *, include_row_ids: bool = False) -> pa.Table:
+        """The current view as a pyarrow Table, read on the driver (for small tables and tests)."""
+        from bitlake.spark.landing import data_schema
+
+        state = self.refresh()
+        meta = state.metadata
+        schema = data_schema(meta)
+        columns = meta.column_names + (list(rowid.ROW_ID_COLUMNS) if include_row_ids else [])
+        cache = bitmap.BitmapCache(self.io.path)
+        pieces = []
+        for f in state.data_files():
+            s = state.segments.get(f.segment)
+            if s is None or s.cardinality == 0:
+                continue
+            table = _read_file(self.io.path(f.path), meta.file_format, schema)
+            if s.cardinality < s.data_rows:
+                offsets = table.column(rowid.OFFSET_COLUMN).to_numpy().astype(np.int64)
+                mask = bitmap.valid_mask(cache.get(s.bitmap, s.part, s.seq), offsets)
+                table = table.filter(pa.array(mask))
+            pieces.append(table.select(columns))
+        if not pieces:
+            return schema.empty_table().select(columns)
+        return pa.concat_tables(pieces)
+
+    def history(self) -> list[dict[str, Any]]:
+        """One entry per commit, newest first."""
+        out = []
+        for v in reversed(commitlog.list_versions(self.io)):
+            c = commitlog.read(self.io, v)
+            out.append({
+                "version": c.version,
+                "timestamp": dt.datetime.fromtimestamp(c.timestamp_ms / 1000, dt.timezone.utc).isoformat(),
+                "operation": c.operation,
+                "batch_id": c.batch_id,
+                "processed": list(c.processed),
+                "counts": dict(c.counts),
+            })
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        state = self.refresh()
+        meta = state.metadata
+        return {
+            "path": self.io.base,
+            "format_version": meta.format_version,
+            "version": state.version,
+            "columns": meta.to_json()["columns"],
+            "primary_key": list(meta.primary_key),
+            "delta_column": meta.delta_column,
+            "partition_by": list(meta.partition_by),
+            "file_format": meta.file_format,
+            "num_buckets": meta.num_buckets,
+            "data_files": len(state.data_files()),
+            "data_bytes": sum(f.bytes for f in state.data_files()),
+            "stored_rows": sum(s.data_rows for s in state.segments.values()),
+            "valid_rows": sum(s.cardinality for s in state.segments.values()),
+            "segments": len(state.segments),
+            "pending_batches": [b.batch_id for b in state.pending],
+            "keystore_files": sum(len(v) for v in state.keystore.values()),
+            "keystore_bytes": sum(f.bytes for v in state.keystore.values() for f in v),
+        }
+
+    # ------------------------------------------------------------------------------ maintenance
+
+    def cleanup(self, *, min_age_seconds: float = 3600.0, dry_run: bool = False) -> list[str]:
+        """Removes files that no commit references: the leftovers of jobs that never committed.
+
+        Only files older than ``min_age_seconds`` go, so a writer that is still landing or running
+        MetaGen keeps its files. Returns the removed (or, with ``dry_run``, removable) paths.
+        """
+        state = self.refresh()
+        referenced = set()
+        for v in commitlog.list_versions(self.io):
+            c = commitlog.read(self.io, v)
+            if c.landed:
+                referenced.update(f.path for f in c.landed.files)
+            referenced.update(f.path for f in c.logs)
+            referenced.update(s.bitmap for s in c.segments if s.bitmap)
+            referenced.update(f.path for f in c.keystore_add)
+        now = time.time()
+        removable = []
+        for folder in ("data", "_bitlake/deletes", "_bitlake/logs", "_bitlake/bitmaps", "_bitlake/keystore"):
+            for rel in self.io.walk_files(folder):
+                if rel not in referenced and now - self.io.mtime(rel) >= min_age_seconds:
+                    removable.append(rel)
+        for rel in self.io.walk_files("_bitlake/commits") + self.io.walk_files("_bitlake/checkpoints"):
+            if rel.rsplit("/", 1)[-1].startswith(".tmp-") and now - self.io.mtime(rel) >= min_age_seconds:
+                removable.append(rel)
+        for name in self.io.list(PARTS_DIR):
+            rel = f"{PARTS_DIR}/{name}"
+            if name.isdigit() and int(name) <= state.max_part and now - self.io.mtime(rel) >= min_age_seconds:
+                removable.append(rel)
+        if not dry_run:
+            for rel in removable:
+                self.io.delete(rel)
+            self.io.remove_empty_dirs("data")
+        return sorted(removable)
+
+
+def _session():
+    from bitlake.spark.session import spark_session
+
+    return spark_session()
+
+
+def _check_batch_id(batch_id: str | None) -> str:
+    if batch_id is None:
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+        return f"{stamp}-{uuid.uuid4().hex[:12]}"
+    if not isinstance(batch_id, str) or not batch_id or len(batch_id) > MAX_BATCH_ID_LENGTH:
+        raise InvalidInputError(f"batch_id must be a non-empty string of at most {MAX_BATCH_ID_LENGTH} characters")
+    return batch_id
+
+
+def _to_spark(spark, data):
+    from pyspark.sql import DataFrame
+
+    if isinstance(data, DataFrame):
+        return data
+    if isinstance(data, pa.Table):
+        return spark.createDataFrame(data)
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas is a dependency
+        pd = None
+    if pd is not None and isinstance(data, pd.DataFrame):
+        return spark.createDataFrame(data)
+    raise InvalidInputError(f"cannot ingest a {type(data).__name__}: pass a Spark DataFrame, pyarrow Table or pandas DataFrame")
+
+
+def _read_file(path: str, file_format: str, schema: pa.Schema) -> pa.Table:
+    if file_format == "orc":
+        import pyarrow.orc as orc
+
+        return orc.read_table(path).cast(schema)
+    import pyarrow.parquet as pq
+
+    return pq.read_table(path, schema=schema)
