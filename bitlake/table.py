@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bitlake import bitmap, commitlog, rowid
+from bitlake import bitmap, commitlog, faults, rowid
 from bitlake import state as state_mod
 from bitlake.commitlog import Batch, Commit
 from bitlake.errors import (
@@ -172,7 +172,9 @@ class Table:
             return done
         df = conform_spark_input(_to_spark(spark, data), meta, op_column)
         part = self._claim_part(state)
+        faults.point("after_claim")
         files = landing.land(df, meta, self.io.base, part, op_column is not None)
+        faults.point("after_landing")
         batch = Batch(batch_id, part, tuple(files))
         try:
             if metagen:
@@ -273,8 +275,10 @@ class Table:
             commit, written = build(state)
             if commit is None:
                 return None
+            faults.point("after_metagen")
             try:
                 commitlog.write(self.io, commit)
+                faults.point("after_commit")
             except FileExistsError:
                 for path in written:
                     self.io.delete(path)

@@ -255,7 +255,10 @@ class _SegmentTask:
     prior_bitmaps: object  # a Spark broadcast of {(part, seq): bitmap file}
 
     def __call__(self, batches):
-        table = pa.Table.from_batches(list(batches), schema=segmentlog.FILE_SCHEMA)
+        batches = list(batches)
+        if not batches:
+            return
+        table = pa.Table.from_batches(batches).cast(segmentlog.FILE_SCHEMA)
         if table.num_rows == 0:
             return
         table = table.take(pc.sort_indices(table, sort_keys=[
@@ -322,9 +325,10 @@ class _KeystoreTask:
         meta = TableMetadata.from_json(self.metadata)
         schema = keystore.file_schema(meta)
         pk = list(meta.primary_key)
-        table = pa.Table.from_batches(list(batches))
-        if table.num_rows == 0:
+        batches = list(batches)
+        if not batches or sum(b.num_rows for b in batches) == 0:
             return
+        table = pa.Table.from_batches(batches)
         out = []
         buckets = table.column(keystore.BUCKET)
         for bucket in pc.unique(buckets).to_pylist():

@@ -1,0 +1,17 @@
+import os
+import sys
+
+import pytest
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("BITLAKE_SHUFFLE_PARTITIONS", "4")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local SparkSession for the whole test session."""
+    import bitlake
+
+    session = bitlake.spark_session("local[2]")
+    yield session
+    session.stop()
