@@ -29,7 +29,7 @@ class FileIO:
         return "file://" + self.base
 
     def path(self, rel: str) -> str:
-        return os.path.join(self.base, rel)
+        return os.path.join(self.base, rel) if rel else self.base
 
     def exists(self, rel: str = "") -> bool:
         return os.path.exists(self.path(rel))

@@ -110,7 +110,7 @@ class LandTask:
         task = TaskContext.get().partitionId()
         attempt = uuid.uuid4().hex[:12]
         out_schema = data_schema(meta)
-        del_schema = deletes_schema(meta)
+        del_schema = deletes_schema(meta) if meta.keyed else None
         checked = list(meta.primary_key) + ([meta.delta_column] if meta.delta_column else [])
         nulls = dict.fromkeys(checked, 0)
         bad_ops, bad_sample = 0, None

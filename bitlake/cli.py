@@ -1,0 +1,338 @@
+"""The ``bitlake`` command line: create, ingest, metagen, show, history, describe, cleanup.
+
+Errors bitlake raises on purpose (:class:`bitlake.BitlakeError`) print one line and exit with 2, like
+argparse's usage errors; a Spark error while reading the input prints its first line and exits with 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table as RichTable
+
+import bitlake
+from bitlake.errors import BitlakeError, InvalidInputError
+from bitlake.schema import to_arrow_schema
+
+TYPES = {
+    "bool": pa.bool_(), "boolean": pa.bool_(),
+    "int8": pa.int8(), "byte": pa.int8(),
+    "int16": pa.int16(), "short": pa.int16(),
+    "int32": pa.int32(), "int": pa.int32(), "integer": pa.int32(),
+    "int64": pa.int64(), "long": pa.int64(), "bigint": pa.int64(),
+    "float": pa.float32(), "float32": pa.float32(),
+    "double": pa.float64(), "float64": pa.float64(),
+    "string": pa.string(), "binary": pa.binary(),
+    "date": pa.date32(), "date32": pa.date32(), "date32[day]": pa.date32(),
+    # Spark's TIMESTAMP is an instant (Arrow: with a time zone); TIMESTAMP_NTZ is the local kind.
+    "timestamp": pa.timestamp("us", tz="UTC"), "timestamp[us, tz=UTC]": pa.timestamp("us", tz="UTC"),
+    "timestamp_ntz": pa.timestamp("us"), "timestamp[us]": pa.timestamp("us"),
+}
+_DECIMAL = re.compile(r"decimal(?:128)?\((\d+),\s*(\d+)\)")
+INPUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv",
+                 ".json": "json", ".jsonl": "json", ".ndjson": "json"}
+
+
+def parse_type(text: str) -> pa.DataType:
+    """A type name of the compact spec (``int64``, ``timestamp``, ``decimal(10,2)``…) as an Arrow type."""
+    name = text.strip().lower()
+    if name in TYPES:
+        return TYPES[name]
+    m = _DECIMAL.fullmatch(name)
+    if m:
+        return pa.decimal128(int(m[1]), int(m[2]))
+    known = ", ".join(sorted(t for t in TYPES if "[" not in t))
+    raise InvalidInputError(f"unknown column type {text!r}; known: {known}, decimal(p,s)")
+
+
+def parse_schema(spec: str) -> pa.Schema:
+    """``id:int64,name:string`` or a JSON file: a list of ``{name, type, nullable}`` (what ``describe``
+    prints under ``columns``), an object holding such a list under ``columns``, or a Spark StructType."""
+    if os.path.isfile(spec):
+        with open(spec) as f:
+            try:
+                doc = json.load(f)
+            except json.JSONDecodeError as e:
+                raise InvalidInputError(f"schema file {spec} is not valid JSON: {e}") from None
+        if isinstance(doc, dict) and doc.get("type") == "struct":
+            from pyspark.sql.types import StructType
+
+            return to_arrow_schema(StructType.fromJson(doc))
+        columns = doc.get("columns") if isinstance(doc, dict) else doc
+        if not isinstance(columns, list) or not all(isinstance(c, dict) and "name" in c and "type" in c
+                                                    for c in columns):
+            raise InvalidInputError(f"schema file {spec} holds no list of {{name, type}} columns")
+        return pa.schema([pa.field(c["name"], parse_type(c["type"]), c.get("nullable", True))
+                          for c in columns])
+    fields = []
+    for item in spec.split(","):
+        name, sep, type_name = item.partition(":")
+        if not sep or not name.strip():
+            raise InvalidInputError(f"schema item {item!r} is not name:type (and {spec!r} is not a file)")
+        fields.append(pa.field(name.strip(), parse_type(type_name)))
+    return pa.schema(fields)
+
+
+def _columns(text: str | None) -> list[str] | None:
+    return [c.strip() for c in text.split(",") if c.strip()] if text else None
+
+
+@contextlib.contextmanager
+def step(console: Console, description: str) -> Iterator[None]:
+    """A spinner with the step name and its elapsed time while the step runs, then a summary line.
+
+    Off a terminal (CI logs, pipes) there is no spinner: the step is logged when it starts instead.
+    """
+    start = time.monotonic()
+    if console.is_terminal:
+        progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                            console=console, transient=True)
+        with progress:
+            progress.add_task(description, total=None)
+            yield
+    else:
+        say(console, f"{description} ...")
+        yield
+    say(console, f"{description}: {time.monotonic() - start:.1f} s", style="dim")
+
+
+def say(console: Console, text: str, style: str | None = None) -> None:
+    """One line, as is: paths and batch ids are not rich markup, and long lines are not wrapped."""
+    console.print(text, style=style, highlight=False, markup=False, soft_wrap=True)
+
+
+# ------------------------------------------------------------------------------------------ commands
+
+
+def cmd_create(args, out: Console, err: Console) -> None:
+    table = bitlake.create_table(
+        args.path, parse_schema(args.schema), primary_key=_columns(args.primary_key),
+        delta_column=args.delta_column, partition_by=_columns(args.partition_by),
+        file_format=args.format, num_buckets=args.buckets,
+    )
+    meta = table.metadata
+    kind = f"keyed on {', '.join(meta.primary_key)} by {meta.delta_column}" if meta.keyed else "append-only"
+    say(out, f"created table {table.path}, {kind} (version {table.version})")
+
+
+def input_format(paths: list[str], given: str | None) -> str:
+    """Checks the inputs exist (before Spark starts) and returns their format."""
+    for p in paths:
+        if not os.path.exists(p):
+            raise InvalidInputError(f"no such input file: {p}")
+    fmt = given or INPUT_FORMATS.get(os.path.splitext(paths[0].rstrip("/"))[1].lower())
+    if fmt is None:
+        raise InvalidInputError(
+            f"cannot tell the format of {paths[0]}: pass --input-format parquet, csv or json")
+    return fmt
+
+
+def read_input(spark, table: bitlake.Table, paths: list[str], fmt: str):
+    """The input files as one Spark DataFrame.
+
+    Parquet keeps its types (bitlake checks them against the table). CSV and JSON lines are read
+    without a schema, which Spark would apply by position to a CSV header and which would silently
+    drop unknown JSON fields; the table's columns are then cast by name, and any other column is
+    left for bitlake to reject (or to serve as the op column).
+    """
+    from pyspark.sql import functions as F
+
+    from bitlake.schema import spark_schema
+
+    if fmt == "parquet":
+        return spark.read.parquet(*paths)
+    df = spark.read.option("header", True).csv(paths) if fmt == "csv" else spark.read.json(paths)
+    types = {f.name.lower(): f.dataType for f in spark_schema(table.metadata.schema).fields}
+    return df.select(*[F.col(c).cast(types[c.lower()]).alias(c) if c.lower() in types else F.col(c)
+                       for c in df.columns])
+
+
+def cmd_ingest(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    fmt = input_format(args.inputs, args.input_format)
+    with step(err, "starting Spark"):
+        spark = bitlake.spark_session()
+    df = read_input(spark, table, args.inputs, fmt)
+    what = "landing" if args.no_metagen else "landing and MetaGen"
+    with step(err, f"{what} of {', '.join(args.inputs)}"):
+        r = table.ingest(df, op_column=args.op_column, batch_id=args.batch_id, metagen=not args.no_metagen,
+                         spark=spark)
+    if not r.committed:
+        say(out, f"batch {r.batch_id} was already committed at version {r.version}: nothing done")
+    elif not r.visible:
+        say(out, f"batch {r.batch_id} landed at version {r.version}, pending: `bitlake metagen {args.path}`")
+    else:
+        say(out, f"batch {r.batch_id} committed at version {r.version}: {_counts(r.counts)}")
+
+
+def cmd_metagen(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    pending = [b.batch_id for b in table.refresh().pending]
+    if not pending:
+        say(out, "no pending batches: nothing to do")
+        return
+    with step(err, "starting Spark"):
+        spark = bitlake.spark_session()
+    with step(err, f"MetaGen of {len(pending)} pending batch(es)"):
+        r = table.metagen(spark=spark)
+    say(out, f"batches {', '.join(pending)} visible at version {r.version}: {_counts(r.counts)}")
+
+
+def cmd_show(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    meta = table.metadata
+    with step(err, "starting Spark"):
+        spark = bitlake.spark_session()
+    with step(err, "reading the current view"):
+        df = table.to_spark(spark, include_row_ids=args.row_ids)
+        total = df.count()
+        # orderBy + limit runs as a top-k per partition: no full sort of the view.
+        rows = (df.orderBy(*meta.primary_key) if meta.keyed else df).limit(args.limit).collect()
+    out.print(render_rows(df.columns, [tuple(r) for r in rows],
+                          title=f"{table.path} @ version {table.version}: {total} rows, first {len(rows)}"))
+
+
+def cmd_history(args, out: Console, err: Console) -> None:
+    history = bitlake.open_table(args.path).history()
+    if args.json:
+        out.print_json(data=history)
+    else:
+        out.print(render_history(history))
+
+
+def cmd_describe(args, out: Console, err: Console) -> None:
+    out.print_json(data=bitlake.open_table(args.path).describe())
+
+
+def cmd_cleanup(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    removed = table.cleanup(min_age_seconds=args.min_age_seconds, dry_run=args.dry_run)
+    for rel in removed:
+        say(out, rel)
+    verb = "would remove" if args.dry_run else "removed"
+    say(out, f"{verb} {len(removed)} unreferenced file(s)")
+
+
+# ------------------------------------------------------------------------------------------- output
+
+
+def _first_line(e: Exception) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    # An error in a Python worker carries the worker's traceback, whose last line names the error.
+    raised = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)]
+    return raised[-1] if raised else lines[0] if lines else type(e).__name__
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in counts.items()) or "no counts"
+
+
+def render_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str = "") -> RichTable:
+    grid = RichTable(title=title, title_justify="left")
+    for c in columns:
+        grid.add_column(c, overflow="fold")
+    for row in rows:
+        grid.add_row(*("∅" if v is None else str(v) for v in row))
+    return grid
+
+
+def render_history(history: list[dict[str, Any]]) -> RichTable:
+    grid = RichTable(title="history (newest first)", title_justify="left")
+    for c in ("version", "time (UTC)", "operation", "batch", "counts"):
+        grid.add_column(c, overflow="fold")
+    for h in history:
+        batch = h["batch_id"] or ", ".join(h["processed"])
+        counts = ", ".join(f"{k}={v}" for k, v in h["counts"].items() if v)
+        when = h["timestamp"][:19].replace("T", " ")
+        grid.add_row(str(h["version"]), when, h["operation"], batch, counts)
+    return grid
+
+
+# ------------------------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bitlake", description="Mutable tables on an immutable data lake.")
+    p.add_argument("--version", action="version", version=f"bitlake {bitlake.__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    c = sub.add_parser("create", help="create a table")
+    c.add_argument("path")
+    c.add_argument("--schema", required=True,
+                   help='"name:type,..." (e.g. "id:int64,name:string,mod:timestamp") or a JSON file')
+    c.add_argument("--primary-key", help="comma-separated key columns (then --delta-column is needed too)")
+    c.add_argument("--delta-column", help="the column ordering a key's records (timestamp, date or integer)")
+    c.add_argument("--partition-by", help="comma-separated partition columns")
+    c.add_argument("--format", default="parquet", choices=["parquet", "orc"], help="data file format")
+    c.add_argument("--buckets", type=int, default=16, help="key-store hash buckets (default 16)")
+    c.set_defaults(run=cmd_create)
+
+    i = sub.add_parser("ingest", help="ingest one batch from Parquet, CSV or JSON-lines files")
+    i.add_argument("path")
+    i.add_argument("inputs", nargs="+", metavar="INPUT")
+    i.add_argument("--input-format", choices=["parquet", "csv", "json"],
+                   help="default: from the first input's extension")
+    i.add_argument("--op-column", help='string column saying "upsert" or "delete" per record')
+    i.add_argument("--batch-id", help="the batch id; re-ingesting a committed id does nothing")
+    i.add_argument("--no-metagen", action="store_true", help="land only; `bitlake metagen` makes it visible")
+    i.set_defaults(run=cmd_ingest)
+
+    m = sub.add_parser("metagen", help="make every pending batch visible")
+    m.add_argument("path")
+    m.set_defaults(run=cmd_metagen)
+
+    s = sub.add_parser("show", help="print the first rows of the current view")
+    s.add_argument("path")
+    s.add_argument("--limit", type=int, default=20, help="rows to print (default 20)")
+    s.add_argument("--row-ids", action="store_true", help="also print the row-id columns")
+    s.set_defaults(run=cmd_show)
+
+    h = sub.add_parser("history", help="list the commits, newest first")
+    h.add_argument("path")
+    h.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    h.set_defaults(run=cmd_history)
+
+    d = sub.add_parser("describe", help="print the table's metadata and sizes as JSON")
+    d.add_argument("path")
+    d.set_defaults(run=cmd_describe)
+
+    k = sub.add_parser("cleanup", help="remove files no commit references (leftovers of failed jobs)")
+    k.add_argument("path")
+    k.add_argument("--min-age-seconds", type=float, default=3600.0,
+                   help="keep younger files: a running job may still commit them (default 3600)")
+    k.add_argument("--dry-run", action="store_true", help="list the files without removing them")
+    k.set_defaults(run=cmd_cleanup)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out, err = Console(), Console(stderr=True)
+    try:
+        args.run(args, out, err)
+    except BitlakeError as e:
+        say(err, f"bitlake {args.command}: error: {e}")
+        return 2
+    except Exception as e:
+        from pyspark.errors import PySparkException
+
+        if not isinstance(e, PySparkException):
+            raise
+        say(err, f"bitlake {args.command}: Spark error: {_first_line(e)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

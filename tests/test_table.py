@@ -1,0 +1,148 @@
+"""The table API through Spark: bad input, idempotence, unkeyed tables, interop with plain Spark."""
+
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+import bitlake
+from bitlake import rowid
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("mod", pa.int64())])
+
+
+def batch(ids, names, mods, ops=None):
+    cols = {"id": pa.array(ids, pa.int64()), "name": pa.array(names, pa.string()), "mod": pa.array(mods, pa.int64())}
+    if ops is not None:
+        cols["op"] = pa.array(ops, pa.string())
+    return pa.table(cols)
+
+
+@pytest.fixture
+def table(tmp_path, spark):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
+    t.ingest(batch([1, 2], ["a", "b"], [1, 1]), batch_id="base", spark=spark)
+    return t
+
+
+def files_under(path):
+    return sorted(os.path.relpath(os.path.join(d, n), path) for d, _, ns in os.walk(path) for n in ns)
+
+
+def view(t):
+    return sorted((r["id"], r["name"], r["mod"]) for r in t.to_arrow().to_pylist())
+
+
+@pytest.mark.parametrize(
+    "data, error, message",
+    [
+        (batch([3, None], ["c", "d"], [2, 2], ["upsert", "upsert"]), bitlake.NullValueError, "primary key column 'id'"),
+        (batch([3, 4], ["c", "d"], [2, None], ["upsert", "upsert"]), bitlake.NullValueError, "delta column 'mod'"),
+        (batch([3, 4], ["c", "d"], [2, 2], ["upsert", "upsrt"]), bitlake.UnknownOperationError, "'upsrt'"),
+        (batch([3, 4], ["c", "d"], [2, 2], ["upsert", None]), bitlake.UnknownOperationError, "None"),
+        (batch([3], ["c"], [2], ["upsert"]).append_column("extra", pa.array([1])), bitlake.SchemaMismatchError, "'extra'"),
+        (pa.table({"name": ["c"], "mod": [2], "op": ["upsert"]}), bitlake.SchemaMismatchError, "missing column 'id'"),
+        (pa.table({"id": ["x"], "name": ["c"], "mod": [2], "op": ["upsert"]}), bitlake.SchemaMismatchError, "column 'id' has type string"),
+        (pa.table({"id": [3], "name": ["c"], "mod": [2]}), bitlake.SchemaMismatchError, "op_column 'op' is not a column"),
+    ],
+)
+def test_bad_batches_change_nothing(table, spark, data, error, message):
+    before_files, before_version, before_view = files_under(table.path), table.version, view(table)
+    with pytest.raises(error, match=message):
+        table.ingest(data, op_column="op", batch_id="bad", spark=spark)
+    assert table.version == before_version and view(table) == before_view
+    # Only the claimed segment-part marker may remain: no data or metadata file of the batch.
+    leftovers = [p for p in files_under(table.path) if p not in before_files and not p.startswith("_bitlake/parts/")]
+    assert leftovers == []
+    # The rejected batch id is free for a corrected retry.
+    r = table.ingest(batch([3], ["c"], [2], ["upsert"]), op_column="op", batch_id="bad", spark=spark)
+    assert r.committed and (3, "c", 2) in view(table)
+
+
+def test_a_retried_batch_id_is_a_no_op(table, spark):
+    first = table.ingest(batch([3], ["c"], [2]), batch_id="b", spark=spark)
+    again = table.ingest(batch([3], ["other"], [9]), batch_id="b", spark=spark)
+    assert first.committed and not again.committed and again.version == first.version
+    assert again.counts == first.counts == {"inserted": 1, "updated": 0, "deleted": 0, "stale": 0, "ignored_deletes": 0}
+    assert view(table) == [(1, "a", 1), (2, "b", 1), (3, "c", 2)]
+
+
+def test_inputs_may_be_spark_pandas_or_arrow(table, spark):
+    table.ingest(spark.createDataFrame([(3, "c", 2)], "id long, name string, mod long"), batch_id="s", spark=spark)
+    table.ingest(batch([4], ["d"], [2]).to_pandas(), batch_id="p", spark=spark)
+    with pytest.raises(bitlake.InvalidInputError, match="cannot ingest a list"):
+        table.ingest([1, 2], spark=spark)
+    assert [r[0] for r in view(table)] == [1, 2, 3, 4]
+
+
+def test_narrower_types_widen_and_missing_nullable_columns_are_null(table, spark):
+    data = pa.table({"id": pa.array([5, 1], pa.int32()), "mod": pa.array([3, 3], pa.int32()), "op": ["upsert", "delete"]})
+    r = table.ingest(data, op_column="op", spark=spark)
+    assert r.counts["inserted"] == 1 and r.counts["deleted"] == 1
+    assert view(table) == [(2, "b", 1), (5, None, 3)]
+
+
+def test_pending_batches_are_invisible_until_metagen(table, spark):
+    r = table.ingest(batch([1, 9], ["late", "new"], [5, 5]), batch_id="p1", metagen=False, spark=spark)
+    assert r.committed and not r.visible
+    assert view(table) == [(1, "a", 1), (2, "b", 1)]
+    assert table.describe()["pending_batches"] == ["p1"]
+    done = table.metagen(spark=spark)
+    assert done.version == r.version + 1 and view(table) == [(1, "late", 5), (2, "b", 1), (9, "new", 5)]
+    assert not table.metagen(spark=spark).committed
+
+
+def test_unkeyed_tables_append(tmp_path, spark):
+    t = bitlake.create_table(str(tmp_path / "log"), SCHEMA)
+    t.ingest(batch([1, 1], ["a", "a"], [1, 1]), spark=spark)
+    t.ingest(batch([1], ["a"], [1]), spark=spark)
+    assert len(t.to_arrow()) == 3 and t.to_spark(spark).count() == 3
+    with pytest.raises(bitlake.InvalidInputError, match="takes no op_column"):
+        t.ingest(batch([1], ["a"], [1], ["delete"]), op_column="op", spark=spark)
+
+
+def test_opening_what_is_not_a_table(tmp_path):
+    with pytest.raises(bitlake.TableNotFoundError, match="does not exist"):
+        bitlake.open_table(str(tmp_path / "missing"))
+    with pytest.raises(bitlake.NotATableError, match="not a bitlake table"):
+        bitlake.open_table(str(tmp_path))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(bitlake.NotATableError, match="is a file"):
+        bitlake.open_table(str(tmp_path / "file"))
+
+
+def test_creating_over_a_table_fails(table):
+    with pytest.raises(bitlake.TableExistsError):
+        bitlake.create_table(table.path, SCHEMA, primary_key=["id"], delta_column="mod")
+
+
+def test_plain_spark_reads_the_data_files_and_agrees_with_arrow(table, spark):
+    table.ingest(batch([1, 3], ["a2", "c"], [2, 2]), batch_id="u", spark=spark)
+    files = [os.path.join(table.path, f.path) for f in table.state().data_files()]
+    plain = spark.read.parquet(*files)
+    assert set(rowid.ROW_ID_COLUMNS) <= set(plain.columns) and plain.count() == 4  # all stored rows
+    with_ids = table.to_spark(spark, include_row_ids=True)
+    ids = [tuple(r[c] for c in rowid.ROW_ID_COLUMNS) for r in with_ids.collect()]
+    assert len(ids) == len(set(ids)) == 3
+    from_spark = sorted(tuple(r) for r in table.to_spark(spark).collect())
+    assert from_spark == view(table) == [(1, "a2", 2), (2, "b", 1), (3, "c", 2)]
+    arrow_ids = table.to_arrow(include_row_ids=True)
+    assert sorted(zip(*[arrow_ids.column(c).to_pylist() for c in rowid.ROW_ID_COLUMNS], strict=True)) == sorted(ids)
+
+
+def test_partitioned_table_writes_hive_folders_and_prunes(tmp_path, spark):
+    schema = pa.schema([("id", pa.int64()), ("region", pa.string()), ("mod", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "p"), schema, primary_key=["id"], delta_column="mod", partition_by=["region"])
+    t.ingest(pa.table({"id": [1, 2, 3], "region": ["eu", "us", None], "mod": [1, 1, 1]}), spark=spark)
+    t.ingest(pa.table({"id": [2], "region": ["eu"], "mod": [2]}), spark=spark)  # a key moves partition
+    folders = {os.path.dirname(f.path) for f in t.state().data_files()}
+    assert folders == {"data/region=eu", "data/region=us", "data/region=__HIVE_DEFAULT_PARTITION__"}
+    df = t.to_spark(spark)
+    assert sorted(tuple(r) for r in df.collect()) == [(1, "eu", 1), (2, "eu", 2), (3, None, 1)]
+    eu = df.filter("region = 'eu'")
+    assert sorted(r.id for r in eu.collect()) == [1, 2]
+    assert "PartitionFilters: [isnotnull(region" in eu._jdf.queryExecution().executedPlan().toString()
