@@ -129,9 +129,10 @@ class Table:
         """Brings the cached state up to the latest commit and returns it."""
         if self._state is None:
             self._state = state_mod.load(self.io)
-        latest = commitlog.list_versions(self.io)[-1]
-        for v in range(self._state.version + 1, latest + 1):
-            self._state.apply(commitlog.read(self.io, v))
+        # Probing the next version costs one stat per new commit, where listing costs one entry per
+        # commit ever made; a commit file that exists is complete (it appears by atomic link).
+        while self.io.exists(commitlog.commit_path(self._state.version + 1)):
+            self._state.apply(commitlog.read(self.io, self._state.version + 1))
         return self._state
 
     def state(self, version: int | None = None) -> TableState:
