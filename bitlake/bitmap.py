@@ -7,6 +7,7 @@ A bitmap file is a Parquet file with one row per segment: ``_segment_part``, ``_
 
 from __future__ import annotations
 
+import array
 from collections.abc import Iterable
 
 import numpy as np
@@ -35,15 +36,23 @@ def deserialize(data: bytes) -> BitMap:
     return BitMap.deserialize(data)
 
 
-def apply_events(base: BitMap | None, valid_from: Iterable[int], valid_until: Iterable[int]) -> BitMap:
+def of(offsets: Iterable[int] | np.ndarray) -> BitMap:
+    """A bitmap of offsets; numpy arrays go through the buffer protocol (no Python loop)."""
+    if isinstance(offsets, np.ndarray):
+        return BitMap(array.array("I", offsets.astype(np.uint32).tobytes()))
+    return BitMap(offsets)
+
+
+def apply_events(base: BitMap | None, valid_from, valid_until) -> BitMap:
     """The bitmap after one commit's events: ``(base | from) - until``.
 
     A row gets SET_VALID_FROM once, when it is accepted, and SET_VALID_UNTIL at most once, when a
     later record supersedes it, so within one commit the order of the two kinds does not matter.
     """
-    bm = BitMap(base) if base is not None else BitMap()
-    bm.update(valid_from)
-    bm.difference_update(BitMap(valid_until))
+    bm = of(valid_from)
+    if base is not None:
+        bm |= base
+    bm.difference_update(of(valid_until))
     return bm
 
 

@@ -105,9 +105,14 @@ class SegmentState:
 
 @dataclasses.dataclass(frozen=True)
 class LogFile:
+    """A segment-log file; ``min_t``/``max_t`` bound its event times, so an event-time read skips
+    files that cannot hold an event after its time."""
+
     path: str
     events: int
     bytes: int
+    min_t: int
+    max_t: int
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
