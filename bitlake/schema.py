@@ -247,8 +247,8 @@ def delta_to_int(value: Any, delta_type: pa.DataType) -> int:
         value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
-            value = value.replace(tzinfo=dt.timezone.utc)
-        delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+            value = value.replace(tzinfo=dt.UTC)
+        delta = value - dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
         return (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
     if isinstance(value, dt.date):
         return (value - dt.date(1970, 1, 1)).days * 86_400_000_000

@@ -333,7 +333,7 @@ class Table:
             c = commitlog.read(self.io, v)
             out.append({
                 "version": c.version,
-                "timestamp": dt.datetime.fromtimestamp(c.timestamp_ms / 1000, dt.timezone.utc).isoformat(),
+                "timestamp": dt.datetime.fromtimestamp(c.timestamp_ms / 1000, dt.UTC).isoformat(),
                 "operation": c.operation,
                 "batch_id": c.batch_id,
                 "processed": list(c.processed),
@@ -409,7 +409,7 @@ def _session():
 
 def _check_batch_id(batch_id: str | None) -> str:
     if batch_id is None:
-        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
         return f"{stamp}-{uuid.uuid4().hex[:12]}"
     if not isinstance(batch_id, str) or not batch_id or len(batch_id) > MAX_BATCH_ID_LENGTH:
         raise InvalidInputError(f"batch_id must be a non-empty string of at most {MAX_BATCH_ID_LENGTH} characters")

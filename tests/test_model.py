@@ -52,7 +52,7 @@ KINDS = {
     "string-key/timestamp-delta/partitioned": (
         (pa.string(), lambda k: f"key-{k}"),
         pa.timestamp("us", tz="UTC"),
-        lambda d: dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(hours=d),
+        lambda d: dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(hours=d),
         {"partition_by": ["grp"]},
     ),
     "orc": ((pa.int32(), int), pa.int64(), lambda d: d, {"file_format": "orc"}),
@@ -121,5 +121,5 @@ def _check(t, oracle, spark):
 
 def _utc(row: dict) -> dict:
     """PySpark returns timestamps as naive datetimes in UTC (the session time zone); Arrow as aware ones."""
-    return {k: v.replace(tzinfo=dt.timezone.utc) if isinstance(v, dt.datetime) and v.tzinfo is None else v
+    return {k: v.replace(tzinfo=dt.UTC) if isinstance(v, dt.datetime) and v.tzinfo is None else v
             for k, v in row.items()}

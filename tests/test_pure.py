@@ -263,7 +263,7 @@ def test_delta_values_normalise_to_int64():
     ts = pa.timestamp("us", tz="UTC")
     assert delta_to_int(42, pa.int64()) == 42
     assert delta_to_int("1970-01-01T00:00:01Z", ts) == 1_000_000
-    assert delta_to_int(dt.datetime(1970, 1, 1, 0, 0, 2, tzinfo=dt.timezone.utc), ts) == 2_000_000
+    assert delta_to_int(dt.datetime(1970, 1, 1, 0, 0, 2, tzinfo=dt.UTC), ts) == 2_000_000
     assert delta_to_int(dt.date(1970, 1, 2), pa.date32()) == 86_400_000_000
     with pytest.raises(InvalidInputError):
         delta_to_int("x", pa.int64())
