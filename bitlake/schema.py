@@ -256,3 +256,16 @@ def delta_to_int(value: Any, delta_type: pa.DataType) -> int:
         # A number for a timestamp column is read as seconds since the epoch.
         return int(value * 1_000_000)
     raise InvalidInputError(f"cannot use {value!r} as a value of a {delta_type} delta column")
+
+
+def spark_delta_as_long(meta: TableMetadata):
+    """The delta column as a Spark Column of the int64 that logs and the key store hold (see delta_to_int)."""
+    from pyspark.sql import functions as F
+
+    column = F.col(meta.delta_column)
+    t = meta.delta_type
+    if pa.types.is_integer(t):
+        return column.cast("long")
+    if pa.types.is_date(t):
+        return F.unix_date(column).cast("long") * F.lit(86_400_000_000)
+    return F.unix_micros(column.cast("timestamp"))

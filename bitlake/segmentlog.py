@@ -32,3 +32,7 @@ FILE_SCHEMA = pa.schema(
         pa.field("batch_index", pa.int32(), False),
     ]
 )
+
+FILE_SCHEMA_DDL = (
+    "_segment_part int, _segment_seq int, _segment_offset int, event byte, t long, cause long, batch_index int"
+)

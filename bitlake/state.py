@@ -28,6 +28,7 @@ class TableState:
     segments: dict[tuple[int, int], SegmentState] = dataclasses.field(default_factory=dict)
     keystore: dict[int, list[BucketFile]] = dataclasses.field(default_factory=dict)
     logs: list[tuple[int, LogFile]] = dataclasses.field(default_factory=list)
+    visible_parts: dict[int, int] = dataclasses.field(default_factory=dict)  # segment part -> version visible
     max_part: int = 0
 
     def apply(self, c: Commit) -> None:
@@ -44,6 +45,7 @@ class TableState:
             for batch_id in c.processed:
                 batch = by_id.pop(batch_id)
                 self.visible[batch_id] = c.version
+                self.visible_parts[batch.segment_part] = c.version
                 self.files.extend(batch.files)
             self.pending = [b for b in self.pending if b.batch_id in by_id]
         for s in c.segments:
@@ -72,6 +74,7 @@ class TableState:
             "segments": [s.to_json() for s in self.segments.values()],
             "keystore": {str(b): [f.to_json() for f in fs] for b, fs in self.keystore.items()},
             "logs": [[v, f.to_json()] for v, f in self.logs],
+            "visible_parts": {str(p): v for p, v in self.visible_parts.items()},
             "max_part": self.max_part,
         }
 
@@ -88,6 +91,7 @@ class TableState:
             segments={(s["part"], s["seq"]): SegmentState.from_json(s) for s in d["segments"]},
             keystore={int(b): [BucketFile.from_json(f) for f in fs] for b, fs in d["keystore"].items()},
             logs=[(v, LogFile.from_json(f)) for v, f in d["logs"]],
+            visible_parts={int(p): v for p, v in d["visible_parts"].items()},
             max_part=d["max_part"],
         )
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bitlake import bitmap, commitlog, faults, rowid
+from bitlake import bitmap, commitlog, faults, rowid, timetravel
 from bitlake import state as state_mod
 from bitlake.commitlog import Batch, Commit
 from bitlake.errors import (
@@ -23,7 +23,7 @@ from bitlake.errors import (
     TableNotFoundError,
 )
 from bitlake.fs import FileIO, file_io
-from bitlake.schema import TableMetadata, conform_spark_input, to_arrow_schema
+from bitlake.schema import TableMetadata, conform_spark_input, delta_to_int, to_arrow_schema
 from bitlake.state import TableState
 
 PARTS_DIR = "_bitlake/parts"
@@ -295,36 +295,105 @@ class Table:
 
     # ------------------------------------------------------------------------------------ reads
 
-    def to_spark(self, spark: Any = None, *, include_row_ids: bool = False):
-        """The current view as a Spark DataFrame (system columns hidden unless ``include_row_ids``)."""
+    def to_spark(
+        self,
+        spark: Any = None,
+        *,
+        version: int | None = None,
+        as_of: Any = None,
+        valid_at: Any = None,
+        include_row_ids: bool = False,
+    ):
+        """A view of the table as a Spark DataFrame (system columns hidden unless ``include_row_ids``).
+
+        Args:
+            version: the table as committed at this version (default: the latest).
+            as_of: the latest version committed at or before this time (datetime or ISO string).
+            valid_at: the rows valid at this value of the delta column (event time), as the chosen
+                version knew them; for a timestamp column a datetime or ISO string.
+        """
         from bitlake.spark import reader
 
         spark = spark or _session()
-        return reader.read(spark, self.io, self.refresh(), include_row_ids)
+        state, t = self._view_state(version, as_of, valid_at)
+        return reader.read(spark, self.io, state, include_row_ids, t)
 
-    def to_arrow(self, *, include_row_ids: bool = False) -> pa.Table:
-        """The current view as a pyarrow Table, read on the driver (for small tables and tests)."""
+    def to_arrow(
+        self,
+        *,
+        version: int | None = None,
+        as_of: Any = None,
+        valid_at: Any = None,
+        include_row_ids: bool = False,
+    ) -> pa.Table:
+        """The same view as :meth:`to_spark`, read on the driver with pyarrow (small tables, tests)."""
         from bitlake.spark.landing import data_schema
 
-        state = self.refresh()
+        state, t = self._view_state(version, as_of, valid_at)
         meta = state.metadata
         schema = data_schema(meta)
         columns = meta.column_names + (list(rowid.ROW_ID_COLUMNS) if include_row_ids else [])
         cache = bitmap.BitmapCache(self.io.path)
+        revived = timetravel.revived_offsets(self.io, state, t) if t is not None else {}
         pieces = []
         for f in state.data_files():
             s = state.segments.get(f.segment)
-            if s is None or s.cardinality == 0:
+            if s is None or (s.cardinality == 0 and f.segment not in revived):
                 continue
             table = _read_file(self.io.path(f.path), meta.file_format, schema)
             if s.cardinality < s.data_rows:
                 offsets = table.column(rowid.OFFSET_COLUMN).to_numpy().astype(np.int64)
                 mask = bitmap.valid_mask(cache.get(s.bitmap, s.part, s.seq), offsets)
+                if f.segment in revived:
+                    mask |= np.isin(offsets, revived[f.segment])
                 table = table.filter(pa.array(mask))
+            if t is not None and meta.keyed:
+                deltas = _deltas_as_int(table.column(meta.delta_column), meta.delta_type)
+                table = table.filter(pa.array(deltas <= t))
             pieces.append(table.select(columns))
         if not pieces:
             return schema.empty_table().select(columns)
         return pa.concat_tables(pieces)
+
+    def _view_state(self, version, as_of, valid_at) -> tuple[TableState, int | None]:
+        latest = self.refresh()
+        v = timetravel.resolve_version(self.io, latest.version, version, as_of)
+        state = latest if v == latest.version else self.state(v)
+        t = None
+        if valid_at is not None:
+            if not state.metadata.keyed:
+                raise InvalidInputError("valid_at needs a keyed table: an append-only table has no delta column")
+            t = delta_to_int(valid_at, state.metadata.delta_type)
+        return state, t
+
+    def changes(
+        self,
+        spark: Any = None,
+        *,
+        start_version: int,
+        end_version: int | None = None,
+        change_types: list[str] | None = None,
+    ):
+        """What changed in commits ``(start_version, end_version]`` as a Spark DataFrame.
+
+        The rows carry the table's columns plus ``_change_type`` (insert, update_preimage,
+        update_postimage, delete), ``_commit_version`` and ``_commit_timestamp``, in commit order.
+        ``start_version`` is exclusive, ``end_version`` inclusive (default: the latest).
+        """
+        from bitlake.spark import changes
+
+        spark = spark or _session()
+        latest = self.refresh()
+        end = timetravel.resolve_version(self.io, latest.version, end_version if end_version is not None else latest.version)
+        start = timetravel.resolve_version(self.io, latest.version, start_version)
+        if start > end:
+            raise InvalidInputError(f"start_version {start} is after end_version {end}")
+        unknown = set(change_types or []) - set(changes.CHANGE_TYPES)
+        if unknown:
+            raise InvalidInputError(f"unknown change types {sorted(unknown)}; known: {list(changes.CHANGE_TYPES)}")
+        state = latest if end == latest.version else self.state(end)
+        timestamps = {v: commitlog.read(self.io, v).timestamp_ms for v in range(start + 1, end + 1)}
+        return changes.read_changes(spark, self.io, state, start, end, timestamps, change_types)
 
     def history(self) -> list[dict[str, Any]]:
         """One entry per commit, newest first."""
@@ -440,3 +509,12 @@ def _read_file(path: str, file_format: str, schema: pa.Schema) -> pa.Table:
     import pyarrow.parquet as pq
 
     return pq.read_table(path, schema=schema)
+
+
+def _deltas_as_int(column: pa.ChunkedArray, delta_type: pa.DataType) -> np.ndarray:
+    """Delta values as the int64 metadata uses (see schema.delta_to_int), vectorised."""
+    if pa.types.is_integer(delta_type):
+        return column.cast(pa.int64()).to_numpy()
+    if pa.types.is_date(delta_type):
+        return column.cast(pa.int32()).to_numpy().astype(np.int64) * 86_400_000_000
+    return column.cast(pa.timestamp("us", tz=delta_type.tz)).cast(pa.int64()).to_numpy()

@@ -29,6 +29,7 @@ from bitlake import bitmap, keystore, rowid, segmentlog
 from bitlake.commitlog import Batch, LogFile, SegmentState
 from bitlake.fs import FileIO
 from bitlake.keystore import BucketFile
+from bitlake.schema import spark_delta_as_long
 from bitlake.spark.landing import data_schema, deletes_schema
 from bitlake.state import TableState
 
@@ -52,19 +53,6 @@ class MetaGenOutput:
     def written(self) -> list[str]:
         paths = [f.path for f in self.logs] + [f.path for f in self.keystore_add]
         return paths + sorted({s.bitmap for s in self.segments if s.bitmap})
-
-
-def delta_as_long(meta, column: str):
-    """The delta column as the int64 that logs and the key store hold (see schema.delta_to_int)."""
-    import pyarrow as pa
-    from pyspark.sql import functions as F
-
-    t = meta.delta_type
-    if pa.types.is_integer(t):
-        return F.col(column).cast("long")
-    if pa.types.is_date(t):
-        return F.unix_date(F.col(column)).cast("long") * F.lit(86_400_000_000)
-    return F.unix_micros(F.col(column).cast("timestamp"))
 
 
 def run(spark, io: FileIO, state: TableState, batches: list[Batch], version: int) -> MetaGenOutput:
@@ -94,7 +82,7 @@ def run(spark, io: FileIO, state: TableState, batches: list[Batch], version: int
         df = spark.read.format(file_format).schema(spark_schema(schema)).load(paths).select(columns)
         return df.select(
             *pk,
-            delta_as_long(meta, meta.delta_column).alias("_d"),
+            spark_delta_as_long(meta).alias("_d"),
             rowid.spark_packed().alias("_rid"),
             F.lit(is_delete).alias("_is_delete"),
             F.element_at(index_of, F.col(rowid.PART_COLUMN)).cast("int").alias("_bidx"),

@@ -40,13 +40,17 @@ class _InvalidIds:
                     yield pa.RecordBatch.from_arrays([pa.array(ids, pa.int64())], ["_invalid"])
 
 
-def plan_files(state: TableState) -> tuple[list[DataFile], list[DataFile], int]:
-    """Splits the visible data files into (clean, dirty) and returns the invalid-row count of dirty ones."""
+def plan_files(state: TableState, past_events: bool = False) -> tuple[list[DataFile], list[DataFile], int]:
+    """Splits the visible data files into (clean, dirty) and returns the invalid-row count of dirty ones.
+
+    With ``past_events`` (an event-time read) a segment with no valid row now may still hold rows
+    valid at that time, so it is read as dirty instead of skipped.
+    """
     clean, dirty, invalid = [], [], 0
     dirty_segments = set()
     for f in state.data_files():
         s = state.segments.get(f.segment)
-        if s is None or s.cardinality == 0:
+        if s is None or (s.cardinality == 0 and not past_events):
             continue
         if s.cardinality >= s.data_rows:
             clean.append(f)
@@ -68,18 +72,18 @@ def scan(spark, io: FileIO, state: TableState, files: list[DataFile]):
     return reader.load([io.path(f.path) for f in files])
 
 
-def read(spark, io: FileIO, state: TableState, include_row_ids: bool = False):
-    """The current view of ``state`` as a Spark DataFrame."""
+def read(spark, io: FileIO, state: TableState, include_row_ids: bool = False, valid_at: int | None = None):
+    """The view of ``state`` as a Spark DataFrame: current, or at event time ``valid_at`` (see timetravel)."""
     from pyspark.sql import functions as F
 
-    from bitlake.schema import spark_schema
+    from bitlake.schema import spark_delta_as_long, spark_schema
 
     meta = state.metadata
     columns = meta.column_names + (list(rowid.ROW_ID_COLUMNS) if include_row_ids else [])
-    clean, dirty, invalid = plan_files(state)
+    clean, dirty, invalid = plan_files(state, past_events=valid_at is not None)
     parts = []
     if clean:
-        parts.append(scan(spark, io, state, clean).select(columns))
+        parts.append(scan(spark, io, state, clean))
     if dirty:
         segments = sorted({f.segment for f in dirty})
         rows = [(state.segments[k].bitmap, k[0], k[1], state.segments[k].offsets) for k in segments]
@@ -88,15 +92,32 @@ def read(spark, io: FileIO, state: TableState, include_row_ids: bool = False):
             .repartition(max(1, min(len(rows), spark.sparkContext.defaultParallelism)))
             .mapInArrow(_InvalidIds(io.base), "_invalid long")
         )
+        if valid_at is not None:
+            ids = ids.join(_revived(spark, io, state, valid_at), F.col("_invalid") == F.col("_revived"), "left_anti")
         if invalid <= meta.int_prop("read.broadcast_invalid_rows"):
             ids = F.broadcast(ids)
         df = scan(spark, io, state, dirty)
-        df = df.join(ids, rowid.spark_packed() == F.col("_invalid"), "left_anti")
-        parts.append(df.select(columns))
+        parts.append(df.join(ids, rowid.spark_packed() == F.col("_invalid"), "left_anti"))
     if not parts:
         schema = spark_schema(data_schema(meta))
         return spark.createDataFrame([], schema).select(columns)
     out = parts[0]
     for p in parts[1:]:
         out = out.unionByName(p)
-    return out
+    if valid_at is not None and meta.keyed:
+        out = out.filter(spark_delta_as_long(meta) <= F.lit(valid_at))
+    return out.select(columns)
+
+
+def _revived(spark, io: FileIO, state: TableState, valid_at: int):
+    """Row ids superseded only after ``valid_at``: valid at that event time though invalid now."""
+    from pyspark.sql import functions as F
+
+    from bitlake import segmentlog, timetravel
+
+    paths = timetravel.log_files_after(state, valid_at)
+    if not paths:
+        return spark.createDataFrame([], "_revived long")
+    events = spark.read.schema(segmentlog.FILE_SCHEMA_DDL).parquet(*[io.path(p) for p in paths])
+    events = events.filter((F.col("event") == segmentlog.SET_VALID_UNTIL) & (F.col("t") > F.lit(valid_at)))
+    return events.select(rowid.spark_packed().alias("_revived"))
