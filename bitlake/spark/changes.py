@@ -68,17 +68,21 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
         .join(F.broadcast(version_of_file), "_file")
         .drop("_file")
     )
-    segments = [tuple(r) for r in events.select(rowid.PART_COLUMN, rowid.SEQ_COLUMN).distinct().collect()]
-    wanted = set(segments)
-    files = [f for f in state.data_files() if f.segment in wanted]
     same_cause = Window.partitionBy("_commit_version", "cause")
     events = events.withColumn("_n", F.count(F.lit(1)).over(same_cause)).select(
+        rowid.PART_COLUMN, rowid.SEQ_COLUMN,
         rowid.spark_packed().alias("_target"),
         F.when(F.col("event") == segmentlog.SET_VALID_FROM,
                F.when(F.col("_n") > 1, "update_postimage").otherwise("insert"))
         .otherwise(F.when(F.col("_n") > 1, "update_preimage").otherwise("delete")).alias("_change_type"),
         "_commit_version", "batch_index", "t", "cause",
     ).filter(F.col("_change_type").isin(types))
+    # Only the data files of the segments the wanted events name are read.
+    wanted = {tuple(r) for r in events.select(rowid.PART_COLUMN, rowid.SEQ_COLUMN).distinct().collect()}
+    files = [f for f in state.data_files() if f.segment in wanted]
+    if not files:
+        return empty
+    events = events.drop(rowid.PART_COLUMN, rowid.SEQ_COLUMN)
     rows = scan(spark, io, state, files).withColumn("_target", rowid.spark_packed())
     order = F.create_map(*[F.lit(x) for k, v in _ORDER.items() for x in (k, v)])
     df = rows.join(events, "_target").orderBy(
