@@ -1,7 +1,8 @@
-"""The ``bitlake`` command line: create, ingest, metagen, show, history, describe, cleanup.
+"""The ``bitlake`` command line: create, ingest, metagen, show, changes, history, describe, cleanup.
 
 Errors bitlake raises on purpose (:class:`bitlake.BitlakeError`) print one line and exit with 2, like
-argparse's usage errors; a Spark error while reading the input prints its first line and exits with 1.
+argparse's usage errors; any other Spark error (a missing path, a CSV value that does not cast) prints
+its first line and exits with 1.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pyarrow as pa
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
+from rich.text import Text
 
 import bitlake
 from bitlake.errors import BitlakeError, InvalidInputError
@@ -76,7 +78,7 @@ def parse_schema(spec: str) -> pa.Schema:
         return pa.schema([pa.field(c["name"], parse_type(c["type"]), c.get("nullable", True))
                           for c in columns])
     fields = []
-    for item in spec.split(","):
+    for item in re.split(r",(?![^(]*\))", spec):  # not the comma of decimal(p,s)
         name, sep, type_name = item.partition(":")
         if not sep or not name.strip():
             raise InvalidInputError(f"schema item {item!r} is not name:type (and {spec!r} is not a file)")
@@ -189,18 +191,46 @@ def cmd_metagen(args, out: Console, err: Console) -> None:
     say(out, f"batches {', '.join(pending)} visible at version {r.version}: {_counts(r.counts)}")
 
 
+def _valid_at(table: bitlake.Table, text: str | None):
+    """``--valid-at`` as the delta column wants it: an integer for integer columns, else ISO text."""
+    if text is None or not pa.types.is_integer(table.metadata.delta_type):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidInputError(f"--valid-at {text!r}: the delta column is an integer column") from None
+
+
 def cmd_show(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
     meta = table.metadata
+    valid_at = _valid_at(table, args.valid_at) if meta.keyed else args.valid_at
+    version = table._view_state(args.version, args.as_of, valid_at)[0].version
     with step(err, "starting Spark"):
         spark = bitlake.spark_session()
-    with step(err, "reading the current view"):
-        df = table.to_spark(spark, include_row_ids=args.row_ids)
+    what = "the current view" if args.version is None and args.as_of is None else f"version {version}"
+    if valid_at is not None:
+        what += f" valid at {valid_at}"
+    with step(err, f"reading {what}"):
+        df = table.to_spark(spark, version=version, valid_at=valid_at, include_row_ids=args.row_ids)
         total = df.count()
         # orderBy + limit runs as a top-k per partition: no full sort of the view.
         rows = (df.orderBy(*meta.primary_key) if meta.keyed else df).limit(args.limit).collect()
     out.print(render_rows(df.columns, [tuple(r) for r in rows],
-                          title=f"{table.path} @ version {table.version}: {total} rows, first {len(rows)}"))
+                          title=f"{table.path} @ {what}: {total} rows, first {len(rows)}"))
+
+
+def cmd_changes(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    types = _columns(args.change_types)
+    with step(err, "starting Spark"):
+        spark = bitlake.spark_session()
+    with step(err, f"reading the changes after version {args.start_version}"):
+        df = table.changes(spark, start_version=args.start_version, end_version=args.end_version,
+                           change_types=types)
+        rows = df.limit(args.limit).collect()
+    out.print(render_rows(df.columns, [tuple(r) for r in rows],
+                          title=f"{table.path}: changes after version {args.start_version}, first {len(rows)}"))
 
 
 def cmd_history(args, out: Console, err: Console) -> None:
@@ -239,7 +269,7 @@ def _counts(counts: dict[str, int]) -> str:
 
 
 def render_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str = "") -> RichTable:
-    grid = RichTable(title=title, title_justify="left")
+    grid = RichTable(title=Text(title), title_justify="left")
     for c in columns:
         grid.add_column(c, overflow="fold")
     for row in rows:
@@ -266,9 +296,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bitlake", description="Mutable tables on an immutable data lake.")
     p.add_argument("--version", action="version", version=f"bitlake {bitlake.__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    path_help = "the table's folder (or file:// URI)"
 
     c = sub.add_parser("create", help="create a table")
-    c.add_argument("path")
+    c.add_argument("path", help=path_help)
     c.add_argument("--schema", required=True,
                    help='"name:type,..." (e.g. "id:int64,name:string,mod:timestamp") or a JSON file')
     c.add_argument("--primary-key", help="comma-separated key columns (then --delta-column is needed too)")
@@ -279,8 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(run=cmd_create)
 
     i = sub.add_parser("ingest", help="ingest one batch from Parquet, CSV or JSON-lines files")
-    i.add_argument("path")
-    i.add_argument("inputs", nargs="+", metavar="INPUT")
+    i.add_argument("path", help=path_help)
+    i.add_argument("inputs", nargs="+", metavar="INPUT", help="files (or folders) of one batch, all one format")
     i.add_argument("--input-format", choices=["parquet", "csv", "json"],
                    help="default: from the first input's extension")
     i.add_argument("--op-column", help='string column saying "upsert" or "delete" per record')
@@ -289,26 +320,37 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(run=cmd_ingest)
 
     m = sub.add_parser("metagen", help="make every pending batch visible")
-    m.add_argument("path")
+    m.add_argument("path", help=path_help)
     m.set_defaults(run=cmd_metagen)
 
     s = sub.add_parser("show", help="print the first rows of the current view")
-    s.add_argument("path")
+    s.add_argument("path", help=path_help)
     s.add_argument("--limit", type=int, default=20, help="rows to print (default 20)")
     s.add_argument("--row-ids", action="store_true", help="also print the row-id columns")
+    s.add_argument("--version", type=int, help="the table as committed at this version")
+    s.add_argument("--as-of", help="the latest version committed at or before this ISO-8601 time")
+    s.add_argument("--valid-at", help="rows valid at this delta-column value (event time)")
     s.set_defaults(run=cmd_show)
 
+    ch = sub.add_parser("changes", help="print the change feed of a version range")
+    ch.add_argument("path", help=path_help)
+    ch.add_argument("--start-version", type=int, required=True, help="exclusive start of the range")
+    ch.add_argument("--end-version", type=int, help="inclusive end of the range (default: latest)")
+    ch.add_argument("--change-types", help="comma-separated: insert,update_preimage,update_postimage,delete")
+    ch.add_argument("--limit", type=int, default=50, help="rows to print (default 50)")
+    ch.set_defaults(run=cmd_changes)
+
     h = sub.add_parser("history", help="list the commits, newest first")
-    h.add_argument("path")
+    h.add_argument("path", help=path_help)
     h.add_argument("--json", action="store_true", help="print JSON instead of a table")
     h.set_defaults(run=cmd_history)
 
     d = sub.add_parser("describe", help="print the table's metadata and sizes as JSON")
-    d.add_argument("path")
+    d.add_argument("path", help=path_help)
     d.set_defaults(run=cmd_describe)
 
     k = sub.add_parser("cleanup", help="remove files no commit references (leftovers of failed jobs)")
-    k.add_argument("path")
+    k.add_argument("path", help=path_help)
     k.add_argument("--min-age-seconds", type=float, default=3600.0,
                    help="keep younger files: a running job may still commit them (default 3600)")
     k.add_argument("--dry-run", action="store_true", help="list the files without removing them")

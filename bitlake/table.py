@@ -35,9 +35,11 @@ MAX_BATCH_ID_LENGTH = 256
 class IngestResult:
     """What an ``ingest`` or ``metagen`` call did.
 
-    ``committed`` is False when the batch id had already been committed (an idempotent retry): then
-    ``version`` is the version that committed it and nothing was written. ``counts`` holds
-    inserted, updated, deleted, stale and ignored_deletes for this batch (zero until MetaGen ran).
+    ``committed`` is False when the batch id had already been committed (an idempotent retry), or
+    when ``metagen()`` found nothing pending: then ``version`` is the version that committed it (the
+    latest) and nothing was written. ``counts`` holds inserted, updated, deleted, stale and
+    ignored_deletes for this batch (for ``metagen()``: for all batches it processed; empty while a
+    batch is only landed).
     """
 
     batch_id: str | None
@@ -45,6 +47,7 @@ class IngestResult:
     committed: bool
     visible: bool
     counts: dict[str, int]
+    processed: tuple[str, ...] = ()  # the batch ids the commit made visible, in the order applied
 
 
 def create_table(
@@ -162,7 +165,6 @@ class Table:
         """
         from bitlake.spark import landing
 
-        spark = spark or _session()
         meta = self.metadata
         batch_id = _check_batch_id(batch_id)
         if op_column is not None and not meta.keyed:
@@ -171,6 +173,7 @@ class Table:
         done = self._already_committed(state, batch_id)
         if done is not None:
             return done
+        spark = spark or _session()
         df = conform_spark_input(_to_spark(spark, data), meta, op_column)
         part = self._claim_part(state)
         faults.point("after_claim")
@@ -196,8 +199,9 @@ class Table:
             return None
         visible = state.visible.get(batch_id)
         version = visible if visible is not None else state.batches[batch_id]
-        counts = commitlog.read(self.io, version).batch_counts.get(batch_id, {})
-        return IngestResult(batch_id, version, False, visible is not None, counts)
+        commit = commitlog.read(self.io, version)
+        return IngestResult(batch_id, version, False, visible is not None, commit.batch_counts.get(batch_id, {}),
+                            commit.processed)
 
     def _claim_part(self, state: TableState) -> int:
         """Claims a segment part no other job has: an atomic create of ``_bitlake/parts/<n>``."""
@@ -256,7 +260,7 @@ class Table:
         if result is None:
             return IngestResult(None, self.version, False, True, {})
         counts = result.batch_counts.get(batch.batch_id, {}) if batch else dict(result.counts)
-        return IngestResult(batch.batch_id if batch else None, result.version, True, True, counts)
+        return IngestResult(batch.batch_id if batch else None, result.version, True, True, counts, result.processed)
 
     def _commit(self, build, batch: Batch | None):
         """Optimistic commit: build against the latest state, put-if-absent the next version, rebase on loss.
