@@ -137,6 +137,7 @@ class Commit:
     keystore_remove: tuple[str, ...] = ()
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     batch_counts: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    events: tuple[dict, ...] = ()  # Data Change Events (see bitlake.changeevent)
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> dict:
@@ -155,6 +156,7 @@ class Commit:
             "keystore_remove": list(self.keystore_remove),
             "counts": dict(self.counts),
             "batch_counts": dict(self.batch_counts),
+            "events": list(self.events),
         }
 
     @classmethod
@@ -178,6 +180,7 @@ class Commit:
             keystore_remove=tuple(d["keystore_remove"]),
             counts=dict(d["counts"]),
             batch_counts=dict(d["batch_counts"]),
+            events=tuple(d["events"]),
             format_version=d["format_version"],
         )
 

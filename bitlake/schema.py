@@ -28,6 +28,8 @@ DEFAULT_PROPERTIES = {
     # A full-state checkpoint is written every this many commits, so opening a table reads at most
     # one checkpoint plus this many commit files.
     "checkpoint.interval": "20",
+    # The table's name in Data Change Events; empty means its base URI.
+    "table.name": "",
 }
 
 

@@ -29,6 +29,7 @@ class TableState:
     keystore: dict[int, list[BucketFile]] = dataclasses.field(default_factory=dict)
     logs: list[tuple[int, LogFile]] = dataclasses.field(default_factory=list)
     visible_parts: dict[int, int] = dataclasses.field(default_factory=dict)  # segment part -> version visible
+    last_visible_version: int = 0  # the last commit that made batches visible (the previous snapshot)
     max_part: int = 0
 
     def apply(self, c: Commit) -> None:
@@ -41,6 +42,7 @@ class TableState:
             self.max_part = max(self.max_part, c.landed.segment_part)
             self.pending.append(c.landed)
         if c.processed:
+            self.last_visible_version = c.version
             by_id = {b.batch_id: b for b in self.pending}
             for batch_id in c.processed:
                 batch = by_id.pop(batch_id)
@@ -75,6 +77,7 @@ class TableState:
             "keystore": {str(b): [f.to_json() for f in fs] for b, fs in self.keystore.items()},
             "logs": [[v, f.to_json()] for v, f in self.logs],
             "visible_parts": {str(p): v for p, v in self.visible_parts.items()},
+            "last_visible_version": self.last_visible_version,
             "max_part": self.max_part,
         }
 
@@ -92,6 +95,7 @@ class TableState:
             keystore={int(b): [BucketFile.from_json(f) for f in fs] for b, fs in d["keystore"].items()},
             logs=[(v, LogFile.from_json(f)) for v, f in d["logs"]],
             visible_parts={int(p): v for p, v in d["visible_parts"].items()},
+            last_visible_version=d["last_visible_version"],
             max_part=d["max_part"],
         )
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bitlake import bitmap, commitlog, faults, rowid, timetravel
+from bitlake import bitmap, changeevent, commitlog, faults, rowid, timetravel
 from bitlake import state as state_mod
 from bitlake.commitlog import Batch, Commit
 from bitlake.errors import (
@@ -119,6 +119,11 @@ class Table:
     @property
     def path(self) -> str:
         return self.io.base
+
+    @property
+    def name(self) -> str:
+        """The table's name in Data Change Events: the ``table.name`` property, else its base URI."""
+        return self.metadata.prop("table.name") or self.io.uri()
 
     @property
     def metadata(self) -> TableMetadata:
@@ -238,10 +243,15 @@ class Table:
             out = metagen.run(spark, self.io, state, batches, version)
             batch_counts = {b.batch_id: out.batch_counts.get(i, dict.fromkeys(metagen.COUNTS, 0))
                             for i, b in enumerate(batches)}
+            timestamp_ms = commitlog.now_ms(state.timestamp_ms)
+            events = changeevent.commit_events(
+                self.name, state, version, timestamp_ms, batches, out.segments, out.counts()
+            )
             c = Commit(
                 version=version,
                 operation=commitlog.INGEST if batch else commitlog.METAGEN,
-                timestamp_ms=commitlog.now_ms(state.timestamp_ms),
+                timestamp_ms=timestamp_ms,
+                events=tuple(events),
                 batch_id=batch.batch_id if batch else None,
                 landed=batch,
                 processed=tuple(b.batch_id for b in batches),

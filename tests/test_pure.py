@@ -267,3 +267,26 @@ def test_delta_values_normalise_to_int64():
     assert delta_to_int(dt.date(1970, 1, 2), pa.date32()) == 86_400_000_000
     with pytest.raises(InvalidInputError):
         delta_to_int("x", pa.int64())
+
+
+# -- change events ---------------------------------------------------------------------------------
+
+
+def test_change_events_name_every_partition_touched():
+    from bitlake import changeevent
+
+    m = meta(schema=pa.schema([("id", pa.int64()), ("region", pa.string()), ("mod", pa.int64())]),
+             partition_by=("region",))
+    state = TableState(metadata=m, version=4, last_visible_version=3)
+    old = DataFile("data/region=eu/a.parquet", "data", 1, 0, 5, 10, {"region": "eu"})
+    state.files.append(old)
+    state.segments[(1, 0)] = SegmentState(1, 0, 5, 5, "b", 5)
+    new = DataFile("data/region=us/b.parquet", "data", 2, 0, 2, 10, {"region": "us"})
+    batch = Batch("x", 2, (new,))
+    touched = [SegmentState(1, 0, 5, 5, "b2", 4), SegmentState(2, 0, 2, 2, "b3", 2)]
+    events = changeevent.commit_events("t", state, 5, 0, [batch], touched, {"inserted": 1, "updated": 1})
+    assert [e["partition"] for e in events] == [["eu"], ["us"]]
+    assert {e["operation_type"] for e in events} == {"UPDATE"}
+    assert events[0]["snapshot_id"] == "5" and events[0]["prev_snapshot_id"] == "3"
+    assert changeevent.operation_type({"inserted": 3}) == "APPEND"
+    assert changeevent.operation_type({"deleted": 1}) == "DELETE"
