@@ -299,9 +299,10 @@ class Table:
                     self.io.delete(path)
                 time.sleep(random.uniform(0.05, 0.2) * min(attempt + 1, 10))
                 continue
-            new_state = self.refresh()
-            if new_state.version % state.metadata.int_prop("checkpoint.interval") == 0:
-                state_mod.write_checkpoint(self.io, new_state)
+            if commit.version % state.metadata.int_prop("checkpoint.interval") == 0:
+                # The state at our own version, not the latest: another writer may already be past it.
+                state.apply(commit)
+                state_mod.write_checkpoint(self.io, state)
             return commit
         raise CommitConflictError(
             f"gave up after {MAX_COMMIT_ATTEMPTS} attempts: other writers kept committing to {self.io.base} first"
@@ -470,9 +471,10 @@ class Table:
             for rel in self.io.walk_files(folder):
                 if rel not in referenced and now - self.io.mtime(rel) >= min_age_seconds:
                     removable.append(rel)
-        for rel in self.io.walk_files("_bitlake/commits") + self.io.walk_files("_bitlake/checkpoints"):
-            if rel.rsplit("/", 1)[-1].startswith(".tmp-") and now - self.io.mtime(rel) >= min_age_seconds:
-                removable.append(rel)
+        for folder in ("_bitlake/commits", "_bitlake/checkpoints", PARTS_DIR):
+            for rel in self.io.walk_files(folder):
+                if rel.rsplit("/", 1)[-1].startswith(".tmp-") and now - self.io.mtime(rel) >= min_age_seconds:
+                    removable.append(rel)
         for name in self.io.list(PARTS_DIR):
             rel = f"{PARTS_DIR}/{name}"
             if name.isdigit() and int(name) <= state.max_part and now - self.io.mtime(rel) >= min_age_seconds:

@@ -1,0 +1,115 @@
+"""Several writer processes, each with its own SparkSession, commit to one keyed table at once.
+
+The commit log must stay a gap-free sequence in which every acknowledged batch lands and becomes
+visible exactly once, and the table's view must equal the oracle applied in the commit log's order.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from writers import harness
+from writers.harness import Writer
+
+import bitlake
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+
+@pytest.fixture
+def procs():
+    started: list[Writer] = []
+    yield started
+    harness.kill_all(started)
+
+
+def make_batch(rng: random.Random, name: str, n: int = 7, keys: int = 10) -> list[list]:
+    """``n`` records over a small shared key space: overlapping keys across writers, a repeated key
+    inside the batch, ties and out-of-order deltas, about a quarter deletes."""
+    ids = [rng.randrange(keys) for _ in range(n - 1)]
+    ids.append(ids[0])  # the same key twice in one batch
+    return [[k, f"{name}#{i}", rng.randrange(12), "delete" if rng.random() < 0.25 else "upsert"]
+            for i, k in enumerate(ids)]
+
+
+def test_concurrent_writers(tmp_path, spark, procs):
+    table = harness.create(tmp_path / "t", num_buckets=4)
+    rng = random.Random(20240611)
+    plans = {  # per writer, in order: (batch id, metagen) or "metagen"
+        "w0": [("w0-b0", True), ("w0-b1", False), "metagen"],
+        "w1": [("w1-b0", False), "metagen", ("w1-b1", True)],
+        "w2": [("w2-b0", False), ("w2-b1", True)],  # w2-b0: made visible by an INGEST
+    }
+    batches: dict[str, list[list]] = {}
+    for name, plan in plans.items():
+        steps, landed = [], []
+        for item in plan:
+            if item == "metagen":
+                steps.append({"op": "metagen", "expect_visible": list(landed)})
+                continue
+            batch_id, metagen = item
+            batches[batch_id] = make_batch(rng, batch_id)
+            steps.append({"op": "ingest", "batch_id": batch_id, "rows": batches[batch_id],
+                          "metagen": metagen})
+            landed.append(batch_id)
+        procs.append(Writer(tmp_path, name, table.path, steps, barrier=True))
+    harness.release(tmp_path, procs)
+    harness.run_all(procs)
+
+    history = harness.check_log(table)
+    by_version = {c["version"]: c for c in history}
+    landed_at = {c["batch_id"]: c["version"] for c in history if c["batch_id"] is not None}
+    visible_at = {b: c["version"] for c in history for b in c["processed"]}
+    assert set(landed_at) == set(batches), "every batch landed, none other"
+    assert set(visible_at) == set(batches), "every batch became visible"
+    assert table.state().pending == []
+
+    for w in procs:
+        acks = w.acks()
+        assert [a["step"] for a in acks] == list(range(len(plans[w.name]))), w.output()
+        for a, item in zip(acks, plans[w.name], strict=True):
+            if item == "metagen":
+                assert all(a["now_visible"].values()), a
+                if a["committed"]:
+                    assert by_version[a["version"]]["operation"] == "METAGEN"
+                continue
+            batch_id, metagen = item
+            assert a["batch_id"] == batch_id and a["committed"] is True and a["visible"] is metagen, a
+            assert landed_at[batch_id] == a["version"], f"ack of {batch_id} names the commit that landed it"
+            if metagen:
+                assert visible_at[batch_id] == a["version"], "an INGEST commit makes its own batch visible"
+            else:
+                assert visible_at[batch_id] > a["version"]
+        committed = [a["version"] for a in acks if a["committed"]]
+        assert committed == sorted(set(committed)), f"{w.name}'s commits go forward: {committed}"
+
+    expected = harness.check_view(table, batches, spark)
+    assert expected, "the oracle keeps some rows (the test data is not degenerate)"
+    assert harness.arrow_rows(bitlake.open_table(table.path)) == expected
+    assert harness.orphans(table) == [], "losers of a commit race delete what they wrote"
+
+
+def test_same_batch_id_from_two_writers(tmp_path, spark, procs):
+    table = harness.create(tmp_path / "t", num_buckets=2)
+    base = [[k, f"base#{k}", 5, "upsert"] for k in range(8)]
+    dup = [[1, "dup#0", 7, "upsert"], [2, "dup#1", 3, "upsert"], [3, "dup#2", 6, "delete"],
+           [9, "dup#3", 1, "upsert"], [1, "dup#4", 7, "upsert"]]
+    assert table.ingest(harness.batch_table(base), op_column="op", batch_id="base", spark=spark).committed
+    steps = [{"op": "ingest", "batch_id": "dup", "rows": dup, "metagen": True}]
+    procs.extend(Writer(tmp_path, f"w{i}", table.path, steps, barrier=True) for i in range(2))
+    harness.release(tmp_path, procs)
+    harness.run_all(procs)
+
+    acks = [a for w in procs for a in w.acks()]
+    assert len(acks) == 2
+    assert sorted(a["committed"] for a in acks) == [False, True], acks
+    assert acks[0]["version"] == acks[1]["version"] == 2, acks
+    assert all(a["visible"] for a in acks)
+
+    history = harness.check_log(table)
+    assert [c["version"] for c in history if c["batch_id"] == "dup"] == [2]
+    assert [c["version"] for c in history if "dup" in c["processed"]] == [2]
+    assert table.version == 2
+    harness.check_view(table, {"base": base, "dup": dup}, spark)
+    assert harness.orphans(table) == [], "the writer that found the batch committed removed its files"

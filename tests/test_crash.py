@@ -1,0 +1,198 @@
+"""A writer killed (SIGKILL) at each crash point leaves the table readable and exactly as it was
+committed; the batch can be retried and commits exactly once; cleanup removes what the dead writer
+left behind without changing the view.
+
+Each case crashes a writer process on its own copy of a table that holds one committed batch. The
+crashing processes run up front, a few at a time (each needs its own SparkSession), and the tests
+then check and repair one table each in the test process.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+from writers import harness
+from writers.harness import Writer
+
+import bitlake
+from bitlake import faults
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+B0 = [[k, f"b0#{k}", 10, "upsert"] for k in range(8)]
+B1 = [
+    [1, "b1#0", 12, "upsert"],  # update
+    [2, "b1#1", 5, "upsert"],  # stale: older than b0's record
+    [3, "b1#2", 11, "delete"],  # delete
+    [9, "b1#3", 1, "upsert"],  # insert of a new key
+    [4, "b1#4", 10, "upsert"],  # same delta as b0's record: the later arrival wins
+    [3, "b1#5", 9, "upsert"],  # stale
+    [5, "b1#6", 11, "delete"],  # applied after the next record (higher delta): delete
+    [5, "b1#7", 10, "upsert"],  # update, then deleted by b1#6
+    [8, "b1#8", 3, "delete"],  # delete of a key never seen: ignored
+]
+B2 = [[1, "b2#0", 13, "upsert"], [3, "b2#1", 10, "upsert"], [3, "b2#2", 12, "upsert"], [7, "b2#3", 9, "delete"]]
+BATCHES = {"b0": B0, "b1": B1, "b2": B2}
+
+# case -> (crash point, what the writer does): "ingest" (metagen=True), "land" (metagen=False), or
+# "metagen" (b1 already landed pending; the writer runs Table.metagen()).
+CASES = {f"ingest-{p}": (p, "ingest") for p in faults.POINTS}
+CASES["land-after_landing"] = ("after_landing", "land")
+CASES["metagen-after_metagen"] = ("after_metagen", "metagen")
+PARALLEL_WRITERS = 3
+
+
+def ingest(table, batch_id, *, metagen=True, spark):
+    return table.ingest(harness.batch_table(BATCHES[batch_id]), op_column="op", batch_id=batch_id,
+                        metagen=metagen, spark=spark)
+
+
+def data_files(paths):
+    return [p for p in paths if p.startswith(("data/", "_bitlake/deletes/"))]
+
+
+def metadata_files(paths):
+    return [p for p in paths if p.startswith(("_bitlake/logs/", "_bitlake/bitmaps/", "_bitlake/keystore/"))]
+
+
+@pytest.fixture(scope="module")
+def crashed(tmp_path_factory, spark):
+    """Runs every case's crashing writer; returns case -> (table path, finished Writer)."""
+    root = tmp_path_factory.mktemp("crash")
+    base = harness.create(root / "base", num_buckets=2)
+    assert ingest(base, "b0", spark=spark).version == 1
+    todo = []
+    for name, (point, mode) in CASES.items():
+        path = root / name
+        shutil.copytree(base.path, path)
+        if mode == "metagen":
+            r = ingest(bitlake.open_table(str(path)), "b1", metagen=False, spark=spark)
+            assert (r.version, r.committed, r.visible) == (2, True, False)
+            steps = [{"op": "metagen"}]
+        else:
+            steps = [{"op": "ingest", "batch_id": "b1", "rows": B1, "metagen": mode == "ingest"}]
+        todo.append((name, path, steps, point))
+    started: dict[str, tuple] = {}
+    try:
+        while todo or any(w.running() for _, w in started.values()):
+            running = sum(w.running() for _, w in started.values())
+            while todo and running < PARALLEL_WRITERS:
+                name, path, steps, point = todo.pop(0)
+                started[name] = (str(path), Writer(root, name, path, steps, crash_at=point))
+                running += 1
+            time.sleep(0.2)
+        for _, w in started.values():
+            w.wait()
+        yield started
+    finally:
+        harness.kill_all([w for _, w in started.values()])
+
+
+def check_died(writer: Writer) -> None:
+    assert writer.proc.returncode == -9, f"expected SIGKILL, got {writer.proc.returncode}:\n{writer.output()}"
+    assert writer.acks() == [], "a killed writer acknowledged nothing"
+
+
+def landed_once(table, batch_id) -> int:
+    """Asserts ``batch_id`` landed in exactly one commit and was applied exactly once; its version."""
+    history = harness.check_log(table)
+    landed = [c["version"] for c in history if c["batch_id"] == batch_id]
+    assert len(landed) == 1, landed
+    assert sum(batch_id in c["processed"] for c in history) <= 1
+    return landed[0]
+
+
+def cleanup_and_check(table, spark, expected_removed: list[str], expected_rows: list[tuple], *,
+                      then_ingest: bool = False) -> None:
+    """Cleanup removes exactly the dead writer's files (and segment-part claims); the view stays.
+    With ``then_ingest``, a further batch is ingested: MetaGen still finds every key-store file it needs."""
+    removed = table.cleanup(min_age_seconds=0)
+    assert [p for p in removed if not p.startswith("_bitlake/parts/")] == expected_removed
+    assert harness.orphans(table) == []
+    assert harness.check_view(table, BATCHES, spark) == expected_rows
+    reopened = bitlake.open_table(table.path)
+    assert harness.arrow_rows(reopened) == expected_rows
+    assert harness.spark_rows(reopened, spark) == expected_rows
+    if then_ingest:
+        r = ingest(reopened, "b2", spark=spark)
+        assert r.committed and r.visible
+        assert harness.check_view(reopened, BATCHES, spark) == harness.oracle([B0, B1, B2])[0]
+
+
+@pytest.mark.parametrize("point", faults.POINTS)
+def test_crash_during_ingest(crashed, spark, point):
+    path, writer = crashed[f"ingest-{point}"]
+    check_died(writer)
+    table = bitlake.open_table(path)
+    harness.check_log(table)
+    if point == "after_commit":
+        assert table.version == 2
+        assert landed_once(table, "b1") == 2
+        assert table.history()[0]["processed"] == ["b1"]
+    else:
+        assert table.version == 1
+        assert "b1" not in table.state().batches
+    harness.check_view(table, BATCHES, spark)
+
+    left = harness.orphans(table)
+    if point == "after_landing":
+        assert data_files(left) and not metadata_files(left), left
+    elif point == "after_metagen":
+        assert data_files(left) and metadata_files(left), left
+    else:
+        assert left == [], left
+
+    r = ingest(table, "b1", spark=spark)
+    assert r.version == 2 and r.visible
+    assert r.committed is (point != "after_commit"), "a retry of a committed batch is a no-op"
+    assert landed_once(table, "b1") == 2 and table.version == 2
+    expected = harness.check_view(table, BATCHES, spark)
+    assert expected == harness.oracle([B0, B1])[0]
+    assert harness.orphans(table) == left, "the retry leaves nothing behind"
+    cleanup_and_check(table, spark, left, expected, then_ingest=point == "after_metagen")
+
+
+def test_crash_while_landing_a_pending_batch(crashed, spark):
+    path, writer = crashed["land-after_landing"]
+    check_died(writer)
+    table = bitlake.open_table(path)
+    assert table.version == 1 and "b1" not in table.state().batches
+    before = harness.check_view(table, BATCHES, spark)
+    left = harness.orphans(table)
+    assert data_files(left) and not metadata_files(left), left
+
+    r = ingest(table, "b1", metagen=False, spark=spark)
+    assert (r.version, r.committed, r.visible) == (2, True, False)
+    assert [b.batch_id for b in table.state().pending] == ["b1"]
+    assert harness.arrow_rows(table) == before, "a landed batch is not visible before MetaGen"
+    r = table.metagen(spark=spark)
+    assert (r.version, r.committed, r.visible) == (3, True, True)
+    assert table.history()[0]["operation"] == "METAGEN" and table.history()[0]["processed"] == ["b1"]
+    assert landed_once(table, "b1") == 2
+    assert table.state().pending == []
+    expected = harness.check_view(table, BATCHES, spark)
+    assert expected == harness.oracle([B0, B1])[0]
+    cleanup_and_check(table, spark, left, expected)
+
+
+def test_crash_during_metagen_of_pending_batch(crashed, spark):
+    path, writer = crashed["metagen-after_metagen"]
+    check_died(writer)
+    table = bitlake.open_table(path)
+    assert table.version == 2, "the landing commit stays, MetaGen's commit never happened"
+    assert [b.batch_id for b in table.state().pending] == ["b1"]
+    before = harness.check_view(table, BATCHES, spark)
+    assert before == harness.oracle([B0])[0]
+    left = harness.orphans(table)
+    assert metadata_files(left) and not data_files(left), "the landed data is referenced by its commit"
+
+    r = table.metagen(spark=spark)
+    assert (r.version, r.committed, r.visible) == (3, True, True)
+    assert landed_once(table, "b1") == 2
+    assert table.state().pending == []
+    expected = harness.check_view(table, BATCHES, spark)
+    assert expected == harness.oracle([B0, B1])[0]
+    assert harness.orphans(table) == left
+    cleanup_and_check(table, spark, left, expected, then_ingest=True)

@@ -1,0 +1,1 @@
+"""Helpers of the multi-process tests: the writer script and the harness that runs it."""

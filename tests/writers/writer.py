@@ -1,0 +1,90 @@
+"""A writer process for the concurrency and crash tests.
+
+Usage: ``python writer.py SPEC.json``. The spec is a JSON object:
+
+* ``table``: the table path; ``ack``: a file that gets one JSON line per finished step;
+* ``ready`` / ``go`` (optional): after its SparkSession is up the writer creates ``ready`` and waits
+  for ``go`` to exist, so that several writers start committing at the same moment;
+* ``steps``: ``{"op": "ingest", "batch_id": ..., "rows": [[id, v, mod, op], ...], "metagen": bool}``
+  or ``{"op": "metagen", "expect_visible": [batch ids]}``.
+
+An ack line is written (and fsynced) only after the step returned, so a writer killed by a crash
+point never acknowledges the step it died in.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import sys
+import time
+
+import pyarrow as pa
+
+import bitlake
+from bitlake import commitlog
+
+LOST_RACES = [0]
+
+
+def _counting_write(io, commit, _write=commitlog.write):
+    """commitlog.write, counting the commits this writer lost to another (reported in the acks)."""
+    try:
+        _write(io, commit)
+    except FileExistsError:
+        LOST_RACES[0] += 1
+        raise
+
+
+commitlog.write = _counting_write
+
+SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string()), ("mod", pa.int64()), ("op", pa.string())])
+
+
+def batch_table(rows: list[list]) -> pa.Table:
+    return pa.Table.from_pylist([dict(zip(SCHEMA.names, r, strict=True)) for r in rows], schema=SCHEMA)
+
+
+def main(spec_path: str) -> None:
+    faulthandler.register(signal.SIGUSR1)  # the harness asks for a traceback of a writer that hangs
+    with open(spec_path) as f:
+        spec = json.load(f)
+    # A short-lived driver: C1-only JIT and the serial GC start it in about half the time on 2 cores.
+    spark = bitlake.spark_session("local[1]", app_name=f"bitlake-writer-{os.getpid()}", **{
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    })
+    table = bitlake.open_table(spec["table"])
+    if spec.get("ready"):
+        # Warm up (JVM, Python workers, Arrow) before the barrier, so the writers' commits overlap.
+        spark.createDataFrame(batch_table(spec["steps"][0].get("rows") or [[0, "", 0, "upsert"]])) \
+            .mapInArrow(lambda batches: batches, "id long, v string, mod long, op string").collect()
+        open(spec["ready"], "w").close()
+        deadline = time.monotonic() + 300
+        while not os.path.exists(spec["go"]):
+            if time.monotonic() > deadline:
+                raise SystemExit("never got the go signal")
+            time.sleep(0.05)
+    with open(spec["ack"], "a") as ack:
+        for i, step in enumerate(spec["steps"]):
+            started = time.monotonic()
+            if step["op"] == "ingest":
+                r = table.ingest(batch_table(step["rows"]), op_column="op", batch_id=step["batch_id"],
+                                 metagen=step["metagen"], spark=spark)
+            else:
+                r = table.metagen(spark=spark)
+            line = {"step": i, "op": step["op"], "batch_id": r.batch_id, "version": r.version,
+                    "committed": r.committed, "visible": r.visible, "counts": r.counts,
+                    "seconds": round(time.monotonic() - started, 2), "lost_races": LOST_RACES[0]}
+            if step["op"] == "metagen":
+                visible = table.state().visible
+                line["now_visible"] = {b: b in visible for b in step.get("expect_visible", [])}
+            ack.write(json.dumps(line) + "\n")
+            ack.flush()
+            os.fsync(ack.fileno())
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
