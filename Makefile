@@ -16,11 +16,12 @@ $(VENV)/.installed: pyproject.toml
 demo: setup  ## run the demo: create a table, ingest a base and changes, show the view and the history
 	$(PY) examples/demo.py
 
-test: setup  ## run every test (unit, Spark, concurrency, crash)
+test: setup  ## run every test (unit, Spark, concurrency, crash, trigger service on SQLite and PostgreSQL)
+	bash scripts/setup-postgres.sh
 	$(PY) -m pytest -q
 
 test-fast: setup  ## only the pure-Python tests
-	$(PY) -m pytest -q -m "not spark and not slow"
+	$(PY) -m pytest -q -m "not spark and not slow and not postgres"
 
 lint: setup  ## ruff and mypy on the pure layer
 	$(VENV)/bin/ruff check bitlake tests benchmarks

@@ -1,0 +1,50 @@
+"""Errors of the trigger store and service; ``status_code`` is the HTTP status the service answers with."""
+
+from __future__ import annotations
+
+from bitlake.errors import BitlakeError
+
+
+class TriggerError(BitlakeError):
+    """Base class of the trigger service's errors."""
+
+    status_code = 400
+
+
+class EventConflictError(TriggerError):
+    """An event with the same (table, partition, snapshot_id) exists with a different payload."""
+
+    status_code = 409
+
+
+class FlowNotFoundError(TriggerError):
+    """The flow has never evaluated a snapshot trigger on that table, so there is no cursor to move."""
+
+    status_code = 404
+
+
+class EventNotFoundError(TriggerError):
+    """No event with that id exists on that table."""
+
+    status_code = 404
+
+
+class FlowConflictError(TriggerError):
+    """The flow exists with another tag filter, or an ack would move its cursor backwards."""
+
+    status_code = 409
+
+
+class BadCursorError(TriggerError):
+    """A paging cursor that the service did not hand out."""
+
+    status_code = 400
+
+
+class TriggerServiceError(TriggerError):
+    """The service answered a :class:`bitlake.triggers.Client` request with an error status."""
+
+    def __init__(self, status_code: int, detail: object):
+        self.status_code = status_code
+        self.detail = detail
+        super().__init__(f"{status_code}: {detail}")

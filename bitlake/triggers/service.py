@@ -1,0 +1,288 @@
+"""The trigger service: the store behind an HTTP API (FastAPI), with bearer tokens scoped to tables.
+
+``create_app()`` returns the ASGI application, so any ASGI server runs it::
+
+    uvicorn --factory bitlake.triggers:create_app --host 127.0.0.1 --port 8400
+
+Every request a client gets wrong is answered with a 4xx and a ``detail`` that says why: 401 without a
+valid token, 403 for a role or a table the token does not cover, 413 for a body over the size limit, 422
+for input that does not validate, 400 for a cursor the service did not hand out, 404 and 409 from the
+store. A batch is registered in one transaction, so a refused request writes nothing.
+"""
+
+
+import os
+import threading
+import time
+from collections.abc import Mapping
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Security
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from sqlalchemy.exc import OperationalError
+
+from bitlake.triggers.config import TriggerConfig
+from bitlake.triggers.errors import TriggerError
+from bitlake.triggers.event import (
+    MAX_EVENTS_PER_REQUEST,
+    EventIn,
+    PartitionValues,
+    TableName,
+    Tags,
+    Timestamp,
+)
+from bitlake.triggers.store import (
+    ANY_PARTITION,
+    EventPage,
+    Registration,
+    Role,
+    TokenInfo,
+    TriggerStore,
+    hash_token,
+)
+from bitlake.triggers.trigger import (
+    FlowCursor,
+    PartitionTrigger,
+    PartitionTriggerResult,
+    SnapshotAck,
+    SnapshotTrigger,
+    SnapshotTriggerResult,
+)
+
+API_VERSION = "1"
+MAX_PAGE = 1000
+_PARTITION = TypeAdapter(PartitionValues | None)
+_TAGS = TypeAdapter(Tags)
+
+
+def _printable(value: Any) -> Any:
+    """``value`` with every string made encodable: a lone surrogate in the input must not turn a 422 into a 500."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, list | tuple):
+        return [_printable(v) for v in value]
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    return value
+
+
+def _reasons(error: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg']}" for e in error.errors())
+
+
+class EventBatch(BaseModel):
+    """Events to register in one transaction."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS_PER_REQUEST)
+
+
+class RegistrationResult(BaseModel):
+    events: list[Registration] = Field(description="One per event sent, in order")
+
+
+class BodyLimit:
+    """Refuses (413) a request body over ``max_bytes`` before anything parses it, chunked uploads included."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            return await self._refuse(scope, receive, send)
+        messages, size = [], 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                return await self._refuse(scope, receive, send)
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+
+        async def replay():
+            return messages.pop(0) if messages else await receive()
+
+        return await self.app(scope, replay, send)
+
+    async def _refuse(self, scope, receive, send):
+        response = JSONResponse({"detail": f"request body larger than {self.max_bytes} bytes"}, status_code=413)
+        await response(scope, receive, send)
+
+
+class TokenCache:
+    """Verified tokens for a few seconds, so a request costs no token lookup; revocation waits that long."""
+
+    def __init__(self, store: TriggerStore, ttl: float, max_entries: int = 10_000):
+        self.store, self.ttl, self.max_entries = store, ttl, max_entries
+        self._entries: dict[str, tuple[float, TokenInfo]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, token: str) -> TokenInfo | None:
+        key = hash_token(token)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._entries.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        info = self.store.authenticate(token)
+        if info is not None and self.ttl > 0:
+            with self._lock:
+                if len(self._entries) >= self.max_entries:
+                    self._entries.clear()
+                self._entries[key] = (now + self.ttl, info)
+        return info
+
+
+def _config(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | None) -> TriggerConfig:
+    if config is None or isinstance(config, str | os.PathLike):
+        return TriggerConfig.load(config)
+    if isinstance(config, TriggerConfig):
+        return config
+    return TriggerConfig.model_validate(config)
+
+
+def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | None = None) -> FastAPI:
+    """The trigger service as a FastAPI application; opening its store migrates the schema.
+
+    Args:
+        config: a :class:`TriggerConfig`, a mapping of its fields, or the path of a TOML file; by default the
+            file named by ``$BITLAKE_TRIGGERS_CONFIG`` and ``BITLAKE_TRIGGERS_*`` variables, else an SQLite
+            database ``./bitlake-triggers.db``.
+    """
+    config = _config(config)
+    store = TriggerStore.from_config(config)
+    tokens = TokenCache(store, config.token_cache_seconds)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        store.close()
+
+    app = FastAPI(
+        title="bitlake trigger service", version=API_VERSION, lifespan=lifespan,
+        description="Data Change Events, partition triggers and snapshot triggers (LakeChime). See docs/triggers.md.",
+    )
+    app.state.store = store
+    app.state.config = config
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
+
+    @app.exception_handler(TriggerError)
+    async def _trigger_error(_request: Request, exc: TriggerError):
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError):
+        # FastAPI's own handler echoes each input back; that input may be huge or not encodable.
+        errors = [{"type": e["type"], "loc": _printable(list(e["loc"])), "msg": _printable(e["msg"])}
+                  for e in exc.errors()]
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    @app.exception_handler(OperationalError)
+    async def _database_down(_request: Request, exc: OperationalError):
+        return JSONResponse({"detail": f"the event store is unavailable: {exc.orig}"}, status_code=503,
+                            headers={"Retry-After": "1"})
+
+    bearer = HTTPBearer(auto_error=False, description="A token from bitlake.triggers.store.create_token")
+
+    def caller(credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]) -> TokenInfo:
+        if credentials is None:
+            raise HTTPException(401, "missing bearer token (Authorization: Bearer ...)",
+                                headers={"WWW-Authenticate": "Bearer"})
+        info = tokens.get(credentials.credentials)
+        if info is None:
+            raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
+        return info
+
+    def producer(info: Annotated[TokenInfo, Depends(caller)]) -> TokenInfo:
+        if info.role not in (Role.PRODUCER, Role.ADMIN):
+            raise HTTPException(403, f"a {info.role} token cannot register events")
+        return info
+
+    def consumer(info: Annotated[TokenInfo, Depends(caller)]) -> TokenInfo:
+        if info.role not in (Role.CONSUMER, Role.ADMIN):
+            raise HTTPException(403, f"a {info.role} token cannot query events or evaluate triggers")
+        return info
+
+    def in_scope(info: TokenInfo, table: str) -> None:
+        if not info.allows(table):
+            raise HTTPException(403, f"token {info.name or info.token_id!r} does not cover table {table!r}")
+
+    @app.get("/health", tags=["service"])
+    def health() -> dict[str, str]:
+        """Liveness without authentication."""
+        return {"status": "ok", "api_version": API_VERSION}
+
+    @app.post("/events", tags=["events"], response_model=RegistrationResult)
+    def register(batch: EventBatch, info: Annotated[TokenInfo, Depends(producer)]) -> RegistrationResult:
+        """Register 1 to 1000 events in one transaction (all or nothing); retries return the existing events."""
+        for table in sorted({e.table for e in batch.events}):
+            in_scope(info, table)
+        return RegistrationResult(events=store.register(batch.events))
+
+    @app.get("/events", tags=["events"], response_model=EventPage)
+    def list_events(
+        info: Annotated[TokenInfo, Depends(consumer)],
+        table: Annotated[TableName, Query(description="The table (exact name)")],
+        partition: Annotated[str | None, Query(
+            description='JSON: a list of values (["2024-01-01","05"]) or null for unpartitioned events')] = None,
+        tag: Annotated[list[str] | None, Query(description="key=value; repeat for several; all must match")] = None,
+        since: Annotated[Timestamp | None, Query(description="event_ts >= since")] = None,
+        until: Annotated[Timestamp | None, Query(description="event_ts < until")] = None,
+        min_event_id: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+        max_event_id: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+        cursor: Annotated[str | None, Query(max_length=200, description="next_cursor of the previous page")] = None,
+        limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    ) -> EventPage:
+        """Events of a table in event-id order, filtered and paged."""
+        in_scope(info, table)
+        wanted: Any = ANY_PARTITION
+        if partition is not None:
+            try:
+                wanted = _PARTITION.validate_json(partition)
+            except ValidationError as e:
+                raise HTTPException(422, f"partition must be JSON: a list of 1 to 8 strings (or nulls), or null; "
+                                         f"{_printable(_reasons(e))}") from None
+        tags: dict[str, str] = {}
+        for item in tag or []:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise HTTPException(422, f"tag {item[:100]!r} is not key=value")
+            tags[key] = value
+        try:
+            tags = _TAGS.validate_python(tags)
+        except ValidationError as e:
+            raise HTTPException(422, f"bad tag filter: {_printable(_reasons(e))}") from None
+        return store.events(table, partition=wanted, tags=tags, since=since, until=until,
+                            min_event_id=min_event_id, max_event_id=max_event_id, cursor=cursor, limit=limit)
+
+    @app.post("/triggers/partition", tags=["triggers"], response_model=PartitionTriggerResult)
+    def partition_trigger(trigger: PartitionTrigger, info: Annotated[TokenInfo, Depends(consumer)]
+                          ) -> PartitionTriggerResult:
+        """Has the partition (templates rendered at the scheduled time) arrived by the evaluation time?"""
+        in_scope(info, trigger.table)
+        return store.evaluate_partition_trigger(trigger)
+
+    @app.post("/triggers/snapshot", tags=["triggers"], response_model=SnapshotTriggerResult)
+    def snapshot_trigger(trigger: SnapshotTrigger, info: Annotated[TokenInfo, Depends(consumer)]
+                         ) -> SnapshotTriggerResult:
+        """The flow's events after its last acknowledged one; does not move the cursor."""
+        in_scope(info, trigger.table)
+        return store.evaluate_snapshot_trigger(trigger)
+
+    @app.post("/triggers/snapshot/ack", tags=["triggers"], response_model=FlowCursor)
+    def snapshot_ack(ack: SnapshotAck, info: Annotated[TokenInfo, Depends(consumer)]) -> FlowCursor:
+        """Move the flow's cursor to event_id after a successful run; repeating it is a no-op, going back a 409."""
+        in_scope(info, ack.table)
+        return store.ack(ack.flow, ack.table, ack.event_id)
+
+    return app

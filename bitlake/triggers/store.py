@@ -1,0 +1,514 @@
+"""The trigger store: Data Change Events, consumer flow cursors and API tokens in a SQL database.
+
+SQLite (one embedded file, the default) or PostgreSQL, through SQLAlchemy; the schema is created and
+upgraded by the Alembic migrations in ``migrations/`` whenever a store is opened.
+
+Why snapshot triggers read only up to a "stable horizon" on PostgreSQL: event ids come from a sequence,
+so two concurrent registrations can commit out of id order (id 11 visible while id 10 is still in
+flight). A flow that acknowledged 11 would never see 10. Registrations therefore hold a shared advisory
+lock for their whole transaction, and a snapshot evaluation briefly takes it exclusively to read the
+highest committed id: every id at or below it is final. SQLite has one writer at a time, so ids commit in
+order there and no horizon is needed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime as dt
+import enum
+import fnmatch
+import hashlib
+import json
+import secrets
+import time
+import zoneinfo
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from pydantic import BaseModel, Field
+from sqlalchemy import Engine, and_, create_engine, event, func, insert, select, text, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Row, make_url
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.pool import StaticPool
+
+from bitlake.triggers.config import DEFAULT_DB_URL, TriggerConfig
+from bitlake.triggers.errors import (
+    BadCursorError,
+    EventConflictError,
+    EventNotFoundError,
+    FlowConflictError,
+    FlowNotFoundError,
+    TriggerError,
+)
+from bitlake.triggers.event import (
+    Event,
+    EventIn,
+    OperationType,
+    TableFormat,
+    Timestamp,
+    canonical_partition,
+    canonical_tags,
+    from_micros,
+    to_micros,
+)
+from bitlake.triggers.tables import EVENTS, FLOWS, TOKENS
+from bitlake.triggers.trigger import (
+    FlowCursor,
+    PartitionTrigger,
+    PartitionTriggerResult,
+    SnapshotTrigger,
+    SnapshotTriggerResult,
+    render_partition,
+)
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+# PostgreSQL advisory lock keys ("bitlake" + a digit, as 64-bit numbers); see the module docstring.
+REGISTRATION_LOCK = 0x6269746C616B6531
+MIGRATION_LOCK = 0x6269746C616B6532
+TOKEN_PREFIX = "blt_"
+MAX_TOKEN_GLOBS = 64
+
+
+class Role(enum.StrEnum):
+    """What a token may do: producers register events; consumers query, evaluate and acknowledge; admins both."""
+
+    PRODUCER = "producer"
+    CONSUMER = "consumer"
+    ADMIN = "admin"
+
+
+class TokenInfo(BaseModel):
+    """A token as the store knows it (never the token itself)."""
+
+    token_id: int
+    name: str
+    role: Role
+    tables: list[str] = Field(description="fnmatch globs of the tables the token may touch")
+    created_at: Timestamp
+    revoked_at: Timestamp | None
+
+    def allows(self, table: str) -> bool:
+        return any(fnmatch.fnmatchcase(table, glob) for glob in self.tables)
+
+
+class Registration(BaseModel):
+    """One registered event and whether this request created it (False: it existed, the request was a retry)."""
+
+    created: bool
+    event: Event
+
+
+class EventPage(BaseModel):
+    events: list[Event]
+    next_cursor: str | None = Field(description="Pass as cursor to get the next page; null on the last page")
+
+
+class _AnyPartition:
+    def __repr__(self) -> str:
+        return "ANY_PARTITION"
+
+
+ANY_PARTITION: Any = _AnyPartition()
+"""``partition=`` of :meth:`TriggerStore.events` that does not filter (``None`` means unpartitioned)."""
+
+
+def now_micros() -> int:
+    return time.time_ns() // 1000
+
+
+def hash_token(token: str) -> str:
+    # Tokens are 256 random bits, so a fast hash is as safe as a slow one and keeps every request cheap.
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def encode_cursor(after_event_id: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"after": after_event_id}).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> int:
+    try:
+        value = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))["after"]
+    except (ValueError, TypeError, KeyError, binascii.Error):
+        raise BadCursorError(f"cursor {cursor[:64]!r} was not handed out by this service") from None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadCursorError(f"cursor {cursor[:64]!r} was not handed out by this service")
+    return value
+
+
+def make_engine(url: str, *, pool_size: int = 5, max_overflow: int = 10, echo: bool = False) -> Engine:
+    """An engine for ``url`` set up for the store: SQLite in WAL mode with a busy timeout; PostgreSQL via psycopg 3."""
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        database = parsed.database or ""
+        if database in ("", ":memory:"):
+            # One shared connection, or every connection would see its own empty in-memory database.
+            return create_engine(parsed, echo=echo, poolclass=StaticPool,
+                                 connect_args={"check_same_thread": False})
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(parsed, echo=echo, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _wal(dbapi_connection, _record):  # readers never block the writer, nor it them
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.close()
+
+        return engine
+    if backend == "postgresql":
+        if parsed.drivername == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        return create_engine(parsed, echo=echo, pool_size=pool_size, max_overflow=max_overflow, pool_pre_ping=True)
+    raise ValueError(f"the trigger store runs on SQLite or PostgreSQL, not {backend!r} ({url})")
+
+
+def run_migrations(engine: Engine, revision: str = "head") -> None:
+    """Upgrade the store's schema to ``revision`` (Alembic), serialised against concurrent starts."""
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def _event(row: Row) -> Event:
+    return Event.model_construct(
+        event_id=row.event_id,
+        event_ts=from_micros(row.event_ts),
+        table=row.table_name,
+        partition=json.loads(row.partition_json),
+        snapshot_id=row.snapshot_id or None,
+        snapshot_ts=None if row.snapshot_ts is None else from_micros(row.snapshot_ts),
+        prev_snapshot_id=row.prev_snapshot_id,
+        table_format=TableFormat(row.table_format),
+        operation_type=OperationType(row.operation_type),
+        tags=row.tags,
+    )
+
+
+def _cursor(row: Row) -> FlowCursor:
+    return FlowCursor(
+        flow=row.flow_name, table=row.table_name, tags=json.loads(row.tags_json),
+        start=None if row.start_ts is None else from_micros(row.start_ts), last_event_id=row.last_event_id,
+        created_at=from_micros(row.created_at), acked_at=None if row.acked_at is None else from_micros(row.acked_at))
+
+
+def _token(row: Row) -> TokenInfo:
+    return TokenInfo(token_id=row.token_id, name=row.name, role=Role(row.role), tables=row.tables,
+                     created_at=from_micros(row.created_at),
+                     revoked_at=None if row.revoked_at is None else from_micros(row.revoked_at))
+
+
+_PAYLOAD = ("snapshot_ts", "prev_snapshot_id", "table_format", "operation_type", "tags")
+
+
+def _row(e: EventIn, event_ts: int) -> dict[str, Any]:
+    table, partition_json, snapshot_id = e.key()
+    return {
+        "event_ts": event_ts, "table_name": table, "partition_json": partition_json, "snapshot_id": snapshot_id,
+        "snapshot_ts": None if e.snapshot_ts is None else to_micros(e.snapshot_ts),
+        "prev_snapshot_id": e.prev_snapshot_id, "table_format": e.table_format.value,
+        "operation_type": e.operation_type.value, "tags": dict(e.tags),
+    }
+
+
+def _tag_filter(tags: Mapping[str, str] | None) -> list:
+    return [EVENTS.c.tags[k].as_string() == v for k, v in (tags or {}).items()]
+
+
+class TriggerStore:
+    """The events, flow cursors and tokens of one database; opening it migrates the schema to the latest.
+
+    Args:
+        url: a SQLAlchemy URL (``sqlite:///path``, ``sqlite://`` in memory, ``postgresql://...``) or an engine.
+        migrate: run the migrations (``upgrade head``) before use.
+
+    >>> store = TriggerStore("sqlite://")
+    >>> [r.created for r in store.register([{"table": "db.t", "snapshot_id": "1", "table_format": "BITLAKE",
+    ...                                      "operation_type": "APPEND"}] * 2)]
+    [True, False]
+    >>> store.close()
+    """
+
+    def __init__(self, url: str | Engine = DEFAULT_DB_URL, *, migrate: bool = True):
+        self.engine = url if isinstance(url, Engine) else make_engine(url)
+        if migrate:
+            run_migrations(self.engine)
+
+    @classmethod
+    def from_config(cls, config: TriggerConfig) -> TriggerStore:
+        return cls(make_engine(config.db_url, pool_size=config.pool_size, max_overflow=config.max_overflow,
+                               echo=config.sql_echo))
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> TriggerStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _insert(self, table):
+        return (postgresql.insert if self.dialect == "postgresql" else sqlite.insert)(table)
+
+    def _stable_horizon(self) -> int | None:
+        """The highest event id below which no registration is still in flight (None: no limit needed)."""
+        if self.dialect != "postgresql":
+            return None
+        with self.engine.begin() as conn:
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": REGISTRATION_LOCK})
+            return conn.execute(select(func.max(EVENTS.c.event_id))).scalar() or 0
+
+    # -- events ---------------------------------------------------------------------------------------
+
+    def register(self, events: Iterable[EventIn | Mapping[str, Any]]) -> list[Registration]:
+        """Register events in one transaction; those already registered (same table, partition and
+        snapshot_id, same payload) are returned as they are, so a retried registration changes nothing.
+
+        Raises:
+            EventConflictError: an event exists under the same key with a different payload; nothing of
+                the batch is written.
+        """
+        batch = [e if isinstance(e, EventIn) else EventIn.model_validate(e) for e in events]
+        if not batch:
+            return []
+        registered_at = now_micros()
+        rows = [_row(e, registered_at) for e in batch]
+        for attempt in range(3):
+            try:
+                return self._register(batch, rows)
+            except OperationalError as e:
+                # Two batches sharing events in different orders can deadlock on PostgreSQL; the loser's
+                # transaction was rolled back whole, so running it again is safe.
+                if attempt == 2 or getattr(e.orig, "sqlstate", None) not in ("40P01", "40001"):
+                    raise
+        raise AssertionError("unreachable")
+
+    def _register(self, batch: list[EventIn], rows: list[dict[str, Any]]) -> list[Registration]:
+        ev = EVENTS
+        statement = (self._insert(ev)
+                     .on_conflict_do_nothing(index_elements=["table_name", "partition_json", "snapshot_id"])
+                     .returning(ev.c.event_id))
+        with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                conn.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": REGISTRATION_LOCK})
+            # Ids follow the order of the batch (a producer sends its commits in order); a duplicate key
+            # inserts once, and the INSERT skips keys already registered.
+            unique: dict[tuple[str, str, str], dict[str, Any]] = {}
+            for r in rows:
+                unique.setdefault((r["table_name"], r["partition_json"], r["snapshot_id"]), r)
+            created = set(conn.execute(statement, list(unique.values())).scalars())
+            stored = {
+                (r.table_name, r.partition_json, r.snapshot_id): r
+                for r in conn.execute(select(ev).where(
+                    tuple_(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id).in_(list(unique))))
+            }
+            out = []
+            for e, r in zip(batch, rows, strict=True):
+                existing = stored[(r["table_name"], r["partition_json"], r["snapshot_id"])]
+                differs = [f for f in _PAYLOAD if getattr(existing, f) != r[f]]
+                if differs:
+                    raise EventConflictError(
+                        f"event {existing.event_id} of table {e.table!r}, partition {e.partition!r}, snapshot "
+                        f"{e.snapshot_id!r} is registered with other {', '.join(differs)}; a retry must repeat "
+                        f"the event exactly (nothing of this request was registered)")
+                out.append(Registration(created=existing.event_id in created, event=_event(existing)))
+                created.discard(existing.event_id)  # a duplicate inside the batch is a retry of the first
+            return out
+
+    def events(self, table: str, *, partition: list[str | None] | None = ANY_PARTITION,
+               tags: Mapping[str, str] | None = None, since: dt.datetime | None = None,
+               until: dt.datetime | None = None, min_event_id: int | None = None, max_event_id: int | None = None,
+               cursor: str | None = None, limit: int = 100) -> EventPage:
+        """The events of ``table`` by event id, filtered: ``partition`` exactly (``None``: unpartitioned),
+        every tag in ``tags``, ``since <= event_ts < until``, ``min_event_id <= event_id <= max_event_id``."""
+        ev = EVENTS
+        where = [ev.c.table_name == table, *_tag_filter(tags)]
+        if partition is not ANY_PARTITION:
+            where.append(ev.c.partition_json == canonical_partition(partition))
+        if since is not None:
+            where.append(ev.c.event_ts >= to_micros(since))
+        if until is not None:
+            where.append(ev.c.event_ts < to_micros(until))
+        if min_event_id is not None:
+            where.append(ev.c.event_id >= min_event_id)
+        if max_event_id is not None:
+            where.append(ev.c.event_id <= max_event_id)
+        if cursor is not None:
+            where.append(ev.c.event_id > decode_cursor(cursor))
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(ev).where(and_(*where)).order_by(ev.c.event_id).limit(limit + 1)).all()
+        found = [_event(r) for r in rows[:limit]]
+        return EventPage(events=found, next_cursor=encode_cursor(found[-1].event_id) if len(rows) > limit else None)
+
+    # -- triggers -------------------------------------------------------------------------------------
+
+    def evaluate_partition_trigger(self, trigger: PartitionTrigger, *, now: dt.datetime | None = None
+                                   ) -> PartitionTriggerResult:
+        """Fires when events of the rendered partition with the tags were registered at or before ``at``."""
+        at, scheduled, following = trigger.evaluate_at(now or dt.datetime.now(dt.UTC))
+        partition = trigger.partition
+        rows: list[Row] = []
+        if scheduled is not None:
+            partition = render_partition(trigger.partition, scheduled, zoneinfo.ZoneInfo(trigger.timezone))
+            ev = EVENTS
+            query = (select(ev)
+                     .where(ev.c.table_name == trigger.table, ev.c.partition_json == canonical_partition(partition),
+                            ev.c.event_ts <= to_micros(at), *_tag_filter(trigger.tags))
+                     .order_by(ev.c.event_id).limit(trigger.limit + 1))
+            with self.engine.connect() as conn:
+                rows = list(conn.execute(query).all())
+        return PartitionTriggerResult(
+            fired=bool(rows), table=trigger.table, partition=partition, tags=trigger.tags, evaluated_at=at,
+            scheduled_time=scheduled, next_scheduled_time=following, events=[_event(r) for r in rows[:trigger.limit]],
+            has_more=len(rows) > trigger.limit)
+
+    def flow(self, flow: str, table: str) -> FlowCursor | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(select(FLOWS).where(FLOWS.c.flow_name == flow,
+                                                          FLOWS.c.table_name == table)).first()
+        return None if row is None else _cursor(row)
+
+    def evaluate_snapshot_trigger(self, trigger: SnapshotTrigger) -> SnapshotTriggerResult:
+        """Fires with the flow's events after its acknowledged cursor; never moves the cursor.
+
+        The first evaluation of a (flow, table) records the flow with its tag filter and ``start``.
+
+        Raises:
+            FlowConflictError: the flow exists on this table with a different tag filter.
+        """
+        cursor = self.flow(trigger.flow, trigger.table)
+        if cursor is None:
+            with self.engine.begin() as conn:
+                conn.execute(self._insert(FLOWS).on_conflict_do_nothing(), {
+                    "flow_name": trigger.flow, "table_name": trigger.table, "tags_json": canonical_tags(trigger.tags),
+                    "start_ts": None if trigger.start is None else to_micros(trigger.start), "last_event_id": 0,
+                    "created_at": now_micros(), "acked_at": None})
+            cursor = self.flow(trigger.flow, trigger.table)
+            assert cursor is not None
+        if cursor.tags != trigger.tags:
+            raise FlowConflictError(
+                f"flow {trigger.flow!r} follows table {trigger.table!r} with tags {cursor.tags}, not {trigger.tags}: "
+                "use another flow name for another filter")
+        horizon = self._stable_horizon()
+        ev = EVENTS
+        where = [ev.c.table_name == trigger.table, ev.c.event_id > cursor.last_event_id, *_tag_filter(trigger.tags)]
+        if horizon is not None:
+            where.append(ev.c.event_id <= horizon)
+        if cursor.start is not None:
+            where.append(ev.c.event_ts >= to_micros(cursor.start))
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(ev).where(*where).order_by(ev.c.event_id).limit(trigger.limit + 1)).all()
+        return SnapshotTriggerResult(fired=bool(rows), cursor=cursor, events=[_event(r) for r in rows[:trigger.limit]],
+                                     has_more=len(rows) > trigger.limit)
+
+    def ack(self, flow: str, table: str, event_id: int) -> FlowCursor:
+        """Move the flow's cursor on ``table`` to ``event_id``: its run processed every event up to it.
+
+        Acknowledging the current position again is a no-op.
+
+        Raises:
+            FlowNotFoundError: the flow never evaluated a snapshot trigger on ``table``.
+            EventNotFoundError: ``event_id`` is not an event of ``table``.
+            FlowConflictError: ``event_id`` is below the cursor (the cursor never moves back), or is
+                not yet stable (a registration with a lower id is still in flight; retry).
+        """
+        horizon = self._stable_horizon()
+        stable = horizon is None or event_id <= horizon
+        fl, ev = FLOWS, EVENTS
+        this_flow = (fl.c.flow_name == flow, fl.c.table_name == table)
+        with self.engine.begin() as conn:
+            moved = 0
+            if stable:
+                # The write comes first: a SQLite transaction that reads and then writes can fail
+                # instead of waiting for the lock.
+                moved = conn.execute(
+                    update(fl)
+                    .where(*this_flow, fl.c.last_event_id < event_id,
+                           select(ev.c.event_id).where(ev.c.event_id == event_id, ev.c.table_name == table).exists())
+                    .values(last_event_id=event_id, acked_at=now_micros())).rowcount
+            row = conn.execute(select(fl).where(*this_flow)).first()
+            if row is None:
+                raise FlowNotFoundError(f"flow {flow!r} has no cursor on table {table!r}: evaluate its snapshot "
+                                        "trigger first")
+            if moved or row.last_event_id == event_id:
+                return _cursor(row)
+            exists = conn.execute(select(ev.c.event_id).where(ev.c.event_id == event_id,
+                                                              ev.c.table_name == table)).first()
+            if exists is None:
+                raise EventNotFoundError(f"no event {event_id} on table {table!r}")
+            if row.last_event_id > event_id:
+                raise FlowConflictError(f"flow {flow!r} on {table!r} already acknowledged event {row.last_event_id}; "
+                                        f"the cursor never moves back to {event_id}")
+            raise FlowConflictError(f"event {event_id} is not yet stable (a registration with a lower id is still "
+                                    "in flight); retry")
+
+    # -- tokens ---------------------------------------------------------------------------------------
+
+    def create_token(self, role: Role | str, tables: Sequence[str] = ("*",), *, name: str = "") -> str:
+        """Create a token and return it; only its hash is stored, so this is the one time it is seen.
+
+        Args:
+            role: ``producer`` (register events), ``consumer`` (query, evaluate, acknowledge) or ``admin``.
+            tables: fnmatch globs of the tables the token may touch (``*`` for all).
+            name: a label for the token list.
+        """
+        try:
+            role = Role(role)
+        except ValueError:
+            raise TriggerError(f"unknown role {role!r}: producer, consumer or admin") from None
+        globs = [tables] if isinstance(tables, str) else list(tables)
+        if not globs or len(globs) > MAX_TOKEN_GLOBS or not all(isinstance(g, str) and 0 < len(g) <= 512
+                                                                 for g in globs):
+            raise TriggerError(f"a token needs 1 to {MAX_TOKEN_GLOBS} table globs of 1 to 512 characters")
+        if len(name) > 200:
+            raise TriggerError("a token name has at most 200 characters")
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        with self.engine.begin() as conn:
+            conn.execute(insert(TOKENS), {"name": name, "token_hash": hash_token(token), "role": role.value,
+                                                  "tables": globs, "created_at": now_micros(), "revoked_at": None})
+        return token
+
+    def authenticate(self, token: str) -> TokenInfo | None:
+        """The token's details, or None when it is unknown or revoked."""
+        tk = TOKENS
+        with self.engine.connect() as conn:
+            row = conn.execute(select(tk).where(tk.c.token_hash == hash_token(token),
+                                                tk.c.revoked_at.is_(None))).first()
+        return None if row is None else _token(row)
+
+    def revoke_token(self, token_id: int) -> bool:
+        """Revoke a token by id; False when there is no such active token."""
+        tk = TOKENS
+        with self.engine.begin() as conn:
+            return bool(conn.execute(update(tk).where(tk.c.token_id == token_id, tk.c.revoked_at.is_(None))
+                                     .values(revoked_at=now_micros())).rowcount)
+
+    def tokens(self) -> list[TokenInfo]:
+        with self.engine.connect() as conn:
+            return [_token(r) for r in conn.execute(select(TOKENS).order_by(TOKENS.c.token_id))]
+
+
+def create_token(role: Role | str, tables: Sequence[str] = ("*",), *, name: str = "", db_url: str | None = None,
+                 config: TriggerConfig | None = None) -> str:
+    """Create a token in the store named by ``db_url`` (else ``config``, else the environment) and return it.
+
+    The admin helper: ``python -m bitlake.triggers token create --role producer --table 'sales.*'`` calls it.
+    """
+    config = config or TriggerConfig.load()
+    with TriggerStore.from_config(config if db_url is None else config.model_copy(update={"db_url": db_url})) as s:
+        return s.create_token(role, tables, name=name)
