@@ -2,7 +2,6 @@
 # Installs Debian's PostgreSQL server when it is missing: the trigger store's tests start a real one
 # (tests/triggers/conftest.py). Only `make test` needs it; the demo does not.
 set -euo pipefail
-# The trigger store's tests start a real PostgreSQL server (tests/triggers/conftest.py): Debian's package.
 if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         echo "installing PostgreSQL (apt-get install postgresql) for the trigger store's tests" >&2

@@ -17,6 +17,7 @@ import os
 import uuid
 from urllib.parse import quote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -63,13 +64,41 @@ def data_schema(meta: TableMetadata) -> pa.Schema:
     return pa.schema(list(meta.schema) + [pa.field(c, pa.int32(), False) for c in rowid.ROW_ID_COLUMNS])
 
 
+# Row groups hold up to this many rows / bytes of Arrow data. Spark hands a task 10,000-row Arrow batches;
+# writing each as its own row group made files ~1.5x larger (a dictionary per column per row group) and
+# slower to scan, so a writer buffers batches into row groups of Parquet's usual size.
+ROW_GROUP_ROWS = 1 << 20
+ROW_GROUP_BYTES = 128 << 20
+# A task flushes every writer once their buffers hold this much together (many partition folders).
+TASK_BUFFER_BYTES = 512 << 20
+
+
+def _parquet_options(schema: pa.Schema) -> dict:
+    """Writer options: snappy, dictionaries as usual, except ``_segment_offset`` (distinct, ascending
+    values) in DELTA_BINARY_PACKED, which stores it in almost nothing instead of ~5 bytes a row."""
+    buf = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), buf)
+    pschema = pq.ParquetFile(pa.BufferReader(buf.getvalue())).schema
+    leaves = [pschema.column(i).path for i in range(len(pschema))]
+    if rowid.OFFSET_COLUMN not in leaves:
+        return {"compression": "snappy"}
+    return {
+        "compression": "snappy",
+        "use_dictionary": [c for c in leaves if c != rowid.OFFSET_COLUMN],
+        "column_encoding": {rowid.OFFSET_COLUMN: "DELTA_BINARY_PACKED"},
+    }
+
+
 class _Writer:
-    """One open output file of a task."""
+    """One open output file of a task; buffers incoming batches into full-size row groups."""
 
     def __init__(self, path: str, schema: pa.Schema, file_format: str):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.path = path
         self.rows = 0
+        self._buffer: list[pa.Table] = []
+        self._buffered_rows = 0
+        self.buffered_bytes = 0
         if file_format == "orc":
             import pyarrow.orc as orc
 
@@ -77,16 +106,28 @@ class _Writer:
             self._pq = None
         else:
             self._orc = None
-            self._pq = pq.ParquetWriter(path, schema, compression="snappy")
+            self._pq = pq.ParquetWriter(path, schema, **_parquet_options(schema))
 
     def write(self, table: pa.Table) -> None:
         self.rows += table.num_rows
+        self._buffer.append(table)
+        self._buffered_rows += table.num_rows
+        self.buffered_bytes += table.nbytes
+        if self._buffered_rows >= ROW_GROUP_ROWS or self.buffered_bytes >= ROW_GROUP_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buffer:
+            return
+        table = pa.concat_tables(self._buffer)
+        self._buffer, self._buffered_rows, self.buffered_bytes = [], 0, 0
         if self._pq is not None:
-            self._pq.write_table(table)
+            self._pq.write_table(table, row_group_size=ROW_GROUP_ROWS)
         else:
             self._orc.write(table)
 
     def close(self) -> int:
+        self.flush()
         (self._pq or self._orc).close()
         return os.path.getsize(self.path)
 
@@ -146,9 +187,10 @@ class LandTask:
                 start += n
                 for c in checked:
                     nulls[c] += chunk.column(c).null_count
-                chunk = chunk.append_column(rowid.PART_COLUMN, pa.array([self.part] * n, pa.int32()))
-                chunk = chunk.append_column(rowid.SEQ_COLUMN, pa.array([seq] * n, pa.int32()))
-                chunk = chunk.append_column(rowid.OFFSET_COLUMN, pa.array(range(offset, offset + n), pa.int32()))
+                chunk = chunk.append_column(rowid.PART_COLUMN, pa.array(np.full(n, self.part, np.int32)))
+                chunk = chunk.append_column(rowid.SEQ_COLUMN, pa.array(np.full(n, seq, np.int32)))
+                offsets = np.arange(offset, offset + n, dtype=np.int32)
+                chunk = chunk.append_column(rowid.OFFSET_COLUMN, pa.array(offsets))
                 offset += n
                 if self.has_op:
                     op = chunk.column(OP_COLUMN)
@@ -179,6 +221,9 @@ class LandTask:
                     texts = {c: _partition_text(v) for c, v in values.items()}
                     part_rows = chunk.filter(mask)
                     writer("data", partition_dir(texts), texts).write(part_rows.cast(out_schema))
+            if sum(w.buffered_bytes for w in writers.values()) > TASK_BUFFER_BYTES:
+                for w in writers.values():
+                    w.flush()
 
         rows = []
         for (kind, _, file_seq), w in writers.items():
