@@ -214,7 +214,7 @@ def read(io: FileIO, version: int) -> Commit:
 
 
 def list_versions(io: FileIO) -> list[int]:
-    return [int(n[:-5]) for n in io.list(COMMITS_DIR) if n.endswith(".json") and not n.startswith(".")]
+    return [int(n[:-5]) for n in io.listdir(COMMITS_DIR) if n.endswith(".json") and not n.startswith(".")]
 
 
 def now_ms(previous_ms: int) -> int:

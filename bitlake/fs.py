@@ -72,7 +72,7 @@ class FileIO:
         tmp = self._write_tmp(rel, data)
         os.replace(tmp, self.path(rel))
 
-    def list(self, rel: str) -> list[str]:
+    def listdir(self, rel: str) -> list[str]:
         try:
             return sorted(os.listdir(self.path(rel)))
         except FileNotFoundError:
@@ -123,4 +123,6 @@ def file_io(base: str) -> FileIO:
     try:
         return _IMPLEMENTATIONS[scheme](base)
     except KeyError:
-        raise ValueError(f"unsupported storage scheme {scheme!r} in {base!r}; supported: local paths, file://")
+        raise ValueError(
+            f"unsupported storage scheme {scheme!r} in {base!r}; supported: local paths, file://"
+        ) from None

@@ -151,7 +151,7 @@ def to_arrow_schema(schema: Any) -> pa.Schema:
     if isinstance(schema, StructType):
         from pyspark.sql.pandas.types import to_arrow_schema as spark_to_arrow
 
-        return _normalize_arrow(spark_to_arrow(schema, timestamp_utc=True, prefers_large_types=False))
+        return _normalize_arrow(spark_to_arrow(schema, timezone="UTC", prefers_large_types=False))
     raise InvalidInputError(f"schema must be a pyarrow.Schema or a Spark StructType, not {type(schema).__name__}")
 
 
@@ -224,7 +224,9 @@ def conform_spark_input(df, meta: TableMetadata, op_column: str | None):
     if op_column is not None:
         op = given[op_column.lower()]
         if type(op.dataType).__name__ != "StringType":
-            raise SchemaMismatchError(f"op_column {op_column!r} must be a string column, not {op.dataType.simpleString()}")
+            raise SchemaMismatchError(
+                f"op_column {op_column!r} must be a string column, not {op.dataType.simpleString()}"
+            )
         cols.append(F.col(op.name).alias(OP_COLUMN))
     return df.select(*cols)
 
@@ -264,6 +266,7 @@ def spark_delta_as_long(meta: TableMetadata):
     """The delta column as a Spark Column of the int64 that logs and the key store hold (see delta_to_int)."""
     from pyspark.sql import functions as F
 
+    assert meta.delta_column is not None
     column = F.col(meta.delta_column)
     t = meta.delta_type
     if pa.types.is_integer(t):

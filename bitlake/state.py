@@ -58,8 +58,8 @@ class TableState:
             removed = set(c.keystore_remove)
             for bucket, files in self.keystore.items():
                 self.keystore[bucket] = [f for f in files if f.path not in removed]
-        for f in c.keystore_add:
-            self.keystore.setdefault(f.bucket, []).append(f)
+        for bucket_file in c.keystore_add:
+            self.keystore.setdefault(bucket_file.bucket, []).append(bucket_file)
 
     def data_files(self) -> list[DataFile]:
         return [f for f in self.files if f.kind == "data"]
@@ -123,7 +123,7 @@ def load(io: FileIO, version: int | None = None) -> TableState:
         raise VersionNotFoundError(f"version {version} does not exist; the table has versions 0 to {latest}")
     state = None
     checkpoints = [
-        int(n[:-5]) for n in io.list(commitlog.CHECKPOINTS_DIR) if n.endswith(".json") and not n.startswith(".")
+        int(n[:-5]) for n in io.listdir(commitlog.CHECKPOINTS_DIR) if n.endswith(".json") and not n.startswith(".")
     ]
     usable = [v for v in checkpoints if v <= version]
     if usable:

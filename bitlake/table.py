@@ -210,7 +210,7 @@ class Table:
 
     def _claim_part(self, state: TableState) -> int:
         """Claims a segment part no other job has: an atomic create of ``_bitlake/parts/<n>``."""
-        listed = [int(n) for n in self.io.list(PARTS_DIR) if n.isdigit()]
+        listed = [int(n) for n in self.io.listdir(PARTS_DIR) if n.isdigit()]
         n = max([state.max_part, *listed]) + 1
         while True:
             if n > rowid.MAX_PART:
@@ -399,7 +399,8 @@ class Table:
 
         spark = spark or _session()
         latest = self.refresh()
-        end = timetravel.resolve_version(self.io, latest.version, end_version if end_version is not None else latest.version)
+        end = latest.version if end_version is None else end_version
+        end = timetravel.resolve_version(self.io, latest.version, end)
         start = timetravel.resolve_version(self.io, latest.version, start_version)
         if start > end:
             raise InvalidInputError(f"start_version {start} is after end_version {end}")
@@ -457,7 +458,7 @@ class Table:
         MetaGen keeps its files. Returns the removed (or, with ``dry_run``, removable) paths.
         """
         state = self.refresh()
-        referenced = set()
+        referenced: set[str] = set()
         for v in commitlog.list_versions(self.io):
             c = commitlog.read(self.io, v)
             if c.landed:
@@ -475,7 +476,7 @@ class Table:
             for rel in self.io.walk_files(folder):
                 if rel.rsplit("/", 1)[-1].startswith(".tmp-") and now - self.io.mtime(rel) >= min_age_seconds:
                     removable.append(rel)
-        for name in self.io.list(PARTS_DIR):
+        for name in self.io.listdir(PARTS_DIR):
             rel = f"{PARTS_DIR}/{name}"
             if name.isdigit() and int(name) <= state.max_part and now - self.io.mtime(rel) >= min_age_seconds:
                 removable.append(rel)
@@ -514,7 +515,9 @@ def _to_spark(spark, data):
         pd = None
     if pd is not None and isinstance(data, pd.DataFrame):
         return spark.createDataFrame(data)
-    raise InvalidInputError(f"cannot ingest a {type(data).__name__}: pass a Spark DataFrame, pyarrow Table or pandas DataFrame")
+    raise InvalidInputError(
+        f"cannot ingest a {type(data).__name__}: pass a Spark DataFrame, pyarrow Table or pandas DataFrame"
+    )
 
 
 def _read_file(path: str, file_format: str, schema: pa.Schema) -> pa.Table:

@@ -110,9 +110,11 @@ def test_latest_per_key_with_composite_keys():
     assert [(r["a"], r["b"], r[keystore.ROW_ID]) for r in out] == [(1, "x", 3), (1, "y", 2)]
 
 
-def _bf(rows, base=False, n=[0]):
-    n[0] += 1
-    return BucketFile(0, f"f{n[0]}", rows, rows * 10, base)
+_NAMES = iter(range(1_000_000))
+
+
+def _bf(rows, base=False):
+    return BucketFile(0, f"f{next(_NAMES)}", rows, rows * 10, base)
 
 
 def test_merge_plan_adds_deltas_until_the_limit():

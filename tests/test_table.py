@@ -146,3 +146,13 @@ def test_partitioned_table_writes_hive_folders_and_prunes(tmp_path, spark):
     eu = df.filter("region = 'eu'")
     assert sorted(r.id for r in eu.collect()) == [1, 2]
     assert "PartitionFilters: [isnotnull(region" in eu._jdf.queryExecution().executedPlan().toString()
+
+
+def test_a_spark_schema_defines_the_table(tmp_path, spark):
+    import datetime as dt
+
+    df = spark.createDataFrame([(1, "a", dt.datetime(2026, 1, 1))], "id long, name string, mod timestamp")
+    t = bitlake.create_table(str(tmp_path / "s"), df.schema, primary_key=["id"], delta_column="mod")
+    assert str(t.metadata.schema.field("mod").type) == "timestamp[us, tz=UTC]"
+    t.ingest(df, spark=spark)
+    assert [r["id"] for r in t.to_arrow().to_pylist()] == [1]

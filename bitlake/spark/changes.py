@@ -34,7 +34,8 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
     stamp = F.create_map(*[F.lit(x) for v, ms in sorted(timestamps.items()) for x in (v, ms)])
 
     def finish(df):
-        df = df.withColumn("_commit_timestamp", (F.element_at(stamp, F.col("_commit_version")) / 1000).cast("timestamp"))
+        millis = F.element_at(stamp, F.col("_commit_version"))
+        df = df.withColumn("_commit_timestamp", (millis / 1000).cast("timestamp"))
         return df.filter(F.col("_change_type").isin(types))
 
     empty = spark.createDataFrame([], spark_schema(data_schema(meta))).select(

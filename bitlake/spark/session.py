@@ -11,7 +11,9 @@ from bitlake.errors import BitlakeError
 
 
 def check_java() -> None:
-    java = shutil.which("java") or (os.path.join(os.environ["JAVA_HOME"], "bin", "java") if "JAVA_HOME" in os.environ else None)
+    java = shutil.which("java")
+    if java is None and "JAVA_HOME" in os.environ:
+        java = os.path.join(os.environ["JAVA_HOME"], "bin", "java")
     if not java or not os.path.exists(java):
         raise BitlakeError("Spark needs Java 17, and no `java` is on PATH (nor JAVA_HOME set): install openjdk-17-jre")
     out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
