@@ -95,6 +95,7 @@ class _Writer:
     def __init__(self, path: str, schema: pa.Schema, file_format: str):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.path = path
+        self.partition: dict | None = None
         self.rows = 0
         self._buffer: list[pa.Table] = []
         self._buffered_rows = 0
