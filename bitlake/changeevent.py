@@ -60,7 +60,7 @@ def commit_events(
             "partition": list(p) if p is not None else None,
             "snapshot_id": str(version),
             "snapshot_ts": stamp,
-            "prev_snapshot_id": str(state.last_visible_version) if state.last_visible_version else None,
+            "prev_snapshot_id": str(state.last_event_version) if state.last_event_version else None,
             "table_format": "BITLAKE",
             "operation_type": op,
             "tags": tags,

@@ -29,7 +29,11 @@ class TableState:
     keystore: dict[int, list[BucketFile]] = dataclasses.field(default_factory=dict)
     logs: list[tuple[int, LogFile]] = dataclasses.field(default_factory=list)
     visible_parts: dict[int, int] = dataclasses.field(default_factory=dict)  # segment part -> version visible
-    last_visible_version: int = 0  # the last commit that made batches visible (the previous snapshot)
+    last_visible_version: int = 0  # the last commit that made batches visible
+    # The last commit that carried Data Change Events: the next event's prev_snapshot_id. It differs from
+    # last_visible_version only after a commit that touched no partition (deletes of absent keys in a
+    # partitioned table), which has no event, so consumers chaining events must not wait for it.
+    last_event_version: int = 0
     max_part: int = 0
 
     def apply(self, c: Commit) -> None:
@@ -41,6 +45,8 @@ class TableState:
             self.batches[c.landed.batch_id] = c.version
             self.max_part = max(self.max_part, c.landed.segment_part)
             self.pending.append(c.landed)
+        if c.events:
+            self.last_event_version = c.version
         if c.processed:
             self.last_visible_version = c.version
             by_id = {b.batch_id: b for b in self.pending}
@@ -78,6 +84,7 @@ class TableState:
             "logs": [[v, f.to_json()] for v, f in self.logs],
             "visible_parts": {str(p): v for p, v in self.visible_parts.items()},
             "last_visible_version": self.last_visible_version,
+            "last_event_version": self.last_event_version,
             "max_part": self.max_part,
         }
 
@@ -96,6 +103,8 @@ class TableState:
             logs=[(v, LogFile.from_json(f)) for v, f in d["logs"]],
             visible_parts={int(p): v for p, v in d["visible_parts"].items()},
             last_visible_version=d["last_visible_version"],
+            # Checkpoints written before the field existed: every visible commit had events then.
+            last_event_version=d.get("last_event_version", d["last_visible_version"]),
             max_part=d["max_part"],
         )
 

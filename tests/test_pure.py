@@ -279,7 +279,7 @@ def test_change_events_name_every_partition_touched():
 
     m = meta(schema=pa.schema([("id", pa.int64()), ("region", pa.string()), ("mod", pa.int64())]),
              partition_by=("region",))
-    state = TableState(metadata=m, version=4, last_visible_version=3)
+    state = TableState(metadata=m, version=4, last_visible_version=3, last_event_version=3)
     old = DataFile("data/region=eu/a.parquet", "data", 1, 0, 5, 10, {"region": "eu"})
     state.files.append(old)
     state.segments[(1, 0)] = SegmentState(1, 0, 5, 5, "b", 5)
@@ -292,3 +292,17 @@ def test_change_events_name_every_partition_touched():
     assert events[0]["snapshot_id"] == "5" and events[0]["prev_snapshot_id"] == "3"
     assert changeevent.operation_type({"inserted": 3}) == "APPEND"
     assert changeevent.operation_type({"deleted": 1}) == "DELETE"
+
+
+def test_the_previous_snapshot_of_an_event_is_the_last_commit_with_events():
+    m = meta()
+    state = TableState(metadata=m)
+    state.apply(Commit(1, "INGEST", 1, processed=(), events=({"snapshot_id": "1"},)))
+    state.apply(Commit(2, "INGEST", 2, processed=(), events=()))  # touched no partition: no event
+    assert (state.last_event_version, state.version) == (1, 2)
+    again = TableState.from_json(json.loads(json.dumps(state.to_json())))
+    assert again.last_event_version == 1
+    old = state.to_json()
+    del old["last_event_version"]  # a checkpoint written before the field existed
+    old["last_visible_version"] = 2
+    assert TableState.from_json(old).last_event_version == 2

@@ -1,4 +1,4 @@
-"""Token administration: ``python -m bitlake.triggers token create|list|revoke``.
+"""Token administration: ``python -m bitlake.triggers token create|list|revoke`` (also ``bitlake events token``).
 
 The database is ``--db-url``, else the service's configuration (``BITLAKE_TRIGGERS_*``, see config.py).
 ``create`` prints the token once; only its hash is stored.
@@ -14,41 +14,55 @@ from bitlake.triggers.config import TriggerConfig
 from bitlake.triggers.errors import TriggerError
 from bitlake.triggers.store import Role, TriggerStore
 
+DB_URL_HELP = "SQLAlchemy URL of the store (default: the service's configuration)"
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bitlake.triggers", description=__doc__.splitlines()[0])
-    parser.add_argument("--db-url", help="SQLAlchemy URL of the store (default: the service's configuration)")
-    sub = parser.add_subparsers(dest="what", required=True)
-    token = sub.add_parser("token", help="create, list or revoke API tokens").add_subparsers(dest="action",
-                                                                                           required=True)
-    create = token.add_parser("create", help="create a token and print it (shown only this once)")
+
+def add_token_parser(sub) -> argparse.ArgumentParser:
+    """Adds the ``token`` command with its ``create``, ``list`` and ``revoke`` actions to ``sub``."""
+    token = sub.add_parser("token", help="create, list or revoke API tokens")
+    actions = token.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", help="create a token and print it (shown only this once)")
     create.add_argument("--role", required=True, choices=[r.value for r in Role])
     create.add_argument("--table", action="append", dest="tables", metavar="GLOB",
                         help="a table glob the token covers (repeatable; default '*')")
     create.add_argument("--name", default="", help="a label shown by 'token list'")
-    token.add_parser("list", help="list tokens (never the tokens themselves)")
-    revoke = token.add_parser("revoke", help="revoke a token by id")
+    listing = actions.add_parser("list", help="list tokens (never the tokens themselves)")
+    revoke = actions.add_parser("revoke", help="revoke a token by id")
     revoke.add_argument("token_id", type=int)
-    args = parser.parse_args(argv)
+    for p in (create, listing, revoke):
+        # SUPPRESS: an action's default must not overwrite a --db-url given before the action.
+        p.add_argument("--db-url", default=argparse.SUPPRESS, help=DB_URL_HELP)
+    return token
 
+
+def token_command(args: argparse.Namespace) -> int:
+    """Runs a parsed ``token`` action; 1 when there was no active token to revoke. Raises TriggerError."""
     config = TriggerConfig.load()
-    if args.db_url:
+    if getattr(args, "db_url", None):
         config = config.model_copy(update={"db_url": args.db_url})
+    with TriggerStore.from_config(config) as store:
+        if args.action == "create":
+            print(store.create_token(args.role, args.tables or ["*"], name=args.name))
+        elif args.action == "list":
+            for t in store.tokens():
+                state = "revoked" if t.revoked_at else "active"
+                print(f"{t.token_id}\t{t.role.value}\t{state}\t{','.join(t.tables)}\t{t.name}")
+        elif not store.revoke_token(args.token_id):
+            print(f"no active token {args.token_id}", file=sys.stderr)
+            return 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bitlake.triggers", description=__doc__.splitlines()[0])
+    parser.add_argument("--db-url", help=DB_URL_HELP)
+    add_token_parser(parser.add_subparsers(dest="what", required=True))
+    args = parser.parse_args(argv)
     try:
-        with TriggerStore.from_config(config) as store:
-            if args.action == "create":
-                print(store.create_token(args.role, args.tables or ["*"], name=args.name))
-            elif args.action == "list":
-                for t in store.tokens():
-                    state = "revoked" if t.revoked_at else "active"
-                    print(f"{t.token_id}\t{t.role.value}\t{state}\t{','.join(t.tables)}\t{t.name}")
-            elif not store.revoke_token(args.token_id):
-                print(f"no active token {args.token_id}", file=sys.stderr)
-                return 1
+        return token_command(args)
     except TriggerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

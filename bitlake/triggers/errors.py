@@ -48,3 +48,15 @@ class TriggerServiceError(TriggerError):
         self.status_code = status_code
         self.detail = detail
         super().__init__(f"{status_code}: {detail}")
+
+
+class IncrementalReadError(TriggerError):
+    """Events that cannot be read as one range of changes: mixed tables, a range a format cannot return."""
+
+
+class BrokenChainError(IncrementalReadError):
+    """The events do not chain by ``prev_snapshot_id`` into one unbroken range of snapshots."""
+
+
+class AdapterError(TriggerError):
+    """A watched table or folder cannot be read, or an adapter's state file is damaged."""

@@ -1,0 +1,93 @@
+"""The bitlake producer: registers the Data Change Events of a table's commits, each exactly once.
+
+Every bitlake commit that changes the view carries its events in the commit file
+(``commitlog.read(io, v).events``), so an event exists iff its commit does. :func:`publish` registers
+the events of every commit not yet published to a target (a :class:`TriggerStore` or a :class:`Client`).
+The pattern is **commit, then publish**: a writer publishes after its commit, and any publisher run
+drains whatever a writer that crashed in between left unpublished. Registration is idempotent on
+``(table, partition, snapshot_id)`` with the same payload (the events are read back from the immutable
+commit), so two publishers, a retry or a crash at any point never register an event twice.
+
+To avoid reading the whole commit log on every run, the publisher keeps a cursor per target under the
+table: ``_bitlake/published/<target-id>.json`` holding the last version it published there, written
+atomically after the registration succeeded. The cursor is an optimisation only: a crash between the
+registration and the cursor write makes the next run register those events again, which changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from bitlake import commitlog
+from bitlake.table import Table, open_table
+from bitlake.triggers.client import Client
+from bitlake.triggers.event import MAX_EVENTS_PER_REQUEST
+from bitlake.triggers.store import Registration, TriggerStore
+
+PUBLISHED_DIR = "_bitlake/published"
+
+
+def target_id(target: TriggerStore | Client) -> str:
+    """A stable name of where events go: the service's URL, or the store's database URL without password."""
+    if isinstance(target, Client):
+        return target.base_url
+    if isinstance(target, TriggerStore):
+        return target.engine.url.render_as_string(hide_password=True)
+    raise TypeError(f"publish to a TriggerStore or a Client, not a {type(target).__name__}")
+
+
+def cursor_path(target: str) -> str:
+    return f"{PUBLISHED_DIR}/{hashlib.sha256(target.encode()).hexdigest()[:24]}.json"
+
+
+def published_version(table: Table, target: str) -> int:
+    """The last version whose events the cursor says were registered at ``target`` (0: none)."""
+    path = cursor_path(target)
+    if not table.io.exists(path):
+        return 0
+    try:
+        doc = json.loads(table.io.read_bytes(path))
+        version = int(doc["version"])
+    except (ValueError, KeyError, TypeError):
+        return 0  # a damaged cursor costs a rescan, never an event
+    # A cursor ahead of the log belongs to an earlier table at this path: start over.
+    return version if 0 <= version <= table.version else 0
+
+
+def _write_cursor(table: Table, target: str, version: int) -> None:
+    # Two publishers may race; never move the cursor back (it would only cost a rescan, but why).
+    if published_version(table, target) >= version:
+        return
+    body = json.dumps({"target": target, "version": version}, sort_keys=True).encode()
+    table.io.write_atomic(cursor_path(target), body)
+
+
+def publish(table: Table | str, target: TriggerStore | Client, *, batch_events: int = MAX_EVENTS_PER_REQUEST
+            ) -> list[Registration]:
+    """Registers the events of every commit of ``table`` after the target's publish cursor.
+
+    Args:
+        table: a :class:`bitlake.Table` or its path.
+        target: a :class:`TriggerStore` or a producer :class:`Client` of the service.
+        batch_events: events per registration call; the cursor moves after each call.
+
+    Returns:
+        One :class:`Registration` per event, in commit order; ``created`` is False for events that were
+        already registered (by a publisher that crashed before moving its cursor, or another publisher).
+    """
+    if isinstance(table, str):
+        table = open_table(table)
+    name = target_id(target)
+    latest = table.refresh().version
+    out: list[Registration] = []
+    pending: list[dict] = []
+    for version in range(published_version(table, name) + 1, latest + 1):
+        pending.extend(commitlog.read(table.io, version).events)
+        # Register whole commits at a time, so that the cursor only ever passes fully registered commits.
+        if len(pending) >= batch_events or version == latest:
+            if pending:
+                out.extend(target.register(pending))
+                pending = []
+            _write_cursor(table, name, version)
+    return out
