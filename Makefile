@@ -1,8 +1,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
+AIRFLOW_VENV ?= .venv-airflow
 SF ?= 1
 
-.PHONY: help setup demo test test-fast lint bench clean
+.PHONY: help setup setup-airflow demo test test-airflow test-fast lint bench clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -13,12 +14,22 @@ $(VENV)/.installed: pyproject.toml
 	bash scripts/setup.sh
 	touch $@
 
+setup-airflow: $(AIRFLOW_VENV)/.installed  ## a separate environment with Apache Airflow (pinned) and bitlake, for the provider
+
+$(AIRFLOW_VENV)/.installed: pyproject.toml scripts/setup-airflow.sh
+	AIRFLOW_VENV=$(AIRFLOW_VENV) bash scripts/setup-airflow.sh
+	touch $@
+
 demo: setup  ## run the demo: create a table, ingest a base and changes, show the view and the history
 	$(PY) examples/demo.py
 
-test: setup  ## run every test (unit, Spark, concurrency, crash, trigger service on SQLite and PostgreSQL)
+test: setup setup-airflow  ## run every test (unit, Spark, concurrency, crash, trigger service on SQLite and PostgreSQL, Airflow)
 	bash scripts/setup-postgres.sh
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-airflow
+
+test-airflow: setup-airflow  ## the Airflow provider's tests, against a real Airflow (in $(AIRFLOW_VENV))
+	$(AIRFLOW_VENV)/bin/python -m pytest -q tests/airflow
 
 test-fast: setup  ## only the pure-Python tests
 	$(PY) -m pytest -q -m "not spark and not slow and not postgres"
@@ -31,4 +42,4 @@ bench: setup  ## the core benchmark on TPC-H lineitem (SF=1 by default), written
 	$(PY) benchmarks/core.py --scale-factor $(SF)
 
 clean:  ## remove the virtual environment and caches
-	rm -rf $(VENV) .pytest_cache .hypothesis demo-lake
+	rm -rf $(VENV) $(AIRFLOW_VENV) .pytest_cache .hypothesis demo-lake
