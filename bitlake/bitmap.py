@@ -8,6 +8,7 @@ A bitmap file is a Parquet file with one row per segment: ``_segment_part``, ``_
 from __future__ import annotations
 
 import array
+import os
 from collections.abc import Iterable
 
 import numpy as np
@@ -15,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap
 
-from bitlake.rowid import OFFSET_COLUMN, PART_COLUMN, SEQ_COLUMN
+from bitlake.rowid import PART_COLUMN, SEQ_COLUMN
 
 FILE_SCHEMA = pa.schema(
     [
@@ -83,8 +84,6 @@ def write_file(path: str, rows: list[tuple[int, int, BitMap]]) -> int:
         schema=FILE_SCHEMA,
     )
     pq.write_table(table, path, compression="zstd")
-    import os
-
     return os.path.getsize(path)
 
 
@@ -110,5 +109,3 @@ class BitmapCache:
             self._files[path] = read_file(self._resolve(path))
         return self._files[path][(part, seq)]
 
-
-__all__ = ["FILE_SCHEMA", "OFFSET_COLUMN", "apply_events", "invalid_offsets", "valid_mask", "BitmapCache"]
