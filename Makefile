@@ -38,8 +38,12 @@ lint: setup  ## ruff and mypy on the pure layer
 	$(VENV)/bin/ruff check bitlake tests benchmarks
 	$(VENV)/bin/mypy bitlake --ignore-missing-imports --exclude bitlake/spark
 
-bench: setup  ## the core benchmark on TPC-H lineitem (SF=1 by default), written to docs/benchmarks.md
+bench: setup  ## the benchmarks on TPC-H lineitem (SF=1 by default), one after the other, written to docs/benchmarks.md
 	$(PY) benchmarks/core.py --scale-factor $(SF)
+	$(PY) benchmarks/timetravel.py --scale-factor $(SF)
+
+bench-timetravel: setup  ## past views (version, valid_at) and change feeds against the current-view scan
+	$(PY) benchmarks/timetravel.py --scale-factor $(SF)
 
 clean:  ## remove the virtual environment and caches
 	rm -rf $(VENV) $(AIRFLOW_VENV) .pytest_cache .hypothesis demo-lake

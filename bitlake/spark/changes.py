@@ -83,15 +83,17 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
         df = df.withColumn("_commit_timestamp", (millis / 1000).cast("timestamp"))
         return df.filter(F.col("_change_type").isin(types))
 
-    empty = spark.createDataFrame([], spark_schema(data_schema(meta))).select(
-        *columns, F.lit(None).cast("string").alias("_change_type"), F.lit(None).cast("long").alias("_commit_version"),
-        F.lit(None).cast("timestamp").alias("_commit_timestamp"),
-    )
+    def empty():
+        return spark.createDataFrame([], spark_schema(data_schema(meta))).select(
+            *columns, F.lit(None).cast("string").alias("_change_type"),
+            F.lit(None).cast("long").alias("_commit_version"), F.lit(None).cast("timestamp").alias("_commit_timestamp"),
+        )
+
     if not meta.keyed:
         # Append-only: the range's changes are the rows of the batches it made visible.
         files = [f for f in state.data_files() if start < state.visible_parts[f.segment_part] <= end]
         if not files:
-            return empty
+            return empty()
         version_of = F.create_map(
             *[F.lit(x) for part in sorted({f.segment_part for f in files}) for x in (part, state.visible_parts[part])]
         )
@@ -103,7 +105,7 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
 
     logs = [(v, f) for v, f in state.logs if start < v <= end]
     if not logs:
-        return empty
+        return empty()
     # Log files have unique (uuid) names; the commit that lists a file gives its events their version.
     version_of_file = F.expr(_sql_map((f.path.rsplit("/", 1)[-1], v) for v, f in logs))
     events = (
@@ -123,7 +125,7 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
     wanted = _segments(io, [f.path for _, f in logs], types)
     files = [f for f in state.data_files() if f.segment in wanted]
     if not files:
-        return empty
+        return empty()
     broadcast = sum(f.events for _, f in logs) <= min(meta.int_prop("read.broadcast_invalid_rows"), BROADCAST_EVENTS)
     if broadcast:
         events = F.broadcast(events)
