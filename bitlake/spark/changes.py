@@ -12,7 +12,8 @@ columns), without a Spark job. While the range has at most ``min(read.broadcast_
 BROADCAST_EVENTS)`` events (counted in the commit log), the events are broadcast to the data-file scan,
 so the scanned rows are never shuffled, only the matching ones; the matches are then hash-partitioned
 before the global sort, so the sort's sampling pass reads that small shuffle instead of scanning the
-data files a second time. Beyond that the join is Spark's choice (a shuffle join).
+data files a second time (a range of at most ``SORT_IN_ONE_TASK_EVENTS`` events is sorted in one task
+instead). Beyond that the join is Spark's choice (a shuffle join).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ CHANGE_TYPES = ("insert", "update_preimage", "update_postimage", "delete")
 _ORDER = {"update_preimage": 0, "delete": 0, "insert": 1, "update_postimage": 1}
 # Events of one range broadcast to the data-file scan at most (a few tens of bytes each once hashed).
 BROADCAST_EVENTS = 2_000_000
+# Ranges with at most this many events are sorted in a single task (one partition out).
+SORT_IN_ONE_TASK_EVENTS = 100_000
 
 
 def _sql_map(pairs) -> str:
@@ -77,10 +80,11 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
     types = list(change_types or CHANGE_TYPES)
     columns = meta.column_names
     stamp = F.expr(_sql_map(sorted(timestamps.items())))
+    millis = F.element_at(stamp, F.col("_commit_version"))
+    commit_timestamp = (millis / 1000).cast("timestamp").alias("_commit_timestamp")
 
     def finish(df):
-        millis = F.element_at(stamp, F.col("_commit_version"))
-        df = df.withColumn("_commit_timestamp", (millis / 1000).cast("timestamp"))
+        df = df.withColumn("_commit_timestamp", commit_timestamp)
         return df.filter(F.col("_change_type").isin(types))
 
     def empty():
@@ -126,14 +130,20 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
     files = [f for f in state.data_files() if f.segment in wanted]
     if not files:
         return empty()
-    broadcast = sum(f.events for _, f in logs) <= min(meta.int_prop("read.broadcast_invalid_rows"), BROADCAST_EVENTS)
+    events_count = sum(f.events for _, f in logs)
+    broadcast = events_count <= min(meta.int_prop("read.broadcast_invalid_rows"), BROADCAST_EVENTS)
     if broadcast:
         events = F.broadcast(events)
     rows = scan(spark, io, state, files).withColumn("_target", rowid.spark_packed())
     df = rows.join(events, "_target")
-    if broadcast:
-        # Without a shuffle below it, the sort's range-partitioning sample would scan the files again.
-        df = df.repartition("_commit_version", "cause")
     order = F.expr(_sql_map(_ORDER.items()))
-    df = df.orderBy("_commit_version", "batch_index", "t", "cause", F.element_at(order, F.col("_change_type")))
-    return finish(df.select(*columns, "_change_type", "_commit_version"))
+    keys = ["_commit_version", "batch_index", "t", "cause", F.element_at(order, F.col("_change_type"))]
+    if events_count <= SORT_IN_ONE_TASK_EVENTS:
+        # A small change is sorted in one task: one exchange of the matching rows, no sampling pass.
+        df = df.repartition(1).sortWithinPartitions(*keys)
+    elif broadcast:
+        # Without a shuffle below it, the sort's range-partitioning sample would scan the files again.
+        df = df.repartition("_commit_version", "cause").orderBy(*keys)
+    else:
+        df = df.orderBy(*keys)
+    return df.select(*columns, "_change_type", "_commit_version", commit_timestamp)
