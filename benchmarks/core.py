@@ -486,11 +486,12 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_doc(section: str) -> None:
+def write_doc(section: str, heading: str = SECTION) -> None:
+    """Replaces the section under ``heading`` in docs/benchmarks.md (appends it if missing)."""
     intro = "# Benchmarks\n\nEvery figure is a ratio against a baseline measured in the same run.\n\n"
     text = DOC.read_text() if DOC.exists() else intro
     lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == heading), None)
     if start is None:
         if not text.endswith("\n\n"):
             text = text.rstrip("\n") + "\n\n"

@@ -68,7 +68,6 @@ from core import (  # noqa: E402
     write_parquet,
 )
 
-DOC = core.DOC
 SECTION = "## Time travel and change feed"
 VIEW_TARGET = 1.5
 NEW_KEYS_TARGET = 0.05
@@ -409,18 +408,7 @@ def markdown(result: dict) -> str:
 
 
 def write_doc(section: str) -> None:
-    intro = "# Benchmarks\n\nEvery figure is a ratio against a baseline measured in the same run.\n\n"
-    text = DOC.read_text() if DOC.exists() else intro
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip() == SECTION), None)
-    if start is None:
-        if not text.endswith("\n\n"):
-            text = text.rstrip("\n") + "\n\n"
-        DOC.write_text(text + section)
-        return
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    tail = "".join(lines[end:])
-    DOC.write_text("".join(lines[:start]) + section + ("\n" + tail if tail else ""))
+    core.write_doc(section, SECTION)
 
 
 # -------------------------------------------------------------------------------------------- main
