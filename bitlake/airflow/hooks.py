@@ -23,8 +23,8 @@ from airflow.sdk import BaseHook
 from pydantic import BaseModel
 
 from bitlake.airflow import CONNECTION_FIELD_BEHAVIOUR
-from bitlake.triggers import Client, Event, TriggerServiceError
-from bitlake.triggers.client import Timestampish
+from bitlake.triggers import Client, Event
+from bitlake.triggers.client import Timestampish, parse_response
 from bitlake.triggers.event import format_timestamp, parse_timestamp
 from bitlake.triggers.trigger import PartitionTriggerResult, SnapshotTriggerResult
 
@@ -200,13 +200,7 @@ class AsyncTriggerClient:
         # Unset options are left out; ``partition: null`` (an unpartitioned table) is a value and is sent.
         body = {k: v for k, v in body.items() if v is not None or k not in _OPTIONAL}
         response = await self._http.post(path, json=body)
-        if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail")
-            except ValueError:
-                detail = response.text
-            raise TriggerServiceError(response.status_code, detail)
-        return model.model_validate_json(response.content)
+        return parse_response(response, model)
 
     async def evaluate(self, trigger_type: str, params: Mapping[str, Any]
                        ) -> PartitionTriggerResult | SnapshotTriggerResult:

@@ -31,6 +31,20 @@ def _ts(value: Timestampish | None) -> str | None:
     return None if value is None else format_timestamp(parse_timestamp(value))
 
 
+def parse_response(response: httpx.Response, model: type[BaseModel]) -> Any:
+    """The service's answer as ``model``; an error status raises :class:`TriggerServiceError` with its reason.
+
+    Shared by this client and the Airflow provider's async client (a read response is the same object).
+    """
+    if response.status_code >= 400:
+        try:
+            detail = response.json().get("detail")
+        except ValueError:
+            detail = response.text
+        raise TriggerServiceError(response.status_code, detail)
+    return model.model_validate_json(response.content)
+
+
 class Client:
     """Talks to one trigger service with one token.
 
@@ -59,13 +73,7 @@ class Client:
 
     def _call(self, method: str, path: str, model: type[BaseModel], **kwargs: Any) -> Any:
         response = self._http.request(method, self.base_url + path, headers=self._headers, **kwargs)
-        if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail")
-            except ValueError:
-                detail = response.text
-            raise TriggerServiceError(response.status_code, detail)
-        return model.model_validate_json(response.content)
+        return parse_response(response, model)
 
     def register(self, events: EventIn | Mapping[str, Any] | Iterable[EventIn | Mapping[str, Any]]
                  ) -> list[Registration]:
