@@ -1,0 +1,714 @@
+"""The trigger service benchmark: event registration and trigger evaluation over HTTP against pgbench.
+
+Everything runs against one real PostgreSQL server that the script starts (Debian's package, as
+``scripts/setup-postgres.sh`` installs it; default durability: ``fsync`` and ``synchronous_commit`` on)
+in a database of its own, migrated by the store's Alembic migrations, and the service runs as
+``uvicorn --factory bitlake.triggers:create_app`` in a subprocess, on loopback. The run:
+
+1. **Registration.** ``--clients`` (4) processes register events for ``--duration`` seconds each way:
+   through HTTP (``POST /events`` with a producer token, raw httpx with JSON bodies built in the client),
+   with the store called directly in each process (no HTTP: what the service costs on top of it), and as
+   pgbench clients running the equivalent plain ``INSERT`` into a copy of the events table (same columns,
+   indexes and constraints): batched (``--batch``, 100 events per request / 100-row ``INSERT``) and one
+   by one. Every event is new (a random table of ``--tables``, a new snapshot id). Events per second, and
+   service / pgbench.
+2. **Trigger evaluation.** For each size of ``--events`` (1 and 10 million) the events table is loaded
+   directly in PostgreSQL (``INSERT ... SELECT generate_series``, indexes dropped and rebuilt, then
+   ``VACUUM ANALYZE``): ``--tables`` (10,000) tables, events spread round-robin over them in event-id
+   order, 100 events (``--hits``) per daily partition, one flow per table whose cursor leaves the last
+   100 events of the table pending. Then one client evaluates, one request after the other, a partition
+   trigger (``{{ ds }}`` of a random scheduled day of a random table: 100 events fire) and a snapshot
+   trigger of the flow on a random table (100 events fire): through HTTP (consumer token), through the
+   store in the benchmark's process (no HTTP), and as pgbench (one client) running the SQL of the
+   trigger's main query (the same ``WHERE``, ``ORDER BY`` and ``LIMIT``). Median and p99 latency.
+
+Targets (issue 5): through HTTP at least 25 % of pgbench's batched rate and 50 % of its single-row rate;
+p99 of each trigger evaluation under 10 ms at 10 million events.
+
+Results go to ``benchmarks/results/triggers-<date>.json`` and to the section "## Trigger service" of
+``docs/benchmarks.md`` (other sections are kept).
+
+    .venv/bin/python benchmarks/triggers.py      # what `make bench-triggers` runs (1M and 10M events)
+    .venv/bin/python benchmarks/triggers.py --quick --no-doc      # a smoke run of a few seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import glob
+import json
+import multiprocessing
+import os
+import pwd
+import re
+import shlex
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import core  # noqa: E402  (benchmarks/core.py: machine(), code_version(), write_doc())
+from core import RESULTS_DIR, ROOT, code_version, log, machine  # noqa: E402
+
+SECTION = "## Trigger service"
+BATCHED_TARGET = 0.25
+SINGLE_TARGET = 0.5
+P99_TARGET_MS = 10.0
+FIRST_DAY = dt.date(2024, 1, 1)
+# Registration times of the preloaded events: 2024-01-01 plus the event id in microseconds.
+BASE_TS = 1_704_067_200_000_000
+TAGS_JSON = '{"source":"bench"}'
+FLOW = "bench"
+PGBENCH_TABLE = "pgbench_events"
+
+
+def table_name(t: int) -> str:
+    return f"bench.t{t}"
+
+
+def partition_json(day: int) -> str:
+    return f'["{(FIRST_DAY + dt.timedelta(days=day)).isoformat()}"]'
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+def latency_summary(ms: list[float]) -> dict:
+    return {"n": len(ms), "mean_ms": statistics.fmean(ms), "p50_ms": percentile(ms, 50),
+            "p99_ms": percentile(ms, 99), "max_ms": max(ms)}
+
+
+# ------------------------------------------------------------------------------------------ PostgreSQL
+
+
+def pg_bin() -> Path:
+    def version(path: str) -> tuple[int, ...]:
+        return tuple(int(n) for n in re.findall(r"\d+", path))
+
+    for bindir in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=version, reverse=True):
+        if os.path.exists(f"{bindir}/initdb") and os.path.exists(f"{bindir}/pgbench"):
+            return Path(bindir)
+    raise SystemExit("PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb and pgbench): "
+                     "run bash scripts/setup-postgres.sh")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Postgres:
+    """A PostgreSQL server of its own in a temporary folder, on a loopback port (as tests/triggers/conftest.py
+    starts one, but with durability on and memory for ten million events)."""
+
+    def __init__(self, shared_buffers: str):
+        self.bin = pg_bin()
+        self.root = Path(tempfile.mkdtemp(prefix="bitlake-bench-pg-"))
+        self.user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None  # the server refuses root
+        if self.user is not None:
+            os.chown(self.root, self.user.pw_uid, self.user.pw_gid)
+        self.data = self.root / "data"
+        self.shared_buffers = shared_buffers
+        self.port = 0
+        self.version = ""
+
+    def _run(self, *args) -> str:
+        command = [str(a) for a in args]
+        if self.user is not None:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            logfile = self.root / "server.log"
+            raise RuntimeError(f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}\n"
+                               f"{logfile.read_text() if logfile.exists() else ''}")
+        return result.stdout
+
+    def start(self) -> None:
+        self._run(self.bin / "initdb", "-D", self.data, "-U", "bitlake", "--auth=trust", "-E", "UTF8",
+                  "--locale=C", "--no-sync")
+        self.port = free_port()
+        options = (f"-p {self.port} -h 127.0.0.1 -k {self.root} -c max_connections=100 "
+                   f"-c shared_buffers={self.shared_buffers} -c maintenance_work_mem=1GB -c max_wal_size=8GB "
+                   "-c max_parallel_maintenance_workers=2 -c checkpoint_timeout=30min")
+        self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.root / "server.log", "-w", "-t", "120",
+                  "-o", options, "start")
+        self.version = self._run(self.bin / "postgres", "--version").strip()
+
+    def stop(self) -> None:
+        try:
+            self._run(self.bin / "pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def dsn(self, database: str) -> str:
+        return f"host=127.0.0.1 port={self.port} user=bitlake dbname={database}"
+
+    def url(self, database: str) -> str:
+        return f"postgresql+psycopg://bitlake@127.0.0.1:{self.port}/{database}"
+
+    def connect(self, database: str):
+        import psycopg
+
+        return psycopg.connect(self.dsn(database), autocommit=True)
+
+    def create_database(self, name: str) -> None:
+        with self.connect("postgres") as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+    def pgbench(self, database: str, script: str, *, clients: int, duration: float | None = None,
+                transactions: int | None = None) -> dict:
+        """Runs pgbench with ``script`` (prepared statements, no vacuum); per-transaction latencies from its log."""
+        work = Path(tempfile.mkdtemp(prefix="pgbench-", dir=self.root))
+        (work / "script.sql").write_text(script)
+        command = [str(self.bin / "pgbench"), "-n", "-M", "prepared", "-h", "127.0.0.1", "-p", str(self.port),
+                   "-U", "bitlake", "-c", str(clients), "-j", str(clients), "-f", "script.sql", "-l",
+                   "--log-prefix", "tx"]
+        command += ["-T", str(round(duration))] if duration is not None else ["-t", str(transactions)]
+        command.append(database)
+        result = subprocess.run(command, capture_output=True, text=True, cwd=work, timeout=3600)
+        if result.returncode != 0:
+            raise RuntimeError(f"pgbench failed:\n{result.stdout}\n{result.stderr}\n{script[:2000]}")
+        out = result.stdout
+        tps = float(re.search(r"tps = ([\d.]+) \(without initial connection time\)", out)[1])
+        done = int(re.search(r"number of transactions actually processed: (\d+)", out)[1])
+        failed = re.search(r"number of failed transactions: (\d+)", out)
+        latencies = []
+        for logfile in work.glob("tx.*"):
+            for line in logfile.read_text().splitlines():
+                latencies.append(int(line.split()[2]) / 1000)
+        shutil.rmtree(work, ignore_errors=True)
+        return {"tps": tps, "transactions": done, "failed": int(failed[1]) if failed else 0,
+                "latency": latency_summary(latencies), "command": " ".join(command[:1] + command[2:])}
+
+
+# ------------------------------------------------------------------------------------------ the service
+
+
+class Service:
+    """``uvicorn --factory bitlake.triggers:create_app`` in a subprocess, on the benchmark's database."""
+
+    def __init__(self, db_url: str, workers: int):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, BITLAKE_TRIGGERS_DB_URL=db_url)
+        self.command = [sys.executable, "-m", "uvicorn", "--factory", "bitlake.triggers:create_app",
+                        "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers),
+                        "--log-level", "warning", "--no-access-log"]
+        self.process = subprocess.Popen(self.command, env=env, cwd=ROOT)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the service exited with {self.process.returncode}")
+            try:
+                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the service did not answer /health in time")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+# ------------------------------------------------------------------------------------------ registration
+
+
+def event_batch(rng, tables: int, size: int, tag: str) -> list[dict]:
+    """``size`` new events of one random table (a producer's commits), each with its own snapshot id."""
+    t = rng.randrange(tables)
+    return [{"table": table_name(t), "partition": [(FIRST_DAY + dt.timedelta(days=k % 28)).isoformat()],
+             "snapshot_id": f"{tag}.{k}", "table_format": "BITLAKE", "operation_type": "APPEND",
+             "tags": {"source": "bench"}} for k in range(size)]
+
+
+def _register_client(how: str, target: str, token: str, size: int, tables: int, seed: int,
+                     start_at: float, end_at: float, results) -> None:
+    """One registering client: sends new events from ``start_at`` until ``end_at`` (wall clock)."""
+    import random
+
+    rng = random.Random(seed)
+    events = requests = errors = 0
+    n = 0
+
+    def batches():
+        nonlocal n
+        while True:
+            n += 1
+            yield event_batch(rng, tables, size, f"c{seed}.{n}")
+
+    source = batches()
+    if how == "http":
+        import httpx
+
+        http = httpx.Client(base_url=target, headers={"Authorization": f"Bearer {token}",
+                                                      "Content-Type": "application/json"}, timeout=60)
+
+        def send(batch: list[dict]) -> bool:
+            response = http.post("/events", content=json.dumps({"events": batch}))
+            return response.status_code == 200
+    else:
+        from bitlake.triggers.store import TriggerStore
+
+        store = TriggerStore(target, migrate=False)
+
+        def send(batch: list[dict]) -> bool:
+            return len(store.register(batch)) == len(batch)
+
+    send(next(source))  # connection set up and first-call costs outside the window
+    while time.time() < start_at:
+        time.sleep(0.001)
+    while True:
+        batch = next(source)
+        ok = send(batch)
+        if time.time() > end_at:
+            break
+        requests += 1
+        events += len(batch) if ok else 0
+        errors += 0 if ok else 1
+    results.put({"events": events, "requests": requests, "errors": errors})
+
+
+def register_rate(how: str, target: str, token: str, *, clients: int, size: int, tables: int,
+                  duration: float) -> dict:
+    """Events per second registered by ``clients`` processes, each one request after the other."""
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    start_at = time.time() + 3.0  # every process started and warmed up
+    end_at = start_at + duration
+    procs = [ctx.Process(target=_register_client, args=(how, target, token, size, tables, 1000 * size + i,
+                                                         start_at, end_at, results)) for i in range(clients)]
+    for p in procs:
+        p.start()
+    parts = [results.get(timeout=duration + 120) for _ in procs]
+    for p in procs:
+        p.join()
+    events = sum(p["events"] for p in parts)
+    errors = sum(p["errors"] for p in parts)
+    if errors:
+        raise RuntimeError(f"{errors} registration requests failed ({how}, {size} per request)")
+    return {"events": events, "requests": sum(p["requests"] for p in parts), "seconds": duration,
+            "events_per_s": events / duration}
+
+
+def pgbench_insert_script(size: int, tables: int) -> str:
+    rows = ",\n".join(
+        f"  ({BASE_TS}, 'bench.t' || :t, '[\"{(FIRST_DAY + dt.timedelta(days=k % 28)).isoformat()}\"]', "
+        f":s || '.{k}', NULL, NULL, 'BITLAKE', 'APPEND', '{TAGS_JSON}')" for k in range(size))
+    return (f"\\set t random(0, {tables - 1})\n\\set s random(1, 9000000000000000000)\n"
+            f"INSERT INTO {PGBENCH_TABLE} (event_ts, table_name, partition_json, snapshot_id, snapshot_ts, "
+            "prev_snapshot_id, table_format, operation_type, tags) VALUES\n" + rows + ";\n")
+
+
+def registration(pg: Postgres, db: str, service: Service, producer: str, args) -> dict:
+    out = {}
+    for label, size in (("batched", args.batch), ("single", 1)):
+        log(f"registration, {label}: pgbench, {args.clients} clients, {args.duration:g} s")
+        with pg.connect(db) as conn:
+            conn.execute(f"TRUNCATE {PGBENCH_TABLE}")
+        bench = pg.pgbench(db, pgbench_insert_script(size, args.tables), clients=args.clients,
+                           duration=args.duration)
+        bench["events_per_s"] = bench["tps"] * size
+        log(f"  pgbench: {bench['events_per_s']:,.0f} events/s")
+        with pg.connect(db) as conn:
+            conn.execute("TRUNCATE events RESTART IDENTITY")
+        log(f"registration, {label}: the store called directly, {args.clients} processes")
+        store = register_rate("store", pg.url(db), "", clients=args.clients, size=size, tables=args.tables,
+                              duration=args.duration)
+        log(f"  store: {store['events_per_s']:,.0f} events/s")
+        with pg.connect(db) as conn:
+            conn.execute("TRUNCATE events RESTART IDENTITY")
+        log(f"registration, {label}: HTTP, {args.clients} clients")
+        http = register_rate("http", service.base_url, producer, clients=args.clients, size=size,
+                             tables=args.tables, duration=args.duration)
+        log(f"  HTTP: {http['events_per_s']:,.0f} events/s")
+        target = BATCHED_TARGET if size > 1 else SINGLE_TARGET
+        ratio = http["events_per_s"] / bench["events_per_s"]
+        out[label] = {"events_per_request": size, "pgbench": bench, "store": store, "http": http,
+                      "ratio": ratio, "store_ratio": store["events_per_s"] / bench["events_per_s"],
+                      "target": target, "met": ratio >= target}
+    with pg.connect(db) as conn:
+        conn.execute(f"TRUNCATE events, flows, {PGBENCH_TABLE} RESTART IDENTITY")
+    return out
+
+
+# ------------------------------------------------------------------------------------------ preload
+
+
+def _parallel(pg: Postgres, db: str, statements: list[str]) -> None:
+    """Runs the statements two at a time (one connection each): the machine's cores, used for loading."""
+    errors: list[BaseException] = []
+
+    def work(chunk: list[str]) -> None:
+        try:
+            with pg.connect(db) as conn:
+                conn.execute("SET synchronous_commit = off")
+                for s in chunk:
+                    conn.execute(s)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(statements[i::2],)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+
+
+def preload(pg: Postgres, db: str, *, have: int, want: int, tables: int, hits: int) -> dict:
+    """Grows the events table from ``have`` to ``want`` events straight in PostgreSQL, as the store lays them out.
+
+    Event ``i`` (1-based) is the ``j``-th (``(i - 1) // tables``) event of table ``(i - 1) % tables``, snapshot
+    ``j + 1`` chained to ``j``, in partition day ``j // hits``. The indexes and constraints the migrations
+    made are dropped for the load and rebuilt as they were.
+    """
+    started = time.perf_counter()
+    with pg.connect(db) as conn:
+        constraints = conn.execute(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conrelid = 'events'::regclass AND contype IN ('p', 'u')").fetchall()
+        indexes = conn.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'events' AND indexname NOT IN "
+            "(SELECT conname FROM pg_constraint WHERE conrelid = 'events'::regclass)").fetchall()
+        for name, _ in indexes:
+            conn.execute(f'DROP INDEX "{name}"')
+        for name, _ in constraints:
+            conn.execute(f'ALTER TABLE events DROP CONSTRAINT "{name}"')
+    step = 1_000_000
+    inserts = [
+        "INSERT INTO events (event_id, event_ts, table_name, partition_json, snapshot_id, snapshot_ts, "
+        "prev_snapshot_id, table_format, operation_type, tags) "
+        f"SELECT i, {BASE_TS} + i, 'bench.t' || ((i - 1) % {tables}), "
+        f"'[\"' || to_char(date '{FIRST_DAY.isoformat()}' + ((i - 1) / {tables} / {hits})::int, 'YYYY-MM-DD') "
+        f"|| '\"]', ((i - 1) / {tables} + 1)::text, {BASE_TS} + i, "
+        f"nullif(((i - 1) / {tables})::text, '0'), 'BITLAKE', 'APPEND', '{TAGS_JSON}'::jsonb "
+        f"FROM generate_series({lo}::bigint, {min(lo + step - 1, want)}::bigint) AS i"
+        for lo in range(have + 1, want + 1, step)
+    ]
+    _parallel(pg, db, inserts)
+    loaded = time.perf_counter()
+    _parallel(pg, db, [f'ALTER TABLE events ADD CONSTRAINT "{name}" {definition}'
+                       for name, definition in constraints] + [definition for _, definition in indexes])
+    indexed = time.perf_counter()
+    per_table = want // tables
+    with pg.connect(db) as conn:
+        conn.execute("SELECT setval(pg_get_serial_sequence('events', 'event_id'), %s)", (want,))
+        conn.execute("DELETE FROM flows")
+        # Each flow acknowledged all but its table's last ``hits`` events.
+        conn.execute(
+            "INSERT INTO flows (flow_name, table_name, tags_json, start_ts, last_event_id, created_at, acked_at) "
+            f"SELECT '{FLOW}', 'bench.t' || t, '{{}}', NULL, "
+            f"greatest(0, ({per_table} - {hits} - 1)::bigint * {tables} + t + 1), {BASE_TS}, {BASE_TS} "
+            f"FROM generate_series(0, {tables - 1}) AS t")
+        conn.execute("VACUUM ANALYZE events")
+        conn.execute("VACUUM ANALYZE flows")
+        size = conn.execute("SELECT pg_total_relation_size('events'), pg_relation_size('events')").fetchone()
+    done = time.perf_counter()
+    return {"events": want, "added": want - have, "load_s": loaded - started, "index_s": indexed - loaded,
+            "vacuum_s": done - indexed, "total_bytes": size[0], "heap_bytes": size[1]}
+
+
+# ------------------------------------------------------------------------------------------ triggers
+
+
+def trigger_requests(rng, kind: str, tables: int, days: int) -> dict:
+    t = rng.randrange(tables)
+    if kind == "partition":
+        day = FIRST_DAY + dt.timedelta(days=rng.randrange(days))
+        return {"table": table_name(t), "partition": ["{{ ds }}"], "scheduled_time": f"{day.isoformat()}T00:00:00Z"}
+    return {"flow": FLOW, "table": table_name(t)}
+
+
+def pgbench_lookup_script(kind: str, tables: int, days: int, per_table: int, hits: int) -> str:
+    """The SQL of the trigger's main query, as the store sends it (columns, WHERE, ORDER BY, LIMIT)."""
+    columns = ("event_id, event_ts, table_name, partition_json, snapshot_id, snapshot_ts, prev_snapshot_id, "
+               "table_format, operation_type, tags")
+    if kind == "partition":
+        return (f"\\set t random(0, {tables - 1})\n\\set d random(0, {days - 1})\n"
+                f"SELECT {columns} FROM events WHERE table_name = 'bench.t' || :t "
+                f"AND partition_json = '[\"' || to_char(date '{FIRST_DAY.isoformat()}' + :d::int, 'YYYY-MM-DD') || '\"]' "
+                f"AND event_ts <= {BASE_TS * 2} ORDER BY event_id LIMIT 1001;\n")
+    return (f"\\set t random(0, {tables - 1})\n"
+            f"\\set c greatest(0, ({per_table} - {hits} - 1) * {tables} + :t + 1)\n"
+            f"SELECT {columns} FROM events WHERE table_name = 'bench.t' || :t AND event_id > :c "
+            f"AND event_id <= {10 ** 12} ORDER BY event_id LIMIT 1001;\n")
+
+
+def trigger_latency(pg: Postgres, db: str, service: Service, consumer: str, *, events: int, tables: int,
+                    hits: int, requests: int) -> dict:
+    import random
+
+    import httpx
+
+    from bitlake.triggers.store import TriggerStore
+    from bitlake.triggers.trigger import PartitionTrigger, SnapshotTrigger
+
+    per_table = events // tables
+    days = per_table // hits
+    out = {}
+    store = TriggerStore(pg.url(db), migrate=False)
+    http = httpx.Client(base_url=service.base_url, headers={"Authorization": f"Bearer {consumer}"}, timeout=60)
+    try:
+        for kind in ("partition", "snapshot"):
+            path = "/triggers/partition" if kind == "partition" else "/triggers/snapshot"
+            model = PartitionTrigger if kind == "partition" else SnapshotTrigger
+            evaluate = store.evaluate_partition_trigger if kind == "partition" else store.evaluate_snapshot_trigger
+            rng = random.Random(7)
+            bodies = [trigger_requests(rng, kind, tables, days) for _ in range(requests + requests // 10)]
+            log(f"{events:,} events, {kind} trigger: {requests} evaluations through HTTP, one client")
+            http_ms, fired = [], []
+            for i, body in enumerate(bodies):
+                start = time.perf_counter()
+                response = http.post(path, json=body)
+                elapsed = (time.perf_counter() - start) * 1000
+                if response.status_code != 200:
+                    raise RuntimeError(f"{path}: {response.status_code} {response.text[:500]}")
+                if i >= requests // 10:  # the first tenth warms the caches
+                    http_ms.append(elapsed)
+                    fired.append(len(response.json()["events"]))
+            log(f"{events:,} events, {kind} trigger: {requests} evaluations by the store, no HTTP")
+            store_ms = []
+            for i, body in enumerate(bodies):
+                trigger = model.model_validate(body)
+                start = time.perf_counter()
+                result = evaluate(trigger)
+                elapsed = (time.perf_counter() - start) * 1000
+                if i >= requests // 10:
+                    store_ms.append(elapsed)
+                assert len(result.events) == hits, (kind, body, len(result.events))
+            log(f"{events:,} events, {kind} trigger: pgbench, one client, {requests} lookups")
+            bench = pg.pgbench(db, pgbench_lookup_script(kind, tables, days, per_table, hits), clients=1,
+                               transactions=requests)
+            h, s = latency_summary(http_ms), latency_summary(store_ms)
+            log(f"  p50/p99 ms: HTTP {h['p50_ms']:.2f}/{h['p99_ms']:.2f}, store {s['p50_ms']:.2f}/{s['p99_ms']:.2f}, "
+                f"pgbench {bench['latency']['p50_ms']:.2f}/{bench['latency']['p99_ms']:.2f}")
+            out[kind] = {"fired_events": statistics.fmean(fired), "http": h, "store": s, "pgbench": bench,
+                         "p99_ratio": h["p99_ms"] / bench["latency"]["p99_ms"],
+                         "p50_ratio": h["p50_ms"] / bench["latency"]["p50_ms"]}
+    finally:
+        http.close()
+        store.close()
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the doc
+
+
+def markdown(result: dict) -> str:
+    m, cfg, code = result["machine"], result["config"], result["code"]
+    note = " (with uncommitted changes in bitlake/)" if code["bitlake_dirty"] else ""
+    make_note = ("what `make bench-triggers` runs; `make bench` runs it after the others"
+                 if result.get("plain_make") else "`make bench-triggers` runs it with the default options")
+    lines = [
+        SECTION,
+        "",
+        f"Command: `{result['command']}` ({make_note}), {result['date']}.",
+        "",
+        f"Machine: {m['cores']} cores, {m['memory_gib']} GiB RAM ({m['platform']}). Python {m['python']}; "
+        f"{result['postgres']} (started by the benchmark: default durability, `fsync` and `synchronous_commit` "
+        f"on, shared_buffers {cfg['shared_buffers']}); uvicorn {result['versions']['uvicorn']} "
+        f"({cfg['workers']} worker{'s' if cfg['workers'] > 1 else ''}, no access log), "
+        f"FastAPI {result['versions']['fastapi']}, SQLAlchemy {result['versions']['sqlalchemy']}, "
+        f"psycopg {result['versions']['psycopg']}, pydantic {result['versions']['pydantic']}. The clients, "
+        "the service and PostgreSQL share the machine's cores.",
+        "",
+        f"Code: bitlake at commit {code['git_head']}{note}.",
+        "",
+        "### Registration",
+        "",
+        f"{cfg['clients']} client processes on loopback, each sending one request after the other for "
+        f"{cfg['duration']:g} s; every event new (a random table of {cfg['tables']:,}, a new snapshot id, one "
+        f"daily partition, one tag). HTTP: `POST /events` with a producer token (httpx, JSON built in the "
+        "client). Store: `TriggerStore.register` called in each client process, no HTTP. pgbench: "
+        f"{cfg['clients']} clients running a plain `INSERT` of as many rows into a copy of the events table "
+        "(same columns, indexes and constraints; `-M prepared`), the limit. The service does more per "
+        "request than that `INSERT`: it checks the token and the input, takes the registration lock, "
+        "inserts with `ON CONFLICT DO NOTHING` and reads back what is stored, so that a retry is a no-op. "
+        f"Targets: HTTP at least {BATCHED_TARGET:.0%} of pgbench batched and {SINGLE_TARGET:.0%} one by one.",
+        "",
+        "| events per request | pgbench events/s | store events/s (/ pgbench) | HTTP events/s | HTTP / pgbench "
+        "| target |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result["registration"].values():
+        verdict = "met" if r["met"] else "MISSED"
+        lines.append(
+            f"| {r['events_per_request']} | {r['pgbench']['events_per_s']:,.0f} | {r['store']['events_per_s']:,.0f} "
+            f"({r['store_ratio']:.2f}) | {r['http']['events_per_s']:,.0f} | {r['ratio']:.2f} "
+            f"| ≥ {r['target']:.2f}: {verdict} |")
+    lines += [
+        "",
+        "### Trigger evaluation",
+        "",
+        f"The events table loaded straight in PostgreSQL: {cfg['tables']:,} tables, events round-robin over "
+        f"them in event-id order, {cfg['hits']} events per daily partition; one flow per table, its cursor "
+        f"{cfg['hits']} events before the table's last. One client, one request after the other, "
+        f"{cfg['requests']:,} evaluations after {cfg['requests'] // 10:,} of warm-up, random tables: the "
+        f"partition trigger of a random day (`{{{{ ds }}}}` rendered at `scheduled_time`) and the flow's "
+        f"snapshot trigger each fire {cfg['hits']} events. HTTP: `POST /triggers/partition` and "
+        "`/triggers/snapshot` (consumer token); store: `evaluate_partition_trigger` and "
+        "`evaluate_snapshot_trigger` called in the benchmark's process; pgbench: one client running the "
+        "trigger's main query (same columns, `WHERE`, `ORDER BY` and `LIMIT`) with random tables and days. "
+        f"Target: HTTP p99 under {P99_TARGET_MS:g} ms at 10 million events.",
+        "",
+        "| events (size) | trigger | pgbench p50 / p99 ms | store p50 / p99 ms | HTTP p50 / p99 ms "
+        "| HTTP / pgbench (p50, p99) | target |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for size in result["triggers"]:
+        load = size["preload"]
+        for kind, r in size["latency"].items():
+            p, s, h = r["pgbench"]["latency"], r["store"], r["http"]
+            verdict = "—"
+            if size["events"] >= 10_000_000:
+                verdict = f"p99 < {P99_TARGET_MS:g} ms: " + ("met" if h["p99_ms"] < P99_TARGET_MS else "MISSED")
+            lines.append(
+                f"| {size['events']:,} ({load['total_bytes'] / 1e9:.1f} GB) | {kind} "
+                f"| {p['p50_ms']:.2f} / {p['p99_ms']:.2f} | {s['p50_ms']:.2f} / {s['p99_ms']:.2f} "
+                f"| {h['p50_ms']:.2f} / {h['p99_ms']:.2f} | {r['p50_ratio']:.1f}, {r['p99_ratio']:.1f} | {verdict} |")
+    lines += ["", "Loading (straight in PostgreSQL, not measured against anything): " + "; ".join(
+        f"{s['preload']['added']:,} events in {s['preload']['load_s']:.0f} s, indexes {s['preload']['index_s']:.0f} s, "
+        f"VACUUM ANALYZE {s['preload']['vacuum_s']:.0f} s" for s in result["triggers"]) + "."]
+    notes = result.get("notes") or []
+    if notes:
+        lines += [""] + [f"- {n}" for n in notes]
+    lines += ["", f"Raw results: `{result['json_path']}`.", ""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", default="1000000,10000000", help="stored event counts for the trigger latencies")
+    ap.add_argument("--tables", type=int, default=10_000)
+    ap.add_argument("--hits", type=int, default=100, help="events each trigger evaluation fires")
+    ap.add_argument("--clients", type=int, default=4, help="concurrent registering clients (processes)")
+    ap.add_argument("--batch", type=int, default=100, help="events per batched registration request")
+    ap.add_argument("--duration", type=float, default=15.0, help="seconds of each registration run")
+    ap.add_argument("--requests", type=int, default=2000, help="trigger evaluations per kind, size and way")
+    ap.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (bitlake serve runs one)")
+    ap.add_argument("--shared-buffers", default="2GB")
+    ap.add_argument("--quick", action="store_true", help="a smoke run: few events, tables, seconds and requests")
+    ap.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md")
+    ap.add_argument("--note", action="append", default=[], help="a line for the doc's notes (repeatable)")
+    ap.add_argument("--render", metavar="JSON", help="only rewrite the doc section from a results file")
+    args = ap.parse_args(argv)
+    if args.render:
+        result = json.loads(Path(args.render).read_text())
+        result["notes"] = result.get("notes", []) + args.note
+        core.write_doc(markdown(result), SECTION)
+        print(markdown(result))
+        return 0
+    plain_make = argv is None and len(sys.argv) == 1
+    if args.quick:
+        args.events, args.tables, args.duration, args.requests = "20000", 100, 2.0, 100
+        args.shared_buffers = "128MB"
+    sizes = sorted(int(n) for n in args.events.split(","))
+    for n in sizes:
+        if n % args.tables or (n // args.tables) % args.hits:
+            raise SystemExit(f"--events {n}: needs a multiple of tables x hits ({args.tables * args.hits:,})")
+
+    import fastapi
+    import psycopg
+    import pydantic
+    import sqlalchemy
+    import uvicorn
+
+    from bitlake.triggers.store import TriggerStore
+
+    date = dt.datetime.now(dt.UTC)
+    started = time.perf_counter()
+    pg = Postgres(args.shared_buffers)
+    service = None
+    try:
+        pg.start()
+        log(f"{pg.version} on port {pg.port}")
+        db = "bitlake_bench"
+        pg.create_database(db)
+        with TriggerStore(pg.url(db)) as store:  # the store's own migrations make the schema
+            producer = store.create_token("producer", ["bench.*"], name="bench producer")
+            consumer = store.create_token("consumer", ["bench.*"], name="bench consumer")
+        with pg.connect(db) as conn:
+            conn.execute(f"CREATE TABLE {PGBENCH_TABLE} (LIKE events INCLUDING ALL)")
+            conn.execute(f"CREATE SEQUENCE {PGBENCH_TABLE}_id OWNED BY {PGBENCH_TABLE}.event_id")
+            conn.execute(f"ALTER TABLE {PGBENCH_TABLE} ALTER event_id SET DEFAULT nextval('{PGBENCH_TABLE}_id')")
+        service = Service(pg.url(db), args.workers)
+        service.wait_ready()
+        reg = registration(pg, db, service, producer, args)
+        triggers = []
+        have = 0
+        for n in sizes:
+            log(f"loading {n - have:,} events straight into PostgreSQL ({n:,} in all)")
+            loaded = preload(pg, db, have=have, want=n, tables=args.tables, hits=args.hits)
+            log(f"  {loaded['load_s']:.0f} s rows, {loaded['index_s']:.0f} s indexes, {loaded['vacuum_s']:.0f} s "
+                f"vacuum; {loaded['total_bytes'] / 1e9:.2f} GB")
+            have = n
+            latency = trigger_latency(pg, db, service, consumer, events=n, tables=args.tables, hits=args.hits,
+                                      requests=args.requests)
+            triggers.append({"events": n, "preload": loaded, "latency": latency})
+    finally:
+        if service is not None:
+            service.stop()
+        pg.stop()
+
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    out = RESULTS_DIR / f"triggers-{date.strftime('%Y-%m-%d')}{'-quick' if args.quick else ''}.json"
+    result = {
+        "benchmark": "triggers",
+        "date": date.strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join([".venv/bin/python", "benchmarks/triggers.py", *map(shlex.quote, sys.argv[1:])]),
+        "plain_make": plain_make,
+        "machine": machine(),
+        "code": code_version(),
+        "postgres": pg.version,
+        "versions": {"uvicorn": uvicorn.__version__, "fastapi": fastapi.__version__,
+                     "sqlalchemy": sqlalchemy.__version__, "psycopg": psycopg.__version__,
+                     "pydantic": pydantic.VERSION},
+        "config": {"events": sizes, "tables": args.tables, "hits": args.hits, "clients": args.clients,
+                   "batch": args.batch, "duration": args.duration, "requests": args.requests,
+                   "workers": args.workers, "shared_buffers": args.shared_buffers, "quick": args.quick},
+        "registration": reg,
+        "triggers": triggers,
+        "wall_s": time.perf_counter() - started,
+        "notes": args.note,
+        "json_path": str(out.relative_to(ROOT)),
+    }
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    section = markdown(result)
+    print(section)
+    if not args.no_doc:
+        core.write_doc(section, SECTION)
+    log(f"done in {result['wall_s']:.0f} s; {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
