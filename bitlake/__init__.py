@@ -4,6 +4,7 @@ from bitlake.errors import (
     BitlakeError,
     CommitConflictError,
     CorruptTableError,
+    IndexUnavailableError,
     InvalidInputError,
     NotATableError,
     NullValueError,
@@ -20,7 +21,8 @@ from bitlake.table import IngestResult, Table, create_table, open_table
 __version__ = "0.1.0"
 
 __all__ = [
-    "BitlakeError", "CommitConflictError", "CorruptTableError", "IngestResult", "InvalidInputError",
+    "BitlakeError", "CommitConflictError", "CorruptTableError", "IndexUnavailableError", "IngestResult",
+    "InvalidInputError",
     "NotATableError", "NullValueError", "SchemaMismatchError", "Table", "TableExistsError",
     "TableNotFoundError", "UnknownOperationError", "UnsupportedFormatVersionError", "VersionNotFoundError",
     "create_table", "open_table", "spark_session",

@@ -33,8 +33,8 @@ def commit_path(version: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class DataFile:
-    """A file of landed records. ``kind`` is ``data`` (upserts, read by readers) or ``deletes``
-    (the key, delta and row id of delete records, read only by MetaGen)."""
+    """A file of landed records. ``kind`` is ``data`` (upserts, read by readers) or ``keys`` (key,
+    delta, row id, delete flag and bucket of every record of a keyed table, read only by MetaGen)."""
 
     path: str
     kind: str

@@ -47,3 +47,8 @@ class CommitConflictError(BitlakeError):
 
 class VersionNotFoundError(BitlakeError):
     """The requested version does not exist (or is outside the retained window)."""
+
+
+class IndexUnavailableError(BitlakeError):
+    """Inline MetaGen was asked for, but the key index cannot be used (locked by another writer, or the
+    table's key types or ``keystore.index`` property allow none)."""

@@ -23,6 +23,12 @@ DEFAULT_PROPERTIES = {
     # Delta files are merged into the bucket's base only once they hold this fraction of its rows;
     # before that they are merged among themselves (tiering keeps a commit's bytes ∝ its batch).
     "keystore.base_merge_ratio": "0.25",
+    # "rocksdb": keep a RocksDB copy of the key store next to the table for inline MetaGen (point
+    # lookups on the driver instead of a Spark join); "none": always use the Spark MetaGen.
+    "keystore.index": "rocksdb",
+    # Inline MetaGen (driver, key index) runs when the pending batches hold at most this many records;
+    # larger commits use the Spark MetaGen.
+    "metagen.inline_max_rows": "2000000",
     # Anti-join lists longer than this are shuffled instead of broadcast at read time.
     "read.broadcast_invalid_rows": "20000000",
     # A full-state checkpoint is written every this many commits, so opening a table reads at most

@@ -12,11 +12,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bitlake import bitmap, changeevent, commitlog, faults, rowid, timetravel
+from bitlake import bitmap, changeevent, commitlog, faults, keyindex, metagen, rowid, timetravel
 from bitlake import state as state_mod
 from bitlake.commitlog import Batch, Commit
 from bitlake.errors import (
     CommitConflictError,
+    IndexUnavailableError,
     InvalidInputError,
     NotATableError,
     TableExistsError,
@@ -156,6 +157,7 @@ class Table:
         op_column: str | None = None,
         batch_id: str | None = None,
         metagen: bool = True,
+        inline: bool | None = None,
         spark: Any = None,
     ) -> IngestResult:
         """Ingests one batch: lands its records and (by default) runs MetaGen and commits.
@@ -166,6 +168,10 @@ class Table:
                 Without it every record is an upsert. It is not stored.
             batch_id: the batch's id; a batch id that already committed makes this a no-op.
             metagen: False lands the data only (pending); ``metagen()`` makes it visible later.
+            inline: how MetaGen runs (docs/ingestion.md). None (default) chooses: inline (on the
+                driver, key lookups in the RocksDB key index) when the pending records are at most
+                ``metagen.inline_max_rows`` and the index is free, else Spark. True insists on
+                inline (IndexUnavailableError if it cannot); False always uses Spark.
             spark: the SparkSession; default ``bitlake.spark_session()``.
         """
         from bitlake.spark import landing
@@ -187,17 +193,19 @@ class Table:
         batch = Batch(batch_id, part, tuple(files))
         try:
             if metagen:
-                return self._commit_metagen(spark, batch)
+                return self._commit_metagen(spark, batch, inline)
             return self._commit_land(batch)
         except BaseException:
             if self.refresh().batches.get(batch_id) is None:
                 landing.remove_part_files(self.io.base, part)
             raise
 
-    def metagen(self, *, spark: Any = None) -> IngestResult:
-        """Runs MetaGen over every pending (landed, not yet visible) batch and commits them at once."""
-        spark = spark or _session()
-        return self._commit_metagen(spark, None)
+    def metagen(self, *, inline: bool | None = None, spark: Any = None) -> IngestResult:
+        """Runs MetaGen over every pending (landed, not yet visible) batch and commits them at once.
+
+        ``inline`` chooses how, as for :meth:`ingest`.
+        """
+        return self._commit_metagen(spark, None, inline)
 
     def _already_committed(self, state: TableState, batch_id: str) -> IngestResult | None:
         if batch_id not in state.batches:
@@ -232,15 +240,13 @@ class Table:
             return result
         return IngestResult(batch.batch_id, result.version, True, False, {})
 
-    def _commit_metagen(self, spark, batch: Batch | None) -> IngestResult:
-        from bitlake.spark import metagen
-
+    def _commit_metagen(self, spark, batch: Batch | None, inline: bool | None) -> IngestResult:
         def build(state: TableState):
             batches = list(state.pending) + ([batch] if batch else [])
             if not batches:
                 return None, []
             version = state.version + 1
-            out = metagen.run(spark, self.io, state, batches, version)
+            out = self._run_metagen(spark, state, batches, version, inline)
             batch_counts = {b.batch_id: out.batch_counts.get(i, dict.fromkeys(metagen.COUNTS, 0))
                             for i, b in enumerate(batches)}
             timestamp_ms = commitlog.now_ms(state.timestamp_ms)
@@ -269,8 +275,38 @@ class Table:
             return result
         if result is None:
             return IngestResult(None, self.version, False, True, {})
+        self._update_index()
         counts = result.batch_counts.get(batch.batch_id, {}) if batch else dict(result.counts)
         return IngestResult(batch.batch_id if batch else None, result.version, True, True, counts, result.processed)
+
+    def _run_metagen(self, spark, state: TableState, batches: list[Batch], version: int, inline: bool | None):
+        from bitlake.spark import metagen as spark_metagen
+
+        meta = state.metadata
+        rows = sum(b.rows for b in batches)
+        if meta.keyed and inline is not False and (inline or rows <= meta.int_prop("metagen.inline_max_rows")):
+            try:
+                with keyindex.KeyIndex(self.io, meta) as index:
+                    index.catch_up(state)
+                    return metagen.run_inline(self.io, state, batches, version, index)
+            except IndexUnavailableError:
+                if inline:
+                    raise
+        return spark_metagen.run(spark or _session(), self.io, state, batches, version)
+
+    def _update_index(self) -> None:
+        """Brings the key index up to the latest commit, so the next inline MetaGen starts warm.
+
+        Best effort: the commit has landed, and an index that is busy or behind only costs the
+        next writer a catch-up."""
+        state = self.refresh()
+        if not keyindex.supported(state.metadata):
+            return
+        try:
+            with keyindex.KeyIndex(self.io, state.metadata) as index:
+                index.catch_up(state)
+        except IndexUnavailableError:
+            pass
 
     def _commit(self, build, batch: Batch | None):
         """Optimistic commit: build against the latest state, put-if-absent the next version, rebase on loss.
@@ -468,7 +504,7 @@ class Table:
             referenced.update(f.path for f in c.keystore_add)
         now = time.time()
         removable = []
-        for folder in ("data", "_bitlake/deletes", "_bitlake/logs", "_bitlake/bitmaps", "_bitlake/keystore"):
+        for folder in ("data", "_bitlake/keys", "_bitlake/logs", "_bitlake/bitmaps", "_bitlake/keystore"):
             for rel in self.io.walk_files(folder):
                 if rel not in referenced and now - self.io.mtime(rel) >= min_age_seconds:
                     removable.append(rel)

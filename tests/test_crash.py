@@ -50,7 +50,7 @@ def ingest(table, batch_id, *, metagen=True, spark):
 
 
 def data_files(paths):
-    return [p for p in paths if p.startswith(("data/", "_bitlake/deletes/"))]
+    return [p for p in paths if p.startswith(("data/", "_bitlake/keys/"))]
 
 
 def metadata_files(paths):

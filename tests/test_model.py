@@ -1,4 +1,7 @@
-"""Model-based test: random batch sequences through the real Spark path, compared to the oracle."""
+"""Model-based test: random batch sequences through the real Spark path, compared to the oracle.
+
+Each batch's MetaGen runs inline (driver, RocksDB key index) or in Spark at random, so one table mixes
+both and each must continue from what the other committed."""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ batch = st.tuples(
     st.lists(record, min_size=0, max_size=12),
     st.booleans(),  # run MetaGen at once
     st.booleans(),  # retry the batch id afterwards
+    st.booleans(),  # inline MetaGen (else Spark)
 )
 
 
@@ -75,9 +79,9 @@ def test_random_batches_match_the_oracle(spark, kind):
             )
             oracle = Oracle()
             pending = []
-            for i, (records, now, retry) in enumerate(batches):
+            for i, (records, now, retry, inline) in enumerate(batches):
                 data = _arrow(records, key_type, delta_type, to_delta)
-                result = t.ingest(data, op_column="op", batch_id=f"b{i}", metagen=now, spark=spark)
+                result = t.ingest(data, op_column="op", batch_id=f"b{i}", metagen=now, inline=inline, spark=spark)
                 assert result.committed
                 expected_records = [
                     Record((key_type[1](r[0]),), to_delta(r[1]), r[2],

@@ -4,9 +4,10 @@ the row-id columns, and report back what they wrote; nothing becomes visible her
 Each task assigns ``segment_seq`` = its partition index and ``segment_offset`` = the row's position in
 the task, so a batch's row-id order is its input order (the contract's "position in the batch").
 Upserts go to data files (in the table's format, under Hive-style partition folders when the table is
-partitioned; partition columns also stay in the file), delete records to a small Parquet file of key,
-delta and row id per task. File names start with the batch's segment part, so a failed landing can
-remove everything it wrote.
+partitioned; partition columns also stay in the file). In a keyed table every record, upsert or
+delete, also goes to the task's keys file: key, delta as int64, packed row id, delete flag and
+key-store bucket, which is all MetaGen reads. File names start with the batch's segment part, so a
+failed landing can remove everything it wrote.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ OUTPUT_SCHEMA = (
     "nulls string, bad_ops long, bad_op_sample string"
 )
 DATA_DIR = "data"
-DELETES_DIR = "_bitlake/deletes"
+KEYS_DIR = "_bitlake/keys"
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 
@@ -55,9 +56,19 @@ def _partition_text(value) -> str | None:
     return str(value)
 
 
-def deletes_schema(meta: TableMetadata) -> pa.Schema:
-    fields = [meta.schema.field(c) for c in meta.primary_key] + [meta.schema.field(meta.delta_column)]
-    return pa.schema(fields + [pa.field(c, pa.int32(), False) for c in rowid.ROW_ID_COLUMNS])
+def keys_schema(meta: TableMetadata) -> pa.Schema:
+    """A keys file: what MetaGen needs of every landed record, in landing (row id) order."""
+    from bitlake import keystore
+
+    return pa.schema(
+        [meta.schema.field(c).with_nullable(True) for c in meta.primary_key]
+        + [
+            pa.field(keystore.DELTA, pa.int64()),
+            pa.field(keystore.ROW_ID, pa.int64(), False),
+            pa.field(keystore.DELETED, pa.bool_(), False),
+            pa.field(keystore.BUCKET, pa.int32()),
+        ]
+    )
 
 
 def data_schema(meta: TableMetadata) -> pa.Schema:
@@ -152,7 +163,7 @@ class LandTask:
         task = TaskContext.get().partitionId()
         attempt = uuid.uuid4().hex[:12]
         out_schema = data_schema(meta)
-        del_schema = deletes_schema(meta) if meta.keyed else None
+        key_schema = keys_schema(meta) if meta.keyed else None
         checked = list(meta.primary_key) + ([meta.delta_column] if meta.delta_column else [])
         nulls = dict.fromkeys(checked, 0)
         bad_ops, bad_sample = 0, None
@@ -168,8 +179,8 @@ class LandTask:
                     path = os.path.join(folder, f"{name}.{meta.file_format}")
                     writers[key] = _Writer(path, out_schema, meta.file_format)
                 else:
-                    path = os.path.join(self.base, DELETES_DIR, f"{name}.parquet")
-                    writers[key] = _Writer(path, del_schema, "parquet")
+                    path = os.path.join(self.base, KEYS_DIR, f"{name}.parquet")
+                    writers[key] = _Writer(path, key_schema, "parquet")
                 writers[key].partition = partition
             return writers[key]
 
@@ -193,6 +204,7 @@ class LandTask:
                 offsets = np.arange(offset, offset + n, dtype=np.int32)
                 chunk = chunk.append_column(rowid.OFFSET_COLUMN, pa.array(offsets))
                 offset += n
+                is_delete = None
                 if self.has_op:
                     op = chunk.column(OP_COLUMN)
                     known = pc.fill_null(pc.is_in(op, pa.array(OPERATIONS)), False)
@@ -202,9 +214,9 @@ class LandTask:
                         if bad_sample is None:
                             bad_sample = repr(unknown[0].as_py())
                     is_delete = pc.fill_null(pc.equal(op, "delete"), False)
-                    deletes = chunk.filter(is_delete).select(del_schema.names)
-                    if deletes.num_rows:
-                        writer("deletes", "", None).write(deletes.cast(del_schema))
+                if key_schema is not None:
+                    writer("keys", "", None).write(_keys(chunk, key_schema, is_delete, meta))
+                if is_delete is not None:
                     chunk = chunk.filter(pc.invert(is_delete))
                 chunk = chunk.select(out_schema.names)
                 if chunk.num_rows == 0:
@@ -247,6 +259,21 @@ class LandTask:
         yield pa.RecordBatch.from_pylist(rows, schema=_OUTPUT_ARROW)
 
 
+def _keys(chunk: pa.Table, schema: pa.Schema, is_delete, meta: TableMetadata) -> pa.Table:
+    from bitlake import keystore
+
+    packed = (
+        chunk.column(rowid.PART_COLUMN).to_numpy().astype(np.int64) << (rowid.SEQ_BITS + rowid.OFFSET_BITS)
+        | chunk.column(rowid.SEQ_COLUMN).to_numpy().astype(np.int64) << rowid.OFFSET_BITS
+        | chunk.column(rowid.OFFSET_COLUMN).to_numpy().astype(np.int64)
+    )
+    deleted = is_delete if is_delete is not None else pa.array(np.zeros(chunk.num_rows, dtype=bool))
+    columns = [chunk.column(c) for c in meta.primary_key] + [
+        chunk.column(keystore.DELTA), pa.array(packed), deleted, chunk.column(keystore.BUCKET),
+    ]
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
 _OUTPUT_ARROW = pa.schema([
     ("kind", pa.string()), ("path", pa.string()), ("seq", pa.int32()), ("rows", pa.int64()),
     ("bytes", pa.int64()), ("partition", pa.string()), ("nulls", pa.string()), ("bad_ops", pa.int64()),
@@ -259,7 +286,16 @@ def land(df, meta: TableMetadata, base: str, part: int, has_op: bool) -> list[Da
 
     Raises NullValueError / UnknownOperationError after removing every file the job wrote.
     """
+    from bitlake import keystore
+    from bitlake.schema import spark_delta_as_long
+
     num_partitions = max(df.rdd.getNumPartitions(), 1)
+    if meta.keyed:
+        # The key-store bucket and the int64 delta are computed by Spark, so that they are exactly
+        # what a Spark MetaGen would compute; the task writes them to the keys file.
+        df = df.withColumn(keystore.DELTA, spark_delta_as_long(meta)).withColumn(
+            keystore.BUCKET, keystore.spark_bucket(meta)
+        )
     task = LandTask(base, meta.to_json(), part, num_partitions, has_op)
     try:
         out = [r.asDict() for r in df.mapInArrow(task, OUTPUT_SCHEMA).collect()]
@@ -302,7 +338,7 @@ def remove_part_files(base: str, part: int) -> None:
     """Removes every file a landing job of segment part ``part`` wrote (committed ones never qualify:
     a part is claimed by exactly one job, and this runs only when that job failed)."""
     prefix = f"{part:08d}-"
-    for folder in (os.path.join(base, DATA_DIR), os.path.join(base, DELETES_DIR)):
+    for folder in (os.path.join(base, DATA_DIR), os.path.join(base, KEYS_DIR)):
         for dirpath, _, names in os.walk(folder):
             for name in names:
                 if name.startswith(prefix):

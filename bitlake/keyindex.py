@@ -1,0 +1,202 @@
+"""The key index: a RocksDB copy of the key store for point lookups (Opal's inline mode).
+
+The key store (:mod:`bitlake.keystore`) is the truth: versioned Parquet files that every commit
+names. The index is a cache of its latest entries, key -> (delta, row id, deleted), kept in a
+RocksDB database (rocksdict) on the writer's machine, with the table id and the commit version it
+reflects stored in the same atomic write batch as the entries. It is brought up to a version by
+replaying the key-store rows of later commits, never from uncommitted work, so it cannot be ahead of
+the commit log; a missing, foreign or unreadable index is rebuilt from the key-store files.
+
+RocksDB lets one process open a database at a time: a writer that finds the index locked by another
+writer uses the Spark MetaGen instead (:class:`~bitlake.errors.IndexUnavailableError`), which is slower, never wrong.
+
+Keys are encoded per column: integers, dates, timestamps and booleans as 8 big-endian bytes,
+strings and binaries as a 4-byte length and the bytes. Other key types (floats, decimals) have no
+index; their tables always use the Spark MetaGen.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from bitlake import commitlog, keystore
+from bitlake.errors import IndexUnavailableError
+from bitlake.fs import FileIO
+from bitlake.schema import TableMetadata
+from bitlake.state import TableState
+
+INDEX_DIR = "_bitlake/index"
+_VERSION_KEY = b"\x00bitlake:version"
+_TABLE_KEY = b"\x00bitlake:table_id"
+# Each stored value: delta int64, row id int64, deleted uint8, and a constant 1 so that numpy's
+# fixed-width bytes never drop a trailing zero.
+_VALUE = np.dtype([("d", "<i8"), ("r", "<i8"), ("x", "u1"), ("end", "u1")])
+_PUT_CHUNK = 200_000
+
+
+def supported(meta: TableMetadata) -> bool:
+    """Whether this table's key types can be encoded, so that it can have an index."""
+    return meta.keyed and meta.prop("keystore.index") == "rocksdb" and all(
+        _fixed(meta.schema.field(c).type) or _variable(meta.schema.field(c).type) for c in meta.primary_key
+    )
+
+
+def _fixed(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_boolean(t)
+
+
+def _variable(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(
+        t
+    )
+
+
+def encode_keys(table: pa.Table, primary_key: list[str]) -> list[bytes]:
+    """One bytes value per row, equal for equal keys and different for different ones."""
+    n = table.num_rows
+    columns = [table.column(c) for c in primary_key]
+    if all(_fixed(c.type) for c in columns):
+        # A one-byte terminator keeps numpy from stripping trailing zero bytes of the fixed width.
+        rec = np.empty(n, dtype=[*[(f"k{i}", ">i8") for i in range(len(columns))], ("end", "u1")])
+        for i, c in enumerate(columns):
+            rec[f"k{i}"] = _as_int64(c)
+        rec["end"] = 1
+        return rec.view(f"S{rec.dtype.itemsize}").tolist()
+    parts = []
+    for c in columns:
+        if _fixed(c.type):
+            parts.append([x.to_bytes(8, "big", signed=True) for x in _as_int64(c).tolist()])
+        else:
+            values = c.to_pylist()
+            parts.append([
+                len(b).to_bytes(4, "big") + b for b in (v.encode() if isinstance(v, str) else v for v in values)
+            ])
+    return [b"".join(row) for row in zip(*parts, strict=True)]
+
+
+def _as_int64(column) -> np.ndarray:
+    t = column.type
+    if pa.types.is_boolean(t):
+        column = pc.cast(column, pa.int8())
+    elif pa.types.is_date(t):
+        column = pc.cast(pc.cast(column, pa.date32()), pa.int32())
+    elif pa.types.is_timestamp(t):
+        column = pc.cast(column, pa.int64())
+    return pc.cast(column, pa.int64()).to_numpy(zero_copy_only=False)
+
+
+class KeyIndex:
+    """An open index; use as a context manager so that the RocksDB lock is released."""
+
+    def __init__(self, io: FileIO, meta: TableMetadata):
+        try:
+            from rocksdict import Options, Rdict
+        except ImportError as e:  # pragma: no cover - rocksdict is a dependency
+            raise IndexUnavailableError("rocksdict is not installed") from e
+        if not supported(meta):
+            raise IndexUnavailableError("the table's key types or its keystore.index property allow no index")
+        self.meta = meta
+        self.io = io
+        self.path = io.path(INDEX_DIR)
+        self._options = Options(raw_mode=True)
+        try:
+            self.db = Rdict(self.path, self._options)
+        except Exception as e:
+            # Another process holds the lock; anything else (a corrupt or half-created folder) is
+            # repaired by starting afresh, which is safe because the index is only a cache.
+            if "lock" in str(e).lower():
+                raise IndexUnavailableError(f"the key index at {self.path} is in use by another writer") from e
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.db = Rdict(self.path, self._options)
+
+    def __enter__(self) -> KeyIndex:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.db.close()
+
+    @property
+    def version(self) -> int:
+        """The commit version the entries reflect; -1 for an empty or foreign index."""
+        if self.db.get(_TABLE_KEY) != self.meta.table_id.encode():
+            return -1
+        v = self.db.get(_VERSION_KEY)
+        return -1 if v is None else int(v)
+
+    def catch_up(self, state: TableState) -> None:
+        """Brings the index to ``state.version`` from the commit log (the key-store rows of later commits)."""
+        have = self.version
+        if have > state.version:
+            # Only possible if the folder was replaced by another table's history; start afresh.
+            have = -1
+        if have < 0:
+            self._rebuild(state)
+            return
+        for v in range(have + 1, state.version + 1):
+            commit = commitlog.read(self.io, v)
+            # A merged file also repeats older rows; only rows this commit wrote are new to the index.
+            tables = [
+                pq.read_table(self.io.path(f.path), filters=[(keystore.SEQ, "=", v)])
+                for f in commit.keystore_add
+            ]
+            self._put(tables, v)
+
+    def _rebuild(self, state: TableState) -> None:
+        self.db.close()
+        shutil.rmtree(self.path, ignore_errors=True)
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        from rocksdict import Rdict
+
+        self.db = Rdict(self.path, self._options)
+        tables = []
+        for files in state.keystore.values():
+            rows = pa.concat_tables([pq.read_table(self.io.path(f.path)) for f in files])
+            tables.append(keystore.latest_per_key(rows, list(self.meta.primary_key)))
+        self._put(tables, state.version)
+
+    def _put(self, tables: list[pa.Table], version: int) -> None:
+        from rocksdict import WriteBatch
+
+        pk = list(self.meta.primary_key)
+        for table in tables:
+            for start in range(0, table.num_rows, _PUT_CHUNK):
+                chunk = table.slice(start, _PUT_CHUNK)
+                batch = WriteBatch(raw_mode=True)
+                for k, val in zip(encode_keys(chunk, pk), _encode_values(chunk), strict=True):
+                    batch.put(k, val)
+                self.db.write(batch)
+        # The version goes last: after a crash the index claims the older version, and replaying
+        # from there puts the same entries again (puts are idempotent and applied in commit order).
+        batch = WriteBatch(raw_mode=True)
+        batch.put(_TABLE_KEY, self.meta.table_id.encode())
+        batch.put(_VERSION_KEY, str(version).encode())
+        self.db.write(batch)
+
+    def lookup(self, keys: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """For each encoded key: found, delta, packed row id, deleted."""
+        n = len(keys)
+        found = np.zeros(n, dtype=bool)
+        values = np.zeros(n, dtype=_VALUE)
+        for i, v in enumerate(self.db[keys] if keys else []):
+            if v is not None:
+                found[i] = True
+                values[i] = np.frombuffer(v, dtype=_VALUE)[0]
+        return found, values["d"], values["r"], values["x"].astype(bool)
+
+
+def _encode_values(table: pa.Table) -> list[bytes]:
+    rec = np.empty(table.num_rows, dtype=_VALUE)
+    rec["d"] = table.column(keystore.DELTA).to_numpy()
+    rec["r"] = table.column(keystore.ROW_ID).to_numpy()
+    rec["x"] = table.column(keystore.DELETED).to_numpy(zero_copy_only=False)
+    rec["end"] = 1
+    return rec.view(f"S{_VALUE.itemsize}").tolist()

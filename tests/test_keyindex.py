@@ -1,0 +1,115 @@
+"""The key index (RocksDB) and the inline MetaGen: encoding, catch-up, rebuild, a busy index."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+
+import pyarrow as pa
+import pytest
+from rocksdict import Options, Rdict
+
+import bitlake
+from bitlake import keyindex
+from bitlake.keyindex import encode_keys
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("mod", pa.int64())])
+
+
+def batch(ids, names, mods, ops=None):
+    cols = {"id": pa.array(ids, pa.int64()), "name": pa.array(names, pa.string()), "mod": pa.array(mods, pa.int64())}
+    if ops is not None:
+        cols["op"] = pa.array(ops, pa.string())
+    return pa.table(cols)
+
+
+def view(t):
+    return sorted((r["id"], r["name"], r["mod"]) for r in t.to_arrow().to_pylist())
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {"a": pa.array([0, -1, 1, 2**62, -(2**62), 0], pa.int64())},
+        {"a": pa.array([0, 1, 1, 0], pa.int32()), "b": pa.array([1, 0, 1, 0], pa.int8())},
+        {"a": pa.array(["", "a", "a\x00", "\x00a", "ab", "b"], pa.string())},
+        {"a": pa.array(["a", "ab", "a", "", "b", ""], pa.string()), "b": pa.array(["bc", "c", "b", "abc", "", ""], pa.string())},
+        {"a": pa.array([b"", b"\x00", b"\x00\x00"], pa.binary()), "b": pa.array([1, 1, 1], pa.int64())},
+        {"a": pa.array([dt.date(2020, 1, 1), dt.date(1969, 12, 31)], pa.date32()),
+         "b": pa.array([dt.datetime(2020, 1, 1), dt.datetime(2020, 1, 1, 0, 0, 1)], pa.timestamp("us"))},
+        {"a": pa.array([True, False], pa.bool_())},
+    ],
+)
+def test_keys_encode_equal_iff_the_keys_are_equal(columns):
+    table = pa.table(columns)
+    encoded = encode_keys(table, list(columns))
+    rows = list(zip(*[c.to_pylist() for c in columns.values()], strict=True))
+    for i in range(len(rows)):
+        for j in range(len(rows)):
+            assert (encoded[i] == encoded[j]) == (rows[i] == rows[j]), (rows[i], rows[j])
+
+
+def test_tables_without_an_encodable_key_have_no_index(tmp_path):
+    schema = pa.schema([("k", pa.decimal128(10, 2)), ("mod", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "f"), schema, primary_key=["k"], delta_column="mod")
+    assert not keyindex.supported(t.metadata)
+    off = bitlake.create_table(str(tmp_path / "o"), SCHEMA, primary_key=["id"], delta_column="mod",
+                               properties={"keystore.index": "none"})
+    assert not keyindex.supported(off.metadata)
+    with pytest.raises(bitlake.IndexUnavailableError, match="allow no index"):
+        keyindex.KeyIndex(off.io, off.metadata)
+
+
+@pytest.mark.spark
+def test_inline_metagen_continues_from_spark_commits_and_rebuilds_a_lost_index(tmp_path, spark):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
+    t.ingest(batch([1, 2, 3], ["a", "b", "c"], [1, 1, 1]), inline=False, spark=spark)
+    r = t.ingest(batch([1, 2, 4], ["a2", None, "d"], [2, 2, 2], ["upsert", "delete", "upsert"]), op_column="op",
+                 inline=True, spark=spark)
+    assert r.counts == {"inserted": 1, "updated": 1, "deleted": 1, "stale": 0, "ignored_deletes": 0}
+    with keyindex.KeyIndex(t.io, t.metadata) as index:
+        assert index.version == t.version
+
+    shutil.rmtree(t.io.path(keyindex.INDEX_DIR))
+    # The delete marker of key 2 (delta 2) must survive the rebuild: an older record stays stale.
+    r = t.ingest(batch([2, 3], ["old", "c3"], [1, 3]), inline=True, spark=spark)
+    assert r.counts == {"inserted": 0, "updated": 1, "deleted": 0, "stale": 1, "ignored_deletes": 0}
+    assert view(t) == [(1, "a2", 2), (3, "c3", 3), (4, "d", 2)]
+
+
+@pytest.mark.spark
+def test_a_busy_index_makes_the_writer_use_spark(tmp_path, spark):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
+    t.ingest(batch([1, 2], ["a", "b"], [1, 1]), spark=spark)
+    # Another writer holds the index (RocksDB admits one opener at a time).
+    holder = Rdict(t.io.path(keyindex.INDEX_DIR), Options(raw_mode=True))
+    try:
+        with pytest.raises(bitlake.IndexUnavailableError, match="in use by another writer"):
+            t.ingest(batch([1], ["x"], [5]), batch_id="forced", inline=True, spark=spark)
+        assert view(t) == [(1, "a", 1), (2, "b", 1)]
+        r = t.ingest(batch([1, 3], ["a2", "c"], [2, 2]), spark=spark)  # auto: falls back to Spark
+        assert r.counts["updated"] == 1 and r.counts["inserted"] == 1
+    finally:
+        holder.close()
+    # The index is now behind the last commit; the next inline MetaGen replays that commit first.
+    r = t.ingest(batch([1, 3], ["a1", "c0"], [3, 1]), inline=True, spark=spark)
+    assert r.counts == {"inserted": 0, "updated": 1, "deleted": 0, "stale": 1, "ignored_deletes": 0}
+    assert view(t) == [(1, "a1", 3), (2, "b", 1), (3, "c", 2)]
+
+
+@pytest.mark.spark
+def test_an_index_of_another_table_at_the_same_path_is_rebuilt(tmp_path, spark):
+    path = str(tmp_path / "t")
+    t = bitlake.create_table(path, SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
+    t.ingest(batch([1, 2], ["a", "b"], [5, 5]), spark=spark)
+    index_copy = tmp_path / "index-copy"
+    shutil.copytree(t.io.path(keyindex.INDEX_DIR), index_copy)
+    shutil.rmtree(path)
+    t = bitlake.create_table(path, SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
+    t.ingest(batch([1], ["new"], [1]), inline=False, spark=spark)
+    shutil.rmtree(t.io.path(keyindex.INDEX_DIR))
+    shutil.copytree(index_copy, t.io.path(keyindex.INDEX_DIR))
+    # The old table's entries (delta 5) would make these records stale; the new table has only key 1 at 1.
+    r = t.ingest(batch([1, 2], ["n1", "n2"], [2, 2]), inline=True, spark=spark)
+    assert r.counts == {"inserted": 1, "updated": 1, "deleted": 0, "stale": 0, "ignored_deletes": 0}
+    assert view(t) == [(1, "n1", 2), (2, "n2", 2)]
