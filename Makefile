@@ -2,8 +2,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 AIRFLOW_VENV ?= .venv-airflow
 SF ?= 1
+SFS ?= 0.1,1,3
+SYSTEMS ?= all
+TIMEOUT ?= 600
 
-.PHONY: help setup setup-airflow demo test test-airflow test-fast lint bench clean
+.PHONY: help setup setup-airflow demo test test-airflow test-fast lint bench bench-timetravel bench-peers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -44,6 +47,9 @@ bench: setup  ## the benchmarks on TPC-H lineitem (SF=1 by default), one after t
 
 bench-timetravel: setup  ## past views (version, valid_at) and change feeds against the current-view scan
 	$(PY) benchmarks/timetravel.py --scale-factor $(SF)
+
+bench-peers: setup  ## bitlake against delta-rs, pyiceberg and plain Spark (SFS=0.1,1,3 SYSTEMS=all TIMEOUT=600 s per operation)
+	$(PY) benchmarks/peers.py --scale-factors $(SFS) --systems $(SYSTEMS) --timeout $(TIMEOUT)
 
 clean:  ## remove the virtual environment and caches
 	rm -rf $(VENV) $(AIRFLOW_VENV) .pytest_cache .hypothesis demo-lake

@@ -1,0 +1,1107 @@
+"""bitlake against its peers: the same change workload on bitlake, delta-rs, pyiceberg and plain Spark.
+
+TPC-H ``lineitem`` (``tpchgen-cli``) keyed by ``(l_orderkey, l_linenumber)`` with an integer delta column
+``l_delta`` (0 for the base, ``k`` for change batch ``k``). Per scale factor the batches are generated
+once (same seed) and written as Parquet files; every system then starts each timed operation from the
+same file:
+
+1. ``load``: the base;
+2. ``upsert``: change batches of 0.1 %, 1 % and 10 % of the base rows, each 95 % updates of random
+   existing keys (``l_quantity + 1``) and 5 % new keys beyond the largest ``l_orderkey``;
+3. ``delete``: 0.1 % random existing keys (key and delta columns only);
+4. ``scan_full``: an aggregate over every column (core.py's); ``scan_selective``: the same over the rows
+   with ``l_shipdate`` in March 1995. One warm-up, then the median of ``--runs`` runs.
+
+Each system runs in its own subprocess (``--worker``), which reports one JSON line per operation; an
+operation that passes ``--timeout`` gets its process group killed and is recorded as timed out, a
+failure is recorded with its error, and the run goes on with the next system.
+
+Results go to ``benchmarks/results/peers-<date>.json`` (records of the same day's file for other
+systems or scale factors are kept) and to the section "## Peers: bitlake against delta-rs, pyiceberg and
+plain Spark" of ``docs/benchmarks.md``, with plots under ``docs/img/``.
+
+    .venv/bin/python benchmarks/peers.py --scale-factors 0.1,1,3           # what `make bench-peers` runs
+    .venv/bin/python benchmarks/peers.py --scale-factors 0.1 --systems deltalake,limits
+    .venv/bin/python benchmarks/peers.py --render-only benchmarks/results/peers-2026-11-23.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from decimal import Decimal
+from importlib import metadata as importlib_metadata
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import core  # noqa: E402  (benchmarks/ is not a package)
+from core import CODEC, DELTA, PRIMARY_KEY, ROOT, log, sf_text  # noqa: E402
+
+WORK_DIR = ROOT / "benchmarks" / "work" / "peers"
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+IMG_DIR = ROOT / "docs" / "img"
+SECTION = "## Peers: bitlake against delta-rs, pyiceberg and plain Spark"
+
+SEED = 42
+UPSERT_FRACTIONS = (0.001, 0.01, 0.10)
+DELETE_FRACTION = 0.001
+UPDATE_SHARE = 0.95
+MONTH = (dt.date(1995, 3, 1), dt.date(1995, 4, 1))  # the selective scan: l_shipdate in [start, end)
+
+# bitlake's ingestion modes. Each is the keyword arguments of Table.ingest and whether Table.metagen()
+# follows (timed with it); a new mode is one more line here.
+BITLAKE_MODES: dict[str, dict] = {
+    "bitlake": {"ingest": {"metagen": True}, "then_metagen": False,
+                "doc": "`t.ingest(batch, metagen=True)`: landing and MetaGen in one call"},
+    "bitlake-two-step": {"ingest": {"metagen": False}, "then_metagen": True,
+                         "doc": "`t.ingest(batch, metagen=False)` then `t.metagen()`, both timed"},
+}
+PEERS = ["deltalake", "iceberg", "spark-rewrite"]
+COPY_ON_WRITE = {"deltalake", "iceberg", "spark-rewrite"}
+LIMITS = "limits"
+SYSTEMS = [*BITLAKE_MODES, LIMITS, *PEERS]  # limits reads the first bitlake mode's data files
+SYSTEM_DOC = {
+    "deltalake": "delta-rs: `write_deltalake`; `DeltaTable.merge(batch, predicate=<keys equal>, "
+                 "source_alias='s', target_alias='t').when_matched_update_all().when_not_matched_insert_all()"
+                 ".execute()`; the delete batch through the same merge with `.when_matched_delete()` (what a "
+                 "user does with a list of composite keys: a `delete(predicate)` would need one "
+                 "`(l_orderkey = .. AND l_linenumber = ..)` term per key)",
+    "iceberg": "pyiceberg with a `SqlCatalog` on SQLite: `append` for the base, `upsert(batch, "
+               "join_cols=[l_orderkey, l_linenumber])`, `delete(create_match_filter(keys, join_cols))` "
+               "(the key filter `upsert` builds itself)",
+    "spark-rewrite": "plain Spark on a Parquet folder: read the current snapshot, left-anti join it with the "
+                     "batch's keys, union the batch's rows (none for the delete batch), write a new snapshot "
+                     "folder, switch a pointer file to it and remove the old one",
+    LIMITS: "the change alone: read the batch file and write it again as one Parquet file (pyarrow, snappy); "
+            "scans: plain Spark and plain pyarrow over bitlake's committed data files, no filtering of "
+            "invalid rows",
+}
+ARROW_SYSTEMS = {"deltalake", "iceberg"}  # read through their own readers into Arrow
+
+
+def fraction_text(f: float | None) -> str:
+    return "—" if f is None else f"{f * 100:g} %"
+
+
+def mb(n: float | None) -> str:
+    return "—" if n is None else f"{n / 1e6:,.2f} MB"
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+class PeerChanges:
+    """The batches of this benchmark: upserts (updates of random base keys, new keys) and a delete batch.
+
+    Unlike core.ChangeMaker the upsert batches carry no deletes (the issue's workload); the expected
+    final row count, sum of ``l_quantity`` and rows of the selective scan are tracked as it goes.
+    """
+
+    def __init__(self, base: pa.Table, seed: int):
+        self.base = base
+        self.rng = np.random.default_rng(seed)
+        self.updated = np.zeros(base.num_rows, dtype=bool)
+        self.deleted = np.zeros(base.num_rows, dtype=bool)
+        self.next_orderkey = int(pc.max(base.column("l_orderkey")).as_py()) + 1
+        self.inserted_rows = 0
+        self.inserted_qty = 0.0
+        self.inserted_in_month = 0
+        self.qty = base.column("l_quantity").cast(pa.float64()).to_numpy()
+        ship = base.column("l_shipdate")
+        self.in_month = pc.and_(pc.greater_equal(ship, pa.scalar(MONTH[0])),
+                                pc.less(ship, pa.scalar(MONTH[1]))).to_numpy(zero_copy_only=False)
+
+    def _with_delta(self, table: pa.Table, k: int) -> pa.Table:
+        i = table.schema.get_field_index(DELTA)
+        return table.set_column(i, DELTA, pa.array(np.full(table.num_rows, k, dtype=np.int32)))
+
+    def upsert(self, k: int, fraction: float) -> tuple[pa.Table, dict]:
+        n = max(2, round(fraction * self.base.num_rows))
+        updates = round(UPDATE_SHARE * n)
+        inserts = n - updates
+        live = np.flatnonzero(~self.deleted)
+        upd_idx = np.sort(self.rng.choice(live, size=updates, replace=False))
+        self.updated[upd_idx] = True
+        upd = self.base.take(pa.array(upd_idx))
+        qty = upd.column("l_quantity")
+        upd = upd.set_column(upd.schema.get_field_index("l_quantity"), "l_quantity",
+                             pc.add(qty, pa.scalar(Decimal("1.00"), qty.type)).cast(qty.type))
+        src = self.rng.integers(0, self.base.num_rows, size=inserts)
+        ins = self.base.take(pa.array(src))
+        keys = np.arange(self.next_orderkey, self.next_orderkey + inserts, dtype=np.int64)
+        self.next_orderkey += inserts
+        ins = ins.set_column(ins.schema.get_field_index("l_orderkey"), "l_orderkey",
+                             pa.array(keys, ins.schema.field("l_orderkey").type))
+        ins = ins.set_column(ins.schema.get_field_index("l_linenumber"), "l_linenumber",
+                             pa.array(np.ones(inserts, dtype=np.int32), ins.schema.field("l_linenumber").type))
+        self.inserted_rows += inserts
+        self.inserted_qty += float(self.qty[src].sum())
+        self.inserted_in_month += int(self.in_month[src].sum())
+        batch = pa.concat_tables([self._with_delta(upd, k), self._with_delta(ins, k)])
+        batch = batch.take(pa.array(self.rng.permutation(batch.num_rows)))  # a change stream is unordered
+        return batch, {"records": n, "updates": updates, "inserts": inserts, "deletes": 0}
+
+    def delete(self, k: int, fraction: float) -> tuple[pa.Table, dict]:
+        n = max(1, round(fraction * self.base.num_rows))
+        live = np.flatnonzero(~self.deleted)
+        idx = self.rng.choice(live, size=n, replace=False)
+        self.deleted[idx] = True
+        keys = self._with_delta(self.base.take(pa.array(idx)), k).select([*PRIMARY_KEY, DELTA])
+        return keys, {"records": n, "updates": 0, "inserts": 0, "deletes": n}
+
+    def expected(self) -> dict:
+        keep = ~self.deleted
+        return {
+            "rows": int(keep.sum()) + self.inserted_rows,
+            "sum_l_quantity": round(float(self.qty[keep].sum() + self.updated[keep].sum()) + self.inserted_qty, 2),
+            "selective_rows": int(self.in_month[keep].sum()) + self.inserted_in_month,
+        }
+
+
+def prepare(sf: float, folder: Path, quick: bool) -> dict:
+    """Writes the base and the batches of one scale factor; returns the spec every worker reads."""
+    source = core.lineitem(sf)
+    base = core.load_base(source)
+    batches_dir = folder / "batches"
+    base_file = batches_dir / "0-base.parquet"
+    ops = [{"operation": "load", "batch_fraction": None, "file": str(base_file),
+            "change_parquet_bytes": core.write_parquet(base, base_file),
+            "composition": {"records": base.num_rows}, "k": 0}]
+    maker = PeerChanges(base, SEED)
+    fractions = UPSERT_FRACTIONS[:2] if quick else UPSERT_FRACTIONS
+    for k, fraction in enumerate(fractions, start=1):
+        batch, comp = maker.upsert(k, fraction)
+        path = batches_dir / f"{k}-upsert-{fraction:g}.parquet"
+        ops.append({"operation": "upsert", "batch_fraction": fraction, "file": str(path),
+                    "change_parquet_bytes": core.write_parquet(batch, path), "composition": comp, "k": k})
+    k = len(fractions) + 1
+    keys, comp = maker.delete(k, DELETE_FRACTION)
+    path = batches_dir / f"{k}-delete-{DELETE_FRACTION:g}.parquet"
+    ops.append({"operation": "delete", "batch_fraction": DELETE_FRACTION, "file": str(path),
+                "change_parquet_bytes": core.write_parquet(keys, path), "composition": comp, "k": k})
+    spec = {"scale_factor": sf, "base_rows": base.num_rows, "source": str(source), "ops": ops,
+            "expected": maker.expected(), "runs": 1 if quick else 3, "warmup": not quick}
+    (folder / "spec.json").write_text(json.dumps(spec, indent=1))
+    return spec
+
+
+# --------------------------------------------------------------------------------------- systems
+
+
+def arrow_aggregate(batches, schema: pa.Schema) -> dict:
+    """core.aggregate's figures (count, sums of numbers, max of the rest) computed with pyarrow, batch by batch."""
+    rows, sums, maxes = 0, {}, {}
+    for b in batches:
+        rows += b.num_rows
+        for f in schema:
+            col = b.column(f.name)
+            t = f.type
+            if pa.types.is_integer(t) or pa.types.is_decimal(t) or pa.types.is_floating(t):
+                s = pc.sum(col).as_py()
+                if s is not None:
+                    sums[f.name] = sums.get(f.name, 0) + s
+            else:
+                m = pc.max(col).as_py()
+                if m is not None and (f.name not in maxes or m > maxes[f.name]):
+                    maxes[f.name] = m
+    return {"rows": rows, "sum_l_quantity": float(sums.get("l_quantity", 0))}
+
+
+def spark_figures(row) -> dict:
+    return {"rows": int(row["_rows"]), "sum_l_quantity": float(row["sum_l_quantity"] or 0)}
+
+
+def month_filter_spark():
+    from pyspark.sql import functions as F
+
+    return (F.col("l_shipdate") >= F.lit(MONTH[0])) & (F.col("l_shipdate") < F.lit(MONTH[1]))
+
+
+def month_filter_arrow():
+    import pyarrow.dataset as ds
+
+    return (ds.field("l_shipdate") >= pa.scalar(MONTH[0])) & (ds.field("l_shipdate") < pa.scalar(MONTH[1]))
+
+
+class System:
+    """One system under test, living in ``folder``. Every operation starts from a Parquet file."""
+
+    engine = "spark"
+
+    def __init__(self, name: str, folder: Path, schema: pa.Schema):
+        self.name, self.folder, self.schema = name, folder, schema
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def load(self, path: str, k: int = 0) -> dict:
+        raise NotImplementedError
+
+    def upsert(self, path: str, k: int) -> dict:
+        raise NotImplementedError
+
+    def delete(self, path: str, k: int) -> dict:
+        raise NotImplementedError
+
+    def scan(self, selective: bool) -> dict:
+        raise NotImplementedError
+
+    def current_data_bytes(self) -> int | None:
+        return None
+
+
+class SparkSystem(System):
+    def __init__(self, name, folder, schema):
+        super().__init__(name, folder, schema)
+        import bitlake
+
+        self.spark = bitlake.spark_session(os.environ.get("BITLAKE_SPARK_MASTER", "local[2]"),
+                                           app_name=f"bitlake-bench-peers-{name}")
+
+    def aggregate(self, df, selective: bool) -> dict:
+        if selective:
+            df = df.filter(month_filter_spark())
+        return spark_figures(core.aggregate(df, self.schema).collect()[0])
+
+
+class Bitlake(SparkSystem):
+    def __init__(self, name, folder, schema):
+        super().__init__(name, folder, schema)
+        self.mode = BITLAKE_MODES[name]
+        self.table = None
+
+    def _ingest(self, df, k: int, op_column: str | None) -> dict:
+        t0 = time.perf_counter()
+        r = self.table.ingest(df, op_column=op_column, batch_id=f"peers-{k}", **self.mode["ingest"])
+        phases = {"ingest_s": time.perf_counter() - t0}
+        if self.mode["then_metagen"]:
+            t1 = time.perf_counter()
+            r = self.table.metagen()
+            phases["metagen_s"] = time.perf_counter() - t1
+        return {"counts": r.counts, "phases": phases}
+
+    def load(self, path, k=0):
+        import bitlake
+
+        self.table = bitlake.create_table(str(self.folder / "table"), self.schema, primary_key=PRIMARY_KEY,
+                                          delta_column=DELTA, num_buckets=16)
+        return self._ingest(self.spark.read.parquet(path), k, None)
+
+    def upsert(self, path, k):
+        return self._ingest(self.spark.read.parquet(path), k, None)
+
+    def delete(self, path, k):
+        from pyspark.sql import functions as F
+
+        return self._ingest(self.spark.read.parquet(path).withColumn("op", F.lit("delete")), k, "op")
+
+    def scan(self, selective):
+        return self.aggregate(self.table.to_spark(self.spark), selective)
+
+    def current_data_bytes(self):
+        return sum(f.bytes for f in self.table.state().data_files())
+
+
+class SparkRewrite(SparkSystem):
+    """What a team without a table format does: merge the change into a new snapshot of the table."""
+
+    def current(self) -> Path:
+        return self.folder / (self.folder / "CURRENT").read_text().strip()
+
+    def _switch(self, df, k: int) -> dict:
+        name = f"snapshot-{k:05d}"
+        df.write.parquet(str(self.folder / name))
+        old = self.current() if (self.folder / "CURRENT").exists() else None
+        tmp = self.folder / "CURRENT.tmp"
+        tmp.write_text(name)
+        os.replace(tmp, self.folder / "CURRENT")  # readers see the old or the new snapshot, never half
+        if old is not None:
+            shutil.rmtree(old)
+        return {}
+
+    def load(self, path, k=0):
+        return self._switch(self.spark.read.parquet(path), k)
+
+    def upsert(self, path, k):
+        batch = self.spark.read.parquet(path)
+        base = self.spark.read.parquet(str(self.current()))
+        return self._switch(base.join(batch.select(*PRIMARY_KEY), PRIMARY_KEY, "left_anti").unionByName(batch), k)
+
+    def delete(self, path, k):
+        keys = self.spark.read.parquet(path).select(*PRIMARY_KEY)
+        base = self.spark.read.parquet(str(self.current()))
+        return self._switch(base.join(keys, PRIMARY_KEY, "left_anti"), k)
+
+    def scan(self, selective):
+        return self.aggregate(self.spark.read.parquet(str(self.current())), selective)
+
+    def current_data_bytes(self):
+        return sum(v for v in core.snapshot(self.current()).values())
+
+
+class DeltaLake(System):
+    engine = "pyarrow"
+    PREDICATE = " AND ".join(f"t.{c} = s.{c}" for c in PRIMARY_KEY)
+
+    @property
+    def uri(self) -> str:
+        return str(self.folder / "table")
+
+    def load(self, path, k=0):
+        from deltalake import write_deltalake
+
+        write_deltalake(self.uri, pq.read_table(path))
+        return {}
+
+    def _merge(self, path):
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.uri).merge(source=pq.read_table(path), predicate=self.PREDICATE,
+                                          source_alias="s", target_alias="t")
+
+    def upsert(self, path, k):
+        m = self._merge(path).when_matched_update_all().when_not_matched_insert_all().execute()
+        return {"metrics": _jsonable(m)}
+
+    def delete(self, path, k):
+        return {"metrics": _jsonable(self._merge(path).when_matched_delete().execute())}
+
+    def scan(self, selective):
+        from deltalake import DeltaTable
+
+        dataset = DeltaTable(self.uri).to_pyarrow_dataset()
+        scanner = dataset.scanner(columns=self.schema.names, filter=month_filter_arrow() if selective else None)
+        return arrow_aggregate(scanner.to_batches(), self.schema)
+
+    def current_data_bytes(self):
+        from deltalake import DeltaTable
+
+        actions = pa.table(DeltaTable(self.uri).get_add_actions(flatten=True))
+        return int(pc.sum(actions.column("size_bytes")).as_py())
+
+
+class Iceberg(System):
+    engine = "pyarrow"
+    IDENT = "bench.lineitem"
+
+    def __init__(self, name, folder, schema):
+        super().__init__(name, folder, schema)
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        (folder / "warehouse").mkdir(exist_ok=True)
+        self.catalog = SqlCatalog("bench", uri=f"sqlite:///{folder / 'catalog.db'}",
+                                  warehouse=f"file://{folder / 'warehouse'}")
+
+    def load(self, path, k=0):
+        self.catalog.create_namespace_if_not_exists("bench")
+        base = pq.read_table(path)
+        self.catalog.create_table(self.IDENT, schema=base.schema).append(base)
+        return {}
+
+    def upsert(self, path, k):
+        r = self.catalog.load_table(self.IDENT).upsert(pq.read_table(path), join_cols=PRIMARY_KEY)
+        return {"metrics": {"rows_updated": r.rows_updated, "rows_inserted": r.rows_inserted}}
+
+    def delete(self, path, k):
+        from pyiceberg.table.upsert_util import create_match_filter
+
+        keys = pq.read_table(path)
+        self.catalog.load_table(self.IDENT).delete(delete_filter=create_match_filter(keys, PRIMARY_KEY))
+        return {}
+
+    def scan(self, selective):
+        row_filter = f"l_shipdate >= '{MONTH[0]}' and l_shipdate < '{MONTH[1]}'" if selective else "true"
+        reader = self.catalog.load_table(self.IDENT).scan(row_filter=row_filter).to_arrow_batch_reader()
+        return arrow_aggregate(reader, self.schema)
+
+    def current_data_bytes(self):
+        return sum(t.file.file_size_in_bytes for t in self.catalog.load_table(self.IDENT).scan().plan_files())
+
+
+class Limits(System):
+    """The change alone as Parquet, and plain scans of bitlake's data files (the scan baseline)."""
+
+    def load(self, path, k=0):
+        return self._copy(path, k)
+
+    def upsert(self, path, k):
+        return self._copy(path, k)
+
+    def delete(self, path, k):
+        return self._copy(path, k)
+
+    def _copy(self, path, k):
+        pq.write_table(pq.read_table(path), self.folder / f"{k}.parquet", compression=CODEC)
+        return {}
+
+    def bitlake_files(self) -> list[str]:
+        import bitlake
+
+        for mode in BITLAKE_MODES:
+            folder = self.folder.parent / mode / "table"
+            if folder.exists():
+                t = bitlake.open_table(str(folder))
+                self.source = mode
+                return [t.io.path(f.path) for f in t.state().data_files()]
+        raise RuntimeError("no bitlake table in this run to take the data files from (run a bitlake mode first)")
+
+    def scans(self):
+        """(engine, selective, function) of the plain scans, over the bitlake table's data files."""
+        import pyarrow.dataset as ds
+
+        from bitlake.schema import spark_schema
+
+        files = self.bitlake_files()
+        spark = SparkSystem("limits", self.folder, self.schema)
+        struct = spark_schema(self.schema)
+
+        def plain_spark(selective):
+            return spark.aggregate(spark.spark.read.schema(struct).parquet(*files).select(self.schema.names),
+                                   selective)
+
+        def plain_arrow(selective):
+            scanner = ds.dataset(files, format="parquet").scanner(
+                columns=self.schema.names, filter=month_filter_arrow() if selective else None)
+            return arrow_aggregate(scanner.to_batches(), self.schema)
+
+        return [("spark", plain_spark), ("pyarrow", plain_arrow)]
+
+
+SYSTEM_CLASSES = {**dict.fromkeys(BITLAKE_MODES, Bitlake), "spark-rewrite": SparkRewrite,
+                  "deltalake": DeltaLake, "iceberg": Iceberg, LIMITS: Limits}
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, int | float | str | bool) or obj is None:
+        return obj
+    return str(obj)
+
+
+# ---------------------------------------------------------------------------------------- worker
+
+
+def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int:
+    """Runs one system's operations in order, appending one JSON line per start and per result."""
+    spec = json.loads(spec_path.read_text())
+    sf = spec["scale_factor"]
+    out = open(events, "a")  # noqa: SIM115 - open for the whole run, flushed per line
+
+    def emit(kind, **fields):
+        out.write(json.dumps({"event": kind, **fields}) + "\n")
+        out.flush()
+
+    def base_record(op, fraction, engine=None):
+        return {"system": system_name, "scale_factor": sf, "operation": op, "batch_fraction": fraction,
+                "engine": engine, "wall_s": None, "bytes_written": None, "change_parquet_bytes": None,
+                "error": None}
+
+    schema = core.table_schema(pq.read_schema(spec["source"]))
+    shutil.rmtree(folder, ignore_errors=True)
+    system = None
+    try:
+        system = SYSTEM_CLASSES[system_name](system_name, folder, schema)
+    except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+        emit("fatal", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        return 1
+    for op in spec["ops"]:
+        rec = base_record(op["operation"], op["batch_fraction"])
+        rec["change_parquet_bytes"] = op["change_parquet_bytes"]
+        rec["records"] = op["composition"]["records"]
+        emit("start", operation=op["operation"], batch_fraction=op["batch_fraction"], engine=None)
+        before = core.snapshot(folder)
+        try:
+            t0 = time.perf_counter()
+            fn = {"load": system.load, "upsert": system.upsert, "delete": system.delete}[op["operation"]]
+            extra = fn(op["file"], op["k"])
+            rec["wall_s"] = time.perf_counter() - t0
+            rec.update(extra or {})
+            rec["bytes_written"], _, rec["files_written"] = core.written_between(before, core.snapshot(folder))
+            log(f"{system_name} sf {sf_text(sf)} {op['operation']} {fraction_text(op['batch_fraction'])}: "
+                f"{rec['wall_s']:.2f} s, wrote {mb(rec['bytes_written'])}")
+        except Exception as e:  # noqa: BLE001
+            rec["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+            log(f"{system_name} {op['operation']} failed: {rec['error']}")
+            emit("record", record=rec)
+            emit("fatal", error=f"stopped after {op['operation']} {fraction_text(op['batch_fraction'])} failed")
+            return 1
+        emit("record", record=rec)
+
+    if isinstance(system, Limits):
+        try:
+            scans = system.scans()
+        except Exception as e:  # noqa: BLE001
+            emit("fatal", error=f"{type(e).__name__}: {e}")
+            return 1
+    else:
+        scans = [(system.engine, system.scan)]
+    for selective in (False, True):
+        op = "scan_selective" if selective else "scan_full"
+        for engine, fn in scans:
+            rec = base_record(op, None, engine)
+            emit("start", operation=op, batch_fraction=None, engine=engine)
+            try:
+                warm = None
+                if spec["warmup"]:
+                    t0 = time.perf_counter()
+                    fn(selective)
+                    warm = time.perf_counter() - t0
+                runs, figures = [], None
+                for _ in range(spec["runs"]):
+                    t0 = time.perf_counter()
+                    figures = fn(selective)
+                    runs.append(time.perf_counter() - t0)
+                rec.update(figures)
+                rec.update(wall_s=statistics.median(runs), runs_s=runs, warmup_s=warm)
+                if isinstance(system, Limits):
+                    rec["files_of"] = system.source
+                log(f"{system_name} sf {sf_text(sf)} {op} ({engine}): {rec['wall_s']:.2f} s, {figures}")
+            except Exception as e:  # noqa: BLE001
+                rec["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+                log(f"{system_name} {op} failed: {rec['error']}")
+            emit("record", record=rec)
+
+    rec = base_record("storage", None)
+    emit("start", operation="storage", batch_fraction=None, engine=None)
+    try:
+        rec["storage_bytes"] = sum(core.snapshot(folder).values())
+        rec["current_data_bytes"] = system.current_data_bytes()
+    except Exception as e:  # noqa: BLE001
+        rec["error"] = f"{type(e).__name__}: {e}"
+    emit("record", record=rec)
+    out.close()
+    return 0
+
+
+# ---------------------------------------------------------------------------------- orchestrator
+
+
+def expected_keys(system: str, spec: dict) -> list[tuple]:
+    keys = [(op["operation"], op["batch_fraction"], None) for op in spec["ops"]]
+    engines = ["spark", "pyarrow"] if system == LIMITS else [None]
+    for op in ("scan_full", "scan_selective"):
+        keys += [(op, None, e) for e in engines]
+    return keys + [("storage", None, None)]
+
+
+def run_system(system: str, spec: dict, folder: Path, timeout: float) -> list[dict]:
+    """Runs one system's worker; kills its process group when an operation passes the time limit."""
+    sf = spec["scale_factor"]
+    events = folder.parent / f"{system}.events.jsonl"
+    events.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", system,
+           "--spec", str(folder.parent / "spec.json"), "--folder", str(folder), "--events", str(events)]
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    log(f"{system} at SF {sf_text(sf)}: starting its worker")
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    records, current, fatal, seen = [], None, None, 0
+    started = time.monotonic()
+    timed_out = False
+    while True:
+        done = proc.poll() is not None
+        if events.exists():
+            lines = events.read_text().split("\n")
+            for line in lines[seen:-1]:  # the last piece is empty or an unfinished line
+                ev = json.loads(line)
+                if ev["event"] == "start":
+                    current, started = ev, time.monotonic()
+                elif ev["event"] == "record":
+                    records.append(ev["record"])
+                    current = None
+                elif ev["event"] == "fatal":
+                    fatal = ev["error"]
+            seen = max(seen, len(lines) - 1)
+        if done:
+            break
+        if time.monotonic() - started > timeout:
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker's own process group: Python and its JVM
+            proc.wait()
+            timed_out = True
+            break
+        time.sleep(0.5)
+    def key_of(r):  # only the limits run one scan per engine
+        return r["operation"], r["batch_fraction"], r.get("engine") if system == LIMITS else None
+
+    have = {key_of(r) for r in records}
+    for key in expected_keys(system, spec):
+        if key in have:
+            continue
+        op, fraction, engine = key
+        if timed_out and (key_of(current) == key if current is not None else not records):
+            error = f"timeout: passed the limit of {timeout:g} s"
+            current = None
+        elif timed_out:
+            error = "not run: an earlier operation timed out"
+        elif fatal:
+            error = f"not run: {fatal}"
+        else:
+            error = f"not run: the worker exited with code {proc.returncode}"
+        records.append({"system": system, "scale_factor": sf, "operation": op, "batch_fraction": fraction,
+                        "engine": engine, "wall_s": None, "bytes_written": None, "change_parquet_bytes": None,
+                        "error": error})
+        log(f"{system} {op} {fraction_text(fraction)}: {error}")
+    return records
+
+
+def check(records: list[dict], expected: dict) -> None:
+    """Every system's view after all batches must hold the expected rows and sum of l_quantity."""
+    for r in records:
+        if r["system"] == LIMITS or r["error"] or r["operation"] not in ("scan_full", "scan_selective"):
+            continue
+        if r["operation"] == "scan_full":
+            want = {"rows": expected["rows"], "sum_l_quantity": expected["sum_l_quantity"]}
+        else:
+            want = {"rows": expected["selective_rows"]}
+        got = {k: (round(r.get(k), 2) if k == "sum_l_quantity" else r.get(k)) for k in want}
+        if got != want:
+            r["error"] = f"wrong result: {got}, expected {want}"
+            log(f"{r['system']} SF {sf_text(r['scale_factor'])} {r['operation']}: {r['error']}")
+
+
+def versions() -> dict:
+    out = {}
+    for dist in ("pyspark", "pyarrow", "deltalake", "pyiceberg", "tpchgen-cli", "pandas", "matplotlib"):
+        try:
+            out[dist] = importlib_metadata.version(dist)
+        except importlib_metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def record_key(r: dict) -> tuple:
+    return (r["system"], r["scale_factor"])
+
+
+def merge_results(old: dict | None, new: dict) -> dict:
+    """The new run's records replace the old file's for the same system and scale factor."""
+    if not old:
+        return new
+    replaced = {record_key(r) for r in new["records"]}
+    keep = [r for r in old["records"] if record_key(r) not in replaced]
+    return {"runs": old.get("runs", []) + new["runs"], "records": keep + new["records"],
+            "expected": {**old.get("expected", {}), **new.get("expected", {})}}
+
+
+# ---------------------------------------------------------------------------------------- render
+
+
+def find(records, system, sf, operation, fraction=None, engine=None) -> dict | None:
+    for r in records:
+        if (r["system"] == system and r["scale_factor"] == sf and r["operation"] == operation
+                and r["batch_fraction"] == fraction and (engine is None or r.get("engine") == engine)):
+            return r
+    return None
+
+
+def amplification(r: dict | None) -> float | None:
+    """Bytes written over the change alone as Parquet."""
+    if not r or r.get("error") or r.get("bytes_written") is None or not r.get("change_parquet_bytes"):
+        return None
+    return r["bytes_written"] / r["change_parquet_bytes"]
+
+
+def scan_ratio(records, r: dict) -> float | None:
+    """A scan's wall time over the plain scan of bitlake's data files with the same engine."""
+    if r.get("error") or r.get("wall_s") is None:
+        return None
+    engine = r.get("engine") or ("pyarrow" if r["system"] in ARROW_SYSTEMS else "spark")
+    base = find(records, LIMITS, r["scale_factor"], r["operation"], None, engine)
+    if not base or base.get("error") or not base.get("wall_s"):
+        return None
+    return r["wall_s"] / base["wall_s"]
+
+
+def systems_in(records) -> list[str]:
+    present = {r["system"] for r in records}
+    known = [s for s in SYSTEMS if s in present]
+    return known + sorted(present - set(known))
+
+
+def num(x: float | None, fmt: str = ".2f") -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def cell_error(r: dict | None) -> str:
+    if r is None:
+        return "not run"
+    e = r["error"] or ""
+    return "timed out" if e.startswith("timeout") else ("not run" if e.startswith("not run") else "failed")
+
+
+def targets(records) -> list[dict]:
+    """The issue's targets, each with the figure and met / MISSED / not assessed."""
+    out = []
+    sfs = sorted({r["scale_factor"] for r in records})
+    modes = [m for m in BITLAKE_MODES if any(r["system"] == m for r in records)]
+    peers = [p for p in PEERS if any(r["system"] == p for r in records)]
+    for mode in modes:
+        for sf in sfs:
+            mine = amplification(find(records, mode, sf, "upsert", 0.001))
+            worst = []
+            for p in peers:
+                theirs = amplification(find(records, p, sf, "upsert", 0.001))
+                if mine and theirs:
+                    worst.append((theirs / mine, p))
+            if mine is None or not worst:
+                continue
+            ratio, peer = min(worst)
+            out.append({"target": "write amplification at least 50x lower than every copy-on-write peer "
+                                  "on the 0.1 % batch", "system": mode, "scale_factor": sf,
+                        "figure": f"{mode} {mine:.2f}; lowest peer ratio {ratio:,.0f}x ({peer})",
+                        "status": "met" if ratio >= 50 else "MISSED"})
+        for sf in sfs:
+            for f in UPSERT_FRACTIONS:
+                r = find(records, mode, sf, "upsert", f)
+                if not r or r.get("error"):
+                    continue
+                faster = []
+                for p in peers:
+                    q = find(records, p, sf, "upsert", f)
+                    faster.append((p, q["wall_s"] if q and not q.get("error") else None))
+                text = ", ".join(
+                    f"{p} {num(w, '.1f') if w is not None else cell_error(find(records, p, sf, 'upsert', f))}"
+                    for p, w in faster)
+                lower = all(w is None or r["wall_s"] < w for _, w in faster)
+                status = ("met" if lower else "MISSED") if sf >= 1 else "not assessed (scale factor below 1)"
+                out.append({"target": "upsert wall time lower than every peer's (scale factor 1 and above)",
+                            "system": mode, "scale_factor": sf,
+                            "figure": f"{fraction_text(f)}: {mode} {r['wall_s']:.1f} s; {text}", "status": status})
+        # Same-size batches on tables of different sizes: SF a with fraction x and SF b with x * a / b.
+        pairs = []
+        for a in sfs:
+            for b in sfs:
+                for fa in UPSERT_FRACTIONS:
+                    for fb in UPSERT_FRACTIONS:
+                        if b > a and abs(a * fa - b * fb) < 1e-9 * max(a, b) + 1e-12:
+                            ra, rb = find(records, mode, a, "upsert", fa), find(records, mode, b, "upsert", fb)
+                            if ra and rb and not ra.get("error") and not rb.get("error"):
+                                pairs.append((a, fa, b, fb, ra["wall_s"], rb["wall_s"], rb.get("records") or 0))
+        if not pairs:
+            out.append({"target": "upsert wall time grows with the batch size, not the table size",
+                        "system": mode, "scale_factor": None,
+                        "figure": "needs two scale factors with batches of the same size (e.g. 0.1 and 1)",
+                        "status": "not assessed"})
+        for a, fa, b, fb, wa, wb, n in pairs:
+            out.append({"target": "upsert wall time grows with the batch size, not the table size "
+                                  "(same batch on a table 10x larger: under 2x the time)",
+                        "system": mode, "scale_factor": b,
+                        "figure": f"{n:,}-row batch: {wa:.1f} s at SF {sf_text(a)} "
+                                  f"({fraction_text(fa)}), {wb:.1f} s at SF {sf_text(b)} ({fraction_text(fb)}): "
+                                  f"{wb / wa:.2f}x for a {b / a:g}x table",
+                        "status": "met" if wb / wa < 2 else "MISSED"})
+        for sf in sfs:
+            r = find(records, mode, sf, "scan_full")
+            if not r:
+                continue
+            ratio = scan_ratio(records, r)
+            out.append({"target": "full scan within 1.2x of the plain Parquet scan after all batches",
+                        "system": mode, "scale_factor": sf,
+                        "figure": "—" if ratio is None else f"{ratio:.2f}x ({r['wall_s']:.2f} s)",
+                        "status": "not assessed" if ratio is None else ("met" if ratio <= 1.2 else "MISSED")})
+    return out
+
+
+def render(results: dict, img_links: list[str] | None = None) -> str:
+    """The doc section, from the results JSON alone."""
+    records = results["records"]
+    runs = results.get("runs", [])
+    sfs = sorted({r["scale_factor"] for r in records})
+    systems = systems_in(records)
+    lines = [SECTION, ""]
+    for run in runs:
+        lines.append(f"Command: `{run['command']}`, {run['date']} (scale factors "
+                     f"{', '.join(sf_text(s) for s in run['scale_factors'])}; systems {', '.join(run['systems'])}).")
+    if runs:
+        last = runs[-1]
+        m, v = last["machine"], last["versions"]
+        lines += ["", f"Machine: {m['cores']} cores, {m['memory_gib']} GiB RAM ({m['platform']}); Spark "
+                      f"`{last.get('master', 'local[2]')}`. Python {m['python']}, "
+                  + ", ".join(f"{k} {v[k]}" for k in v if v[k]) + ".",
+                  "", f"Code: bitlake at commit {last['code'].get('git_head', '?')}"
+                      + (" (with uncommitted changes in bitlake/)" if last["code"].get("bitlake_dirty") else "")
+                      + "."]
+        if last.get("note"):
+            lines += ["", last["note"]]
+    lines += [
+        "",
+        "Workload: TPC-H `lineitem` (tpchgen-cli) keyed by (l_orderkey, l_linenumber), delta column `l_delta` "
+        "(0 for the base, k for batch k). Upsert batches of 0.1 %, 1 % and 10 % of the base rows: "
+        f"{UPDATE_SHARE:.0%} updates of random existing keys (`l_quantity + 1`), the rest new keys; then a "
+        f"delete batch of {fraction_text(DELETE_FRACTION)} random existing keys (key and delta columns). The "
+        f"batches are generated once per scale factor (seed {SEED}) and written as Parquet files; every timed "
+        "operation starts from that file (pyarrow reads it for delta-rs, pyiceberg and the limits; "
+        "`spark.read.parquet` for the Spark systems), so every system gets the same rows.",
+        "",
+        "Systems (each in its own process, one after the other; an operation over the time limit is killed "
+        "and recorded as timed out):",
+        "",
+    ]
+    for s in systems:
+        doc = BITLAKE_MODES[s]["doc"] if s in BITLAKE_MODES else SYSTEM_DOC.get(s, "")
+        lines.append(f"- **{s}**: {doc}.")
+    lines += [
+        "",
+        "Bytes written: every file an operation added or grew under the system's folder (a walk before and "
+        "after). Write amplification: bytes written / the batch alone as one snappy Parquet file "
+        "(pyarrow). Wall times are single runs on a machine shared with other jobs.",
+        "",
+    ]
+    for sf in sfs:
+        base_rows = next((r.get("records") for r in records
+                          if r["scale_factor"] == sf and r["operation"] == "load" and r.get("records")), None)
+        lines += [f"### Scale factor {sf_text(sf)}" + (f" ({base_rows:,} rows)" if base_rows else ""), "",
+                  "| operation | batch | records | change as Parquet | system | wall s | bytes written | write amp. |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        ops = [("load", None)] + [("upsert", f) for f in UPSERT_FRACTIONS] + [("delete", DELETE_FRACTION)]
+        for op, f in ops:
+            rows = [find(records, s, sf, op, f) for s in systems]
+            if not any(rows):
+                continue
+            first = next(r for r in rows if r)
+            for s, r in zip(systems, rows, strict=True):
+                if r is None:
+                    continue
+                phases = r.get("phases") or {}
+                wall = num(r["wall_s"]) if not r["error"] else cell_error(r)
+                if "metagen_s" in phases and not r["error"]:
+                    wall += f" ({phases['ingest_s']:.2f} + {phases['metagen_s']:.2f})"
+                amp = amplification(r)
+                lines.append(f"| {op} | {fraction_text(f)} | {num(first.get('records'), ',')} "
+                             f"| {mb(first.get('change_parquet_bytes'))} | {s} | {wall} "
+                             f"| {mb(r['bytes_written'])} | {num(amp, ',.2f')} |")
+        lines += ["", "Storage after all batches (the whole folder, history included; \"current data\" = "
+                      "the data files of the latest view) and scans (one warm-up, median of the timed runs; "
+                      "ratio = wall time / the plain scan of bitlake's data files with the same engine: "
+                      "plain Spark for Spark systems, plain pyarrow for delta-rs and pyiceberg, whose own readers "
+                      "produce Arrow; the plain scans do not filter bitlake's invalid rows):", "",
+                  "| system | storage | current data | scan engine | full scan s | / plain | selective scan s | "
+                  "/ plain | rows after all batches |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for s in systems:
+            st = find(records, s, sf, "storage")
+            engines = ["spark", "pyarrow"] if s == LIMITS else [None]
+            for e in engines:
+                full = find(records, s, sf, "scan_full", None, e)
+                sel = find(records, s, sf, "scan_selective", None, e)
+                if not (st or full or sel):
+                    continue
+                eng = e or (full or {}).get("engine") or ""
+
+                def scan_cells(r):
+                    if r is None:
+                        return "—", "—"
+                    if r["error"]:
+                        return cell_error(r), "—"
+                    return num(r["wall_s"]), num(scan_ratio(records, r))
+
+                fw, fr = scan_cells(full)
+                sw, sr = scan_cells(sel)
+                rows = num(full.get("rows"), ",") if full and not full["error"] else "—"
+                stor = mb(st.get("storage_bytes")) if st and e in (None, "spark") else ""
+                cur = mb(st.get("current_data_bytes")) if st and e in (None, "spark") else ""
+                lines.append(f"| {s} | {stor} | {cur} | {eng} | {fw} | {fr} | {sw} | {sr} | {rows} |")
+        exp = results.get("expected", {}).get(sf_text(sf))
+        if exp:
+            lines += ["", f"Expected after all batches (from the generator): {exp['rows']:,} rows, sum of "
+                          f"`l_quantity` {exp['sum_l_quantity']:,.2f}, {exp['selective_rows']:,} rows in the "
+                          "selective scan; every system's scans are checked against it (a mismatch is an error)."]
+        errors = [r for r in records if r["scale_factor"] == sf and r["error"]]
+        if errors:
+            lines += ["", "Errors:", ""]
+            for r in errors:
+                if r["error"].startswith("not run"):
+                    continue
+                skipped = sum(1 for q in errors if q["system"] == r["system"] and q["error"].startswith("not run"))
+                lines.append(f"- {r['system']} {r['operation']} {fraction_text(r['batch_fraction'])}"
+                             f"{' (' + r['engine'] + ')' if r.get('engine') else ''}: "
+                             f"{r['error'].splitlines()[0][:300]}"
+                             + (f" ({skipped} later operations of {r['system']} not run)" if skipped else ""))
+        lines.append("")
+    lines += ["### Targets", "", "| target | system | scale factor | figure | status |",
+              "| --- | --- | --- | --- | --- |"]
+    for t in targets(records):
+        sf = "—" if t["scale_factor"] is None else sf_text(t["scale_factor"])
+        lines.append(f"| {t['target']} | {t['system']} | {sf} | {t['figure']} | {t['status']} |")
+    if img_links:
+        lines += ["", "### Plots", ""] + [f"![{Path(p).stem}]({p})" for p in img_links]
+    lines += ["", "Raw results: " + ", ".join(f"`{p}`" for p in results.get("json_paths", [])) + ".", ""]
+    return "\n".join(lines)
+
+
+def plot(results: dict, img_dir: Path) -> list[str]:
+    """Upsert wall time and bytes written against table size (0.1 % batch) and against batch size (largest SF)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = results["records"]
+    sfs = sorted({r["scale_factor"] for r in records})
+    systems = [s for s in systems_in(records) if s != LIMITS] + [LIMITS]
+    img_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+
+    def draw(name, title, xs_label, series_for):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for ax, (field, ylabel) in zip(axes, [("wall_s", "upsert wall time (s)"),
+                                              ("bytes_written", "bytes written (MB)")], strict=True):
+            for s in systems:
+                pts = series_for(s, field)
+                label = "change alone as Parquet" if s == LIMITS else s
+                if pts:
+                    xs, ys = zip(*pts, strict=True)
+                    ax.plot(xs, ys, marker="o", label=label, linestyle="--" if s == LIMITS else "-")
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel(xs_label)
+            ax.set_ylabel(ylabel)
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].legend(fontsize=8)
+        fig.suptitle(title)
+        fig.tight_layout()
+        path = img_dir / name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+
+    def value(r, field):
+        if not r or r.get("error") or r.get(field) is None:
+            return None
+        return r[field] / 1e6 if field == "bytes_written" else r[field]
+
+    def by_sf(s, field):
+        pts = []
+        for sf in sfs:
+            r = find(records, s, sf, "upsert", 0.001)
+            v = value(r, field)
+            if v:
+                pts.append((r.get("records") or sf, v))
+        return pts
+
+    draw("peers-cost-vs-table-size.png", "Upsert of a 0.1 % batch against table size",
+         "table size (rows; 0.1 % batch)", lambda s, f: [(x * 1000, y) for x, y in by_sf(s, f)])
+    top = sfs[-1]
+
+    def by_batch(s, field):
+        pts = []
+        for fr in UPSERT_FRACTIONS:
+            r = find(records, s, top, "upsert", fr)
+            v = value(r, field)
+            if v:
+                pts.append((r.get("records") or fr, v))
+        return pts
+
+    draw("peers-cost-vs-batch-size.png", f"Upserts into the scale factor {sf_text(top)} table against batch size",
+         "batch size (rows)", by_batch)
+    return [os.path.relpath(p, ROOT / "docs") for p in paths]
+
+
+def publish(results: dict, plots: bool = True) -> str:
+    links = plot(results, IMG_DIR) if plots else []
+    section = render(results, links)
+    core.write_doc(section, SECTION)
+    return section
+
+
+# ------------------------------------------------------------------------------------------ main
+
+
+def parse_list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale-factors", default="0.1,1,3", help="comma-separated TPC-H scale factors")
+    ap.add_argument("--systems", default="all",
+                    help=f"comma-separated, from {', '.join(SYSTEMS)}; 'all', or 'bitlake-modes'")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per operation before it is killed")
+    ap.add_argument("--quick", action="store_true", help="no 10 %% batch, one scan run and no warm-up")
+    ap.add_argument("--keep-work", action="store_true", help="keep the systems' folders under benchmarks/work/peers")
+    ap.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md or docs/img")
+    ap.add_argument("--note", default="", help="a line for the doc (e.g. why a run is partial)")
+    ap.add_argument("--output", help="results file (default benchmarks/results/peers-<date>.json, merged)")
+    ap.add_argument("--render-only", nargs="+", metavar="RESULTS.json",
+                    help="rewrite the doc section and the plots from results files (later ones win)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--spec", help=argparse.SUPPRESS)
+    ap.add_argument("--folder", help=argparse.SUPPRESS)
+    ap.add_argument("--events", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    os.environ.setdefault("BITLAKE_DRIVER_MEMORY", "8g")
+    os.environ.setdefault("BITLAKE_SHUFFLE_PARTITIONS", "16")
+    os.environ.setdefault("BITLAKE_SPARK_MASTER", "local[2]")
+    if args.worker:
+        return worker(args.worker, Path(args.spec), Path(args.folder), Path(args.events))
+
+    if args.render_only:
+        results = None
+        for p in args.render_only:
+            results = merge_results(results, json.loads(Path(p).read_text()))
+        print(publish(results))
+        return 0
+
+    sfs = [float(s) for s in parse_list(args.scale_factors)]
+    if args.systems == "all":
+        systems = SYSTEMS
+    else:
+        wanted = set()
+        for s in parse_list(args.systems):
+            wanted |= set(BITLAKE_MODES) if s == "bitlake-modes" else {s}
+        unknown = wanted - set(SYSTEMS)
+        if unknown:
+            ap.error(f"unknown systems {sorted(unknown)}; known: {SYSTEMS}")
+        systems = [s for s in SYSTEMS if s in wanted]
+    date = dt.datetime.now(dt.UTC)
+    given = sys.argv[1:] if argv is None else argv
+    run = {"command": shlex.join([".venv/bin/python", "benchmarks/peers.py", *given]),
+           "date": date.strftime("%Y-%m-%d %H:%M UTC"), "scale_factors": sfs, "systems": systems,
+           "timeout_s": args.timeout, "quick": args.quick, "machine": core.machine(), "versions": versions(),
+           "master": os.environ["BITLAKE_SPARK_MASTER"], "driver_memory": os.environ["BITLAKE_DRIVER_MEMORY"],
+           "code": core.code_version(), "note": args.note}
+    out = Path(args.output) if args.output else RESULTS_DIR / f"peers-{date.strftime('%Y-%m-%d')}.json"
+    new = {"runs": [run], "records": [], "expected": {}}
+    for sf in sfs:
+        work = WORK_DIR / f"sf{sf_text(sf)}"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        log(f"SF {sf_text(sf)}: generating the batches")
+        spec = prepare(sf, work, args.quick)
+        new["expected"][sf_text(sf)] = spec["expected"]
+        sf_records = []
+        for system in systems:
+            sf_records += run_system(system, spec, work / system, args.timeout)
+        check(sf_records, spec["expected"])
+        new["records"] += sf_records
+        old = json.loads(out.read_text()) if out.exists() else None
+        results = merge_results(old, {**new, "records": sf_records, "runs": [] if sf != sfs[0] else [run]})
+        results["json_paths"] = sorted(set(results.get("json_paths", []) + [os.path.relpath(out, ROOT)]))
+        RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1, default=str) + "\n")  # after every SF: partial results
+        if not args.keep_work:
+            shutil.rmtree(work, ignore_errors=True)
+    results = json.loads(out.read_text())
+    print(publish(results, plots=True) if not args.no_doc else render(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
