@@ -9,6 +9,12 @@ flight). A flow that acknowledged 11 would never see 10. Registrations therefore
 lock for their whole transaction, and a snapshot evaluation briefly takes it exclusively to read the
 highest committed id: every id at or below it is final. SQLite has one writer at a time, so ids commit in
 order there and no horizon is needed.
+
+Round trips are what a request costs on PostgreSQL, so each operation sends few statements: reads run on
+autocommit connections (no BEGIN and ROLLBACK around a single SELECT), the stable horizon is one statement
+that takes the lock and reads the highest id, and a registration is one statement whatever its size
+(``unnest`` of one array per column, the advisory lock taken in it before any id is drawn) between BEGIN and
+COMMIT.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from pydantic import BaseModel, Field
-from sqlalchemy import Engine, and_, create_engine, event, func, insert, select, text, tuple_, update
+from sqlalchemy import Connection, Engine, and_, create_engine, event, insert, select, text, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row, make_url
 from sqlalchemy.exc import OperationalError
@@ -180,7 +186,13 @@ def run_migrations(engine: Engine, revision: str = "head") -> None:
         command.upgrade(cfg, revision)
 
 
+_FORMATS = {f.value: f for f in TableFormat}
+_OPERATIONS = {o.value: o for o in OperationType}
+
+
 def _event(row: Row) -> Event:
+    # A trigger hands out up to 1,000 of these per request: no validation (the store wrote them), and
+    # enum members by dict lookup rather than by the slower Enum call.
     return Event.model_construct(
         event_id=row.event_id,
         event_ts=from_micros(row.event_ts),
@@ -189,8 +201,8 @@ def _event(row: Row) -> Event:
         snapshot_id=row.snapshot_id or None,
         snapshot_ts=None if row.snapshot_ts is None else from_micros(row.snapshot_ts),
         prev_snapshot_id=row.prev_snapshot_id,
-        table_format=TableFormat(row.table_format),
-        operation_type=OperationType(row.operation_type),
+        table_format=_FORMATS[row.table_format],
+        operation_type=_OPERATIONS[row.operation_type],
         tags=row.tags,
     )
 
@@ -221,6 +233,35 @@ def _row(e: EventIn, event_ts: int) -> dict[str, Any]:
     }
 
 
+# One statement for any batch size, so that psycopg parses and prepares it once. The lock CTE feeds every
+# input row, so the shared lock is held before the INSERT draws an id. The second SELECT sees the rows that
+# existed before the statement (not the ones it inserts); a key inserted by a transaction that committed
+# meanwhile is in neither part, and _register_postgresql reads it in a second statement.
+_PG_REGISTER = text("""
+WITH registration_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(:lock_key) AS locked),
+input AS (
+    SELECT i.* FROM registration_lock,
+        unnest(CAST(:table_name AS text[]), CAST(:partition_json AS text[]), CAST(:snapshot_id AS text[]),
+               CAST(:snapshot_ts AS bigint[]), CAST(:prev_snapshot_id AS text[]), CAST(:table_format AS text[]),
+               CAST(:operation_type AS text[]), CAST(:tags AS text[]))
+        WITH ORDINALITY AS i(table_name, partition_json, snapshot_id, snapshot_ts, prev_snapshot_id, table_format,
+                             operation_type, tags, ord)
+),
+inserted AS (
+    INSERT INTO events (event_ts, table_name, partition_json, snapshot_id, snapshot_ts, prev_snapshot_id,
+                        table_format, operation_type, tags)
+    SELECT :event_ts, table_name, partition_json, snapshot_id, snapshot_ts, prev_snapshot_id, table_format,
+           operation_type, CAST(tags AS jsonb)
+    FROM input ORDER BY ord
+    ON CONFLICT (table_name, partition_json, snapshot_id) DO NOTHING
+    RETURNING *
+)
+SELECT true AS created, inserted.* FROM inserted
+UNION ALL
+SELECT false AS created, e.* FROM events AS e JOIN input USING (table_name, partition_json, snapshot_id)
+""")
+
+
 def _tag_filter(tags: Mapping[str, str] | None) -> list:
     return [EVENTS.c.tags[k].as_string() == v for k, v in (tags or {}).items()]
 
@@ -241,6 +282,9 @@ class TriggerStore:
 
     def __init__(self, url: str | Engine = DEFAULT_DB_URL, *, migrate: bool = True):
         self.engine = url if isinstance(url, Engine) else make_engine(url)
+        # Single-statement reads need no transaction block; on PostgreSQL one costs two extra round trips.
+        self._reader = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
+                        if self.dialect == "postgresql" else self.engine)
         if migrate:
             run_migrations(self.engine)
 
@@ -265,13 +309,19 @@ class TriggerStore:
     def _insert(self, table):
         return (postgresql.insert if self.dialect == "postgresql" else sqlite.insert)(table)
 
-    def _stable_horizon(self) -> int | None:
-        """The highest event id below which no registration is still in flight (None: no limit needed)."""
+    def _stable_horizon(self, conn: Connection | None = None) -> int | None:
+        """The highest event id below which no registration is still in flight (None: no limit needed).
+
+        One autocommit statement: it holds the exclusive lock, so every registration that drew an id below
+        the highest it sees (its snapshot predates the lock) has finished by the time it returns.
+        """
         if self.dialect != "postgresql":
             return None
-        with self.engine.begin() as conn:
-            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": REGISTRATION_LOCK})
-            return conn.execute(select(func.max(EVENTS.c.event_id))).scalar() or 0
+        query = text("SELECT pg_advisory_xact_lock(:k), (SELECT max(event_id) FROM events)")
+        if conn is None:
+            with self._reader.connect() as c:
+                return c.execute(query, {"k": REGISTRATION_LOCK}).one()[1] or 0
+        return conn.execute(query, {"k": REGISTRATION_LOCK}).one()[1] or 0
 
     # -- events ---------------------------------------------------------------------------------------
 
@@ -300,23 +350,24 @@ class TriggerStore:
 
     def _register(self, batch: list[EventIn], rows: list[dict[str, Any]]) -> list[Registration]:
         ev = EVENTS
-        statement = (self._insert(ev)
-                     .on_conflict_do_nothing(index_elements=["table_name", "partition_json", "snapshot_id"])
-                     .returning(ev.c.event_id))
+        # Ids follow the order of the batch (a producer sends its commits in order); a duplicate key
+        # inserts once, and the INSERT skips keys already registered.
+        unique: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for r in rows:
+            unique.setdefault((r["table_name"], r["partition_json"], r["snapshot_id"]), r)
         with self.engine.begin() as conn:
             if self.dialect == "postgresql":
-                conn.execute(text("SELECT pg_advisory_xact_lock_shared(:k)"), {"k": REGISTRATION_LOCK})
-            # Ids follow the order of the batch (a producer sends its commits in order); a duplicate key
-            # inserts once, and the INSERT skips keys already registered.
-            unique: dict[tuple[str, str, str], dict[str, Any]] = {}
-            for r in rows:
-                unique.setdefault((r["table_name"], r["partition_json"], r["snapshot_id"]), r)
-            created = set(conn.execute(statement, list(unique.values())).scalars())
-            stored = {
-                (r.table_name, r.partition_json, r.snapshot_id): r
-                for r in conn.execute(select(ev).where(
-                    tuple_(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id).in_(list(unique))))
-            }
+                created, stored = self._register_postgresql(conn, unique)
+            else:
+                statement = (self._insert(ev)
+                             .on_conflict_do_nothing(index_elements=["table_name", "partition_json", "snapshot_id"])
+                             .returning(ev.c.event_id))
+                created = set(conn.execute(statement, list(unique.values())).scalars())
+                stored = {
+                    (r.table_name, r.partition_json, r.snapshot_id): r
+                    for r in conn.execute(select(ev).where(
+                        tuple_(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id).in_(list(unique))))
+                }
             out = []
             for e, r in zip(batch, rows, strict=True):
                 existing = stored[(r["table_name"], r["partition_json"], r["snapshot_id"])]
@@ -329,6 +380,29 @@ class TriggerStore:
                 out.append(Registration(created=existing.event_id in created, event=_event(existing)))
                 created.discard(existing.event_id)  # a duplicate inside the batch is a retry of the first
             return out
+
+    def _register_postgresql(self, conn: Connection, unique: dict[tuple[str, str, str], dict[str, Any]]
+                             ) -> tuple[set[int], dict[tuple[str, str, str], Row]]:
+        values = list(unique.values())
+        params: dict[str, Any] = {name: [r[name] for r in values] for name in (
+            "table_name", "partition_json", "snapshot_id", "snapshot_ts", "prev_snapshot_id", "table_format",
+            "operation_type")}
+        params["tags"] = [json.dumps(r["tags"], ensure_ascii=False) for r in values]
+        params["event_ts"] = values[0]["event_ts"]
+        params["lock_key"] = REGISTRATION_LOCK
+        created: set[int] = set()
+        stored: dict[tuple[str, str, str], Row] = {}
+        for r in conn.execute(_PG_REGISTER, params):
+            stored[(r.table_name, r.partition_json, r.snapshot_id)] = r
+            if r.created:
+                created.add(r.event_id)
+        missing = [key for key in unique if key not in stored]
+        if missing:  # registered by a transaction that committed while this one ran; now visible
+            ev = EVENTS
+            for r in conn.execute(select(ev).where(
+                    tuple_(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id).in_(missing))):
+                stored[(r.table_name, r.partition_json, r.snapshot_id)] = r
+        return created, stored
 
     def events(self, table: str, *, partition: list[str | None] | None = ANY_PARTITION,
                tags: Mapping[str, str] | None = None, since: dt.datetime | None = None,
@@ -350,7 +424,7 @@ class TriggerStore:
             where.append(ev.c.event_id <= max_event_id)
         if cursor is not None:
             where.append(ev.c.event_id > decode_cursor(cursor))
-        with self.engine.connect() as conn:
+        with self._reader.connect() as conn:
             rows = conn.execute(select(ev).where(and_(*where)).order_by(ev.c.event_id).limit(limit + 1)).all()
         found = [_event(r) for r in rows[:limit]]
         return EventPage(events=found, next_cursor=encode_cursor(found[-1].event_id) if len(rows) > limit else None)
@@ -370,17 +444,20 @@ class TriggerStore:
                      .where(ev.c.table_name == trigger.table, ev.c.partition_json == canonical_partition(partition),
                             ev.c.event_ts <= to_micros(at), *_tag_filter(trigger.tags))
                      .order_by(ev.c.event_id).limit(trigger.limit + 1))
-            with self.engine.connect() as conn:
+            with self._reader.connect() as conn:
                 rows = list(conn.execute(query).all())
         return PartitionTriggerResult(
             fired=bool(rows), table=trigger.table, partition=partition, tags=trigger.tags, evaluated_at=at,
             scheduled_time=scheduled, next_scheduled_time=following, events=[_event(r) for r in rows[:trigger.limit]],
             has_more=len(rows) > trigger.limit)
 
-    def flow(self, flow: str, table: str) -> FlowCursor | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(select(FLOWS).where(FLOWS.c.flow_name == flow,
-                                                          FLOWS.c.table_name == table)).first()
+    def flow(self, flow: str, table: str, *, conn: Connection | None = None) -> FlowCursor | None:
+        query = select(FLOWS).where(FLOWS.c.flow_name == flow, FLOWS.c.table_name == table)
+        if conn is None:
+            with self._reader.connect() as c:
+                row = c.execute(query).first()
+        else:
+            row = conn.execute(query).first()
         return None if row is None else _cursor(row)
 
     def evaluate_snapshot_trigger(self, trigger: SnapshotTrigger) -> SnapshotTriggerResult:
@@ -391,27 +468,31 @@ class TriggerStore:
         Raises:
             FlowConflictError: the flow exists on this table with a different tag filter.
         """
-        cursor = self.flow(trigger.flow, trigger.table)
-        if cursor is None:
-            with self.engine.begin() as conn:
-                conn.execute(self._insert(FLOWS).on_conflict_do_nothing(), {
-                    "flow_name": trigger.flow, "table_name": trigger.table, "tags_json": canonical_tags(trigger.tags),
-                    "start_ts": None if trigger.start is None else to_micros(trigger.start), "last_event_id": 0,
-                    "created_at": now_micros(), "acked_at": None})
-            cursor = self.flow(trigger.flow, trigger.table)
-            assert cursor is not None
-        if cursor.tags != trigger.tags:
-            raise FlowConflictError(
-                f"flow {trigger.flow!r} follows table {trigger.table!r} with tags {cursor.tags}, not {trigger.tags}: "
-                "use another flow name for another filter")
-        horizon = self._stable_horizon()
-        ev = EVENTS
-        where = [ev.c.table_name == trigger.table, ev.c.event_id > cursor.last_event_id, *_tag_filter(trigger.tags)]
-        if horizon is not None:
-            where.append(ev.c.event_id <= horizon)
-        if cursor.start is not None:
-            where.append(ev.c.event_ts >= to_micros(cursor.start))
-        with self.engine.connect() as conn:
+        # One connection for the three reads (one pool checkout); on PostgreSQL each is its own statement
+        # in autocommit, the horizon's lock released as soon as it has been read.
+        with self._reader.connect() as conn:
+            cursor = self.flow(trigger.flow, trigger.table, conn=conn)
+            if cursor is None:
+                with self.engine.begin() as writer:
+                    writer.execute(self._insert(FLOWS).on_conflict_do_nothing(), {
+                        "flow_name": trigger.flow, "table_name": trigger.table,
+                        "tags_json": canonical_tags(trigger.tags),
+                        "start_ts": None if trigger.start is None else to_micros(trigger.start), "last_event_id": 0,
+                        "created_at": now_micros(), "acked_at": None})
+                cursor = self.flow(trigger.flow, trigger.table, conn=conn)
+                assert cursor is not None
+            if cursor.tags != trigger.tags:
+                raise FlowConflictError(
+                    f"flow {trigger.flow!r} follows table {trigger.table!r} with tags {cursor.tags}, not "
+                    f"{trigger.tags}: use another flow name for another filter")
+            horizon = self._stable_horizon(conn)
+            ev = EVENTS
+            where = [ev.c.table_name == trigger.table, ev.c.event_id > cursor.last_event_id,
+                     *_tag_filter(trigger.tags)]
+            if horizon is not None:
+                where.append(ev.c.event_id <= horizon)
+            if cursor.start is not None:
+                where.append(ev.c.event_ts >= to_micros(cursor.start))
             rows = conn.execute(select(ev).where(*where).order_by(ev.c.event_id).limit(trigger.limit + 1)).all()
         return SnapshotTriggerResult(fired=bool(rows), cursor=cursor, events=[_event(r) for r in rows[:trigger.limit]],
                                      has_more=len(rows) > trigger.limit)
@@ -486,7 +567,7 @@ class TriggerStore:
     def authenticate(self, token: str) -> TokenInfo | None:
         """The token's details, or None when it is unknown or revoked."""
         tk = TOKENS
-        with self.engine.connect() as conn:
+        with self._reader.connect() as conn:
             row = conn.execute(select(tk).where(tk.c.token_hash == hash_token(token),
                                                 tk.c.revoked_at.is_(None))).first()
         return None if row is None else _token(row)
