@@ -6,7 +6,7 @@ SFS ?= 0.1,1,3
 SYSTEMS ?= all
 TIMEOUT ?= 600
 
-.PHONY: help setup setup-airflow demo test test-airflow test-fast lint bench bench-timetravel bench-peers clean
+.PHONY: help setup setup-airflow demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-triggers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -41,15 +41,20 @@ lint: setup  ## ruff and mypy on the pure layer
 	$(VENV)/bin/ruff check bitlake tests benchmarks
 	$(VENV)/bin/mypy bitlake --ignore-missing-imports --exclude bitlake/spark
 
-bench: setup  ## the benchmarks on TPC-H lineitem (SF=1 by default), one after the other, written to docs/benchmarks.md
+bench: setup  ## the benchmarks on TPC-H lineitem (SF=1 by default), then the trigger service's, one after the other, written to docs/benchmarks.md
 	$(PY) benchmarks/core.py --scale-factor $(SF)
 	$(PY) benchmarks/timetravel.py --scale-factor $(SF)
+	$(MAKE) --no-print-directory bench-triggers
 
 bench-timetravel: setup  ## past views (version, valid_at) and change feeds against the current-view scan
 	$(PY) benchmarks/timetravel.py --scale-factor $(SF)
 
 bench-peers: setup  ## bitlake against delta-rs, pyiceberg and plain Spark (SFS=0.1,1,3 SYSTEMS=all TIMEOUT=600 s per operation)
 	$(PY) benchmarks/peers.py --scale-factors $(SFS) --systems $(SYSTEMS) --timeout $(TIMEOUT)
+
+bench-triggers: setup  ## the trigger service on PostgreSQL: events registered/s and trigger p50/p99 at 1M and 10M events, against pgbench
+	bash scripts/setup-postgres.sh
+	$(PY) benchmarks/triggers.py
 
 clean:  ## remove the virtual environment and caches
 	rm -rf $(VENV) $(AIRFLOW_VENV) .pytest_cache .hypothesis demo-lake

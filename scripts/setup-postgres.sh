@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs Debian's PostgreSQL server when it is missing: the trigger store's tests start a real one
-# (tests/triggers/conftest.py). Only `make test` needs it; the demo does not.
+# (tests/triggers/conftest.py) and `make bench-triggers` starts one and runs pgbench (in the same package);
+# the demo does not need it.
 set -euo pipefail
 if ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
