@@ -3,6 +3,7 @@
 Exactly once: a publisher run registers every unpublished commit's events, re-publishing is a no-op, a
 publisher that crashed between registering and moving its cursor leaves nothing twice, and a writer
 killed right after its commit (``BITLAKE_CRASH_AT=after_commit``) gets its event from the next publish.
+Each test runs on both stores, SQLite and a real PostgreSQL server (``db_url`` in conftest.py).
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ class Service:
 
 
 @pytest.fixture
-def service(tmp_path):
-    s = Service(f"sqlite:///{tmp_path}/triggers.db")
+def service(db_url):
+    s = Service(db_url)
     yield s
     s.close()
 
@@ -125,13 +126,25 @@ def committed(spark, tmp_path_factory):
     return table
 
 
+@pytest.fixture
+def target(db_url, committed):
+    """The store on each backend, the shared table's publish cursor for it removed: the PostgreSQL tests
+    share one database (emptied between tests), so its cursor would outlive the events."""
+    with TriggerStore(db_url) as store:
+        cursor = publisher_mod.cursor_path(publisher_mod.target_id(store))
+        if committed.io.exists(cursor):
+            committed.io.delete(cursor)
+        yield store
+
+
 def snapshots(store: TriggerStore, table: bitlake.Table) -> list[str]:
     return [e.snapshot_id for e in store.events(table.name, limit=1000).events]
 
 
-def test_publish_registers_each_commit_once_and_keeps_a_cursor_per_target(committed, tmp_path):
+def test_publish_registers_each_commit_once_and_keeps_a_cursor_per_target(committed, target, tmp_path):
     table = bitlake.open_table(committed.path)
-    with TriggerStore(f"sqlite:///{tmp_path}/a.db") as a, TriggerStore(f"sqlite:///{tmp_path}/b.db") as b:
+    a = target
+    with TriggerStore(f"sqlite:///{tmp_path}/b.db") as b:
         first = publish(table.path, a)  # a path works as well as a Table
         assert [(r.created, r.event.snapshot_id, r.event.prev_snapshot_id) for r in first] == [
             (True, "1", None), (True, "2", "1"), (True, "4", "2")]
@@ -147,38 +160,38 @@ def test_publish_registers_each_commit_once_and_keeps_a_cursor_per_target(commit
         assert snapshots(a, table) == ["1", "2", "4"] and snapshots(b, table) == ["1", "2", "4"]
 
 
-def test_a_publisher_that_crashed_before_its_cursor_write_leaves_each_event_once(committed, tmp_path, monkeypatch):
+def test_a_publisher_that_crashed_before_its_cursor_write_leaves_each_event_once(committed, target, monkeypatch):
     table = bitlake.open_table(committed.path)
-    with TriggerStore(f"sqlite:///{tmp_path}/t.db") as store:
-        def crash(*args):
-            raise KeyboardInterrupt("killed between registering and writing the cursor")
+    store = target
 
-        with monkeypatch.context() as m:
-            m.setattr(publisher_mod, "_write_cursor", crash)
-            with pytest.raises(KeyboardInterrupt):
-                publish(table, store)
-        assert snapshots(store, table) == ["1", "2", "4"]  # registered; the cursor did not move
-        assert publisher_mod.published_version(table, publisher_mod.target_id(store)) == 0
-        assert [r.created for r in publish(table, store)] == [False, False, False]
-        assert snapshots(store, table) == ["1", "2", "4"]
-        assert publish(table, store) == []
+    def crash(*args):
+        raise KeyboardInterrupt("killed between registering and writing the cursor")
+
+    with monkeypatch.context() as m:
+        m.setattr(publisher_mod, "_write_cursor", crash)
+        with pytest.raises(KeyboardInterrupt):
+            publish(table, store)
+    assert snapshots(store, table) == ["1", "2", "4"]  # registered; the cursor did not move
+    assert publisher_mod.published_version(table, publisher_mod.target_id(store)) == 0
+    assert [r.created for r in publish(table, store)] == [False, False, False]
+    assert snapshots(store, table) == ["1", "2", "4"]
+    assert publish(table, store) == []
 
 
-def test_publishing_in_small_batches_moves_the_cursor_commit_by_commit(committed, tmp_path, monkeypatch):
+def test_publishing_in_small_batches_moves_the_cursor_commit_by_commit(committed, target, monkeypatch):
     table = bitlake.open_table(committed.path)
-    with TriggerStore(f"sqlite:///{tmp_path}/t.db") as store:
-        calls = []
-        register = store.register
-        monkeypatch.setattr(store, "register", lambda events: calls.append(len(events)) or register(events))
-        assert len(publish(table, store, batch_events=1)) == 3
-        assert calls == [1, 1, 1]
+    calls = []
+    register = target.register
+    monkeypatch.setattr(target, "register", lambda events: calls.append(len(events)) or register(events))
+    assert len(publish(table, target, batch_events=1)) == 3
+    assert calls == [1, 1, 1]
 
 
 @pytest.mark.slow
-def test_a_writer_killed_after_its_commit_gets_its_event_exactly_once(spark, tmp_path):
+def test_a_writer_killed_after_its_commit_gets_its_event_exactly_once(spark, tmp_path, db_url):
     table = harness.create(tmp_path / "t", num_buckets=2)
     table.ingest(harness.batch_table([[1, "a", 1, "upsert"]]), op_column="op", batch_id="b1", spark=spark)
-    with TriggerStore(f"sqlite:///{tmp_path}/triggers.db") as store:
+    with TriggerStore(db_url) as store:
         assert [r.event.snapshot_id for r in publish(table, store)] == ["1"]
         # The writer dies (SIGKILL) the moment its commit file exists: it never publishes.
         writer = Writer(tmp_path, "killed", table.path, [
