@@ -187,7 +187,7 @@ def category(rel: str) -> str:
     if parts[0] == "data":
         return "data"
     if parts[0] == "_bitlake" and len(parts) > 1:
-        return {"deletes": "deletes", "logs": "logs", "bitmaps": "bitmaps", "keystore": "keystore",
+        return {"keys": "keys", "logs": "logs", "bitmaps": "bitmaps", "keystore": "keystore", "index": "index",
                 "commits": "commits", "checkpoints": "commits", "parts": "commits"}.get(parts[1], "other")
     return "other"
 
@@ -205,16 +205,18 @@ def written_between(before: dict[str, int], after: dict[str, int]) -> tuple[int,
 
 
 class PhaseTimer:
-    """Times bitlake's two ingestion steps (landing, MetaGen) by wrapping their module functions."""
+    """Times bitlake's ingestion steps (landing, MetaGen either way, the key-index update after the
+    commit) by wrapping the functions that run them."""
 
     def __init__(self):
         self.times: dict[str, float] = {}
 
     @contextlib.contextmanager
     def installed(self):
-        from bitlake.spark import landing, metagen
+        from bitlake.spark import landing
+        from bitlake.table import Table
 
-        originals = (landing.land, metagen.run)
+        originals = (landing.land, Table._run_metagen, Table._update_index)
 
         def wrap(name, fn):
             def timed(*a, **kw):
@@ -225,11 +227,13 @@ class PhaseTimer:
                     self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
             return timed
 
-        landing.land, metagen.run = wrap("landing", landing.land), wrap("metagen", metagen.run)
+        landing.land = wrap("landing", landing.land)
+        Table._run_metagen = wrap("metagen", Table._run_metagen)
+        Table._update_index = wrap("index", Table._update_index)
         try:
             yield self
         finally:
-            landing.land, metagen.run = originals
+            landing.land, Table._run_metagen, Table._update_index = originals
 
     def take(self) -> dict[str, float]:
         out, self.times = self.times, {}
@@ -420,13 +424,15 @@ def markdown(result: dict) -> str:
         "",
         "### Ingestion",
         "",
-        "Bytes written: every file the batch added under the table path (data, deletes, segment logs, "
-        "bitmaps, key store, commit and claim files), from a walk of the folder before and after. "
+        "Bytes written: every file the batch added under the table path (data, keys files, segment logs, "
+        "bitmaps, key store, the RocksDB key index, commit and claim files), from a walk of the folder "
+        "before and after. "
         f"Write amplification: those bytes / the batch alone written as one Parquet file ({CODEC}) by "
         f"pyarrow in the same run. Target: under {WRITE_AMP_TARGET:g} for every change batch.",
         "",
-        "| batch | records (upd / ins / del) | wall s (landing / MetaGen) | bytes written | "
-        "batch as Parquet | write amp. | target < 5 | written: data / logs / bitmaps / key store / other |",
+        "| batch | records (upd / ins / del) | wall s (landing / MetaGen / index) | bytes written | "
+        "batch as Parquet | write amp. | target < 5 | written: data / keys / logs / bitmaps / key store / "
+        "index / other |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for b in result["batches"]:
@@ -435,12 +441,13 @@ def markdown(result: dict) -> str:
                 else f"{c['records']:,} ({c['updates']:,} / {c['inserts']:,} / {c['deletes']:,})")
         ph = b["phases_s"]
         cat = b["written_by_kind"]
-        other = sum(v for k, v in cat.items() if k not in ("data", "logs", "bitmaps", "keystore"))
-        split = " / ".join([*(mb(cat.get(k, 0)) for k in ("data", "logs", "bitmaps", "keystore")), mb(other)])
+        kinds = ("data", "keys", "logs", "bitmaps", "keystore", "index")
+        other = sum(v for k, v in cat.items() if k not in kinds)
+        split = " / ".join([*(mb(cat.get(k, 0)) for k in kinds), mb(other)])
         target = "—"
         if b["name"] != "base":
             target = "met" if b["write_amplification"] < WRITE_AMP_TARGET else "MISSED"
-        phases = f"{ph.get('landing', 0):.1f} / {ph.get('metagen', 0):.1f}"
+        phases = f"{ph.get('landing', 0):.1f} / {ph.get('metagen', 0):.1f} / {ph.get('index', 0):.1f}"
         lines.append(
             f"| {b['name']} | {comp} | {b['wall_s']:.1f} ({phases}) "
             f"| {mb(b['bytes_written'])} | {mb(b['batch_parquet_bytes'])} | {b['write_amplification']:.2f} "

@@ -96,7 +96,7 @@ class KeyIndex:
 
     def __init__(self, io: FileIO, meta: TableMetadata):
         try:
-            from rocksdict import Options, Rdict
+            import rocksdict  # noqa: F401
         except ImportError as e:  # pragma: no cover - rocksdict is a dependency
             raise IndexUnavailableError("rocksdict is not installed") from e
         if not supported(meta):
@@ -104,16 +104,30 @@ class KeyIndex:
         self.meta = meta
         self.io = io
         self.path = io.path(INDEX_DIR)
-        self._options = Options(raw_mode=True)
         try:
-            self.db = Rdict(self.path, self._options)
+            self.db = self._open()
         except Exception as e:
             # Another process holds the lock; anything else (a corrupt or half-created folder) is
             # repaired by starting afresh, which is safe because the index is only a cache.
             if "lock" in str(e).lower():
                 raise IndexUnavailableError(f"the key index at {self.path} is in use by another writer") from e
             shutil.rmtree(self.path, ignore_errors=True)
-            self.db = Rdict(self.path, self._options)
+            self.db = self._open()
+
+    def _open(self):
+        from rocksdict import DBCompactionStyle, Options, Rdict, WriteOptions
+
+        options = Options(raw_mode=True)
+        # Universal (tiered) compaction merges new files with files of similar size, so a small
+        # commit does not rewrite the whole index, as leveled compaction does for random keys.
+        options.set_compaction_style(DBCompactionStyle.universal())
+        db = Rdict(self.path, options)
+        # No write-ahead log: memtables reach disk in write order, so after a crash the index holds
+        # a prefix of its writes, and the version is written last (see _put). close() flushes.
+        write = WriteOptions()
+        write.disable_wal = True
+        db.set_write_options(write)
+        return db
 
     def __enter__(self) -> KeyIndex:
         return self
@@ -122,6 +136,7 @@ class KeyIndex:
         self.close()
 
     def close(self) -> None:
+        self.db.flush()
         self.db.close()
 
     @property
@@ -154,9 +169,7 @@ class KeyIndex:
         self.db.close()
         shutil.rmtree(self.path, ignore_errors=True)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        from rocksdict import Rdict
-
-        self.db = Rdict(self.path, self._options)
+        self.db = self._open()
         tables = []
         for files in state.keystore.values():
             rows = pa.concat_tables([pq.read_table(self.io.path(f.path)) for f in files])
@@ -183,13 +196,10 @@ class KeyIndex:
 
     def lookup(self, keys: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """For each encoded key: found, delta, packed row id, deleted."""
-        n = len(keys)
-        found = np.zeros(n, dtype=bool)
-        values = np.zeros(n, dtype=_VALUE)
-        for i, v in enumerate(self.db[keys] if keys else []):
-            if v is not None:
-                found[i] = True
-                values[i] = np.frombuffer(v, dtype=_VALUE)[0]
+        stored = self.db[keys] if keys else []
+        found = np.array([v is not None for v in stored], dtype=bool)
+        missing = bytes(_VALUE.itemsize)
+        values = np.frombuffer(b"".join(missing if v is None else v for v in stored), dtype=_VALUE)
         return found, values["d"], values["r"], values["x"].astype(bool)
 
 
