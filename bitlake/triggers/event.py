@@ -155,13 +155,23 @@ def canonical_tags(tags: dict[str, str]) -> str:
     return json.dumps(tags, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
+# A character takes at most 6 bytes in this JSON (a \uXXXX escape; others 1 to 4 bytes of UTF-8): below
+# these bounds the exact size need not be computed, which spares two JSON encodings per registered event.
+def _json_bound(texts: Iterable[str | None]) -> int:
+    return 2 + sum(6 * len(t) + 3 if t is not None else 5 for t in texts)
+
+
 def _check_partition(partition: list[str | None] | None) -> list[str | None] | None:
-    if partition is not None and len(canonical_partition(partition).encode()) > MAX_PARTITION_JSON_BYTES:
+    if partition is None or _json_bound(partition) <= MAX_PARTITION_JSON_BYTES:
+        return partition
+    if len(canonical_partition(partition).encode()) > MAX_PARTITION_JSON_BYTES:
         raise ValueError(f"the partition's JSON is longer than {MAX_PARTITION_JSON_BYTES} bytes")
     return partition
 
 
 def _check_tags(tags: dict[str, str]) -> dict[str, str]:
+    if _json_bound([*tags, *tags.values()]) <= MAX_TAGS_JSON_BYTES:
+        return tags
     if len(canonical_tags(tags).encode()) > MAX_TAGS_JSON_BYTES:
         raise ValueError(f"the tags' JSON is longer than {MAX_TAGS_JSON_BYTES} bytes")
     return tags

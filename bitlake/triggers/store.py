@@ -233,25 +233,24 @@ def _row(e: EventIn, event_ts: int) -> dict[str, Any]:
     }
 
 
-# One statement for any batch size, so that psycopg parses and prepares it once. The lock CTE feeds every
-# input row, so the shared lock is held before the INSERT draws an id. The second SELECT sees the rows that
+# One statement for any batch size, so that psycopg parses and prepares it once; the batch is one JSON
+# parameter (escaping text arrays element by element cost more than the rest of the call). The lock CTE
+# feeds every input row, so the shared lock is held before the INSERT draws an id. The second SELECT sees the rows that
 # existed before the statement (not the ones it inserts); a key inserted by a transaction that committed
 # meanwhile is in neither part, and _register_postgresql reads it in a second statement.
 _PG_REGISTER = text("""
 WITH registration_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(:lock_key) AS locked),
 input AS (
     SELECT i.* FROM registration_lock,
-        unnest(CAST(:table_name AS text[]), CAST(:partition_json AS text[]), CAST(:snapshot_id AS text[]),
-               CAST(:snapshot_ts AS bigint[]), CAST(:prev_snapshot_id AS text[]), CAST(:table_format AS text[]),
-               CAST(:operation_type AS text[]), CAST(:tags AS text[]))
-        WITH ORDINALITY AS i(table_name, partition_json, snapshot_id, snapshot_ts, prev_snapshot_id, table_format,
-                             operation_type, tags, ord)
+        json_to_recordset(CAST(:rows AS json)) AS i(ord int, table_name text, partition_json text, snapshot_id text,
+                                                   snapshot_ts bigint, prev_snapshot_id text, table_format text,
+                                                   operation_type text, tags jsonb)
 ),
 inserted AS (
     INSERT INTO events (event_ts, table_name, partition_json, snapshot_id, snapshot_ts, prev_snapshot_id,
                         table_format, operation_type, tags)
     SELECT :event_ts, table_name, partition_json, snapshot_id, snapshot_ts, prev_snapshot_id, table_format,
-           operation_type, CAST(tags AS jsonb)
+           operation_type, tags
     FROM input ORDER BY ord
     ON CONFLICT (table_name, partition_json, snapshot_id) DO NOTHING
     RETURNING *
@@ -384,12 +383,9 @@ class TriggerStore:
     def _register_postgresql(self, conn: Connection, unique: dict[tuple[str, str, str], dict[str, Any]]
                              ) -> tuple[set[int], dict[tuple[str, str, str], Row]]:
         values = list(unique.values())
-        params: dict[str, Any] = {name: [r[name] for r in values] for name in (
-            "table_name", "partition_json", "snapshot_id", "snapshot_ts", "prev_snapshot_id", "table_format",
-            "operation_type")}
-        params["tags"] = [json.dumps(r["tags"], ensure_ascii=False) for r in values]
-        params["event_ts"] = values[0]["event_ts"]
-        params["lock_key"] = REGISTRATION_LOCK
+        rows = json.dumps([{"ord": i, **{k: v for k, v in r.items() if k != "event_ts"}} for i, r in enumerate(values)],
+                          ensure_ascii=False, separators=(",", ":"))
+        params = {"rows": rows, "event_ts": values[0]["event_ts"], "lock_key": REGISTRATION_LOCK}
         created: set[int] = set()
         stored: dict[tuple[str, str, str], Row] = {}
         for r in conn.execute(_PG_REGISTER, params):
