@@ -198,14 +198,20 @@ class Postgres:
 
 
 class Service:
-    """``uvicorn --factory bitlake.triggers:create_app`` in a subprocess, on the benchmark's database."""
+    """``uvicorn --factory bitlake.triggers:create_app`` in a subprocess (one worker), on the benchmark's database.
 
-    def __init__(self, db_url: str, workers: int):
+    Several instances are separate processes on their own ports, the clients spread over them, as behind a
+    load balancer. Not ``uvicorn --workers N``: its workers serve a socket handed over by the supervisor, on
+    which asyncio does not set TCP_NODELAY (the socket's protocol reads 0), and every response then waits
+    about 40 ms for the client's delayed ACK.
+    """
+
+    def __init__(self, db_url: str):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, BITLAKE_TRIGGERS_DB_URL=db_url)
         self.command = [sys.executable, "-m", "uvicorn", "--factory", "bitlake.triggers:create_app",
-                        "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers),
+                        "--host", "127.0.0.1", "--port", str(self.port),
                         "--log-level", "warning", "--no-access-log"]
         self.process = subprocess.Popen(self.command, env=env, cwd=ROOT)
 
@@ -292,15 +298,17 @@ def _register_client(how: str, target: str, token: str, size: int, tables: int, 
     results.put({"events": events, "requests": requests, "errors": errors})
 
 
-def register_rate(how: str, target: str, token: str, *, clients: int, size: int, tables: int,
+def register_rate(how: str, targets: list[str], token: str, *, clients: int, size: int, tables: int,
                   duration: float) -> dict:
-    """Events per second registered by ``clients`` processes, each one request after the other."""
+    """Events per second registered by ``clients`` processes, each one request after the other (client ``i``
+    talks to ``targets[i % len(targets)]``)."""
     ctx = multiprocessing.get_context("fork")
     results = ctx.Queue()
     start_at = time.time() + 3.0  # every process started and warmed up
     end_at = start_at + duration
-    procs = [ctx.Process(target=_register_client, args=(how, target, token, size, tables, 1000 * size + i,
-                                                         start_at, end_at, results)) for i in range(clients)]
+    procs = [ctx.Process(target=_register_client, args=(how, targets[i % len(targets)], token, size, tables,
+                                                         int(time.time() * 1000) * 100 + i, start_at, end_at,
+                                                         results)) for i in range(clients)]
     for p in procs:
         p.start()
     parts = [results.get(timeout=duration + 120) for _ in procs]
@@ -323,33 +331,43 @@ def pgbench_insert_script(size: int, tables: int) -> str:
             "prev_snapshot_id, table_format, operation_type, tags) VALUES\n" + rows + ";\n")
 
 
-def registration(pg: Postgres, db: str, service: Service, producer: str, args) -> dict:
+def registration(pg: Postgres, db: str, services: list[Service], producer: str, args) -> dict:
+    """Registration rates, each way measured ``--rounds`` times, the ways interleaved so that each sees the
+    same share of whatever else the machine is doing; medians."""
     out = {}
     for label, size in (("batched", args.batch), ("single", 1)):
-        log(f"registration, {label}: pgbench, {args.clients} clients, {args.duration:g} s")
-        with pg.connect(db) as conn:
-            conn.execute(f"TRUNCATE {PGBENCH_TABLE}")
-        bench = pg.pgbench(db, pgbench_insert_script(size, args.tables), clients=args.clients,
-                           duration=args.duration)
-        bench["events_per_s"] = bench["tps"] * size
-        log(f"  pgbench: {bench['events_per_s']:,.0f} events/s")
-        with pg.connect(db) as conn:
-            conn.execute("TRUNCATE events RESTART IDENTITY")
-        log(f"registration, {label}: the store called directly, {args.clients} processes")
-        store = register_rate("store", pg.url(db), "", clients=args.clients, size=size, tables=args.tables,
-                              duration=args.duration)
-        log(f"  store: {store['events_per_s']:,.0f} events/s")
-        with pg.connect(db) as conn:
-            conn.execute("TRUNCATE events RESTART IDENTITY")
-        log(f"registration, {label}: HTTP, {args.clients} clients")
-        http = register_rate("http", service.base_url, producer, clients=args.clients, size=size,
-                             tables=args.tables, duration=args.duration)
-        log(f"  HTTP: {http['events_per_s']:,.0f} events/s")
         target = BATCHED_TARGET if size > 1 else SINGLE_TARGET
-        ratio = http["events_per_s"] / bench["events_per_s"]
-        out[label] = {"events_per_request": size, "pgbench": bench, "store": store, "http": http,
-                      "ratio": ratio, "store_ratio": store["events_per_s"] / bench["events_per_s"],
-                      "target": target, "met": ratio >= target}
+        runs: dict[str, list[dict]] = {}
+        ways = ["pgbench", "store"] + [f"http{n}" for n in args.instances]
+        for r in range(args.rounds):
+            for way in ways:
+                with pg.connect(db) as conn:
+                    conn.execute(f"TRUNCATE events, {PGBENCH_TABLE} RESTART IDENTITY")
+                if way == "pgbench":
+                    run = pg.pgbench(db, pgbench_insert_script(size, args.tables), clients=args.clients,
+                                     duration=args.duration)
+                    run["events_per_s"] = run["tps"] * size
+                elif way == "store":
+                    run = register_rate("store", [pg.url(db)], "", clients=args.clients, size=size,
+                                        tables=args.tables, duration=args.duration)
+                else:
+                    n = int(way[4:])
+                    run = register_rate("http", [svc.base_url for svc in services[:n]], producer,
+                                        clients=args.clients, size=size, tables=args.tables, duration=args.duration)
+                run["load_average"] = os.getloadavg()[0]
+                runs.setdefault(way, []).append(run)
+                log(f"registration {label}, round {r + 1}: {way} {run['events_per_s']:,.0f} events/s "
+                    f"(load average {run['load_average']:.1f})")
+        rate = {way: statistics.median(x["events_per_s"] for x in rs) for way, rs in runs.items()}
+        http = {str(n): {"events_per_s": rate[f"http{n}"], "ratio": rate[f"http{n}"] / rate["pgbench"],
+                         "met": rate[f"http{n}"] / rate["pgbench"] >= target} for n in args.instances}
+        for n, h in http.items():
+            log(f"  {label}: HTTP with {n} instance(s) {h['events_per_s']:,.0f} events/s = {h['ratio']:.2f} of "
+                f"pgbench's {rate['pgbench']:,.0f} (target {target:.2f})")
+        out[label] = {"events_per_request": size, "target": target, "pgbench_events_per_s": rate["pgbench"],
+                      "store_events_per_s": rate["store"], "store_ratio": rate["store"] / rate["pgbench"],
+                      "http": http, "runs": runs,
+                      "load_average": statistics.median(x["load_average"] for rs in runs.values() for x in rs)}
     with pg.connect(db) as conn:
         conn.execute(f"TRUNCATE events, flows, {PGBENCH_TABLE} RESTART IDENTITY")
     return out
@@ -451,7 +469,8 @@ def pgbench_lookup_script(kind: str, tables: int, days: int, per_table: int, hit
     if kind == "partition":
         return (f"\\set t random(0, {tables - 1})\n\\set d random(0, {days - 1})\n"
                 f"SELECT {columns} FROM events WHERE table_name = 'bench.t' || :t "
-                f"AND partition_json = '[\"' || to_char(date '{FIRST_DAY.isoformat()}' + :d::int, 'YYYY-MM-DD') || '\"]' "
+                f"AND partition_json = '[\"' || to_char(date '{FIRST_DAY.isoformat()}' + :d::int, 'YYYY-MM-DD') "
+                "|| '\"]' "
                 f"AND event_ts <= {BASE_TS * 2} ORDER BY event_id LIMIT 1001;\n")
     return (f"\\set t random(0, {tables - 1})\n"
             f"\\set c greatest(0, ({per_table} - {hits} - 1) * {tables} + :t + 1)\n"
@@ -531,36 +550,42 @@ def markdown(result: dict) -> str:
         "",
         f"Machine: {m['cores']} cores, {m['memory_gib']} GiB RAM ({m['platform']}). Python {m['python']}; "
         f"{result['postgres']} (started by the benchmark: default durability, `fsync` and `synchronous_commit` "
-        f"on, shared_buffers {cfg['shared_buffers']}); uvicorn {result['versions']['uvicorn']} "
-        f"({cfg['workers']} worker{'s' if cfg['workers'] > 1 else ''}, no access log), "
+        f"on, shared_buffers {cfg['shared_buffers']}); uvicorn {result['versions']['uvicorn']} (pure-Python "
+        "HTTP parser and event loop, as `make setup` installs it; one worker per process, no access log), "
         f"FastAPI {result['versions']['fastapi']}, SQLAlchemy {result['versions']['sqlalchemy']}, "
         f"psycopg {result['versions']['psycopg']}, pydantic {result['versions']['pydantic']}. The clients, "
-        "the service and PostgreSQL share the machine's cores.",
+        "the service and PostgreSQL share the machine's cores, and so did whatever else ran on the machine: "
+        "the load average is given beside each measurement.",
         "",
         f"Code: bitlake at commit {code['git_head']}{note}.",
         "",
         "### Registration",
         "",
         f"{cfg['clients']} client processes on loopback, each sending one request after the other for "
-        f"{cfg['duration']:g} s; every event new (a random table of {cfg['tables']:,}, a new snapshot id, one "
+        f"{cfg['duration']:g} s; {cfg['rounds']} rounds, each round running every way in turn (so that each sees "
+        "the same share of the machine), medians; every event new "
+        f"(a random table of {cfg['tables']:,}, a new snapshot id, one "
         f"daily partition, one tag). HTTP: `POST /events` with a producer token (httpx, JSON built in the "
-        "client). Store: `TriggerStore.register` called in each client process, no HTTP. pgbench: "
+        "client) to one service process (`bitlake serve` runs one) or to two, the clients spread over them. "
+        "Store: `TriggerStore.register` called in each client process, no HTTP. pgbench: "
         f"{cfg['clients']} clients running a plain `INSERT` of as many rows into a copy of the events table "
         "(same columns, indexes and constraints; `-M prepared`), the limit. The service does more per "
         "request than that `INSERT`: it checks the token and the input, takes the registration lock, "
         "inserts with `ON CONFLICT DO NOTHING` and reads back what is stored, so that a retry is a no-op. "
         f"Targets: HTTP at least {BATCHED_TARGET:.0%} of pgbench batched and {SINGLE_TARGET:.0%} one by one.",
         "",
-        "| events per request | pgbench events/s | store events/s (/ pgbench) | HTTP events/s | HTTP / pgbench "
-        "| target |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| events per request | pgbench events/s | store events/s (/ pgbench) | service processes | HTTP events/s "
+        "| HTTP / pgbench | target | load average |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result["registration"].values():
-        verdict = "met" if r["met"] else "MISSED"
-        lines.append(
-            f"| {r['events_per_request']} | {r['pgbench']['events_per_s']:,.0f} | {r['store']['events_per_s']:,.0f} "
-            f"({r['store_ratio']:.2f}) | {r['http']['events_per_s']:,.0f} | {r['ratio']:.2f} "
-            f"| ≥ {r['target']:.2f}: {verdict} |")
+        for n, h in r["http"].items():
+            verdict = "met" if h["met"] else "MISSED"
+            lines.append(
+                f"| {r['events_per_request']} | {r['pgbench_events_per_s']:,.0f} "
+                f"| {r['store_events_per_s']:,.0f} ({r['store_ratio']:.2f}) | {n} "
+                f"| {h['events_per_s']:,.0f} | {h['ratio']:.2f} | ≥ {r['target']:.2f}: {verdict} "
+                f"| {r['load_average']:.1f} |")
     lines += [
         "",
         "### Trigger evaluation",
@@ -611,9 +636,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hits", type=int, default=100, help="events each trigger evaluation fires")
     ap.add_argument("--clients", type=int, default=4, help="concurrent registering clients (processes)")
     ap.add_argument("--batch", type=int, default=100, help="events per batched registration request")
-    ap.add_argument("--duration", type=float, default=15.0, help="seconds of each registration run")
+    ap.add_argument("--duration", type=float, default=5.0, help="seconds of each registration run")
     ap.add_argument("--requests", type=int, default=2000, help="trigger evaluations per kind, size and way")
-    ap.add_argument("--workers", type=int, default=1, help="uvicorn worker processes (bitlake serve runs one)")
+    ap.add_argument("--instances", default="1,2",
+                    help="service process counts for the HTTP registrations (the clients spread over them); "
+                         "one serves the trigger latencies, as `bitlake serve` runs")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every measurement; medians")
     ap.add_argument("--shared-buffers", default="2GB")
     ap.add_argument("--quick", action="store_true", help="a smoke run: few events, tables, seconds and requests")
     ap.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md")
@@ -628,9 +656,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     plain_make = argv is None and len(sys.argv) == 1
     if args.quick:
-        args.events, args.tables, args.duration, args.requests = "20000", 100, 2.0, 100
+        args.events, args.tables, args.duration, args.requests, args.rounds = "20000", 100, 2.0, 100, 1
         args.shared_buffers = "128MB"
     sizes = sorted(int(n) for n in args.events.split(","))
+    args.instances = [int(n) for n in args.instances.split(",")]
     for n in sizes:
         if n % args.tables or (n // args.tables) % args.hits:
             raise SystemExit(f"--events {n}: needs a multiple of tables x hits ({args.tables * args.hits:,})")
@@ -646,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     date = dt.datetime.now(dt.UTC)
     started = time.perf_counter()
     pg = Postgres(args.shared_buffers)
-    service = None
+    services: list[Service] = []
     try:
         pg.start()
         log(f"{pg.version} on port {pg.port}")
@@ -659,9 +688,10 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute(f"CREATE TABLE {PGBENCH_TABLE} (LIKE events INCLUDING ALL)")
             conn.execute(f"CREATE SEQUENCE {PGBENCH_TABLE}_id OWNED BY {PGBENCH_TABLE}.event_id")
             conn.execute(f"ALTER TABLE {PGBENCH_TABLE} ALTER event_id SET DEFAULT nextval('{PGBENCH_TABLE}_id')")
-        service = Service(pg.url(db), args.workers)
-        service.wait_ready()
-        reg = registration(pg, db, service, producer, args)
+        services = [Service(pg.url(db)) for _ in range(max(args.instances))]
+        for svc in services:
+            svc.wait_ready()
+        reg = registration(pg, db, services, producer, args)
         triggers = []
         have = 0
         for n in sizes:
@@ -670,12 +700,12 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  {loaded['load_s']:.0f} s rows, {loaded['index_s']:.0f} s indexes, {loaded['vacuum_s']:.0f} s "
                 f"vacuum; {loaded['total_bytes'] / 1e9:.2f} GB")
             have = n
-            latency = trigger_latency(pg, db, service, consumer, events=n, tables=args.tables, hits=args.hits,
+            latency = trigger_latency(pg, db, services[0], consumer, events=n, tables=args.tables, hits=args.hits,
                                       requests=args.requests)
-            triggers.append({"events": n, "preload": loaded, "latency": latency})
+            triggers.append({"events": n, "preload": loaded, "latency": latency, "load_average": os.getloadavg()[0]})
     finally:
-        if service is not None:
-            service.stop()
+        for svc in services:
+            svc.stop()
         pg.stop()
 
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -693,7 +723,8 @@ def main(argv: list[str] | None = None) -> int:
                      "pydantic": pydantic.VERSION},
         "config": {"events": sizes, "tables": args.tables, "hits": args.hits, "clients": args.clients,
                    "batch": args.batch, "duration": args.duration, "requests": args.requests,
-                   "workers": args.workers, "shared_buffers": args.shared_buffers, "quick": args.quick},
+                   "instances": args.instances, "rounds": args.rounds, "shared_buffers": args.shared_buffers,
+                   "quick": args.quick},
         "registration": reg,
         "triggers": triggers,
         "wall_s": time.perf_counter() - started,
