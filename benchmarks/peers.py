@@ -647,6 +647,8 @@ def run_system(system: str, spec: dict, folder: Path, timeout: float) -> list[di
         if key in have:
             continue
         op, fraction, engine = key
+        code = proc.returncode
+        died = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         if timed_out and (key_of(current) == key if current is not None else not records):
             error = f"timeout: passed the limit of {timeout:g} s"
             current = None
@@ -654,8 +656,11 @@ def run_system(system: str, spec: dict, folder: Path, timeout: float) -> list[di
             error = "not run: an earlier operation timed out"
         elif fatal:
             error = f"not run: {fatal}"
+        elif current is not None and key_of(current) == key:
+            error = f"crashed: the worker process died ({died}) during this operation"
+            current = None
         else:
-            error = f"not run: the worker exited with code {proc.returncode}"
+            error = f"not run: the worker process died ({died})"
         records.append({"system": system, "scale_factor": sf, "operation": op, "batch_fraction": fraction,
                         "engine": engine, "wall_s": None, "bytes_written": None, "change_parquet_bytes": None,
                         "error": error})
@@ -745,7 +750,10 @@ def cell_error(r: dict | None) -> str:
     if r is None:
         return "not run"
     e = r["error"] or ""
-    return "timed out" if e.startswith("timeout") else ("not run" if e.startswith("not run") else "failed")
+    for prefix, text in (("timeout", "timed out"), ("not run", "not run"), ("crashed", "crashed")):
+        if e.startswith(prefix):
+            return text
+    return "failed"
 
 
 def targets(records) -> list[dict]:
@@ -829,19 +837,19 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
     systems = systems_in(records)
     lines = [SECTION, ""]
     for run in runs:
+        code = run.get("code", {})
         lines.append(f"Command: `{run['command']}`, {run['date']} (scale factors "
-                     f"{', '.join(sf_text(s) for s in run['scale_factors'])}; systems {', '.join(run['systems'])}).")
+                     f"{', '.join(sf_text(s) for s in run['scale_factors'])}; systems {', '.join(run['systems'])}; "
+                     f"bitlake at commit {code.get('git_head', '?')}"
+                     + (" with uncommitted changes in bitlake/" if code.get("bitlake_dirty") else "") + ")."
+                     + (f" {run['note']}" if run.get("note") else ""))
+        lines.append("")
     if runs:
         last = runs[-1]
         m, v = last["machine"], last["versions"]
-        lines += ["", f"Machine: {m['cores']} cores, {m['memory_gib']} GiB RAM ({m['platform']}); Spark "
+        lines += [f"Machine: {m['cores']} cores, {m['memory_gib']} GiB RAM ({m['platform']}); Spark "
                       f"`{last.get('master', 'local[2]')}`. Python {m['python']}, "
-                  + ", ".join(f"{k} {v[k]}" for k in v if v[k]) + ".",
-                  "", f"Code: bitlake at commit {last['code'].get('git_head', '?')}"
-                      + (" (with uncommitted changes in bitlake/)" if last["code"].get("bitlake_dirty") else "")
-                      + "."]
-        if last.get("note"):
-            lines += ["", last["note"]]
+                  + ", ".join(f"{k} {v[k]}" for k in v if v[k]) + "."]
     lines += [
         "",
         "Workload: TPC-H `lineitem` (tpchgen-cli) keyed by (l_orderkey, l_linenumber), delta column `l_delta` "
@@ -896,7 +904,11 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
                       "the data files of the latest view) and scans (one warm-up, median of the timed runs; "
                       "ratio = wall time / the plain scan of bitlake's data files with the same engine: "
                       "plain Spark for Spark systems, plain pyarrow for delta-rs and pyiceberg, whose own readers "
-                      "produce Arrow; the plain scans do not filter bitlake's invalid rows):", "",
+                      "produce Arrow: `DeltaTable.to_pyarrow_dataset()` and pyiceberg's "
+                      "`scan(row_filter=...).to_arrow_batch_reader()`, aggregated batch by batch by the same "
+                      "pyarrow code as the plain pyarrow scan; the plain scans read all of bitlake's data files, "
+                      "invalid rows included, so a peer's ratio below 1 reflects its own file layout and "
+                      "fewer rows, not a reader faster than plain Parquet):", "",
                   "| system | storage | current data | scan engine | full scan s | / plain | selective scan s | "
                   "/ plain | rows after all batches |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
