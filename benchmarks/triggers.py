@@ -191,7 +191,8 @@ class Postgres:
                 latencies.append(int(line.split()[2]) / 1000)
         shutil.rmtree(work, ignore_errors=True)
         return {"tps": tps, "transactions": done, "failed": int(failed[1]) if failed else 0,
-                "latency": latency_summary(latencies), "command": " ".join(command[:1] + command[2:])}
+                "latency": latency_summary(latencies), "latencies": latencies,
+                "command": " ".join(command[:1] + command[2:])}
 
 
 # ------------------------------------------------------------------------------------------ the service
@@ -346,6 +347,7 @@ def registration(pg: Postgres, db: str, services: list[Service], producer: str, 
                 if way == "pgbench":
                     run = pg.pgbench(db, pgbench_insert_script(size, args.tables), clients=args.clients,
                                      duration=args.duration)
+                    del run["latencies"]
                     run["events_per_s"] = run["tps"] * size
                 elif way == "store":
                     run = register_rate("store", [pg.url(db)], "", clients=args.clients, size=size,
@@ -478,8 +480,36 @@ def pgbench_lookup_script(kind: str, tables: int, days: int, per_table: int, hit
             f"AND event_id <= {10 ** 12} ORDER BY event_id LIMIT 1001;\n")
 
 
+def _over_http(http, path: str, bodies: list[dict], hits: int) -> list[float]:
+    ms = []
+    for body in bodies:
+        start = time.perf_counter()
+        response = http.post(path, json=body)
+        ms.append((time.perf_counter() - start) * 1000)
+        if response.status_code != 200:
+            raise RuntimeError(f"{path}: {response.status_code} {response.text[:500]}")
+        fired = len(response.json()["events"])
+        if fired != hits:
+            raise RuntimeError(f"{path} {body}: {fired} events fired, not {hits}")
+    return ms
+
+
+def _in_process(model, evaluate, bodies: list[dict], hits: int) -> list[float]:
+    ms = []
+    for body in bodies:
+        trigger = model.model_validate(body)
+        start = time.perf_counter()
+        result = evaluate(trigger)
+        ms.append((time.perf_counter() - start) * 1000)
+        if len(result.events) != hits:
+            raise RuntimeError(f"{body}: {len(result.events)} events fired, not {hits}")
+    return ms
+
+
 def trigger_latency(pg: Postgres, db: str, service: Service, consumer: str, *, events: int, tables: int,
-                    hits: int, requests: int) -> dict:
+                    hits: int, requests: int, rounds: int) -> dict:
+    """Latency of each trigger through HTTP, through the store and as pgbench's lookup: ``requests`` of each
+    after a tenth as many of warm-up, in ``rounds`` interleaved chunks; percentiles over all of them."""
     import random
 
     import httpx
@@ -498,37 +528,31 @@ def trigger_latency(pg: Postgres, db: str, service: Service, consumer: str, *, e
             model = PartitionTrigger if kind == "partition" else SnapshotTrigger
             evaluate = store.evaluate_partition_trigger if kind == "partition" else store.evaluate_snapshot_trigger
             rng = random.Random(7)
-            bodies = [trigger_requests(rng, kind, tables, days) for _ in range(requests + requests // 10)]
-            log(f"{events:,} events, {kind} trigger: {requests} evaluations through HTTP, one client")
-            http_ms, fired = [], []
-            for i, body in enumerate(bodies):
-                start = time.perf_counter()
-                response = http.post(path, json=body)
-                elapsed = (time.perf_counter() - start) * 1000
-                if response.status_code != 200:
-                    raise RuntimeError(f"{path}: {response.status_code} {response.text[:500]}")
-                if i >= requests // 10:  # the first tenth warms the caches
-                    http_ms.append(elapsed)
-                    fired.append(len(response.json()["events"]))
-            log(f"{events:,} events, {kind} trigger: {requests} evaluations by the store, no HTTP")
-            store_ms = []
-            for i, body in enumerate(bodies):
-                trigger = model.model_validate(body)
-                start = time.perf_counter()
-                result = evaluate(trigger)
-                elapsed = (time.perf_counter() - start) * 1000
-                if i >= requests // 10:
-                    store_ms.append(elapsed)
-                assert len(result.events) == hits, (kind, body, len(result.events))
-            log(f"{events:,} events, {kind} trigger: pgbench, one client, {requests} lookups")
-            bench = pg.pgbench(db, pgbench_lookup_script(kind, tables, days, per_table, hits), clients=1,
-                               transactions=requests)
-            h, s = latency_summary(http_ms), latency_summary(store_ms)
-            log(f"  p50/p99 ms: HTTP {h['p50_ms']:.2f}/{h['p99_ms']:.2f}, store {s['p50_ms']:.2f}/{s['p99_ms']:.2f}, "
-                f"pgbench {bench['latency']['p50_ms']:.2f}/{bench['latency']['p99_ms']:.2f}")
-            out[kind] = {"fired_events": statistics.fmean(fired), "http": h, "store": s, "pgbench": bench,
-                         "p99_ratio": h["p99_ms"] / bench["latency"]["p99_ms"],
-                         "p50_ratio": h["p50_ms"] / bench["latency"]["p50_ms"]}
+            script = pgbench_lookup_script(kind, tables, days, per_table, hits)
+
+            warm = [trigger_requests(rng, kind, tables, days) for _ in range(max(1, requests // 10))]
+            _over_http(http, path, warm, hits)
+            _in_process(model, evaluate, warm, hits)
+            pg.pgbench(db, script, clients=1, transactions=len(warm))
+            http_ms: list[float] = []
+            store_ms: list[float] = []
+            bench_ms: list[float] = []
+            load = []
+            chunk = max(1, requests // rounds)
+            for r in range(rounds):
+                log(f"{events:,} events, {kind} trigger, round {r + 1}: {chunk} evaluations each through HTTP, "
+                    "the store and pgbench")
+                bodies = [trigger_requests(rng, kind, tables, days) for _ in range(chunk)]
+                http_ms += _over_http(http, path, bodies, hits)
+                store_ms += _in_process(model, evaluate, bodies, hits)
+                bench_ms += pg.pgbench(db, script, clients=1, transactions=chunk)["latencies"]
+                load.append(os.getloadavg()[0])
+            h, st, b = latency_summary(http_ms), latency_summary(store_ms), latency_summary(bench_ms)
+            log(f"  p50/p99 ms: HTTP {h['p50_ms']:.2f}/{h['p99_ms']:.2f}, store {st['p50_ms']:.2f}/{st['p99_ms']:.2f}, "
+                f"pgbench {b['p50_ms']:.2f}/{b['p99_ms']:.2f}")
+            out[kind] = {"fired_events": hits, "http": h, "store": st, "pgbench": b,
+                         "pgbench_script": script, "load_average": statistics.median(load),
+                         "p99_ratio": h["p99_ms"] / b["p99_ms"], "p50_ratio": h["p50_ms"] / b["p50_ms"]}
     finally:
         http.close()
         store.close()
@@ -602,20 +626,21 @@ def markdown(result: dict) -> str:
         f"Target: HTTP p99 under {P99_TARGET_MS:g} ms at 10 million events.",
         "",
         "| events (size) | trigger | pgbench p50 / p99 ms | store p50 / p99 ms | HTTP p50 / p99 ms "
-        "| HTTP / pgbench (p50, p99) | target |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| HTTP / pgbench (p50, p99) | target | load average |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for size in result["triggers"]:
         load = size["preload"]
         for kind, r in size["latency"].items():
-            p, s, h = r["pgbench"]["latency"], r["store"], r["http"]
+            p, s, h = r["pgbench"], r["store"], r["http"]
             verdict = "—"
             if size["events"] >= 10_000_000:
                 verdict = f"p99 < {P99_TARGET_MS:g} ms: " + ("met" if h["p99_ms"] < P99_TARGET_MS else "MISSED")
             lines.append(
                 f"| {size['events']:,} ({load['total_bytes'] / 1e9:.1f} GB) | {kind} "
                 f"| {p['p50_ms']:.2f} / {p['p99_ms']:.2f} | {s['p50_ms']:.2f} / {s['p99_ms']:.2f} "
-                f"| {h['p50_ms']:.2f} / {h['p99_ms']:.2f} | {r['p50_ratio']:.1f}, {r['p99_ratio']:.1f} | {verdict} |")
+                f"| {h['p50_ms']:.2f} / {h['p99_ms']:.2f} | {r['p50_ratio']:.1f}, {r['p99_ratio']:.1f} | {verdict} "
+                f"| {r['load_average']:.1f} |")
     lines += ["", "Loading (straight in PostgreSQL, not measured against anything): " + "; ".join(
         f"{s['preload']['added']:,} events in {s['preload']['load_s']:.0f} s, indexes {s['preload']['index_s']:.0f} s, "
         f"VACUUM ANALYZE {s['preload']['vacuum_s']:.0f} s" for s in result["triggers"]) + "."]
@@ -701,8 +726,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"vacuum; {loaded['total_bytes'] / 1e9:.2f} GB")
             have = n
             latency = trigger_latency(pg, db, services[0], consumer, events=n, tables=args.tables, hits=args.hits,
-                                      requests=args.requests)
-            triggers.append({"events": n, "preload": loaded, "latency": latency, "load_average": os.getloadavg()[0]})
+                                      requests=args.requests, rounds=args.rounds)
+            triggers.append({"events": n, "preload": loaded, "latency": latency})
     finally:
         for svc in services:
             svc.stop()
