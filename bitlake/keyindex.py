@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bitlake import commitlog, keystore
+from bitlake import commitlog, faults, keystore
 from bitlake.errors import IndexUnavailableError
 from bitlake.fs import FileIO
 from bitlake.schema import TableMetadata
@@ -189,6 +189,7 @@ class KeyIndex:
                 self.db.write(batch)
         # The version goes last: after a crash the index claims the older version, and replaying
         # from there puts the same entries again (puts are idempotent and applied in commit order).
+        faults.point("in_index_update")
         batch = WriteBatch(raw_mode=True)
         batch.put(_TABLE_KEY, self.meta.table_id.encode())
         batch.put(_VERSION_KEY, str(version).encode())
