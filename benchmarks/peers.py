@@ -980,12 +980,12 @@ def plot(results: dict, img_dir: Path) -> list[str]:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
         for ax, (field, ylabel) in zip(axes, [("wall_s", "upsert wall time (s)"),
                                               ("bytes_written", "bytes written (MB)")], strict=True):
-            for s in systems:
+            for i, s in enumerate(systems):  # one colour per system in every plot
                 pts = series_for(s, field)
                 label = "change alone as Parquet" if s == LIMITS else s
                 if pts:
                     xs, ys = zip(*pts, strict=True)
-                    ax.plot(xs, ys, marker="o", label=label, linestyle="--" if s == LIMITS else "-")
+                    ax.plot(xs, ys, marker="o", label=label, color=f"C{i}", linestyle="--" if s == LIMITS else "-")
             ax.set_xscale("log")
             ax.set_yscale("log")
             ax.set_xlabel(xs_label)
