@@ -172,13 +172,17 @@ def cmd_ingest(args, out: Console, err: Console) -> None:
     what = "landing" if args.no_metagen else "landing and MetaGen"
     with step(err, f"{what} of {', '.join(args.inputs)}"):
         r = table.ingest(df, op_column=args.op_column, batch_id=args.batch_id, metagen=not args.no_metagen,
-                         spark=spark)
+                         inline=METAGEN_MODES[args.metagen_mode], spark=spark)
     if not r.committed:
         say(out, f"batch {r.batch_id} was already committed at version {r.version}: nothing done")
     elif not r.visible:
         say(out, f"batch {r.batch_id} landed at version {r.version}, pending: `bitlake metagen {args.path}`")
     else:
         say(out, f"batch {r.batch_id} committed at version {r.version}: {_counts(r.counts)}")
+
+
+# --metagen-mode -> Table.ingest's ``inline`` argument.
+METAGEN_MODES = {"auto": None, "inline": True, "spark": False}
 
 
 def cmd_metagen(args, out: Console, err: Console) -> None:
@@ -190,7 +194,7 @@ def cmd_metagen(args, out: Console, err: Console) -> None:
     with step(err, "starting Spark"):
         spark = bitlake.spark_session()
     with step(err, f"MetaGen of {len(pending)} pending batch(es)"):
-        r = table.metagen(spark=spark)
+        r = table.metagen(inline=METAGEN_MODES[args.metagen_mode], spark=spark)
     say(out, f"batches {', '.join(pending)} visible at version {r.version}: {_counts(r.counts)}")
 
 
@@ -461,6 +465,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"bitlake {bitlake.__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     path_help = "the table's folder (or file:// URI)"
+    mode_help = ("how MetaGen runs: inline on the driver with the RocksDB key index, a Spark job, or auto "
+                 "(inline up to the table's metagen.inline_max_rows records; default)")
 
     c = sub.add_parser("create", help="create a table")
     c.add_argument("path", help=path_help)
@@ -481,10 +487,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--op-column", help='string column saying "upsert" or "delete" per record')
     i.add_argument("--batch-id", help="the batch id; re-ingesting a committed id does nothing")
     i.add_argument("--no-metagen", action="store_true", help="land only; `bitlake metagen` makes it visible")
+    i.add_argument("--metagen-mode", choices=list(METAGEN_MODES), default="auto", help=mode_help)
     i.set_defaults(run=cmd_ingest)
 
     m = sub.add_parser("metagen", help="make every pending batch visible")
     m.add_argument("path", help=path_help)
+    m.add_argument("--metagen-mode", choices=list(METAGEN_MODES), default="auto", help=mode_help)
     m.set_defaults(run=cmd_metagen)
 
     s = sub.add_parser("show", help="print the first rows of the current view")

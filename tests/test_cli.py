@@ -41,13 +41,13 @@ def lake(spark, tmp_path_factory):
     path = root / "accounts"
     steps = [
         ["create", path, "--schema", SCHEMA, "--primary-key", "aid", "--delta-column", "mod", "--buckets=2"],
-        ["ingest", path, root / "base.csv", "--op-column=op", "--batch-id=base"],
+        ["ingest", path, root / "base.csv", "--op-column=op", "--batch-id=base", "--metagen-mode=spark"],
         ["ingest", path, root / "changes.jsonl", "--op-column=op", "--batch-id=changes", "--no-metagen"],
     ]
     for argv in steps:
         assert main([str(a) for a in argv]) == 0
     assert bitlake.open_table(str(path)).describe()["pending_batches"] == ["changes"]
-    assert main(["metagen", str(path)]) == 0
+    assert main(["metagen", str(path), "--metagen-mode=inline"]) == 0
     return root
 
 
