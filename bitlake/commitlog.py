@@ -65,8 +65,10 @@ class Batch:
     files: tuple[DataFile, ...]
 
     @property
-    def rows(self) -> int:
-        return sum(f.rows for f in self.files)
+    def records(self) -> int:
+        """Records landed: every record of a keyed table is in its keys files, an unkeyed one has data files only."""
+        keys = [f.rows for f in self.files if f.kind == "keys"]
+        return sum(keys) if keys else sum(f.rows for f in self.files)
 
     def to_json(self) -> dict:
         return {

@@ -71,7 +71,7 @@ def new_segments(batches: list[Batch]) -> dict[tuple[int, int], SegmentState]:
 def unkeyed_output(batches: list[Batch]) -> MetaGenOutput:
     """Append-only: every landed row is valid, which the counts say without a bitmap."""
     segments = [dataclasses.replace(s, cardinality=s.data_rows) for s in new_segments(batches).values()]
-    counts = {i: {**dict.fromkeys(COUNTS, 0), "inserted": b.rows} for i, b in enumerate(batches)}
+    counts = {i: {**dict.fromkeys(COUNTS, 0), "inserted": b.records} for i, b in enumerate(batches)}
     return MetaGenOutput(segments, [], [], [], counts)
 
 

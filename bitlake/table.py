@@ -283,7 +283,7 @@ class Table:
         from bitlake.spark import metagen as spark_metagen
 
         meta = state.metadata
-        rows = sum(b.rows for b in batches)
+        rows = sum(b.records for b in batches)
         if meta.keyed and inline is not False and (inline or rows <= meta.int_prop("metagen.inline_max_rows")):
             try:
                 with keyindex.KeyIndex(self.io, meta) as index:

@@ -113,3 +113,21 @@ def test_an_index_of_another_table_at_the_same_path_is_rebuilt(tmp_path, spark):
     r = t.ingest(batch([1, 2], ["n1", "n2"], [2, 2]), inline=True, spark=spark)
     assert r.counts == {"inserted": 1, "updated": 1, "deleted": 0, "stale": 0, "ignored_deletes": 0}
     assert view(t) == [(1, "n1", 2), (2, "n2", 2)]
+
+
+@pytest.mark.spark
+def test_auto_mode_runs_inline_up_to_the_row_limit(tmp_path, spark, monkeypatch):
+    from bitlake import metagen
+
+    calls = []
+    real = metagen.run_inline
+    monkeypatch.setattr(metagen, "run_inline", lambda *a, **kw: calls.append(a[2]) or real(*a, **kw))
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2,
+                             properties={"metagen.inline_max_rows": "3"})
+    t.ingest(batch([1, 2, 3, 4], ["a", "b", "c", "d"], [1, 1, 1, 1]), batch_id="big", spark=spark)
+    assert calls == []
+    # Three records (two upserts and a delete): at the limit, so inline.
+    t.ingest(batch([1, 2, 3], ["a2", "b2", None], [2, 2, 2], ["upsert", "upsert", "delete"]), op_column="op",
+             batch_id="small", spark=spark)
+    assert [[b.batch_id for b in batches] for batches in calls] == [["small"]]
+    assert view(t) == [(1, "a2", 2), (2, "b2", 2), (4, "d", 1)]
