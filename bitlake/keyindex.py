@@ -32,6 +32,7 @@ from bitlake.schema import TableMetadata
 from bitlake.state import TableState
 
 INDEX_DIR = "_bitlake/index"
+# The index's own entries start with byte 0; encoded keys with byte 1.
 _VERSION_KEY = b"\x00bitlake:version"
 _TABLE_KEY = b"\x00bitlake:table_id"
 # Each stored value: delta int64, row id int64, deleted uint8, and a constant 1 so that numpy's
@@ -58,12 +59,15 @@ def _variable(t: pa.DataType) -> bool:
 
 
 def encode_keys(table: pa.Table, primary_key: list[str]) -> list[bytes]:
-    """One bytes value per row, equal for equal keys and different for different ones."""
+    """One bytes value per row, equal for equal keys and different for different ones. Every key
+    starts with byte 1, so that it never collides with the index's own entries (byte 0)."""
     n = table.num_rows
     columns = [table.column(c) for c in primary_key]
     if all(_fixed(c.type) for c in columns):
         # A one-byte terminator keeps numpy from stripping trailing zero bytes of the fixed width.
-        rec = np.empty(n, dtype=[*[(f"k{i}", ">i8") for i in range(len(columns))], ("end", "u1")])
+        fields = [("start", "u1"), *[(f"k{i}", ">i8") for i in range(len(columns))], ("end", "u1")]
+        rec = np.empty(n, dtype=fields)
+        rec["start"] = 1
         for i, c in enumerate(columns):
             rec[f"k{i}"] = _as_int64(c)
         rec["end"] = 1
@@ -77,7 +81,7 @@ def encode_keys(table: pa.Table, primary_key: list[str]) -> list[bytes]:
             parts.append([
                 len(b).to_bytes(4, "big") + b for b in (v.encode() if isinstance(v, str) else v for v in values)
             ])
-    return [b"".join(row) for row in zip(*parts, strict=True)]
+    return [b"\x01" + b"".join(row) for row in zip(*parts, strict=True)]
 
 
 def _as_int64(column) -> np.ndarray:
@@ -89,6 +93,11 @@ def _as_int64(column) -> np.ndarray:
     elif pa.types.is_timestamp(t):
         column = pc.cast(column, pa.int64())
     return pc.cast(column, pa.int64()).to_numpy(zero_copy_only=False)
+
+
+class IndexAheadError(IndexUnavailableError):
+    """Another writer committed (and updated the index) after this writer read the table's state:
+    whatever it builds on that state would lose the commit race, so it should refresh first."""
 
 
 class KeyIndex:
@@ -151,8 +160,7 @@ class KeyIndex:
         """Brings the index to ``state.version`` from the commit log (the key-store rows of later commits)."""
         have = self.version
         if have > state.version:
-            # Only possible if the folder was replaced by another table's history; start afresh.
-            have = -1
+            raise IndexAheadError(f"the key index is at version {have}, past the state read ({state.version})")
         if have < 0:
             self._rebuild(state)
             return

@@ -323,7 +323,10 @@ class Table:
                 if done is not None:
                     landing.remove_part_files(self.io.base, batch.segment_part)
                     return done
-            commit, written = build(state)
+            try:
+                commit, written = build(state)
+            except keyindex.IndexAheadError:
+                continue  # another writer committed since the state was read: refresh and rebuild
             if commit is None:
                 return None
             faults.point("after_metagen")

@@ -131,3 +131,17 @@ def test_auto_mode_runs_inline_up_to_the_row_limit(tmp_path, spark, monkeypatch)
              batch_id="small", spark=spark)
     assert [[b.batch_id for b in batches] for batches in calls] == [["small"]]
     assert view(t) == [(1, "a2", 2), (2, "b2", 2), (4, "d", 1)]
+
+
+@pytest.mark.spark
+def test_an_index_ahead_of_the_writers_state_sends_it_back_to_refresh(tmp_path, spark):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
+    t.ingest(batch([1], ["a"], [1]), spark=spark)
+    old = t.state()
+    other = bitlake.open_table(t.path)
+    other.ingest(batch([1], ["b"], [2]), spark=spark)  # commits and brings the index to its version
+    with keyindex.KeyIndex(t.io, t.metadata) as index, pytest.raises(keyindex.IndexAheadError):
+        index.catch_up(old)
+    # A writer whose state is behind refreshes and builds again; nothing is lost.
+    r = t.ingest(batch([1], ["c"], [3]), inline=True, spark=spark)
+    assert r.counts["updated"] == 1 and view(t) == [(1, "c", 3)]
