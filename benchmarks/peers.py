@@ -67,8 +67,12 @@ MONTH = (dt.date(1995, 3, 1), dt.date(1995, 4, 1))  # the selective scan: l_ship
 # bitlake's ingestion modes. Each is the keyword arguments of Table.ingest and whether Table.metagen()
 # follows (timed with it); a new mode is one more line here.
 BITLAKE_MODES: dict[str, dict] = {
-    "bitlake": {"ingest": {"metagen": True}, "then_metagen": False,
-                "doc": "`t.ingest(batch, metagen=True)`: landing and MetaGen in one call"},
+    "bitlake": {"ingest": {}, "then_metagen": False,
+                "doc": "`t.ingest(batch)`: landing and MetaGen in one call, MetaGen chosen by bitlake (inline on "
+                       "the driver with the RocksDB key index up to `metagen.inline_max_rows` records, 2,000,000 "
+                       "by default; a Spark job beyond)"},
+    "bitlake-spark": {"ingest": {"inline": False}, "then_metagen": False,
+                      "doc": "`t.ingest(batch, inline=False)`: MetaGen always as a Spark job (batch MetaGen)"},
     "bitlake-two-step": {"ingest": {"metagen": False}, "then_metagen": True,
                          "doc": "`t.ingest(batch, metagen=False)` then `t.metagen()`, both timed"},
 }
