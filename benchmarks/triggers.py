@@ -79,6 +79,12 @@ def partition_json(day: int) -> str:
     return f'["{(FIRST_DAY + dt.timedelta(days=day)).isoformat()}"]'
 
 
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far (Linux /proc), to charge the service per request."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
@@ -354,15 +360,21 @@ def registration(pg: Postgres, db: str, services: list[Service], producer: str, 
                                         tables=args.tables, duration=args.duration)
                 else:
                     n = int(way[4:])
+                    cpu = sum(cpu_seconds(svc.process.pid) for svc in services[:n])
                     run = register_rate("http", [svc.base_url for svc in services[:n]], producer,
                                         clients=args.clients, size=size, tables=args.tables, duration=args.duration)
+                    # Every request the service answered in the call, the clients' warm-up ones included.
+                    cpu = sum(cpu_seconds(svc.process.pid) for svc in services[:n]) - cpu
+                    run["service_cpu_ms_per_request"] = cpu * 1000 / (run["requests"] + 2 * args.clients)
                 run["load_average"] = os.getloadavg()[0]
                 runs.setdefault(way, []).append(run)
                 log(f"registration {label}, round {r + 1}: {way} {run['events_per_s']:,.0f} events/s "
                     f"(load average {run['load_average']:.1f})")
         rate = {way: statistics.median(x["events_per_s"] for x in rs) for way, rs in runs.items()}
         http = {str(n): {"events_per_s": rate[f"http{n}"], "ratio": rate[f"http{n}"] / rate["pgbench"],
-                         "met": rate[f"http{n}"] / rate["pgbench"] >= target} for n in args.instances}
+                         "met": rate[f"http{n}"] / rate["pgbench"] >= target,
+                         "service_cpu_ms_per_request": statistics.median(
+                             x["service_cpu_ms_per_request"] for x in runs[f"http{n}"])} for n in args.instances}
         for n, h in http.items():
             log(f"  {label}: HTTP with {n} instance(s) {h['events_per_s']:,.0f} events/s = {h['ratio']:.2f} of "
                 f"pgbench's {rate['pgbench']:,.0f} (target {target:.2f})")
@@ -539,11 +551,14 @@ def trigger_latency(pg: Postgres, db: str, service: Service, consumer: str, *, e
             bench_ms: list[float] = []
             load = []
             chunk = max(1, requests // rounds)
+            service_cpu = 0.0
             for r in range(rounds):
                 log(f"{events:,} events, {kind} trigger, round {r + 1}: {chunk} evaluations each through HTTP, "
                     "the store and pgbench")
                 bodies = [trigger_requests(rng, kind, tables, days) for _ in range(chunk)]
+                cpu = cpu_seconds(service.process.pid)
                 http_ms += _over_http(http, path, bodies, hits)
+                service_cpu += cpu_seconds(service.process.pid) - cpu
                 store_ms += _in_process(model, evaluate, bodies, hits)
                 bench_ms += pg.pgbench(db, script, clients=1, transactions=chunk)["latencies"]
                 load.append(os.getloadavg()[0])
@@ -552,6 +567,7 @@ def trigger_latency(pg: Postgres, db: str, service: Service, consumer: str, *, e
                 f"pgbench {b['p50_ms']:.2f}/{b['p99_ms']:.2f}")
             out[kind] = {"fired_events": hits, "http": h, "store": st, "pgbench": b,
                          "pgbench_script": script, "load_average": statistics.median(load),
+                         "service_cpu_ms_per_request": service_cpu * 1000 / len(http_ms),
                          "p99_ratio": h["p99_ms"] / b["p99_ms"], "p50_ratio": h["p50_ms"] / b["p50_ms"]}
     finally:
         http.close()
@@ -599,8 +615,8 @@ def markdown(result: dict) -> str:
         f"Targets: HTTP at least {BATCHED_TARGET:.0%} of pgbench batched and {SINGLE_TARGET:.0%} one by one.",
         "",
         "| events per request | pgbench events/s | store events/s (/ pgbench) | service processes | HTTP events/s "
-        "| HTTP / pgbench | target | load average |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| HTTP / pgbench | target | service CPU ms per request | load average |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result["registration"].values():
         for n, h in r["http"].items():
@@ -609,7 +625,7 @@ def markdown(result: dict) -> str:
                 f"| {r['events_per_request']} | {r['pgbench_events_per_s']:,.0f} "
                 f"| {r['store_events_per_s']:,.0f} ({r['store_ratio']:.2f}) | {n} "
                 f"| {h['events_per_s']:,.0f} | {h['ratio']:.2f} | ≥ {r['target']:.2f}: {verdict} "
-                f"| {r['load_average']:.1f} |")
+                f"| {h['service_cpu_ms_per_request']:.2f} | {r['load_average']:.1f} |")
     lines += [
         "",
         "### Trigger evaluation",
@@ -626,8 +642,8 @@ def markdown(result: dict) -> str:
         f"Target: HTTP p99 under {P99_TARGET_MS:g} ms at 10 million events.",
         "",
         "| events (size) | trigger | pgbench p50 / p99 ms | store p50 / p99 ms | HTTP p50 / p99 ms "
-        "| HTTP / pgbench (p50, p99) | target | load average |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| HTTP / pgbench (p50, p99) | target | service CPU ms per request | load average |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for size in result["triggers"]:
         load = size["preload"]
@@ -640,7 +656,7 @@ def markdown(result: dict) -> str:
                 f"| {size['events']:,} ({load['total_bytes'] / 1e9:.1f} GB) | {kind} "
                 f"| {p['p50_ms']:.2f} / {p['p99_ms']:.2f} | {s['p50_ms']:.2f} / {s['p99_ms']:.2f} "
                 f"| {h['p50_ms']:.2f} / {h['p99_ms']:.2f} | {r['p50_ratio']:.1f}, {r['p99_ratio']:.1f} | {verdict} "
-                f"| {r['load_average']:.1f} |")
+                f"| {r.get('service_cpu_ms_per_request', float('nan')):.2f} | {r['load_average']:.1f} |")
     lines += ["", "Loading (straight in PostgreSQL, not measured against anything): " + "; ".join(
         f"{s['preload']['added']:,} events in {s['preload']['load_s']:.0f} s, indexes {s['preload']['index_s']:.0f} s, "
         f"VACUUM ANALYZE {s['preload']['vacuum_s']:.0f} s" for s in result["triggers"]) + "."]
@@ -699,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
 
     date = dt.datetime.now(dt.UTC)
     started = time.perf_counter()
+    code = code_version()  # at the start: the run imported this code
     pg = Postgres(args.shared_buffers)
     services: list[Service] = []
     try:
@@ -741,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([".venv/bin/python", "benchmarks/triggers.py", *map(shlex.quote, sys.argv[1:])]),
         "plain_make": plain_make,
         "machine": machine(),
-        "code": code_version(),
+        "code": code,
         "postgres": pg.version,
         "versions": {"uvicorn": uvicorn.__version__, "fastapi": fastapi.__version__,
                      "sqlalchemy": sqlalchemy.__version__, "psycopg": psycopg.__version__,
