@@ -316,6 +316,14 @@ class Bitlake(SparkSystem):
     def scan(self, selective):
         return self.aggregate(self.table.to_spark(self.spark), selective)
 
+    def plain_scan(self, selective):
+        """Plain Spark over the table's committed data files, invalid rows and all (core.py's baseline)."""
+        from bitlake.schema import spark_schema
+
+        files = [self.table.io.path(f.path) for f in self.table.state().data_files()]
+        df = self.spark.read.schema(spark_schema(self.schema)).parquet(*files).select(self.schema.names)
+        return self.aggregate(df, selective)
+
     def current_data_bytes(self):
         return sum(f.bytes for f in self.table.state().data_files())
 
@@ -565,18 +573,33 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
             rec = base_record(op, None, engine)
             emit("start", operation=op, batch_fraction=None, engine=engine)
             try:
+                # bitlake's scans alternate with plain Spark over the same data files in the same process,
+                # so their ratio holds on a machine whose other jobs come and go.
+                plain = system.plain_scan if isinstance(system, Bitlake) else None
                 warm = None
                 if spec["warmup"]:
                     t0 = time.perf_counter()
                     fn(selective)
                     warm = time.perf_counter() - t0
-                runs, figures = [], None
-                for _ in range(spec["runs"]):
+                    if plain:
+                        plain(selective)
+                runs, plain_runs, figures = [], [], None
+                for i in range(spec["runs"]):
+                    if plain and i % 2:
+                        t0 = time.perf_counter()
+                        plain(selective)
+                        plain_runs.append(time.perf_counter() - t0)
                     t0 = time.perf_counter()
                     figures = fn(selective)
                     runs.append(time.perf_counter() - t0)
+                    if plain and not i % 2:
+                        t0 = time.perf_counter()
+                        plain(selective)
+                        plain_runs.append(time.perf_counter() - t0)
                 rec.update(figures)
                 rec.update(wall_s=statistics.median(runs), runs_s=runs, warmup_s=warm)
+                if plain_runs:
+                    rec.update(plain_wall_s=statistics.median(plain_runs), plain_runs_s=plain_runs)
                 if isinstance(system, Limits):
                     rec["files_of"] = system.source
                 log(f"{system_name} sf {sf_text(sf)} {op} ({engine}): {rec['wall_s']:.2f} s, {figures}")
@@ -730,9 +753,12 @@ def amplification(r: dict | None) -> float | None:
 
 
 def scan_ratio(records, r: dict) -> float | None:
-    """A scan's wall time over the plain scan of bitlake's data files with the same engine."""
+    """A scan's wall time over the plain scan of bitlake's data files with the same engine: for bitlake the
+    one interleaved with it in its own process, for the others the limits' scan."""
     if r.get("error") or r.get("wall_s") is None:
         return None
+    if r.get("plain_wall_s"):
+        return r["wall_s"] / r["plain_wall_s"]
     engine = r.get("engine") or ("pyarrow" if r["system"] in ARROW_SYSTEMS else "spark")
     base = find(records, LIMITS, r["scale_factor"], r["operation"], None, engine)
     if not base or base.get("error") or not base.get("wall_s"):
@@ -846,7 +872,10 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
                      f"{', '.join(sf_text(s) for s in run['scale_factors'])}; systems {', '.join(run['systems'])}; "
                      f"bitlake at commit {code.get('git_head', '?')}"
                      + (" with uncommitted changes in bitlake/" if code.get("bitlake_dirty") else "") + ")."
-                     + (f" {run['note']}" if run.get("note") else ""))
+                     + (f" {run['note']}" if run.get("note") else "")
+                     + (f" Load average (1 min) {run['load_average_start']:.1f} at the start, "
+                        f"{run['load_average_end']:.1f} at the end, on {run['machine']['cores']} cores."
+                        if run.get("load_average_end") is not None else ""))
         lines.append("")
     if runs:
         last = runs[-1]
@@ -907,14 +936,16 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
         lines += ["", "Storage after all batches (the whole folder, history included; \"current data\" = "
                       "the data files of the latest view) and scans (one warm-up, median of the timed runs; "
                       "ratio = wall time / the plain scan of bitlake's data files with the same engine: "
+                      "for a bitlake mode, plain Spark over its own table's files, run alternately with its scans in "
+                      "the same process (\"plain s\" gives that median); for the others the limits' scans: "
                       "plain Spark for Spark systems, plain pyarrow for delta-rs and pyiceberg, whose own readers "
                       "produce Arrow: `DeltaTable.to_pyarrow_dataset()` and pyiceberg's "
                       "`scan(row_filter=...).to_arrow_batch_reader()`, aggregated batch by batch by the same "
                       "pyarrow code as the plain pyarrow scan; the plain scans read all of bitlake's data files, "
                       "invalid rows included, so a peer's ratio below 1 reflects its own file layout and "
                       "fewer rows, not a reader faster than plain Parquet):", "",
-                  "| system | storage | current data | scan engine | full scan s | / plain | selective scan s | "
-                  "/ plain | rows after all batches |",
+                  "| system | storage | current data | scan engine | full scan s (plain s) | / plain | "
+                  "selective scan s (plain s) | / plain | rows after all batches |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for s in systems:
             st = find(records, s, sf, "storage")
@@ -931,7 +962,8 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
                         return "—", "—"
                     if r["error"]:
                         return cell_error(r), "—"
-                    return num(r["wall_s"]), num(scan_ratio(records, r))
+                    own = f" ({r['plain_wall_s']:.2f})" if r.get("plain_wall_s") else ""
+                    return num(r["wall_s"]) + own, num(scan_ratio(records, r))
 
                 fw, fr = scan_cells(full)
                 sw, sr = scan_cells(sel)
@@ -1099,7 +1131,7 @@ def main(argv: list[str] | None = None) -> int:
            "date": date.strftime("%Y-%m-%d %H:%M UTC"), "scale_factors": sfs, "systems": systems,
            "timeout_s": args.timeout, "quick": args.quick, "machine": core.machine(), "versions": versions(),
            "master": os.environ["BITLAKE_SPARK_MASTER"], "driver_memory": os.environ["BITLAKE_DRIVER_MEMORY"],
-           "code": core.code_version(), "note": args.note}
+           "code": core.code_version(), "note": args.note, "load_average_start": os.getloadavg()[0]}
     out = Path(args.output) if args.output else RESULTS_DIR / f"peers-{date.strftime('%Y-%m-%d')}.json"
     new = {"runs": [run], "records": [], "expected": {}}
     for sf in sfs:
@@ -1122,6 +1154,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep_work:
             shutil.rmtree(work, ignore_errors=True)
     results = json.loads(out.read_text())
+    for r in results["runs"]:
+        if r["date"] == run["date"] and r["command"] == run["command"]:
+            r["load_average_end"] = os.getloadavg()[0]
+    out.write_text(json.dumps(results, indent=1, default=str) + "\n")
     print(publish(results, plots=True) if not args.no_doc else render(results))
     return 0
 

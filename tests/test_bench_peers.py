@@ -83,6 +83,9 @@ def test_scan_ratio_uses_the_plain_scan_of_the_same_engine(peers):
     rs = records()
     assert peers.scan_ratio(rs, peers.find(rs, "bitlake", 1.0, "scan_full")) == pytest.approx(5.5 / 5.0)
     assert peers.scan_ratio(rs, peers.find(rs, "deltalake", 1.0, "scan_full")) == pytest.approx(5.5 / 2.0)
+    # bitlake's own interleaved plain scan wins over the limits' one when it is there
+    paired = {**peers.find(rs, "bitlake", 1.0, "scan_full"), "plain_wall_s": 5.0 / 1.1}
+    assert peers.scan_ratio(rs, paired) == pytest.approx(5.5 * 1.1 / 5.0)
 
 
 def test_targets(peers):
