@@ -197,6 +197,8 @@ def run_inline(io: FileIO, state: TableState, batches: list[Batch], version: int
     if not paths:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
     records = pa.concat_tables([pq.read_table(p, schema=keys_schema(meta)) for p in paths])
+    if records.num_rows == 0:
+        return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
     part_index = {b.segment_part: i for i, b in enumerate(batches)}
     rids = records.column(keystore.ROW_ID).to_numpy()
     bidx = np.array([part_index[p] for p in (rids >> (rowid.SEQ_BITS + rowid.OFFSET_BITS)).tolist()])
@@ -208,64 +210,37 @@ def run_inline(io: FileIO, state: TableState, batches: list[Batch], version: int
     first = np.unique(codes, return_index=True)[1]
     found, prior_d, prior_rid, prior_deleted = index.lookup([keys[i] for i in first])
 
-    # Contract order: per key, by (batch, delta, row id); the key's stored record comes first.
-    order = np.lexsort((rids, deltas, bidx, codes)).tolist()
-    codes_l, deltas_l, rids_l, deleted_l, bidx_l = (
-        codes.tolist(), deltas.tolist(), rids.tolist(), deleted.tolist(), bidx.tolist()
-    )
-    found_l, prior_d_l, prior_rid_l, prior_del_l = found.tolist(), prior_d.tolist(), prior_rid.tolist(), (
-        prior_deleted.tolist()
-    )
-    counts = {i: dict.fromkeys(COUNTS, 0) for i in range(len(batches))}
-    ev_target, ev_kind, ev_t, ev_cause, ev_batch = [], [], [], [], []
-    final: dict[int, int] = {}  # key code -> position of its last accepted record
-    current = -1
-    last_d = last_rid = 0
-    last_del = has_last = False
-    for i in order:
-        code = codes_l[i]
-        if code != current:
-            current = code
-            has_last = found_l[code]
-            last_d, last_rid, last_del = prior_d_l[code], prior_rid_l[code], prior_del_l[code]
-        d, rid, is_delete, b = deltas_l[i], rids_l[i], deleted_l[i], bidx_l[i]
-        c = counts[b]
-        if has_last and d < last_d:
-            c["stale"] += 1
-            continue
-        until = has_last and not last_del
-        if until:
-            ev_target.append(last_rid)
-            ev_kind.append(segmentlog.SET_VALID_UNTIL)
-            ev_t.append(d)
-            ev_cause.append(rid)
-            ev_batch.append(b)
-        if is_delete:
-            c["deleted" if until else "ignored_deletes"] += 1
-        else:
-            c["updated" if until else "inserted"] += 1
-            ev_target.append(rid)
-            ev_kind.append(segmentlog.SET_VALID_FROM)
-            ev_t.append(d)
-            ev_cause.append(rid)
-            ev_batch.append(b)
-        has_last, last_d, last_rid, last_del = True, d, rid, is_delete
-        final[code] = i
-
-    target = np.array(ev_target, dtype=np.int64)
+    f = fold(codes, deltas, rids, deleted, bidx, found, prior_d, prior_rid, prior_deleted)
+    counts = {}
+    for i in range(len(batches)):
+        mine = f.batch == i
+        acc, upsert, until = f.accepted & mine, ~f.deleted, f.until
+        counts[i] = {
+            "inserted": int(np.count_nonzero(acc & upsert & ~until)),
+            "updated": int(np.count_nonzero(acc & upsert & until)),
+            "deleted": int(np.count_nonzero(acc & ~upsert & until)),
+            "stale": int(np.count_nonzero(mine & ~f.accepted)),
+            "ignored_deletes": int(np.count_nonzero(acc & ~upsert & ~until)),
+        }
+    becomes_valid = f.accepted & ~f.deleted
+    target = np.concatenate([f.last_rid[f.until], f.rid[becomes_valid]])
+    kind = np.concatenate([
+        np.full(np.count_nonzero(f.until), segmentlog.SET_VALID_UNTIL, np.int8),
+        np.full(np.count_nonzero(becomes_valid), segmentlog.SET_VALID_FROM, np.int8),
+    ])
     events = pa.table({
         rowid.PART_COLUMN: (target >> (rowid.SEQ_BITS + rowid.OFFSET_BITS)).astype(np.int32),
         rowid.SEQ_COLUMN: ((target >> rowid.OFFSET_BITS) & rowid.MAX_SEQ).astype(np.int32),
         rowid.OFFSET_COLUMN: (target & rowid.MAX_OFFSET).astype(np.int32),
-        "event": np.array(ev_kind, dtype=np.int8),
-        "t": np.array(ev_t, dtype=np.int64),
-        "cause": np.array(ev_cause, dtype=np.int64),
-        "batch_index": np.array(ev_batch, dtype=np.int32),
+        "event": kind,
+        "t": np.concatenate([f.delta[f.until], f.delta[becomes_valid]]),
+        "cause": np.concatenate([f.rid[f.until], f.rid[becomes_valid]]),
+        "batch_index": np.concatenate([f.batch[f.until], f.batch[becomes_valid]]).astype(np.int32),
     })
     prior_bitmaps = {k: s.bitmap for k, s in state.segments.items() if s.bitmap}
     seg_out = write_segments(io.base, prior_bitmaps, events)
 
-    latest = records.take(pa.array(sorted(final.values()), pa.int64()))
+    latest = records.take(pa.array(np.sort(f.final), pa.int64()))
     ks_rows = latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
         keystore.SEQ, pa.array(np.full(latest.num_rows, version, dtype=np.int64))
     )
@@ -274,3 +249,67 @@ def run_inline(io: FileIO, state: TableState, batches: list[Batch], version: int
         io.base, meta, {b: state.keystore.get(b, []) for b in buckets}, ks_rows
     ) if ks_rows.num_rows else []
     return assemble(state, batches, seg_out, ks_out, counts)
+
+
+@dataclasses.dataclass
+class Fold:
+    """The contract applied to a commit's records, in contract order (``order`` maps to input rows).
+
+    Per record: its delta, row id, delete flag and batch; ``accepted``; ``until`` (it supersedes a
+    visible row, whose row id is ``last_rid``). ``final``: the input rows that are their key's last
+    accepted record, which become the key-store entries.
+    """
+
+    order: np.ndarray
+    delta: np.ndarray
+    rid: np.ndarray
+    deleted: np.ndarray
+    batch: np.ndarray
+    accepted: np.ndarray
+    until: np.ndarray
+    last_rid: np.ndarray
+    final: np.ndarray
+
+
+def fold(codes, deltas, rids, deleted, batch, found, prior_d, prior_rid, prior_deleted) -> Fold:
+    """Applies the semantics contract to records of keys ``codes`` (0..k-1, each present), given each
+    key's stored entry (``found[code]``, its delta, row id and delete flag), without a Python loop.
+
+    Records are put in contract order, (key, batch, delta, row id), and each key's stored entry is
+    placed before its records as a slot. A record is accepted iff its delta is at least the maximum
+    delta before it in its key (accepted deltas never decrease, so that is the last accepted one's);
+    group-wise running maxima come from one cumulative maximum over ``key * M + delta rank``, which
+    no earlier key can reach. The previous accepted record (or the slot) is a forward fill of
+    positions; it is a visible row iff it is an upsert (a missing entry counts as not visible).
+    """
+    order = np.lexsort((rids, deltas, batch, codes))
+    c, d, r, dl, b = codes[order], deltas[order], rids[order], deleted[order], batch[order]
+    n, k = len(c), len(found)
+    pos = np.arange(n) + c + 1  # record i's place, after the slots of keys 0..c
+    slot = np.searchsorted(c, np.arange(k)) + np.arange(k)  # key g's slot, before its first record
+    size = n + k
+    is_slot = np.zeros(size, dtype=bool)
+    is_slot[slot] = True
+    all_d = np.empty(size, dtype=np.int64)
+    all_d[pos], all_d[slot] = d, prior_d
+    ranks = np.unique(all_d, return_inverse=True)[1].reshape(-1) + 1
+    ranks[slot[~found]] = 0  # no stored entry: nothing to be older than
+    m = int(ranks.max()) + 1
+    key_of = np.empty(size, dtype=np.int64)
+    key_of[pos], key_of[slot] = c, np.arange(k)
+    running = np.maximum.accumulate(key_of * m + ranks)
+    accepted = ranks[pos] + c * m >= running[pos - 1]
+    marks = np.where(is_slot, np.arange(size), -1)
+    marks[pos[accepted]] = pos[accepted]
+    last = np.maximum.accumulate(marks)
+    all_rid = np.empty(size, dtype=np.int64)
+    all_rid[pos], all_rid[slot] = r, prior_rid
+    invisible = np.empty(size, dtype=bool)
+    invisible[pos], invisible[slot] = dl, prior_deleted | ~found
+    before = last[pos - 1]
+    until = accepted & ~invisible[before]
+    ends = np.append(slot[1:] - 1, size - 1)  # each key's last place
+    final_place = last[ends]
+    final_place = final_place[~is_slot[final_place]]
+    record_of_place = final_place - key_of[final_place] - 1
+    return Fold(order, d, r, dl, b, accepted, until, all_rid[before], order[record_of_place])
