@@ -686,12 +686,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shared-buffers", default="2GB")
     ap.add_argument("--quick", action="store_true", help="a smoke run: few events, tables, seconds and requests")
     ap.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md")
-    ap.add_argument("--note", action="append", default=[], help="a line for the doc's notes (repeatable)")
+    ap.add_argument("--note", action="append", default=[],
+                    help="a line for the doc's notes (repeatable; with --render they replace the file's notes)")
     ap.add_argument("--render", metavar="JSON", help="only rewrite the doc section from a results file")
     args = ap.parse_args(argv)
     if args.render:
         result = json.loads(Path(args.render).read_text())
-        result["notes"] = result.get("notes", []) + args.note
+        if args.note:  # kept with the figures they explain
+            result["notes"] = args.note
+            Path(args.render).write_text(json.dumps(result, indent=2) + "\n")
         core.write_doc(markdown(result), SECTION)
         print(markdown(result))
         return 0
