@@ -124,12 +124,16 @@ class KeyIndex:
             self.db = self._open()
 
     def _open(self):
-        from rocksdict import DBCompactionStyle, Options, Rdict, WriteOptions
+        from rocksdict import BlockBasedOptions, DBCompactionStyle, Options, Rdict, WriteOptions
 
         options = Options(raw_mode=True)
         # Universal (tiered) compaction merges new files with files of similar size, so a small
-        # commit does not rewrite the whole index, as leveled compaction does for random keys.
+        # commit does not rewrite the whole index, as leveled compaction does for random keys. It
+        # leaves several sorted runs; bloom filters spare a lookup the runs that lack its key.
         options.set_compaction_style(DBCompactionStyle.universal())
+        table = BlockBasedOptions()
+        table.set_bloom_filter(10, False)
+        options.set_block_based_table_factory(table)
         db = Rdict(self.path, options)
         # No write-ahead log: memtables reach disk in write order, so after a crash the index holds
         # a prefix of its writes, and the version is written last (see _put). close() flushes.
@@ -205,7 +209,11 @@ class KeyIndex:
 
     def lookup(self, keys: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """For each encoded key: found, delta, packed row id, deleted."""
-        stored = self.db[keys] if keys else []
+        # In key order the lookups walk the files' blocks forwards, which halves their cost.
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        stored = [None] * len(keys)
+        for i, v in zip(order, self.db[[keys[i] for i in order]] if keys else [], strict=True):
+            stored[i] = v
         found = np.array([v is not None for v in stored], dtype=bool)
         missing = bytes(_VALUE.itemsize)
         values = np.frombuffer(b"".join(missing if v is None else v for v in stored), dtype=_VALUE)
