@@ -3,15 +3,19 @@
 Everything runs against one real PostgreSQL server that the script starts (Debian's package, as
 ``scripts/setup-postgres.sh`` installs it; default durability: ``fsync`` and ``synchronous_commit`` on)
 in a database of its own, migrated by the store's Alembic migrations, and the service runs as
-``uvicorn --factory bitlake.triggers:create_app`` in a subprocess, on loopback. The run:
+``uvicorn --factory bitlake.triggers:create_app`` in subprocesses (one worker each), on loopback. Every
+measurement runs in ``--rounds`` (3) rounds that interleave the ways being compared, so that each sees the
+same share of whatever else the machine is doing; the load average and the service's CPU time per request
+are recorded beside each figure. The run:
 
 1. **Registration.** ``--clients`` (4) processes register events for ``--duration`` seconds each way:
-   through HTTP (``POST /events`` with a producer token, raw httpx with JSON bodies built in the client),
+   through HTTP (``POST /events`` with a producer token, raw httpx with JSON bodies built in the client)
+   to one service process and to ``--instances`` of them (the clients spread over them),
    with the store called directly in each process (no HTTP: what the service costs on top of it), and as
    pgbench clients running the equivalent plain ``INSERT`` into a copy of the events table (same columns,
    indexes and constraints): batched (``--batch``, 100 events per request / 100-row ``INSERT``) and one
-   by one. Every event is new (a random table of ``--tables``, a new snapshot id). Events per second, and
-   service / pgbench.
+   by one. Every event is new (a random table of ``--tables``, a new snapshot id). Events per second
+   (medians of the rounds), and service / pgbench.
 2. **Trigger evaluation.** For each size of ``--events`` (1 and 10 million) the events table is loaded
    directly in PostgreSQL (``INSERT ... SELECT generate_series``, indexes dropped and rebuilt, then
    ``VACUUM ANALYZE``): ``--tables`` (10,000) tables, events spread round-robin over them in event-id
@@ -29,7 +33,8 @@ Results go to ``benchmarks/results/triggers-<date>.json`` and to the section "##
 ``docs/benchmarks.md`` (other sections are kept).
 
     .venv/bin/python benchmarks/triggers.py      # what `make bench-triggers` runs (1M and 10M events)
-    .venv/bin/python benchmarks/triggers.py --quick --no-doc      # a smoke run of a few seconds
+    .venv/bin/python benchmarks/triggers.py --quick --no-doc      # a smoke run (about a minute)
+    .venv/bin/python benchmarks/triggers.py --render benchmarks/results/triggers-DATE.json --note "..."
 """
 
 from __future__ import annotations
