@@ -464,32 +464,38 @@ class TriggerStore:
         Raises:
             FlowConflictError: the flow exists on this table with a different tag filter.
         """
-        # One connection for the three reads (one pool checkout); on PostgreSQL each is its own statement
-        # in autocommit, the horizon's lock released as soon as it has been read.
         with self._reader.connect() as conn:
             cursor = self.flow(trigger.flow, trigger.table, conn=conn)
-            if cursor is None:
-                with self.engine.begin() as writer:
-                    writer.execute(self._insert(FLOWS).on_conflict_do_nothing(), {
-                        "flow_name": trigger.flow, "table_name": trigger.table,
-                        "tags_json": canonical_tags(trigger.tags),
-                        "start_ts": None if trigger.start is None else to_micros(trigger.start), "last_event_id": 0,
-                        "created_at": now_micros(), "acked_at": None})
-                cursor = self.flow(trigger.flow, trigger.table, conn=conn)
-                assert cursor is not None
-            if cursor.tags != trigger.tags:
-                raise FlowConflictError(
-                    f"flow {trigger.flow!r} follows table {trigger.table!r} with tags {cursor.tags}, not "
-                    f"{trigger.tags}: use another flow name for another filter")
-            horizon = self._stable_horizon(conn)
-            ev = EVENTS
-            where = [ev.c.table_name == trigger.table, ev.c.event_id > cursor.last_event_id,
-                     *_tag_filter(trigger.tags)]
-            if horizon is not None:
-                where.append(ev.c.event_id <= horizon)
-            if cursor.start is not None:
-                where.append(ev.c.event_ts >= to_micros(cursor.start))
-            rows = conn.execute(select(ev).where(*where).order_by(ev.c.event_id).limit(trigger.limit + 1)).all()
+            if cursor is not None:
+                return self._snapshot_events(conn, trigger, cursor)
+        # The first evaluation records the flow while holding no other connection, so that many first
+        # evaluations at once cannot take the whole pool and wait for each other.
+        with self.engine.begin() as writer:
+            writer.execute(self._insert(FLOWS).on_conflict_do_nothing(), {
+                "flow_name": trigger.flow, "table_name": trigger.table, "tags_json": canonical_tags(trigger.tags),
+                "start_ts": None if trigger.start is None else to_micros(trigger.start), "last_event_id": 0,
+                "created_at": now_micros(), "acked_at": None})
+        with self._reader.connect() as conn:
+            cursor = self.flow(trigger.flow, trigger.table, conn=conn)
+            assert cursor is not None
+            return self._snapshot_events(conn, trigger, cursor)
+
+    def _snapshot_events(self, conn: Connection, trigger: SnapshotTrigger, cursor: FlowCursor
+                         ) -> SnapshotTriggerResult:
+        # The flow's cursor, the horizon and the events are read on one connection (one pool checkout); on
+        # PostgreSQL each is its own autocommit statement, the horizon's lock released once it is read.
+        if cursor.tags != trigger.tags:
+            raise FlowConflictError(
+                f"flow {trigger.flow!r} follows table {trigger.table!r} with tags {cursor.tags}, not "
+                f"{trigger.tags}: use another flow name for another filter")
+        horizon = self._stable_horizon(conn)
+        ev = EVENTS
+        where = [ev.c.table_name == trigger.table, ev.c.event_id > cursor.last_event_id, *_tag_filter(trigger.tags)]
+        if horizon is not None:
+            where.append(ev.c.event_id <= horizon)
+        if cursor.start is not None:
+            where.append(ev.c.event_ts >= to_micros(cursor.start))
+        rows = conn.execute(select(ev).where(*where).order_by(ev.c.event_id).limit(trigger.limit + 1)).all()
         return SnapshotTriggerResult(fired=bool(rows), cursor=cursor, events=[_event(r) for r in rows[:trigger.limit]],
                                      has_more=len(rows) > trigger.limit)
 

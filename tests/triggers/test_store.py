@@ -22,6 +22,7 @@ from bitlake.triggers import (
     TriggerError,
     TriggerStore,
 )
+from bitlake.triggers.store import make_engine
 from bitlake.triggers.tables import EVENTS, TOKENS, VERSION_TABLE, Base
 from tests.triggers.samples import commits, event
 
@@ -362,3 +363,16 @@ def test_snapshot_trigger_waits_for_a_registration_in_flight_with_a_lower_id(pos
         slow.close()
         evaluation.join(10)
         assert [e.event_id for e in result["r"].events] == [1, 2]
+
+
+@pytest.mark.postgres
+def test_every_call_needs_one_pooled_connection_at_a_time(_postgres_store_url):
+    """A flow's first evaluation records it without holding its read connection: holding both, concurrent
+    first evaluations could take the whole pool and wait for each other. A pool of one connection shows it."""
+    with TriggerStore(make_engine(_postgres_store_url, pool_size=1, max_overflow=0), migrate=False) as store:
+        store.register([event(table="db.pool", partition=None, snapshot_id=str(v)) for v in (1, 2)])
+        fired = store.evaluate_snapshot_trigger(SnapshotTrigger(flow="pool_flow", table="db.pool"))
+        assert [e.snapshot_id for e in fired.events] == ["1", "2"]
+        store.ack("pool_flow", "db.pool", fired.events[-1].event_id)
+        assert not store.evaluate_snapshot_trigger(SnapshotTrigger(flow="pool_flow", table="db.pool")).fired
+        assert store.evaluate_partition_trigger(PartitionTrigger(table="db.pool", partition=None)).fired
