@@ -10,6 +10,7 @@ shorter than ``read.broadcast_invalid_rows`` and shuffled beyond.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +24,21 @@ from bitlake.state import TableState
 _INVALID_IN = "path string, part int, seq int, offsets long"
 
 
+# Up to this many invalid rows the driver expands them from the bitmaps itself and hands them to
+# Spark as Arrow (a few MB); beyond, executors expand them, so the driver never holds a huge list.
+DRIVER_EXPANSION_ROWS = 2_000_000
+
+
+def _invalid_ids(cache: bitmap.BitmapCache, rows) -> Iterator[pa.RecordBatch]:
+    """Packed row ids of the invalid rows of segments given as dicts of path, part, seq, offsets."""
+    for r in rows:
+        bm = cache.get(r["path"], r["part"], r["seq"])
+        offsets = bitmap.invalid_offsets(bm, r["offsets"]).astype(np.int64)
+        if len(offsets):
+            ids = offsets | np.int64(rowid.segment_key(r["part"], r["seq"]))
+            yield pa.RecordBatch.from_arrays([pa.array(ids, pa.int64())], ["_invalid"])
+
+
 @dataclasses.dataclass
 class _InvalidIds:
     base: str
@@ -32,12 +48,7 @@ class _InvalidIds:
 
         cache = bitmap.BitmapCache(lambda p: os.path.join(self.base, p))
         for rb in batches:
-            for r in rb.to_pylist():
-                bm = cache.get(r["path"], r["part"], r["seq"])
-                offsets = bitmap.invalid_offsets(bm, r["offsets"]).astype(np.int64)
-                if len(offsets):
-                    ids = offsets | np.int64(rowid.segment_key(r["part"], r["seq"]))
-                    yield pa.RecordBatch.from_arrays([pa.array(ids, pa.int64())], ["_invalid"])
+            yield from _invalid_ids(cache, rb.to_pylist())
 
 
 def plan_files(state: TableState, past_events: bool = False) -> tuple[list[DataFile], list[DataFile], int]:
@@ -87,11 +98,20 @@ def read(spark, io: FileIO, state: TableState, include_row_ids: bool = False, va
     if dirty:
         segments = sorted({f.segment for f in dirty})
         rows = [(state.segments[k].bitmap, k[0], k[1], state.segments[k].offsets) for k in segments]
-        ids = (
-            spark.createDataFrame(rows, _INVALID_IN)
-            .repartition(max(1, min(len(rows), spark.sparkContext.defaultParallelism)))
-            .mapInArrow(_InvalidIds(io.base), "_invalid long")
-        )
+        if invalid <= DRIVER_EXPANSION_ROWS:
+            # One Arrow transfer instead of a Spark job with a Python worker: at a few MB it is the
+            # cheaper way, and this fixed cost is most of what a read of a small table pays.
+            cache = bitmap.BitmapCache(io.path)
+            named = [dict(zip(("path", "part", "seq", "offsets"), r, strict=True)) for r in rows]
+            batches = list(_invalid_ids(cache, named))
+            ids_table = pa.Table.from_batches(batches, schema=pa.schema([("_invalid", pa.int64())]))
+            ids = spark.createDataFrame(ids_table)
+        else:
+            ids = (
+                spark.createDataFrame(rows, _INVALID_IN)
+                .repartition(max(1, min(len(rows), spark.sparkContext.defaultParallelism)))
+                .mapInArrow(_InvalidIds(io.base), "_invalid long")
+            )
         if valid_at is not None:
             ids = ids.join(_revived(spark, io, state, valid_at), F.col("_invalid") == F.col("_revived"), "left_anti")
         if invalid <= meta.int_prop("read.broadcast_invalid_rows"):
