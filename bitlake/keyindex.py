@@ -145,6 +145,7 @@ class KeyIndex:
         universal.max_size_amplification_percent = 400
         options.set_universal_compaction_options(universal)
         options.set_level_zero_file_num_compaction_trigger(8)
+        options.set_keep_log_file_num(1)  # RocksDB's own info log: keep no old ones
         table = BlockBasedOptions()
         table.set_bloom_filter(10, False)
         options.set_block_based_table_factory(table)

@@ -241,12 +241,16 @@ class Table:
         return IngestResult(batch.batch_id, result.version, True, False, {})
 
     def _commit_metagen(self, spark, batch: Batch | None, inline: bool | None) -> IngestResult:
+        # The key index, once an inline attempt has opened it: held until the commit is applied to it,
+        # so a commit opens RocksDB once.
+        opened: list[keyindex.KeyIndex] = []
+
         def build(state: TableState):
             batches = list(state.pending) + ([batch] if batch else [])
             if not batches:
                 return None, []
             version = state.version + 1
-            out = self._run_metagen(spark, state, batches, version, inline)
+            out = self._run_metagen(spark, state, batches, version, inline, opened)
             batch_counts = {b.batch_id: out.batch_counts.get(i, dict.fromkeys(metagen.COUNTS, 0))
                             for i, b in enumerate(batches)}
             timestamp_ms = commitlog.now_ms(state.timestamp_ms)
@@ -270,31 +274,39 @@ class Table:
             )
             return c, out.written()
 
-        result = self._commit(build, batch)
-        if isinstance(result, IngestResult):
-            return result
-        if result is None:
-            return IngestResult(None, self.version, False, True, {})
-        self._update_index()
+        try:
+            result = self._commit(build, batch)
+            if isinstance(result, IngestResult):
+                return result
+            if result is None:
+                return IngestResult(None, self.version, False, True, {})
+            self._update_index(opened[0] if opened else None)
+        finally:
+            for index in opened:
+                index.close()
         counts = result.batch_counts.get(batch.batch_id, {}) if batch else dict(result.counts)
         return IngestResult(batch.batch_id if batch else None, result.version, True, True, counts, result.processed)
 
-    def _run_metagen(self, spark, state: TableState, batches: list[Batch], version: int, inline: bool | None):
+    def _run_metagen(self, spark, state: TableState, batches: list[Batch], version: int, inline: bool | None,
+                     opened: list[keyindex.KeyIndex]):
         from bitlake.spark import metagen as spark_metagen
 
         meta = state.metadata
         rows = sum(b.records for b in batches)
         if meta.keyed and inline is not False and (inline or rows <= meta.int_prop("metagen.inline_max_rows")):
             try:
-                with keyindex.KeyIndex(self.io, meta) as index:
-                    index.catch_up(state)
-                    return metagen.run_inline(self.io, state, batches, version, index)
+                if not opened:
+                    opened.append(keyindex.KeyIndex(self.io, meta))
+                opened[0].catch_up(state)
+                return metagen.run_inline(self.io, state, batches, version, opened[0])
+            except keyindex.IndexAheadError:
+                raise  # the state is stale: _commit refreshes and builds again
             except IndexUnavailableError:
                 if inline:
                     raise
         return spark_metagen.run(spark or _session(), self.io, state, batches, version)
 
-    def _update_index(self) -> None:
+    def _update_index(self, index: keyindex.KeyIndex | None) -> None:
         """Brings the key index up to the latest commit, so the next inline MetaGen starts warm.
 
         Best effort: the commit has landed, and an index that is busy or behind only costs the
@@ -303,8 +315,11 @@ class Table:
         if not keyindex.supported(state.metadata):
             return
         try:
-            with keyindex.KeyIndex(self.io, state.metadata) as index:
+            if index is not None:
                 index.catch_up(state)
+                return
+            with keyindex.KeyIndex(self.io, state.metadata) as fresh:
+                fresh.catch_up(state)
         except IndexUnavailableError:
             pass
 
