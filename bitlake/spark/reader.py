@@ -1,10 +1,10 @@
 """Current-view reads in Spark: the committed data files, rows filtered by the bitmaps.
 
-The plan is chosen per file from the segment counts in the commit log, without reading a bitmap on
-the driver: a file whose segments are fully valid is scanned plainly; a file whose segments have no
-valid row is skipped; the rest are scanned and left-anti-joined on the packed 64-bit row id with the
-invalid row ids, which executors expand from the bitmap files. That list is broadcast while it is
-shorter than ``read.broadcast_invalid_rows`` and shuffled beyond.
+The plan is chosen per file from the segment counts in the commit log: a file whose segments are
+fully valid is scanned plainly; a file whose segments have no valid row is skipped; the rest are
+scanned and left-anti-joined on the packed 64-bit row id with the invalid row ids, which the driver
+expands from the bitmap files up to ``DRIVER_EXPANSION_ROWS`` and executors beyond. That list is
+broadcast while it is shorter than ``read.broadcast_invalid_rows`` and shuffled beyond.
 """
 
 from __future__ import annotations
