@@ -12,19 +12,7 @@ from rocksdict import Options, Rdict
 import bitlake
 from bitlake import keyindex
 from bitlake.keyindex import encode_keys
-
-SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("mod", pa.int64())])
-
-
-def batch(ids, names, mods, ops=None):
-    cols = {"id": pa.array(ids, pa.int64()), "name": pa.array(names, pa.string()), "mod": pa.array(mods, pa.int64())}
-    if ops is not None:
-        cols["op"] = pa.array(ops, pa.string())
-    return pa.table(cols)
-
-
-def view(t):
-    return sorted((r["id"], r["name"], r["mod"]) for r in t.to_arrow().to_pylist())
+from tests.test_table import SCHEMA, batch, view
 
 
 @pytest.mark.parametrize(
