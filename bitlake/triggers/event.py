@@ -112,18 +112,21 @@ def checked_text(max_chars: int | None = None, *, max_bytes: int | None = None, 
     """A pydantic check of a string: encodable UTF-8, no NUL, no control characters unless ``controls``, and
     at most ``max_chars`` characters and ``max_bytes`` bytes of UTF-8."""
     def check(value: str) -> str:
-        try:
-            encoded = value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError("text must be valid Unicode (no lone surrogates)") from None
+        if value.isascii():  # most text: no surrogates, as many bytes as characters, no encoding needed
+            size = len(value)
+        else:
+            try:
+                size = len(value.encode("utf-8"))
+            except UnicodeEncodeError:
+                raise ValueError("text must be valid Unicode (no lone surrogates)") from None
         if "\x00" in value:
             raise ValueError("text must not contain NUL characters")
         if not controls and _CONTROL.search(value):
             raise ValueError("text must not contain control characters")
         if max_chars is not None and len(value) > max_chars:
             raise ValueError(f"at most {max_chars} characters, got {len(value)}")
-        if max_bytes is not None and len(encoded) > max_bytes:
-            raise ValueError(f"at most {max_bytes} bytes in UTF-8, got {len(encoded)}")
+        if max_bytes is not None and size > max_bytes:
+            raise ValueError(f"at most {max_bytes} bytes in UTF-8, got {size}")
         return value
 
     return AfterValidator(check)
@@ -146,23 +149,27 @@ TagKey = Annotated[str, Field(min_length=1, max_length=MAX_TAG_KEY_CHARS, patter
 TagValue = Annotated[str, checked_text(MAX_TAG_VALUE_CHARS, controls=True)]
 
 
+# json.dumps with options builds an encoder per call; every registered event needs one of these texts.
+_COMPACT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_COMPACT_SORTED = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
+
+
 def canonical_partition(partition: list[str | None] | None) -> str:
     """The stored form of a partition: compact JSON, ``null`` for an unpartitioned table."""
-    return json.dumps(partition, ensure_ascii=False, separators=(",", ":"))
+    return _COMPACT(partition)
 
 
 def canonical_tags(tags: dict[str, str]) -> str:
-    return json.dumps(tags, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    return _COMPACT_SORTED(tags)
 
 
-# A character takes at most 6 bytes in this JSON (a \uXXXX escape; others 1 to 4 bytes of UTF-8): below
-# these bounds the exact size need not be computed, which spares two JSON encodings per registered event.
-def _json_bound(texts: Iterable[str | None]) -> int:
-    return 2 + sum(6 * len(t) + 3 if t is not None else 5 for t in texts)
-
-
+# A character takes at most 6 bytes in this JSON (a \uXXXX escape; others 1 to 4 bytes of UTF-8), a value
+# at most 5 more (quotes or null, and a comma), a tag 6 (two pairs of quotes, colon, comma): below these
+# bounds the exact size need not be computed, which spares two JSON encodings per registered event. The
+# bounds are sums over C iterators: they run for every event of every registration.
 def _check_partition(partition: list[str | None] | None) -> list[str | None] | None:
-    if partition is None or _json_bound(partition) <= MAX_PARTITION_JSON_BYTES:
+    if partition is None or 2 + 5 * len(partition) + 6 * sum(map(len, filter(None, partition))) \
+            <= MAX_PARTITION_JSON_BYTES:
         return partition
     if len(canonical_partition(partition).encode()) > MAX_PARTITION_JSON_BYTES:
         raise ValueError(f"the partition's JSON is longer than {MAX_PARTITION_JSON_BYTES} bytes")
@@ -170,7 +177,7 @@ def _check_partition(partition: list[str | None] | None) -> list[str | None] | N
 
 
 def _check_tags(tags: dict[str, str]) -> dict[str, str]:
-    if _json_bound([*tags, *tags.values()]) <= MAX_TAGS_JSON_BYTES:
+    if 2 + 6 * (len(tags) + sum(map(len, tags)) + sum(map(len, tags.values()))) <= MAX_TAGS_JSON_BYTES:
         return tags
     if len(canonical_tags(tags).encode()) > MAX_TAGS_JSON_BYTES:
         raise ValueError(f"the tags' JSON is longer than {MAX_TAGS_JSON_BYTES} bytes")

@@ -39,7 +39,7 @@ from bitlake.triggers.event import (
 from bitlake.triggers.store import (
     ANY_PARTITION,
     EventPage,
-    Registration,
+    RegistrationResult,
     Role,
     TokenInfo,
     TriggerStore,
@@ -71,14 +71,14 @@ def _printable(value: Any) -> Any:
     return value
 
 
-def _json(model: BaseModel) -> Response:
-    """``model`` as the response body, serialised once by pydantic.
+def _json(body: BaseModel | bytes) -> Response:
+    """``body`` as the response, JSON serialised once: by pydantic, or already by the store.
 
-    Returning the model itself would make FastAPI validate it again against the response model and then
-    serialise it: for a trigger that fires 1,000 events that is most of the request's time. The routes keep
-    ``response_model`` for the OpenAPI spec.
+    Returning a model would make FastAPI validate it again against the response model and then serialise
+    it; the store's ``*_json`` methods go further and have the database write the JSON of the events they
+    return, so no Python object is built per event. The routes keep ``response_model`` for the OpenAPI spec.
     """
-    return Response(model.model_dump_json(), media_type="application/json")
+    return Response(body if isinstance(body, bytes) else body.model_dump_json(), media_type="application/json")
 
 
 def _reasons(error: ValidationError) -> str:
@@ -91,10 +91,6 @@ class EventBatch(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS_PER_REQUEST)
-
-
-class RegistrationResult(BaseModel):
-    events: list[Registration] = Field(description="One per event sent, in order")
 
 
 class BodyLimit:
@@ -248,7 +244,7 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
         """Register 1 to 1000 events in one transaction (all or nothing); retries return the existing events."""
         for table in sorted({e.table for e in batch.events}):
             in_scope(info, table)
-        return _json(RegistrationResult(events=store.register(batch.events)))
+        return _json(store.register_json(batch.events))
 
     @app.get("/events", tags=["events"], response_model=EventPage)
     def list_events(
@@ -283,20 +279,21 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
             tags = _TAGS.validate_python(tags)
         except ValidationError as e:
             raise HTTPException(422, f"bad tag filter: {_printable(_reasons(e))}") from None
-        return _json(store.events(table, partition=wanted, tags=tags, since=since, until=until,
-                                  min_event_id=min_event_id, max_event_id=max_event_id, cursor=cursor, limit=limit))
+        return _json(store.events_json(table, partition=wanted, tags=tags, since=since, until=until,
+                                       min_event_id=min_event_id, max_event_id=max_event_id, cursor=cursor,
+                                       limit=limit))
 
     @app.post("/triggers/partition", tags=["triggers"], response_model=PartitionTriggerResult)
     def partition_trigger(trigger: PartitionTrigger, info: Annotated[TokenInfo, Depends(consumer)]) -> Response:
         """Has the partition (templates rendered at the scheduled time) arrived by the evaluation time?"""
         in_scope(info, trigger.table)
-        return _json(store.evaluate_partition_trigger(trigger))
+        return _json(store.evaluate_partition_trigger_json(trigger))
 
     @app.post("/triggers/snapshot", tags=["triggers"], response_model=SnapshotTriggerResult)
     def snapshot_trigger(trigger: SnapshotTrigger, info: Annotated[TokenInfo, Depends(consumer)]) -> Response:
         """The flow's events after its last acknowledged one; does not move the cursor."""
         in_scope(info, trigger.table)
-        return _json(store.evaluate_snapshot_trigger(trigger))
+        return _json(store.evaluate_snapshot_trigger_json(trigger))
 
     @app.post("/triggers/snapshot/ack", tags=["triggers"], response_model=FlowCursor)
     def snapshot_ack(ack: SnapshotAck, info: Annotated[TokenInfo, Depends(consumer)]) -> Response:

@@ -24,6 +24,7 @@ import binascii
 import datetime as dt
 import enum
 import fnmatch
+import functools
 import hashlib
 import json
 import secrets
@@ -36,10 +37,22 @@ from typing import Any
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from pydantic import BaseModel, Field
-from sqlalchemy import Connection, Engine, and_, create_engine, event, insert, select, text, tuple_, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    create_engine,
+    event,
+    insert,
+    literal_column,
+    select,
+    text,
+    tuple_,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row, make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.pool import StaticPool
 
 from bitlake.triggers.config import DEFAULT_DB_URL, TriggerConfig
@@ -54,8 +67,6 @@ from bitlake.triggers.errors import (
 from bitlake.triggers.event import (
     Event,
     EventIn,
-    OperationType,
-    TableFormat,
     Timestamp,
     canonical_partition,
     canonical_tags,
@@ -109,9 +120,15 @@ class Registration(BaseModel):
     event: Event
 
 
+class RegistrationResult(BaseModel):
+    """The answer to a registration (``POST /events``)."""
+
+    events: list[Registration] = Field(description="One per event sent, in order")
+
+
 class EventPage(BaseModel):
-    events: list[Event]
     next_cursor: str | None = Field(description="Pass as cursor to get the next page; null on the last page")
+    events: list[Event]
 
 
 class _AnyPartition:
@@ -169,7 +186,7 @@ def make_engine(url: str, *, pool_size: int = 5, max_overflow: int = 10, echo: b
     if backend == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return create_engine(parsed, echo=echo, pool_size=pool_size, max_overflow=max_overflow, pool_pre_ping=True)
+        return create_engine(parsed, echo=echo, pool_size=pool_size, max_overflow=max_overflow)
     raise ValueError(f"the trigger store runs on SQLite or PostgreSQL, not {backend!r} ({url})")
 
 
@@ -186,25 +203,42 @@ def run_migrations(engine: Engine, revision: str = "head") -> None:
         command.upgrade(cfg, revision)
 
 
-_FORMATS = {f.value: f for f in TableFormat}
-_OPERATIONS = {o.value: o for o in OperationType}
+def _timestamp_sql(dialect: str, column: str) -> str:
+    """SQL of the text :func:`~bitlake.triggers.event.format_timestamp` writes for an integer of microseconds
+    since the epoch (NULL stays NULL), exact over years 1 to 9999: whole seconds and microseconds are added
+    separately, so no floating-point value holds more than 2**53."""
+    if dialect == "postgresql":
+        return (f"to_char(timestamp '1970-01-01' + ({column} / 1000000) * interval '1 second' "
+                f"+ mod({column}, 1000000) * interval '1 microsecond', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
+    micros = f"(({column}) % 1000000 + 1000000) % 1000000"  # SQLite's % truncates: this is the floor's remainder
+    return (f"strftime('%Y-%m-%dT%H:%M:%S', (({column}) - {micros}) / 1000000, 'unixepoch') "
+            f"|| printf('.%06dZ', {micros})")
 
 
-def _event(row: Row) -> Event:
-    # A trigger hands out up to 1,000 of these per request: no validation (the store wrote them), and
-    # enum members by dict lookup rather than by the slower Enum call.
-    return Event.model_construct(
-        event_id=row.event_id,
-        event_ts=from_micros(row.event_ts),
-        table=row.table_name,
-        partition=json.loads(row.partition_json),
-        snapshot_id=row.snapshot_id or None,
-        snapshot_ts=None if row.snapshot_ts is None else from_micros(row.snapshot_ts),
-        prev_snapshot_id=row.prev_snapshot_id,
-        table_format=_FORMATS[row.table_format],
-        operation_type=_OPERATIONS[row.operation_type],
-        tags=row.tags,
-    )
+def event_json_sql(dialect: str, alias: str) -> str:
+    """SQL of the JSON text of the event row ``alias`` in the documented encoding (see
+    :func:`~bitlake.triggers.event.encode_events`): the database writes the events a request hands out, so
+    Python never builds an object per event. tests/triggers/test_store.py checks it against the models."""
+    e = alias
+    ts = functools.partial(_timestamp_sql, dialect)
+    if dialect == "postgresql":
+        return (f"CAST(json_build_object('event_id', {e}.event_id, 'event_ts', {ts(f'{e}.event_ts')}, "
+                f"'table', {e}.table_name, 'partition', CAST({e}.partition_json AS json), "
+                f"'snapshot_id', nullif({e}.snapshot_id, ''), 'snapshot_ts', {ts(f'{e}.snapshot_ts')}, "
+                f"'prev_snapshot_id', {e}.prev_snapshot_id, 'table_format', {e}.table_format, "
+                f"'operation_type', {e}.operation_type, 'tags', {e}.tags) AS text)")
+    return (f"json_object('event_id', {e}.event_id, 'event_ts', {ts(f'{e}.event_ts')}, "
+            f"'table', {e}.table_name, 'partition', json({e}.partition_json), "
+            f"'snapshot_id', nullif({e}.snapshot_id, ''), 'snapshot_ts', {ts(f'{e}.snapshot_ts')}, "
+            f"'prev_snapshot_id', {e}.prev_snapshot_id, 'table_format', {e}.table_format, "
+            f"'operation_type', {e}.operation_type, 'tags', json({e}.tags))")
+
+
+def _with_events(head: BaseModel, events: Iterable[str]) -> bytes:
+    """``head`` as JSON with the events' JSON texts as its ``events``, which must be its last field, empty."""
+    text = head.model_dump_json()
+    assert text.endswith(',"events":[]}'), text[-40:]
+    return f"{text[:-2]}{','.join(events)}]}}".encode()
 
 
 def _cursor(row: Row) -> FlowCursor:
@@ -235,10 +269,12 @@ def _row(e: EventIn, event_ts: int) -> dict[str, Any]:
 
 # One statement for any batch size, so that psycopg parses and prepares it once; the batch is one JSON
 # parameter (escaping text arrays element by element cost more than the rest of the call). The lock CTE
-# feeds every input row, so the shared lock is held before the INSERT draws an id. The second SELECT sees the rows that
-# existed before the statement (not the ones it inserts); a key inserted by a transaction that committed
-# meanwhile is in neither part, and _register_postgresql reads it in a second statement.
-_PG_REGISTER = text("""
+# feeds every input row, so the shared lock is held before the INSERT draws an id. The second part of
+# ``found`` sees the rows that existed before the statement (not the ones it inserts) and names the payload
+# fields in which each differs from the input; a key inserted by a transaction that committed meanwhile is in
+# neither part, and _register_postgresql reads it in a second statement. Each row comes back with the
+# event's JSON, so Python neither parses the stored rows nor builds the answer's events.
+_PG_REGISTER = text(f"""
 WITH registration_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(:lock_key) AS locked),
 input AS (
     SELECT i.* FROM registration_lock,
@@ -254,11 +290,56 @@ inserted AS (
     FROM input ORDER BY ord
     ON CONFLICT (table_name, partition_json, snapshot_id) DO NOTHING
     RETURNING *
+),
+found AS (
+    SELECT true AS created, '' AS differs, inserted.* FROM inserted
+    UNION ALL
+    SELECT false AS created, concat_ws(',',
+        CASE WHEN e.snapshot_ts IS DISTINCT FROM input.snapshot_ts THEN 'snapshot_ts' END,
+        CASE WHEN e.prev_snapshot_id IS DISTINCT FROM input.prev_snapshot_id THEN 'prev_snapshot_id' END,
+        CASE WHEN e.table_format <> input.table_format THEN 'table_format' END,
+        CASE WHEN e.operation_type <> input.operation_type THEN 'operation_type' END,
+        CASE WHEN e.tags <> input.tags THEN 'tags' END), e.*
+    FROM events AS e JOIN input USING (table_name, partition_json, snapshot_id)
 )
-SELECT true AS created, inserted.* FROM inserted
-UNION ALL
-SELECT false AS created, e.* FROM events AS e JOIN input USING (table_name, partition_json, snapshot_id)
+SELECT table_name, partition_json, snapshot_id, event_id, created, differs,
+       {event_json_sql("postgresql", "found")} AS event_json
+FROM found
 """)
+
+# The flow's cursor and the stable horizon (see the module docstring) in one autocommit statement.
+_PG_FLOW_AND_HORIZON = text("""
+SELECT (SELECT max(event_id) FROM events) AS horizon, f.*
+FROM (SELECT pg_advisory_xact_lock(:lock_key)) AS registration_lock
+LEFT JOIN flows AS f ON f.flow_name = :flow AND f.table_name = :table
+""")
+
+# What _register finds for each key of a batch: event id, whether this request created it, the payload
+# fields in which the stored event differs from the request's, and the stored event's JSON.
+_Found = tuple[int, bool, list[str], str]
+
+
+def _once_more_if_disconnected(method):
+    """Runs ``method`` again when its connection turned out to be dead (the database restarted).
+
+    The pool does not ping a connection before handing it out (a round trip on every request); SQLAlchemy
+    instead drops every pooled connection when one fails as disconnected, so the second attempt opens a new
+    one. Each operation wrapped is idempotent: a registration whose commit was lost with the connection is a
+    retry (its events come back with ``created`` false), an acknowledgement a no-op.
+    """
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except DBAPIError as e:
+            if not e.connection_invalidated:
+                raise
+        return method(self, *args, **kwargs)
+
+    return call
+
+
+_COMPACT_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 def _tag_filter(tags: Mapping[str, str] | None) -> list:
@@ -284,6 +365,7 @@ class TriggerStore:
         # Single-statement reads need no transaction block; on PostgreSQL one costs two extra round trips.
         self._reader = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
                         if self.dialect == "postgresql" else self.engine)
+        self._event_json = literal_column(event_json_sql(self.dialect, EVENTS.name)).label("event_json")
         if migrate:
             run_migrations(self.engine)
 
@@ -332,9 +414,15 @@ class TriggerStore:
             EventConflictError: an event exists under the same key with a different payload; nothing of
                 the batch is written.
         """
+        return RegistrationResult.model_validate_json(self.register_json(events)).events
+
+    @_once_more_if_disconnected
+    def register_json(self, events: Iterable[EventIn | Mapping[str, Any]]) -> bytes:
+        """:meth:`register`, answering with the JSON of a :class:`RegistrationResult` (what ``POST /events``
+        returns), the events' JSON written by the database."""
         batch = [e if isinstance(e, EventIn) else EventIn.model_validate(e) for e in events]
         if not batch:
-            return []
+            return b'{"events":[]}'
         registered_at = now_micros()
         rows = [_row(e, registered_at) for e in batch]
         for attempt in range(3):
@@ -347,8 +435,7 @@ class TriggerStore:
                     raise
         raise AssertionError("unreachable")
 
-    def _register(self, batch: list[EventIn], rows: list[dict[str, Any]]) -> list[Registration]:
-        ev = EVENTS
+    def _register(self, batch: list[EventIn], rows: list[dict[str, Any]]) -> bytes:
         # Ids follow the order of the batch (a producer sends its commits in order); a duplicate key
         # inserts once, and the INSERT skips keys already registered.
         unique: dict[tuple[str, str, str], dict[str, Any]] = {}
@@ -356,49 +443,66 @@ class TriggerStore:
             unique.setdefault((r["table_name"], r["partition_json"], r["snapshot_id"]), r)
         with self.engine.begin() as conn:
             if self.dialect == "postgresql":
-                created, stored = self._register_postgresql(conn, unique)
+                found = self._register_postgresql(conn, unique)
             else:
+                ev = EVENTS
                 statement = (self._insert(ev)
                              .on_conflict_do_nothing(index_elements=["table_name", "partition_json", "snapshot_id"])
                              .returning(ev.c.event_id))
                 created = set(conn.execute(statement, list(unique.values())).scalars())
-                stored = {
-                    (r.table_name, r.partition_json, r.snapshot_id): r
-                    for r in conn.execute(select(ev).where(
-                        tuple_(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id).in_(list(unique))))
-                }
+                found = {key: (event_id, event_id in created, differs, event_json)
+                         for key, (event_id, _, differs, event_json)
+                         in self._stored(conn, unique, list(unique)).items()}
             out = []
             for e, r in zip(batch, rows, strict=True):
-                existing = stored[(r["table_name"], r["partition_json"], r["snapshot_id"])]
-                differs = [f for f in _PAYLOAD if getattr(existing, f) != r[f]]
+                key = (r["table_name"], r["partition_json"], r["snapshot_id"])
+                event_id, created, differs, event_json = found[key]
+                first = unique[key]
+                if r is not first:  # a duplicate inside the batch is a retry of the first
+                    created, differs = False, [f for f in _PAYLOAD if r[f] != first[f]]
                 if differs:
                     raise EventConflictError(
-                        f"event {existing.event_id} of table {e.table!r}, partition {e.partition!r}, snapshot "
+                        f"event {event_id} of table {e.table!r}, partition {e.partition!r}, snapshot "
                         f"{e.snapshot_id!r} is registered with other {', '.join(differs)}; a retry must repeat "
                         f"the event exactly (nothing of this request was registered)")
-                out.append(Registration(created=existing.event_id in created, event=_event(existing)))
-                created.discard(existing.event_id)  # a duplicate inside the batch is a retry of the first
-            return out
+                out.append(f'{{"created":{"true" if created else "false"},"event":{event_json}}}')
+            return f'{{"events":[{",".join(out)}]}}'.encode()
 
     def _register_postgresql(self, conn: Connection, unique: dict[tuple[str, str, str], dict[str, Any]]
-                             ) -> tuple[set[int], dict[tuple[str, str, str], Row]]:
+                             ) -> dict[tuple[str, str, str], _Found]:
         values = list(unique.values())
-        rows = json.dumps([{"ord": i, **{k: v for k, v in r.items() if k != "event_ts"}} for i, r in enumerate(values)],
-                          ensure_ascii=False, separators=(",", ":"))
+        rows = _COMPACT_JSON([{**r, "ord": i} for i, r in enumerate(values)])  # event_ts is ignored: one for all
         params = {"rows": rows, "event_ts": values[0]["event_ts"], "lock_key": REGISTRATION_LOCK}
-        created: set[int] = set()
-        stored: dict[tuple[str, str, str], Row] = {}
-        for r in conn.execute(_PG_REGISTER, params):
-            stored[(r.table_name, r.partition_json, r.snapshot_id)] = r
-            if r.created:
-                created.add(r.event_id)
-        missing = [key for key in unique if key not in stored]
+        found: dict[tuple[str, str, str], _Found] = {
+            (table, partition, snapshot): (event_id, created, differs.split(",") if differs else [], event_json)
+            for table, partition, snapshot, event_id, created, differs, event_json
+            in conn.execute(_PG_REGISTER, params).all()}
+        missing = [key for key in unique if key not in found]
         if missing:  # registered by a transaction that committed while this one ran; now visible
-            ev = EVENTS
-            for r in conn.execute(select(ev).where(
-                    tuple_(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id).in_(missing))):
-                stored[(r.table_name, r.partition_json, r.snapshot_id)] = r
-        return created, stored
+            found.update(self._stored(conn, unique, missing))
+        return found
+
+    def _stored(self, conn: Connection, unique: Mapping[tuple[str, str, str], dict[str, Any]],
+                keys: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], _Found]:
+        """The stored events of ``keys``, each with the payload fields in which it differs from ``unique``'s."""
+        ev = EVENTS
+        query = select(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id, ev.c.event_id,
+                       *(ev.c[f] for f in _PAYLOAD), self._event_json).where(
+            tuple_(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id).in_(keys))
+        found: dict[tuple[str, str, str], _Found] = {}
+        for r in conn.execute(query):
+            key = (r.table_name, r.partition_json, r.snapshot_id)
+            found[key] = (r.event_id, False, [f for f in _PAYLOAD if getattr(r, f) != unique[key][f]], r.event_json)
+        return found
+
+    def _fired(self, conn: Connection, where: list, limit: int) -> tuple[list[str], int | None, bool]:
+        """The JSON of the first ``limit`` events matching ``where`` by event id, the last one's id, and
+        whether more matched."""
+        ev = EVENTS
+        rows = conn.execute(select(ev.c.event_id, self._event_json).where(*where)
+                            .order_by(ev.c.event_id).limit(limit + 1)).all()
+        shown = rows[:limit]
+        return [event_json for _, event_json in shown], shown[-1][0] if shown else None, len(rows) > limit
 
     def events(self, table: str, *, partition: list[str | None] | None = ANY_PARTITION,
                tags: Mapping[str, str] | None = None, since: dt.datetime | None = None,
@@ -406,6 +510,16 @@ class TriggerStore:
                cursor: str | None = None, limit: int = 100) -> EventPage:
         """The events of ``table`` by event id, filtered: ``partition`` exactly (``None``: unpartitioned),
         every tag in ``tags``, ``since <= event_ts < until``, ``min_event_id <= event_id <= max_event_id``."""
+        return EventPage.model_validate_json(self.events_json(
+            table, partition=partition, tags=tags, since=since, until=until, min_event_id=min_event_id,
+            max_event_id=max_event_id, cursor=cursor, limit=limit))
+
+    @_once_more_if_disconnected
+    def events_json(self, table: str, *, partition: list[str | None] | None = ANY_PARTITION,
+                    tags: Mapping[str, str] | None = None, since: dt.datetime | None = None,
+                    until: dt.datetime | None = None, min_event_id: int | None = None,
+                    max_event_id: int | None = None, cursor: str | None = None, limit: int = 100) -> bytes:
+        """:meth:`events` as the JSON of an :class:`EventPage` (what ``GET /events`` returns)."""
         ev = EVENTS
         where = [ev.c.table_name == table, *_tag_filter(tags)]
         if partition is not ANY_PARTITION:
@@ -421,31 +535,38 @@ class TriggerStore:
         if cursor is not None:
             where.append(ev.c.event_id > decode_cursor(cursor))
         with self._reader.connect() as conn:
-            rows = conn.execute(select(ev).where(and_(*where)).order_by(ev.c.event_id).limit(limit + 1)).all()
-        found = [_event(r) for r in rows[:limit]]
-        return EventPage(events=found, next_cursor=encode_cursor(found[-1].event_id) if len(rows) > limit else None)
+            found, last, more = self._fired(conn, [and_(*where)], limit)
+        page = EventPage.model_construct(next_cursor=encode_cursor(last) if more and last is not None else None,
+                                         events=[])
+        return _with_events(page, found)
 
     # -- triggers -------------------------------------------------------------------------------------
 
     def evaluate_partition_trigger(self, trigger: PartitionTrigger, *, now: dt.datetime | None = None
                                    ) -> PartitionTriggerResult:
         """Fires when events of the rendered partition with the tags were registered at or before ``at``."""
+        return PartitionTriggerResult.model_validate_json(self.evaluate_partition_trigger_json(trigger, now=now))
+
+    @_once_more_if_disconnected
+    def evaluate_partition_trigger_json(self, trigger: PartitionTrigger, *, now: dt.datetime | None = None
+                                        ) -> bytes:
+        """:meth:`evaluate_partition_trigger` as the JSON of its result (what ``POST /triggers/partition``
+        returns)."""
         at, scheduled, following = trigger.evaluate_at(now or dt.datetime.now(dt.UTC))
         partition = trigger.partition
-        rows: list[Row] = []
+        found: list[str] = []
+        more = False
         if scheduled is not None:
             partition = render_partition(trigger.partition, scheduled, zoneinfo.ZoneInfo(trigger.timezone))
             ev = EVENTS
-            query = (select(ev)
-                     .where(ev.c.table_name == trigger.table, ev.c.partition_json == canonical_partition(partition),
-                            ev.c.event_ts <= to_micros(at), *_tag_filter(trigger.tags))
-                     .order_by(ev.c.event_id).limit(trigger.limit + 1))
+            where = [ev.c.table_name == trigger.table, ev.c.partition_json == canonical_partition(partition),
+                     ev.c.event_ts <= to_micros(at), *_tag_filter(trigger.tags)]
             with self._reader.connect() as conn:
-                rows = list(conn.execute(query).all())
-        return PartitionTriggerResult(
-            fired=bool(rows), table=trigger.table, partition=partition, tags=trigger.tags, evaluated_at=at,
-            scheduled_time=scheduled, next_scheduled_time=following, events=[_event(r) for r in rows[:trigger.limit]],
-            has_more=len(rows) > trigger.limit)
+                found, _, more = self._fired(conn, where, trigger.limit)
+        head = PartitionTriggerResult.model_construct(
+            fired=bool(found), table=trigger.table, partition=partition, tags=trigger.tags, evaluated_at=at,
+            scheduled_time=scheduled, next_scheduled_time=following, has_more=more, events=[])
+        return _with_events(head, found)
 
     def flow(self, flow: str, table: str, *, conn: Connection | None = None) -> FlowCursor | None:
         query = select(FLOWS).where(FLOWS.c.flow_name == flow, FLOWS.c.table_name == table)
@@ -456,6 +577,12 @@ class TriggerStore:
             row = conn.execute(query).first()
         return None if row is None else _cursor(row)
 
+    def _flow_and_horizon(self, conn: Connection, flow: str, table: str) -> tuple[FlowCursor | None, int | None]:
+        if self.dialect != "postgresql":
+            return self.flow(flow, table, conn=conn), None
+        row = conn.execute(_PG_FLOW_AND_HORIZON, {"lock_key": REGISTRATION_LOCK, "flow": flow, "table": table}).one()
+        return (None if row.flow_name is None else _cursor(row)), row.horizon or 0
+
     def evaluate_snapshot_trigger(self, trigger: SnapshotTrigger) -> SnapshotTriggerResult:
         """Fires with the flow's events after its acknowledged cursor; never moves the cursor.
 
@@ -464,10 +591,16 @@ class TriggerStore:
         Raises:
             FlowConflictError: the flow exists on this table with a different tag filter.
         """
+        return SnapshotTriggerResult.model_validate_json(self.evaluate_snapshot_trigger_json(trigger))
+
+    @_once_more_if_disconnected
+    def evaluate_snapshot_trigger_json(self, trigger: SnapshotTrigger) -> bytes:
+        """:meth:`evaluate_snapshot_trigger` as the JSON of its result (what ``POST /triggers/snapshot``
+        returns)."""
         with self._reader.connect() as conn:
-            cursor = self.flow(trigger.flow, trigger.table, conn=conn)
+            cursor, horizon = self._flow_and_horizon(conn, trigger.flow, trigger.table)
             if cursor is not None:
-                return self._snapshot_events(conn, trigger, cursor)
+                return self._snapshot_events(conn, trigger, cursor, horizon)
         # The first evaluation records the flow while holding no other connection, so that many first
         # evaluations at once cannot take the whole pool and wait for each other.
         with self.engine.begin() as writer:
@@ -476,29 +609,29 @@ class TriggerStore:
                 "start_ts": None if trigger.start is None else to_micros(trigger.start), "last_event_id": 0,
                 "created_at": now_micros(), "acked_at": None})
         with self._reader.connect() as conn:
-            cursor = self.flow(trigger.flow, trigger.table, conn=conn)
+            cursor, horizon = self._flow_and_horizon(conn, trigger.flow, trigger.table)
             assert cursor is not None
-            return self._snapshot_events(conn, trigger, cursor)
+            return self._snapshot_events(conn, trigger, cursor, horizon)
 
-    def _snapshot_events(self, conn: Connection, trigger: SnapshotTrigger, cursor: FlowCursor
-                         ) -> SnapshotTriggerResult:
-        # The flow's cursor, the horizon and the events are read on one connection (one pool checkout); on
-        # PostgreSQL each is its own autocommit statement, the horizon's lock released once it is read.
+    def _snapshot_events(self, conn: Connection, trigger: SnapshotTrigger, cursor: FlowCursor,
+                         horizon: int | None) -> bytes:
+        # The flow's cursor with the horizon, then the events: two autocommit statements on one connection
+        # (one pool checkout) on PostgreSQL, the horizon's lock released once it is read.
         if cursor.tags != trigger.tags:
             raise FlowConflictError(
                 f"flow {trigger.flow!r} follows table {trigger.table!r} with tags {cursor.tags}, not "
                 f"{trigger.tags}: use another flow name for another filter")
-        horizon = self._stable_horizon(conn)
         ev = EVENTS
         where = [ev.c.table_name == trigger.table, ev.c.event_id > cursor.last_event_id, *_tag_filter(trigger.tags)]
         if horizon is not None:
             where.append(ev.c.event_id <= horizon)
         if cursor.start is not None:
             where.append(ev.c.event_ts >= to_micros(cursor.start))
-        rows = conn.execute(select(ev).where(*where).order_by(ev.c.event_id).limit(trigger.limit + 1)).all()
-        return SnapshotTriggerResult(fired=bool(rows), cursor=cursor, events=[_event(r) for r in rows[:trigger.limit]],
-                                     has_more=len(rows) > trigger.limit)
+        found, _, more = self._fired(conn, where, trigger.limit)
+        head = SnapshotTriggerResult.model_construct(fired=bool(found), cursor=cursor, has_more=more, events=[])
+        return _with_events(head, found)
 
+    @_once_more_if_disconnected
     def ack(self, flow: str, table: str, event_id: int) -> FlowCursor:
         """Move the flow's cursor on ``table`` to ``event_id``: its run processed every event up to it.
 
@@ -566,6 +699,7 @@ class TriggerStore:
                                                   "tables": globs, "created_at": now_micros(), "revoked_at": None})
         return token
 
+    @_once_more_if_disconnected
     def authenticate(self, token: str) -> TokenInfo | None:
         """The token's details, or None when it is unknown or revoked."""
         tk = TOKENS

@@ -209,8 +209,8 @@ class PartitionTriggerResult(BaseModel):
     evaluated_at: Timestamp
     scheduled_time: Timestamp | None = Field(description="Null when the evaluation time is before start")
     next_scheduled_time: Timestamp | None
-    events: list[Event]
     has_more: bool = Field(description="More events matched than limit; these are the first by event_id")
+    events: list[Event]  # last: the service writes the other fields and appends the database's JSON of these
 
 
 class SnapshotTrigger(BaseModel):
@@ -251,5 +251,5 @@ class FlowCursor(BaseModel):
 class SnapshotTriggerResult(BaseModel):
     fired: bool
     cursor: FlowCursor
-    events: list[Event] = Field(description="The events after the cursor, by event_id")
     has_more: bool = Field(description="More events are pending than limit; ack these, evaluate again")
+    events: list[Event] = Field(description="The events after the cursor, by event_id")  # last, as above

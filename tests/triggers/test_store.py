@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 import time
 
+import psycopg
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -21,7 +23,9 @@ from bitlake.triggers import (
     SnapshotTrigger,
     TriggerError,
     TriggerStore,
+    encode_events,
 )
+from bitlake.triggers.event import format_timestamp, parse_timestamp
 from bitlake.triggers.store import make_engine
 from bitlake.triggers.tables import EVENTS, TOKENS, VERSION_TABLE, Base
 from tests.triggers.samples import commits, event
@@ -127,6 +131,26 @@ def test_events_keep_every_field_exactly(store):
     assert store.events(sent["table"]).events == [e]
     hive = store.register([event(snapshot_id=None, snapshot_ts=None, partition=None)])[0].event
     assert (hive.snapshot_id, hive.snapshot_ts, hive.partition) == (None, None, None)
+
+
+def test_the_database_writes_events_in_the_documented_encoding(store):
+    """The store hands out events as JSON the database writes (``event_json_sql``): it must be what
+    ``encode_events`` writes, at the ends of the timestamp range and for text that JSON escapes."""
+    stamps = ["0001-01-01T00:00:00Z", "9999-12-31T23:59:59.999999Z", "1969-12-31T23:59:59.999999Z", -1, 0,
+              "1970-01-01T00:00:00.000001Z", "2024-02-29T12:34:56.654321+05:30", None]
+    sent = [event(table='db."quoted" \\ tàble', partition=["a\nb", None, "\u2028 ✓ \x7f", '"'], snapshot_id=str(i),
+                  snapshot_ts=ts, prev_snapshot_id=str(i - 1) if i else None,
+                  tags={"k": 'v"\\\u0001\t', "u": "ß"} if i % 2 else {}) for i, ts in enumerate(stamps)]
+    sent.append(event(table=sent[0]["table"], partition=None, snapshot_id=None, snapshot_ts=None))
+    registered = [r.event for r in store.register(sent)]
+    written = json.loads(store.events_json(sent[0]["table"]))["events"]
+    assert written == json.loads(encode_events(registered))
+    for e, raw in zip(sent, written, strict=True):
+        assert (raw["table"], raw["partition"], raw["snapshot_id"], raw["tags"]) == (
+            e["table"], e["partition"], e["snapshot_id"], e["tags"])
+        assert raw["snapshot_ts"] == (None if e["snapshot_ts"] is None else
+                                      format_timestamp(parse_timestamp(e["snapshot_ts"])))
+    assert store.events(sent[0]["table"]).events == registered
 
 
 def test_snapshot_ts_accepts_epoch_milliseconds(store):
@@ -376,3 +400,34 @@ def test_every_call_needs_one_pooled_connection_at_a_time(_postgres_store_url):
         store.ack("pool_flow", "db.pool", fired.events[-1].event_id)
         assert not store.evaluate_snapshot_trigger(SnapshotTrigger(flow="pool_flow", table="db.pool")).fired
         assert store.evaluate_partition_trigger(PartitionTrigger(table="db.pool", partition=None)).fired
+
+
+@pytest.mark.postgres
+def test_a_database_restart_costs_no_failed_call(_postgres_store_url):
+    """The pool does not ping connections before use: a call whose connection the server closed runs again on a
+    new one. Every backend of the database is terminated, as a restart would, before each call."""
+    url = _postgres_store_url
+
+    def restart() -> None:
+        with psycopg.connect(url.replace("postgresql+psycopg", "postgresql"), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+
+    with TriggerStore(url) as store:
+        with store.engine.begin() as conn:
+            conn.execute(text("TRUNCATE events, flows, tokens RESTART IDENTITY"))
+        token = store.create_token("producer", ["db.*"])
+        store.register([event(table="db.r", snapshot_id="1")])
+        restart()
+        assert [r.created for r in store.register([event(table="db.r", snapshot_id="2")])] == [True]
+        restart()
+        assert store.authenticate(token) is not None
+        restart()
+        fired = store.evaluate_snapshot_trigger(SnapshotTrigger(flow="f", table="db.r"))
+        assert [e.snapshot_id for e in fired.events] == ["1", "2"]
+        restart()
+        assert store.ack("f", "db.r", fired.events[-1].event_id).last_event_id == fired.events[-1].event_id
+        restart()
+        assert store.evaluate_partition_trigger(PartitionTrigger(table="db.r", partition=["2024-01-01"])).fired
+        restart()
+        assert len(store.events("db.r").events) == 2
