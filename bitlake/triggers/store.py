@@ -12,9 +12,13 @@ order there and no horizon is needed.
 
 Round trips are what a request costs on PostgreSQL, so each operation sends few statements: reads run on
 autocommit connections (no BEGIN and ROLLBACK around a single SELECT), the stable horizon is one statement
-that takes the lock and reads the highest id, and a registration is one statement whatever its size
-(``unnest`` of one array per column, the advisory lock taken in it before any id is drawn) between BEGIN and
-COMMIT.
+that takes the lock and reads the highest id (and the flow's cursor), a registration is one statement
+whatever its size (one JSON parameter, the advisory lock taken in it before any id is drawn) between BEGIN
+and COMMIT, and the pool pings no connection before use (see :func:`_once_more_if_disconnected`).
+
+Python CPU is the other cost, so the events a request hands out are written as JSON by the database
+(:func:`event_json_sql`): the ``*_json`` methods return the service's response bodies, and the model-returning
+methods decode those same bytes.
 """
 
 from __future__ import annotations
@@ -268,7 +272,8 @@ def _row(e: EventIn, event_ts: int) -> dict[str, Any]:
 
 
 # One statement for any batch size, so that psycopg parses and prepares it once; the batch is one JSON
-# parameter (escaping text arrays element by element cost more than the rest of the call). The lock CTE
+# parameter (escaping text arrays element by element cost more than the rest of the call), read as jsonb
+# (half the time of json_to_recordset, which parses each row's tags again). The lock CTE
 # feeds every input row, so the shared lock is held before the INSERT draws an id. The second part of
 # ``found`` sees the rows that existed before the statement (not the ones it inserts) and names the payload
 # fields in which each differs from the input; a key inserted by a transaction that committed meanwhile is in
@@ -278,9 +283,9 @@ _PG_REGISTER = text(f"""
 WITH registration_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(:lock_key) AS locked),
 input AS (
     SELECT i.* FROM registration_lock,
-        json_to_recordset(CAST(:rows AS json)) AS i(ord int, table_name text, partition_json text, snapshot_id text,
-                                                   snapshot_ts bigint, prev_snapshot_id text, table_format text,
-                                                   operation_type text, tags jsonb)
+        jsonb_to_recordset(CAST(:rows AS jsonb)) AS i(ord int, table_name text, partition_json text, snapshot_id text,
+                                                     snapshot_ts bigint, prev_snapshot_id text, table_format text,
+                                                     operation_type text, tags jsonb)
 ),
 inserted AS (
     INSERT INTO events (event_ts, table_name, partition_json, snapshot_id, snapshot_ts, prev_snapshot_id,
@@ -324,8 +329,8 @@ def _once_more_if_disconnected(method):
 
     The pool does not ping a connection before handing it out (a round trip on every request); SQLAlchemy
     instead drops every pooled connection when one fails as disconnected, so the second attempt opens a new
-    one. Each operation wrapped is idempotent: a registration whose commit was lost with the connection is a
-    retry (its events come back with ``created`` false), an acknowledgement a no-op.
+    one. Each operation wrapped is idempotent: a registration whose commit landed before the connection died
+    is a retry (its events come back with ``created`` false), an acknowledgement a no-op.
     """
     @functools.wraps(method)
     def call(self, *args, **kwargs):
