@@ -18,7 +18,9 @@ from sqlalchemy import func, select
 from bitlake.triggers import Client, TriggerConfig, TriggerServiceError, create_app
 from bitlake.triggers.__main__ import main as admin
 from bitlake.triggers.config import DEFAULT_DB_URL
+from bitlake.triggers.store import EventPage, RegistrationResult
 from bitlake.triggers.tables import EVENTS
+from bitlake.triggers.trigger import PartitionTriggerResult, SnapshotTriggerResult
 from tests.triggers.samples import commits, event
 
 ENDPOINTS = [("POST", "/events"), ("GET", "/events"), ("POST", "/triggers/partition"),
@@ -107,6 +109,29 @@ def test_register_one_or_many_retry_and_read_back_in_the_documented_encoding(ser
     # the admin may do both
     assert service.register([event(snapshot_id="9")], service.admin).status_code == 200
     assert service.request("GET", "/events", service.admin, params={"table": "db.orders"}).status_code == 200
+
+
+def test_answers_with_events_are_their_response_models_json(service):
+    """The events in these answers are JSON the database wrote, spliced into the rest: each answer must be
+    exactly what its response model (the OpenAPI spec's schema) writes, no key more or less."""
+    service.register(commits("db.a", 3, partition=["p1"], tags={"k": "v"}))
+    answers = {
+        "POST /events": (service.register([event(table="db.a", snapshot_id="9", partition=None)]),
+                         RegistrationResult),
+        "GET /events": (service.request("GET", "/events", service.consumer, params={"table": "db.a", "limit": 2}),
+                        EventPage),
+        "POST /triggers/partition": (service.request("POST", "/triggers/partition", service.consumer,
+                                                     json={"table": "db.a", "partition": ["p1"]}),
+                                     PartitionTriggerResult),
+        "POST /triggers/snapshot": (service.request("POST", "/triggers/snapshot", service.consumer,
+                                                    json={"flow": "f", "table": "db.a", "limit": 2}),
+                                    SnapshotTriggerResult),
+    }
+    for name, (response, model) in answers.items():
+        assert response.status_code == 200 and response.headers["content-type"] == "application/json", name
+        written = response.json()
+        assert written == model.model_validate_json(response.content).model_dump(mode="json"), name
+        assert written["events"], name
 
 
 def test_get_events_filters_and_pages(service):
