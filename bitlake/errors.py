@@ -50,5 +50,5 @@ class VersionNotFoundError(BitlakeError):
 
 
 class IndexUnavailableError(BitlakeError):
-    """Inline MetaGen was asked for, but the key index cannot be used (locked by another writer, or the
-    table's key types or ``keystore.index`` property allow none)."""
+    """The key index cannot be opened: another process holds it, or the table's key types or its
+    ``keystore.index`` property allow none. Ingestion catches it and scans the key store instead."""

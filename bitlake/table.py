@@ -169,9 +169,9 @@ class Table:
             batch_id: the batch's id; a batch id that already committed makes this a no-op.
             metagen: False lands the data only (pending); ``metagen()`` makes it visible later.
             inline: how MetaGen runs (docs/ingestion.md). None (default) chooses: inline (on the
-                driver, key lookups in the RocksDB key index) when the pending records are at most
-                ``metagen.inline_max_rows`` and the index is free, else Spark. True insists on
-                inline (IndexUnavailableError if it cannot); False always uses Spark.
+                driver: key lookups in the RocksDB key index, or a scan of the touched key-store
+                buckets for larger batches) when the pending records are at most
+                ``metagen.inline_max_rows``, else a Spark job. True and False force one.
             spark: the SparkSession; default ``bitlake.spark_session()``.
         """
         from bitlake.spark import landing
@@ -293,18 +293,20 @@ class Table:
 
         meta = state.metadata
         rows = sum(b.records for b in batches)
-        if meta.keyed and inline is not False and (inline or rows <= meta.int_prop("metagen.inline_max_rows")):
+        if not meta.keyed or inline is False or (inline is None and rows > meta.int_prop("metagen.inline_max_rows")):
+            return spark_metagen.run(spark or _session(), self.io, state, batches, version)
+        index = None
+        if keyindex.supported(meta):
             try:
                 if not opened:
                     opened.append(keyindex.KeyIndex(self.io, meta))
                 opened[0].catch_up(state)
-                return metagen.run_inline(self.io, state, batches, version, opened[0])
+                index = opened[0]
             except keyindex.IndexAheadError:
                 raise  # the state is stale: _commit refreshes and builds again
             except IndexUnavailableError:
-                if inline:
-                    raise
-        return spark_metagen.run(spark or _session(), self.io, state, batches, version)
+                pass  # busy: the inline MetaGen reads the key store instead of the index
+        return metagen.run_inline(self.io, state, batches, version, index)
 
     def _update_index(self, index: keyindex.KeyIndex | None) -> None:
         """Brings the key index up to the latest commit, so the next inline MetaGen starts warm.

@@ -49,7 +49,10 @@ def test_tables_without_an_encodable_key_have_no_index(tmp_path):
 
 
 @pytest.mark.spark
-def test_inline_metagen_continues_from_spark_commits_and_rebuilds_a_lost_index(tmp_path, spark):
+def test_inline_metagen_continues_from_spark_commits_and_rebuilds_a_lost_index(tmp_path, spark, monkeypatch):
+    from bitlake import metagen
+
+    monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
     t.ingest(batch([1, 2, 3], ["a", "b", "c"], [1, 1, 1]), inline=False, spark=spark)
     r = t.ingest(batch([1, 2, 4], ["a2", None, "d"], [2, 2, 2], ["upsert", "delete", "upsert"]), op_column="op",
@@ -66,27 +69,34 @@ def test_inline_metagen_continues_from_spark_commits_and_rebuilds_a_lost_index(t
 
 
 @pytest.mark.spark
-def test_a_busy_index_makes_the_writer_use_spark(tmp_path, spark):
+def test_a_busy_index_makes_the_inline_metagen_scan_the_key_store(tmp_path, spark, monkeypatch):
+    from bitlake import metagen
+
+    monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)  # lookups whenever the index is free
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
     t.ingest(batch([1, 2], ["a", "b"], [1, 1]), spark=spark)
     # Another writer holds the index (RocksDB admits one opener at a time).
     holder = Rdict(t.io.path(keyindex.INDEX_DIR), Options(raw_mode=True))
     try:
         with pytest.raises(bitlake.IndexUnavailableError, match="in use by another writer"):
-            t.ingest(batch([1], ["x"], [5]), batch_id="forced", inline=True, spark=spark)
-        assert view(t) == [(1, "a", 1), (2, "b", 1)]
-        r = t.ingest(batch([1, 3], ["a2", "c"], [2, 2]), spark=spark)  # auto: falls back to Spark
+            keyindex.KeyIndex(t.io, t.metadata)
+        r = t.ingest(batch([1, 3], ["a2", "c"], [2, 2]), inline=True, spark=spark)
         assert r.counts["updated"] == 1 and r.counts["inserted"] == 1
     finally:
         holder.close()
     # The index is now behind the last commit; the next inline MetaGen replays that commit first.
     r = t.ingest(batch([1, 3], ["a1", "c0"], [3, 1]), inline=True, spark=spark)
     assert r.counts == {"inserted": 0, "updated": 1, "deleted": 0, "stale": 1, "ignored_deletes": 0}
+    with keyindex.KeyIndex(t.io, t.metadata) as index:
+        assert index.version == t.version
     assert view(t) == [(1, "a1", 3), (2, "b", 1), (3, "c", 2)]
 
 
 @pytest.mark.spark
-def test_an_index_of_another_table_at_the_same_path_is_rebuilt(tmp_path, spark):
+def test_an_index_of_another_table_at_the_same_path_is_rebuilt(tmp_path, spark, monkeypatch):
+    from bitlake import metagen
+
+    monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)
     path = str(tmp_path / "t")
     t = bitlake.create_table(path, SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
     t.ingest(batch([1, 2], ["a", "b"], [5, 5]), spark=spark)
