@@ -48,6 +48,7 @@ from sqlalchemy import (
     create_engine,
     event,
     insert,
+    literal,
     literal_column,
     select,
     text,
@@ -504,8 +505,12 @@ class TriggerStore:
         """The JSON of the first ``limit`` events matching ``where`` by event id, the last one's id, and
         whether more matched."""
         ev = EVENTS
+        # The LIMIT is written into the SQL, not bound: a prepared statement's generic plan cannot see a bound
+        # limit, and for a partition trigger on PostgreSQL it then walked the table's (table_name, event_id)
+        # index filtering every event of the table (7.7 ms at 10 million events) instead of reading the
+        # partition's rows from the unique index and sorting them (0.5 ms).
         rows = conn.execute(select(ev.c.event_id, self._event_json).where(*where)
-                            .order_by(ev.c.event_id).limit(limit + 1)).all()
+                            .order_by(ev.c.event_id).limit(literal(limit + 1, literal_execute=True))).all()
         shown = rows[:limit]
         return [event_json for _, event_json in shown], shown[-1][0] if shown else None, len(rows) > limit
 
