@@ -37,6 +37,7 @@ Results go to ``benchmarks/results/triggers-<date>.json`` and to the section "##
     .venv/bin/python benchmarks/triggers.py      # what `make bench-triggers` runs (1M and 10M events)
     .venv/bin/python benchmarks/triggers.py --quick --no-doc      # a smoke run (about a minute)
     .venv/bin/python benchmarks/triggers.py --render benchmarks/results/triggers-DATE.json --note "..."
+    .venv/bin/python benchmarks/triggers.py --stack-ab --rounds 6   # uvloop + httptools against asyncio + h11
 """
 
 from __future__ import annotations
@@ -217,16 +218,20 @@ class Service:
     Several instances are separate processes on their own ports, the clients spread over them, as behind a
     load balancer. Not ``uvicorn --workers N``: its workers serve a socket handed over by the supervisor, on
     which asyncio does not set TCP_NODELAY (the socket's protocol reads 0), and every response then waits
-    about 40 ms for the client's delayed ACK.
+    about 40 ms for the client's delayed ACK (uvloop sets it; separate processes work with either loop).
+    uvicorn's defaults pick uvloop and httptools when installed (``uvicorn[standard]``, a bitlake dependency);
+    ``--pure-python-http`` runs it with ``--loop asyncio --http h11`` instead.
     """
 
-    def __init__(self, db_url: str):
+    def __init__(self, db_url: str, *, pure_python: bool = False):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, BITLAKE_TRIGGERS_DB_URL=db_url)
         self.command = [sys.executable, "-m", "uvicorn", "--factory", "bitlake.triggers:create_app",
                         "--host", "127.0.0.1", "--port", str(self.port),
                         "--log-level", "warning", "--no-access-log"]
+        if pure_python:  # uvicorn's own fallbacks, whatever is installed (A/B against uvloop and httptools)
+            self.command += ["--loop", "asyncio", "--http", "h11"]
         self.process = subprocess.Popen(self.command, env=env, cwd=ROOT)
 
     def wait_ready(self, timeout: float = 60) -> None:
@@ -586,7 +591,137 @@ def trigger_latency(pg: Postgres, db: str, service: Service, consumer: str, *, e
     return out
 
 
+# ------------------------------------------------------------------------------------------ the HTTP stack
+
+
+def stack_ab(args) -> int:
+    """``--stack-ab``: the service's CPU time per request with uvicorn's defaults (uvloop and httptools when
+    installed) against its pure-Python stack (``--loop asyncio --http h11``). Both services run at once on
+    one PostgreSQL (20,000 events preloaded in 100 tables); one client sends each kind of request to one
+    service and then the other, in ``--rounds`` rounds that alternate the order; CPU from /proc, medians."""
+    import random
+
+    import httpx
+
+    from bitlake.triggers.store import TriggerStore
+
+    if not server_stack(False)["loop"].startswith("uvloop") or not server_stack(False)["http"].startswith("httptools"):
+        raise SystemExit("--stack-ab needs uvloop and httptools installed (pip install 'uvicorn[standard]')")
+    tables, events, hits = 100, 20_000, 100
+    date = dt.datetime.now(dt.UTC)
+    pg = Postgres("256MB")
+    services: dict[str, Service] = {}
+    try:
+        pg.start()
+        db = "bitlake_stack_ab"
+        pg.create_database(db)
+        with TriggerStore(pg.url(db)) as store:
+            producer = store.create_token("producer", ["bench.*"], name="bench producer")
+            consumer = store.create_token("consumer", ["bench.*"], name="bench consumer")
+        preload(pg, db, have=0, want=events, tables=tables, hits=hits)
+        services = {"uvloop+httptools": Service(pg.url(db)), "asyncio+h11": Service(pg.url(db), pure_python=True)}
+        for svc in services.values():
+            svc.wait_ready()
+        rng = random.Random(11)
+        n = 0
+
+        def registration_body(size: int) -> str:
+            nonlocal n
+            n += 1
+            batch = event_batch(rng, tables, size, f"ab{n}")
+            for event in batch:  # tables of their own: the partition triggers keep firing 100 events
+                event["table"] = event["table"].replace("bench.t", "bench.r")
+            return json.dumps({"events": batch})
+
+        kinds = {  # (method, path, token, body maker, requests per round)
+            "GET /health": ("GET", "/health", producer, lambda: None, 2000),
+            "POST /events, 1 event": ("POST", "/events", producer, lambda: registration_body(1), 600),
+            "POST /events, 100 events": ("POST", "/events", producer, lambda: registration_body(100), 150),
+            "POST /triggers/partition, 100 fire": (
+                "POST", "/triggers/partition", consumer,
+                lambda: json.dumps(trigger_requests(rng, "partition", tables, events // tables // hits)), 600),
+        }
+        runs: dict[str, dict[str, list[dict]]] = {k: {w: [] for w in services} for k in kinds}
+        for r in range(args.rounds):
+            for kind, (method, path, token, body, count) in kinds.items():
+                for way in (list(services) if r % 2 == 0 else list(services)[::-1]):
+                    svc = services[way]
+                    bodies = [body() for _ in range(count + count // 10)]
+                    with httpx.Client(base_url=svc.base_url, timeout=60, headers={
+                            "Authorization": f"Bearer {token}", "Content-Type": "application/json"}) as http:
+                        for b in bodies[count:]:  # warm-up
+                            http.request(method, path, content=b)
+                        cpu, start = cpu_seconds(svc.process.pid), time.perf_counter()
+                        for b in bodies[:count]:
+                            response = http.request(method, path, content=b)
+                            if response.status_code != 200:
+                                raise RuntimeError(f"{way} {path}: {response.status_code} {response.text[:500]}")
+                        wall = time.perf_counter() - start
+                        cpu = cpu_seconds(svc.process.pid) - cpu
+                    runs[kind][way].append({"cpu_ms_per_request": cpu * 1000 / count,
+                                            "wall_ms_per_request": wall * 1000 / count,
+                                            "load_average": os.getloadavg()[0]})
+            log(f"round {r + 1} of {args.rounds} (load average {os.getloadavg()[0]:.1f})")
+    finally:
+        for svc in services.values():
+            svc.stop()
+        pg.stop()
+    summary = {kind: {way: {"cpu_ms_per_request": statistics.median(x["cpu_ms_per_request"] for x in rs),
+                            "wall_ms_per_request": statistics.median(x["wall_ms_per_request"] for x in rs)}
+                      for way, rs in ways.items()} for kind, ways in runs.items()}
+    loads = [x["load_average"] for ways in runs.values() for rs in ways.values() for x in rs]
+    lines = ["| request | service CPU ms per request: uvloop + httptools | asyncio + h11 | saved "
+             "| wall ms per request (one client): uvloop + httptools | asyncio + h11 |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for kind, ways in summary.items():
+        a, b = ways["uvloop+httptools"], ways["asyncio+h11"]
+        lines.append(f"| {kind} | {a['cpu_ms_per_request']:.3f} | {b['cpu_ms_per_request']:.3f} "
+                     f"| {1 - a['cpu_ms_per_request'] / b['cpu_ms_per_request']:.0%} "
+                     f"| {a['wall_ms_per_request']:.2f} | {b['wall_ms_per_request']:.2f} |")
+    lines.append(f"\n{args.rounds} rounds, load average {min(loads):.1f} to {max(loads):.1f}.")
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    out = RESULTS_DIR / f"triggers-stack-ab-{date.strftime('%Y-%m-%d-%H%M')}.json"
+    out.write_text(json.dumps({
+        "benchmark": "triggers --stack-ab", "date": date.strftime("%Y-%m-%d %H:%M UTC"),
+        "command": " ".join([".venv/bin/python", "benchmarks/triggers.py", *map(shlex.quote, sys.argv[1:])]),
+        "machine": machine(), "code": code_version(), "stacks": {w: svc.command for w, svc in services.items()},
+        "stack": server_stack(False), "rounds": args.rounds, "summary": summary, "runs": runs,
+        "load_average": [min(loads), max(loads)]}, indent=2) + "\n")
+    print("\n".join(lines))
+    log(f"{out}")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------ the doc
+
+
+def server_stack(pure_python: bool) -> dict:
+    """The event loop and HTTP parser that uvicorn's ``--loop auto --http auto`` (its defaults, and what
+    ``bitlake serve`` uses) picks in this environment: uvloop and httptools when importable."""
+    import importlib.metadata
+    import importlib.util
+
+    def installed(name: str) -> str | None:
+        if pure_python or importlib.util.find_spec(name) is None:
+            return None
+        return importlib.metadata.version(name)
+
+    uvloop, httptools = installed("uvloop"), installed("httptools")
+    return {"pure_python": pure_python,
+            "loop": f"uvloop {uvloop}" if uvloop else "asyncio",
+            "http": f"httptools {httptools}" if httptools else "h11"}
+
+
+def stack_text(result: dict) -> str:
+    stack = result.get("server")
+    if stack is None:  # results from before the stack was recorded: uvicorn[standard] was not installed
+        return "pure-Python HTTP parser and event loop, as `make setup` installed it then"
+    if stack["pure_python"]:
+        return "forced to its pure-Python stack with `--loop asyncio --http h11`"
+    if stack["loop"] == "asyncio" and stack["http"] == "h11":
+        return "its pure-Python stack: asyncio event loop, h11 HTTP parser"
+    return (f"event loop {stack['loop']}, HTTP parser {stack['http']}: what its default `--loop auto "
+            "--http auto` picks with `uvicorn[standard]`, as `make setup` installs it and `bitlake serve` runs")
 
 
 def markdown(result: dict) -> str:
@@ -601,8 +736,8 @@ def markdown(result: dict) -> str:
         "",
         f"Machine: {m['cores']} cores, {m['memory_gib']} GiB RAM ({m['platform']}). Python {m['python']}; "
         f"{result['postgres']} (started by the benchmark: default durability, `fsync` and `synchronous_commit` "
-        f"on, shared_buffers {cfg['shared_buffers']}); uvicorn {result['versions']['uvicorn']} (pure-Python "
-        "HTTP parser and event loop, as `make setup` installs it; one worker per process, no access log), "
+        f"on, shared_buffers {cfg['shared_buffers']}); uvicorn {result['versions']['uvicorn']} ("
+        f"{stack_text(result)}; one worker per process, no access log), "
         f"FastAPI {result['versions']['fastapi']}, SQLAlchemy {result['versions']['sqlalchemy']}, "
         f"psycopg {result['versions']['psycopg']}, pydantic {result['versions']['pydantic']}. The clients, "
         "the service and PostgreSQL share the machine's cores, and so did whatever else ran on the machine: "
@@ -703,6 +838,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--note", action="append", default=[],
                     help="a line for the doc's notes (repeatable; with --render they replace the file's notes)")
     ap.add_argument("--render", metavar="JSON", help="only rewrite the doc section from a results file")
+    ap.add_argument("--pure-python-http", action="store_true",
+                    help="run uvicorn with --loop asyncio --http h11 even when uvloop and httptools are "
+                         "installed (an A/B of its C-accelerated stack)")
+    ap.add_argument("--stack-ab", action="store_true",
+                    help="only the A/B of the service's CPU per request: uvloop + httptools against asyncio + h11")
     args = ap.parse_args(argv)
     if args.render:
         result = json.loads(Path(args.render).read_text())
@@ -713,6 +853,8 @@ def main(argv: list[str] | None = None) -> int:
             core.write_doc(markdown(result), SECTION)
         print(markdown(result))
         return 0
+    if args.stack_ab:
+        return stack_ab(args)
     plain_make = argv is None and len(sys.argv) == 1
     if args.quick:
         args.events, args.tables, args.duration, args.requests, args.rounds = "20000", 100, 2.0, 100, 1
@@ -748,7 +890,7 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute(f"CREATE TABLE {PGBENCH_TABLE} (LIKE events INCLUDING ALL)")
             conn.execute(f"CREATE SEQUENCE {PGBENCH_TABLE}_id OWNED BY {PGBENCH_TABLE}.event_id")
             conn.execute(f"ALTER TABLE {PGBENCH_TABLE} ALTER event_id SET DEFAULT nextval('{PGBENCH_TABLE}_id')")
-        services = [Service(pg.url(db)) for _ in range(max(args.instances))]
+        services = [Service(pg.url(db), pure_python=args.pure_python_http) for _ in range(max(args.instances))]
         for svc in services:
             svc.wait_ready()
         reg = registration(pg, db, services, producer, args)
@@ -781,6 +923,7 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {"uvicorn": uvicorn.__version__, "fastapi": fastapi.__version__,
                      "sqlalchemy": sqlalchemy.__version__, "psycopg": psycopg.__version__,
                      "pydantic": pydantic.VERSION},
+        "server": server_stack(args.pure_python_http),
         "config": {"events": sizes, "tables": args.tables, "hits": args.hits, "clients": args.clients,
                    "batch": args.batch, "duration": args.duration, "requests": args.requests,
                    "instances": args.instances, "rounds": args.rounds, "shared_buffers": args.shared_buffers,

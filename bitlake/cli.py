@@ -274,7 +274,9 @@ def cmd_serve(args, out: Console, err: Console) -> None:
         config = config.model_copy(update={"db_url": args.db_url})
     say(err, f"bitlake trigger service on http://{args.host}:{args.port} (store: "
              f"{_redacted(config.db_url)}); OpenAPI at /docs")
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level)
+    # loop/http "auto" (uvicorn's defaults): uvloop and httptools, which bitlake installs (uvicorn[standard])
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
+                loop="auto", http="auto")
 
 
 def _redacted(db_url: str) -> str:
