@@ -730,8 +730,9 @@ def merge_results(old: dict | None, new: dict) -> dict:
         return new
     replaced = {record_key(r) for r in new["records"]}
     keep = [r for r in old["records"] if record_key(r) not in replaced]
-    return {"runs": old.get("runs", []) + new["runs"], "records": keep + new["records"],
-            "expected": {**old.get("expected", {}), **new.get("expected", {})}}
+    return {"runs": old.get("runs", []) + new.get("runs", []), "records": keep + new["records"],
+            "expected": {**old.get("expected", {}), **new.get("expected", {})},
+            "notes": old.get("notes", []) + new.get("notes", [])}
 
 
 # ---------------------------------------------------------------------------------------- render
@@ -877,6 +878,9 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
                         f"{run['load_average_end']:.1f} at the end, on {run['machine']['cores']} cores."
                         if run.get("load_average_end") is not None else ""))
         lines.append("")
+    if results.get("notes"):
+        lines += ["Notes on these runs, added afterwards (`--render-only ... --note`):", ""]
+        lines += [f"- {n}" for n in results["notes"]] + [""]
     if runs:
         last = runs[-1]
         m, v = last["machine"], last["versions"]
@@ -1091,7 +1095,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="no 10 %% batch, one scan run and no warm-up")
     ap.add_argument("--keep-work", action="store_true", help="keep the systems' folders under benchmarks/work/peers")
     ap.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md or docs/img")
-    ap.add_argument("--note", default="", help="a line for the doc (e.g. why a run is partial)")
+    ap.add_argument("--note", default="", help="a line for the doc (e.g. why a run is partial); with "
+                    "--render-only, a note on the runs kept in the (last) results file")
     ap.add_argument("--output", help="results file (default benchmarks/results/peers-<date>.json, merged)")
     ap.add_argument("--render-only", nargs="+", metavar="RESULTS.json",
                     help="rewrite the doc section and the plots from results files (later ones win)")
@@ -1111,6 +1116,13 @@ def main(argv: list[str] | None = None) -> int:
         results = None
         for p in args.render_only:
             results = merge_results(results, json.loads(Path(p).read_text()))
+        if args.note:
+            # Kept in the last results file, so that the doc stays regenerable from the JSON alone.
+            last = Path(args.render_only[-1])
+            saved = json.loads(last.read_text())
+            saved.setdefault("notes", []).append(args.note)
+            last.write_text(json.dumps(saved, indent=1, default=str) + "\n")
+            results.setdefault("notes", []).append(args.note)
         print(publish(results))
         return 0
 
