@@ -233,7 +233,9 @@ class LandTask:
                             bad_sample = repr(unknown[0].as_py())
                     is_delete = pc.fill_null(pc.equal(op, "delete"), False)
                 if key_schema is not None:
-                    writer("keys", "", None).write(_keys(chunk, key_schema, is_delete, meta))
+                    writer("keys", "", None).write(
+                        _keys(chunk, rowid.segment_key(self.part, seq), key_schema, is_delete, meta)
+                    )
                 if is_delete is not None:
                     chunk = chunk.filter(pc.invert(is_delete))
                 chunk = chunk.select(out_schema.names)
@@ -277,14 +279,11 @@ class LandTask:
         yield pa.RecordBatch.from_pylist(rows, schema=_OUTPUT_ARROW)
 
 
-def _keys(chunk: pa.Table, schema: pa.Schema, is_delete, meta: TableMetadata) -> pa.Table:
+def _keys(chunk: pa.Table, segment_key: int, schema: pa.Schema, is_delete, meta: TableMetadata) -> pa.Table:
+    """The keys-file rows of a chunk of one segment (``segment_key``: :func:`bitlake.rowid.segment_key`)."""
     from bitlake import keystore
 
-    packed = (
-        chunk.column(rowid.PART_COLUMN).to_numpy().astype(np.int64) << (rowid.SEQ_BITS + rowid.OFFSET_BITS)
-        | chunk.column(rowid.SEQ_COLUMN).to_numpy().astype(np.int64) << rowid.OFFSET_BITS
-        | chunk.column(rowid.OFFSET_COLUMN).to_numpy().astype(np.int64)
-    )
+    packed = chunk.column(rowid.OFFSET_COLUMN).to_numpy().astype(np.int64) | np.int64(segment_key)
     deleted = is_delete if is_delete is not None else pa.array(np.zeros(chunk.num_rows, dtype=bool))
     columns = [chunk.column(c) for c in meta.primary_key] + [
         chunk.column(keystore.DELTA), pa.array(packed), deleted, chunk.column(keystore.BUCKET),
