@@ -8,11 +8,12 @@ replaying the key-store rows of later commits, never from uncommitted work, so i
 the commit log; a missing, foreign or unreadable index is rebuilt from the key-store files.
 
 RocksDB lets one process open a database at a time: a writer that finds the index locked by another
-writer uses the Spark MetaGen instead (:class:`~bitlake.errors.IndexUnavailableError`), which is slower, never wrong.
+writer (:class:`~bitlake.errors.IndexUnavailableError`) has the inline MetaGen scan the key store
+instead, which is slower for small batches, never wrong.
 
 Keys are encoded per column: integers, dates, timestamps and booleans as 8 big-endian bytes,
-strings and binaries as a 4-byte length and the bytes. Other key types (floats, decimals) have no
-index; their tables always use the Spark MetaGen.
+strings and binaries as a 4-byte length and the bytes. Other key types (decimals) have no index;
+their tables' inline MetaGen always scans the key store.
 """
 
 from __future__ import annotations
