@@ -42,6 +42,7 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from pydantic import BaseModel, Field
 from sqlalchemy import (
+    ColumnElement,
     Connection,
     Engine,
     and_,
@@ -371,7 +372,7 @@ class TriggerStore:
         # Single-statement reads need no transaction block; on PostgreSQL one costs two extra round trips.
         self._reader = (self.engine.execution_options(isolation_level="AUTOCOMMIT")
                         if self.dialect == "postgresql" else self.engine)
-        self._event_json = literal_column(event_json_sql(self.dialect, EVENTS.name)).label("event_json")
+        self._event_json: ColumnElement = literal_column(event_json_sql(self.dialect, EVENTS.name)).label("event_json")
         if migrate:
             run_migrations(self.engine)
 
@@ -455,8 +456,8 @@ class TriggerStore:
                 statement = (self._insert(ev)
                              .on_conflict_do_nothing(index_elements=["table_name", "partition_json", "snapshot_id"])
                              .returning(ev.c.event_id))
-                created = set(conn.execute(statement, list(unique.values())).scalars())
-                found = {key: (event_id, event_id in created, differs, event_json)
+                new_ids = set(conn.execute(statement, list(unique.values())).scalars())
+                found = {key: (event_id, event_id in new_ids, differs, event_json)
                          for key, (event_id, _, differs, event_json)
                          in self._stored(conn, unique, list(unique)).items()}
             out = []
