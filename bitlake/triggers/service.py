@@ -11,9 +11,12 @@ store. A batch is registered in one transaction, so a refused request writes not
 """
 
 
+import asyncio
+import gc
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
@@ -155,6 +158,54 @@ class TokenCache:
         return info
 
 
+class GroupCommit:
+    """Registration requests that arrive while the store is busy go to it together, in one transaction.
+
+    The first request runs at once, alone; those that arrive while it runs wait and then run as one group
+    (at most ``max_events`` events, and at least one request), and so on. Each is answered as if it had
+    run alone (:meth:`TriggerStore.register_together_json`). Under load a request then costs the database a
+    share of one transaction and the service a share of one thread hop, instead of a whole one each.
+    """
+
+    def __init__(self, store: TriggerStore, max_events: int = MAX_EVENTS_PER_REQUEST, concurrency: int = 2):
+        self.store, self.max_events, self.concurrency = store, max_events, concurrency
+        self._waiting: deque[tuple[list[EventIn], asyncio.Future]] = deque()
+        self._runners: set[asyncio.Task] = set()
+
+    async def register(self, events: list[EventIn]) -> bytes:
+        """The answer of ``POST /events`` for ``events``; raises what :meth:`TriggerStore.register_json` raises."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._waiting.append((events, future))
+        self._runners = {t for t in self._runners if not t.done() and t.get_loop() is loop}
+        if len(self._runners) < self.concurrency:
+            self._runners.add(loop.create_task(self._run()))
+        return await future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._waiting:
+            group, size = [], 0
+            while self._waiting and (not group or size + len(self._waiting[0][0]) <= self.max_events):
+                events, future = self._waiting.popleft()
+                if future.get_loop() is loop and not future.done():  # not given up by its client
+                    group.append((events, future))
+                    size += len(events)
+            if not group:
+                continue
+            try:
+                answers = await run_in_threadpool(self.store.register_together_json, [e for e, _ in group])
+            except Exception as error:  # noqa: BLE001 - each request of the group gets it
+                answers = [error] * len(group)
+            for (_, future), answer in zip(group, answers, strict=True):
+                if future.done():
+                    continue
+                if isinstance(answer, Exception):
+                    future.set_exception(answer)
+                else:
+                    future.set_result(answer)
+
+
 def _config(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | None) -> TriggerConfig:
     if config is None or isinstance(config, str | os.PathLike):
         return TriggerConfig.load(config)
@@ -174,9 +225,15 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
     config = _config(config)
     store = TriggerStore.from_config(config)
     tokens = TokenCache(store, config.token_cache_seconds)
+    registrations = GroupCommit(store)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
+        # Everything loaded so far lives as long as the service: out of the collector's sight, a request's
+        # garbage collection no longer walks the modules, schemas and routes (measured: a fifth of the CPU
+        # of a registration of 100 events).
+        gc.collect()
+        gc.freeze()
         yield
         store.close()
 
@@ -240,11 +297,11 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
         return {"status": "ok", "api_version": API_VERSION}
 
     @app.post("/events", tags=["events"], response_model=RegistrationResult)
-    def register(batch: EventBatch, info: Annotated[TokenInfo, Depends(producer)]) -> Response:
+    async def register(batch: EventBatch, info: Annotated[TokenInfo, Depends(producer)]) -> Response:
         """Register 1 to 1000 events in one transaction (all or nothing); retries return the existing events."""
         for table in sorted({e.table for e in batch.events}):
             in_scope(info, table)
-        return _json(store.register_json(batch.events))
+        return _json(await registrations.register(batch.events))
 
     @app.get("/events", tags=["events"], response_model=EventPage)
     def list_events(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -233,6 +234,39 @@ def test_a_batch_with_one_table_out_of_scope_writes_nothing(service):
     response = service.register([event(), event(table="hr.salaries")])
     assert response.status_code == 403
     assert service.count() == 0 and service.store.events("hr.salaries").events == []
+
+
+def test_concurrent_registrations_commit_together_each_answered_as_alone(service, monkeypatch):
+    """Requests that arrive while the store is busy go to it as one group; a conflicting one gets its 409 alone."""
+    service.register([event(snapshot_id="old")])
+    store, register_together, groups = service.store, service.store.register_together_json, []
+
+    def slow_first(requests):
+        groups.append(len(requests))
+        if len(groups) == 1:
+            time.sleep(0.3)  # the others arrive meanwhile
+        return register_together(requests)
+
+    monkeypatch.setattr(store, "register_together_json", slow_first)
+    bodies = [{"events": [event(snapshot_id=f"n{i}")]} for i in range(12)]
+    bodies[5] = {"events": [event(snapshot_id="n5"), event(snapshot_id="old", operation_type="DELETE")]}
+
+    async def send_all():
+        transport = httpx.ASGITransport(app=service.app)
+        headers = {"Authorization": f"Bearer {service.producer}"}
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as http:
+            first = asyncio.ensure_future(http.post("/events", json=bodies[0]))
+            await asyncio.sleep(0.1)
+            rest = await asyncio.gather(*(http.post("/events", json=b) for b in bodies[1:]))
+            return [await first, *rest]
+
+    responses = asyncio.run(send_all())
+    assert groups[0] == 1 and max(groups[1:]) > 1, groups
+    assert [r.status_code for r in responses] == [200] * 5 + [409] + [200] * 6
+    assert "nothing of this request" in responses[5].json()["detail"]
+    created = [RegistrationResult.model_validate_json(r.content).events[0] for i, r in enumerate(responses) if i != 5]
+    assert all(r.created for r in created) and len({r.event.event_id for r in created}) == 11
+    assert service.count() == 12  # "old" and the eleven; nothing of the conflicting request
 
 
 def _bad_bodies() -> list[tuple[str, object]]:

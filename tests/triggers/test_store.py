@@ -26,7 +26,7 @@ from bitlake.triggers import (
     encode_events,
 )
 from bitlake.triggers.event import format_timestamp, parse_timestamp
-from bitlake.triggers.store import make_engine
+from bitlake.triggers.store import RegistrationResult, make_engine
 from bitlake.triggers.tables import EVENTS, TOKENS, VERSION_TABLE, Base
 from tests.triggers.samples import commits, event
 
@@ -115,6 +115,25 @@ def test_a_conflicting_payload_under_an_existing_key_refuses_the_whole_batch(sto
     with pytest.raises(EventConflictError):
         store.register([event(snapshot_id="x"), event(snapshot_id="x", operation_type="UPDATE")])
     assert count(store) == 1
+
+
+def test_requests_registered_together_are_answered_as_if_one_after_the_other(store):
+    store.register([event(snapshot_id="old")])
+    first, second, conflicting, fourth = store.register_together_json([
+        [event(snapshot_id="1"), event(snapshot_id="old")],
+        [event(snapshot_id="2"), event(snapshot_id="1")],  # repeats an event of the first request: a retry
+        [event(snapshot_id="3"), event(snapshot_id="old", operation_type="DELETE")],
+        [event(snapshot_id="4")],
+    ])
+    first, second, fourth = (RegistrationResult.model_validate_json(a).events for a in (first, second, fourth))
+    assert [r.created for r in first] == [True, False] and [r.created for r in second] == [True, False]
+    assert second[1].event == first[0].event
+    assert isinstance(conflicting, EventConflictError) and "nothing of this request" in str(conflicting)
+    assert [r.created for r in fourth] == [True]
+    assert first[0].event.event_id < second[0].event.event_id < fourth[0].event.event_id
+    # The conflicting request wrote nothing, not even its new event; the others are stored once each.
+    assert sorted(e.snapshot_id for e in store.events("db.orders").events) == ["1", "2", "4", "old"]
+    assert store.register_together_json([]) == [] and store.register_together_json([[]]) == [b'{"events":[]}']
 
 
 def test_events_keep_every_field_exactly(store):
