@@ -185,7 +185,8 @@ class GroupCommit:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while self._waiting:
-            group, size = [], 0
+            group: list[tuple[list[EventIn], asyncio.Future]] = []
+            size = 0
             while self._waiting and (not group or size + len(self._waiting[0][0]) <= self.max_events):
                 events, future = self._waiting.popleft()
                 if future.get_loop() is loop and not future.done():  # not given up by its client
