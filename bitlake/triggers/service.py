@@ -11,18 +11,14 @@ store. A batch is registered in one transaction, so a refused request writes not
 """
 
 
-import asyncio
 import gc
 import os
-import threading
 import time
-from collections import deque
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Security
-from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -48,6 +44,7 @@ from bitlake.triggers.store import (
     TriggerStore,
     hash_token,
 )
+from bitlake.triggers.storecalls import GroupCommit, StoreCalls
 from bitlake.triggers.trigger import (
     FlowCursor,
     PartitionTrigger,
@@ -132,79 +129,22 @@ class BodyLimit:
 class TokenCache:
     """Verified tokens for a few seconds, so a request costs no token lookup; revocation waits that long."""
 
-    def __init__(self, store: TriggerStore, ttl: float, max_entries: int = 10_000):
-        self.store, self.ttl, self.max_entries = store, ttl, max_entries
+    def __init__(self, calls: StoreCalls, ttl: float, max_entries: int = 10_000):
+        self.calls, self.ttl, self.max_entries = calls, ttl, max_entries
         self._entries: dict[str, tuple[float, TokenInfo]] = {}
-        self._lock = threading.Lock()
 
-    def cached(self, token: str) -> TokenInfo | None:
-        """The token's details if verified less than ``ttl`` seconds ago, without touching the store."""
-        with self._lock:
-            hit = self._entries.get(hash_token(token))
-        return hit[1] if hit is not None and hit[0] > time.monotonic() else None
-
-    def get(self, token: str) -> TokenInfo | None:
-        hit = self.cached(token)
-        if hit is not None:
-            return hit
+    async def get(self, token: str) -> TokenInfo | None:
         key = hash_token(token)
+        hit = self._entries.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
         now = time.monotonic()
-        info = self.store.authenticate(token)
+        info = await self.calls(lambda store: store.authenticate(token))
         if info is not None and self.ttl > 0:
-            with self._lock:
-                if len(self._entries) >= self.max_entries:
-                    self._entries.clear()
-                self._entries[key] = (now + self.ttl, info)
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()
+            self._entries[key] = (now + self.ttl, info)
         return info
-
-
-class GroupCommit:
-    """Registration requests that arrive while the store is busy go to it together, in one transaction.
-
-    The first request runs at once, alone; those that arrive while it runs wait and then run as one group
-    (at most ``max_events`` events, and at least one request), and so on. Each is answered as if it had
-    run alone (:meth:`TriggerStore.register_together_json`). Under load a request then costs the database a
-    share of one transaction and the service a share of one thread hop, instead of a whole one each.
-    """
-
-    def __init__(self, store: TriggerStore, max_events: int = MAX_EVENTS_PER_REQUEST, concurrency: int = 2):
-        self.store, self.max_events, self.concurrency = store, max_events, concurrency
-        self._waiting: deque[tuple[list[EventIn], asyncio.Future]] = deque()
-        self._runners: set[asyncio.Task] = set()
-
-    async def register(self, events: list[EventIn]) -> bytes:
-        """The answer of ``POST /events`` for ``events``; raises what :meth:`TriggerStore.register_json` raises."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._waiting.append((events, future))
-        self._runners = {t for t in self._runners if not t.done() and t.get_loop() is loop}
-        if len(self._runners) < self.concurrency:
-            self._runners.add(loop.create_task(self._run()))
-        return await future
-
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while self._waiting:
-            group: list[tuple[list[EventIn], asyncio.Future]] = []
-            size = 0
-            while self._waiting and (not group or size + len(self._waiting[0][0]) <= self.max_events):
-                events, future = self._waiting.popleft()
-                if future.get_loop() is loop and not future.done():  # not given up by its client
-                    group.append((events, future))
-                    size += len(events)
-            if not group:
-                continue
-            try:
-                answers = await run_in_threadpool(self.store.register_together_json, [e for e, _ in group])
-            except Exception as error:  # noqa: BLE001 - each request of the group gets it
-                answers = [error] * len(group)
-            for (_, future), answer in zip(group, answers, strict=True):
-                if future.done():
-                    continue
-                if isinstance(answer, Exception):
-                    future.set_exception(answer)
-                else:
-                    future.set_result(answer)
 
 
 def _config(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | None) -> TriggerConfig:
@@ -225,8 +165,9 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
     """
     config = _config(config)
     store = TriggerStore.from_config(config)
-    tokens = TokenCache(store, config.token_cache_seconds)
-    registrations = GroupCommit(store)
+    calls = StoreCalls(store, config)
+    tokens = TokenCache(calls, config.token_cache_seconds)
+    registrations = GroupCommit(calls)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -235,7 +176,9 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
         # of a registration of 100 events).
         gc.collect()
         gc.freeze()
+        await calls.start()
         yield
+        await calls.stop()
         store.close()
 
     app = FastAPI(
@@ -244,6 +187,7 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
     )
     app.state.store = store
     app.state.config = config
+    app.state.registrations = registrations
     app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
 
     @app.exception_handler(TriggerError)
@@ -264,16 +208,13 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
 
     bearer = HTTPBearer(auto_error=False, description="A token from bitlake.triggers.store.create_token")
 
-    # The dependencies are coroutines: FastAPI runs a plain function dependency in its thread pool, and two
-    # thread hops per request (caller, then the role check) cost as much as the endpoint's own work. Only
-    # a token missing from the cache goes to a thread, for its database lookup.
+    # Every dependency and endpoint is a coroutine: FastAPI would run a plain function in its thread pool, and
+    # a thread hop costs more than the work of most requests (see storecalls.py).
     async def caller(credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)]) -> TokenInfo:
         if credentials is None:
             raise HTTPException(401, "missing bearer token (Authorization: Bearer ...)",
                                 headers={"WWW-Authenticate": "Bearer"})
-        info = tokens.cached(credentials.credentials)
-        if info is None:
-            info = await run_in_threadpool(tokens.get, credentials.credentials)
+        info = await tokens.get(credentials.credentials)
         if info is None:
             raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
         return info
@@ -305,7 +246,7 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
         return _json(await registrations.register(batch.events))
 
     @app.get("/events", tags=["events"], response_model=EventPage)
-    def list_events(
+    async def list_events(
         info: Annotated[TokenInfo, Depends(consumer)],
         table: Annotated[TableName, Query(description="The table (exact name)")],
         partition: Annotated[str | None, Query(
@@ -337,26 +278,26 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
             tags = _TAGS.validate_python(tags)
         except ValidationError as e:
             raise HTTPException(422, f"bad tag filter: {_printable(_reasons(e))}") from None
-        return _json(store.events_json(table, partition=wanted, tags=tags, since=since, until=until,
-                                       min_event_id=min_event_id, max_event_id=max_event_id, cursor=cursor,
-                                       limit=limit))
+        return _json(await calls(lambda s: s.events_json(
+            table, partition=wanted, tags=tags, since=since, until=until, min_event_id=min_event_id,
+            max_event_id=max_event_id, cursor=cursor, limit=limit)))
 
     @app.post("/triggers/partition", tags=["triggers"], response_model=PartitionTriggerResult)
-    def partition_trigger(trigger: PartitionTrigger, info: Annotated[TokenInfo, Depends(consumer)]) -> Response:
+    async def partition_trigger(trigger: PartitionTrigger, info: Annotated[TokenInfo, Depends(consumer)]) -> Response:
         """Has the partition (templates rendered at the scheduled time) arrived by the evaluation time?"""
         in_scope(info, trigger.table)
-        return _json(store.evaluate_partition_trigger_json(trigger))
+        return _json(await calls(lambda s: s.evaluate_partition_trigger_json(trigger)))
 
     @app.post("/triggers/snapshot", tags=["triggers"], response_model=SnapshotTriggerResult)
-    def snapshot_trigger(trigger: SnapshotTrigger, info: Annotated[TokenInfo, Depends(consumer)]) -> Response:
+    async def snapshot_trigger(trigger: SnapshotTrigger, info: Annotated[TokenInfo, Depends(consumer)]) -> Response:
         """The flow's events after its last acknowledged one; does not move the cursor."""
         in_scope(info, trigger.table)
-        return _json(store.evaluate_snapshot_trigger_json(trigger))
+        return _json(await calls(lambda s: s.evaluate_snapshot_trigger_json(trigger)))
 
     @app.post("/triggers/snapshot/ack", tags=["triggers"], response_model=FlowCursor)
-    def snapshot_ack(ack: SnapshotAck, info: Annotated[TokenInfo, Depends(consumer)]) -> Response:
+    async def snapshot_ack(ack: SnapshotAck, info: Annotated[TokenInfo, Depends(consumer)]) -> Response:
         """Move the flow's cursor to event_id after a successful run; repeating it is a no-op, going back a 409."""
         in_scope(info, ack.table)
-        return _json(store.ack(ack.flow, ack.table, ack.event_id))
+        return _json(await calls(lambda s: s.ack(ack.flow, ack.table, ack.event_id)))
 
     return app

@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from bitlake.triggers import Client, TriggerConfig, TriggerServiceError, create_app
 from bitlake.triggers.__main__ import main as admin
 from bitlake.triggers.config import DEFAULT_DB_URL
-from bitlake.triggers.store import EventPage, RegistrationResult
+from bitlake.triggers.store import EventPage, RegistrationResult, TriggerStore
 from bitlake.triggers.tables import EVENTS
 from bitlake.triggers.trigger import PartitionTriggerResult, SnapshotTriggerResult
 from tests.triggers.samples import commits, event
@@ -34,7 +34,7 @@ class Service:
     def __init__(self, db_url: str, **config):
         self.app = create_app(TriggerConfig(db_url=db_url, token_cache_seconds=0, **config))
         self.store = self.app.state.store
-        self.http = TestClient(self.app)
+        self.http = TestClient(self.app).__enter__()  # one event loop, the lifespan run: as a server runs it
         self.admin = self.store.create_token("admin", ["*"], name="admin")
         self.producer = self.store.create_token("producer", ["db.*"], name="producer")
         self.consumer = self.store.create_token("consumer", ["db.*"], name="consumer")
@@ -57,8 +57,7 @@ class Service:
             return conn.execute(select(func.count()).select_from(EVENTS)).scalar_one()
 
     def close(self) -> None:
-        self.http.close()
-        self.store.close()
+        self.http.__exit__(None, None, None)
 
 
 @pytest.fixture
@@ -236,25 +235,31 @@ def test_a_batch_with_one_table_out_of_scope_writes_nothing(service):
     assert service.count() == 0 and service.store.events("hr.salaries").events == []
 
 
-def test_concurrent_registrations_commit_together_each_answered_as_alone(service, monkeypatch):
-    """Requests that arrive while the store is busy go to it as one group; a conflicting one gets its 409 alone."""
-    service.register([event(snapshot_id="old")])
-    store, register_together, groups = service.store, service.store.register_together_json, []
+def test_concurrent_registrations_commit_together_each_answered_as_alone(db_url, monkeypatch):
+    """Requests that arrive while the store is busy go to it as one group; a conflicting one gets its 409 alone.
+    On PostgreSQL the store runs in the event loop (asyncio connections), on SQLite in the thread pool."""
+    app = create_app(TriggerConfig(db_url=db_url))
+    store, producer = app.state.store, app.state.store.create_token("producer", ["db.*"])
+    store.register([event(snapshot_id="old")])
+    registrations, groups = app.state.registrations, []
+    store_call = registrations.calls
 
-    def slow_first(requests):
-        groups.append(len(requests))
+    async def slow_first(register):
+        groups.append(len(register.keywords["requests"]))
         if len(groups) == 1:
-            time.sleep(0.3)  # the others arrive meanwhile
-        return register_together(requests)
+            await asyncio.sleep(0.3)  # the others arrive meanwhile
+        return await store_call(register)
 
-    monkeypatch.setattr(store, "register_together_json", slow_first)
+    monkeypatch.setattr(registrations, "calls", slow_first)
     bodies = [{"events": [event(snapshot_id=f"n{i}")]} for i in range(12)]
     bodies[5] = {"events": [event(snapshot_id="n5"), event(snapshot_id="old", operation_type="DELETE")]}
 
     async def send_all():
-        transport = httpx.ASGITransport(app=service.app)
-        headers = {"Authorization": f"Bearer {service.producer}"}
-        async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as http:
+        transport = httpx.ASGITransport(app=app)
+        headers = {"Authorization": f"Bearer {producer}"}
+        async with app.router.lifespan_context(app), \
+                httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers) as http:
+            assert store_call.in_loop() == (store.dialect == "postgresql")
             first = asyncio.ensure_future(http.post("/events", json=bodies[0]))
             await asyncio.sleep(0.1)
             rest = await asyncio.gather(*(http.post("/events", json=b) for b in bodies[1:]))
@@ -266,7 +271,8 @@ def test_concurrent_registrations_commit_together_each_answered_as_alone(service
     assert "nothing of this request" in responses[5].json()["detail"]
     created = [RegistrationResult.model_validate_json(r.content).events[0] for i, r in enumerate(responses) if i != 5]
     assert all(r.created for r in created) and len({r.event.event_id for r in created}) == 11
-    assert service.count() == 12  # "old" and the eleven; nothing of the conflicting request
+    with TriggerStore(db_url, migrate=False) as reopened:  # the lifespan closed the app's store
+        assert len(reopened.events("db.orders").events) == 12  # "old" and the eleven; not the conflicting one
 
 
 def _bad_bodies() -> list[tuple[str, object]]:
