@@ -18,7 +18,8 @@ and COMMIT, and the pool pings no connection before use (see :func:`_once_more_i
 
 Python CPU is the other cost, so the events a request hands out are written as JSON by the database
 (:func:`event_json_sql`): the ``*_json`` methods return the service's response bodies, and the model-returning
-methods decode those same bytes.
+methods decode those same bytes. A registration is the exception: its answer holds the request's own events,
+which Python writes with the ids the database drew, rather than have the database write them again.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ from bitlake.triggers.event import (
     Timestamp,
     canonical_partition,
     canonical_tags,
+    format_timestamp,
     from_micros,
     to_micros,
 )
@@ -277,13 +279,14 @@ def _row(e: EventIn, event_ts: int) -> dict[str, Any]:
 # One statement for any batch size, so that psycopg parses and prepares it once; the batch is one JSON
 # parameter (escaping text arrays element by element cost more than the rest of the call), read as jsonb
 # (half the time of json_to_recordset, which parses each row's tags again). The lock CTE feeds every input
-# row, so the shared lock is held before the INSERT draws an id. Only the inserted rows come back, each with
-# the event's JSON, so Python neither parses the stored rows nor builds the answer's events; the keys that
-# were registered already (a retry, or a transaction that committed meanwhile) are read by _stored in a
-# second statement. Looking them up here instead, by joining the input with the events table, made the
+# row, so the shared lock is held before the INSERT draws an id. Only the inserted rows' keys and ids come
+# back: the answer's events are the request's, which Python writes with their ids (the database writing their
+# JSON cost it a third of the statement, and Python as much again to read it). The keys that were registered
+# already (a retry, or a transaction that committed meanwhile) are read by _stored in a second statement.
+# Looking them up here instead, by joining the input with the events table, made the
 # cost grow with the table: psycopg prepares the statement after five runs, and the generic plan made while
 # the table was small scanned all of it (10 ms a request at 10,000 events, 50 ms at 70,000).
-_PG_REGISTER = text(f"""
+_PG_REGISTER = text("""
 WITH registration_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(:lock_key) AS locked),
 input AS (
     SELECT i.* FROM registration_lock,
@@ -300,8 +303,7 @@ inserted AS (
     ON CONFLICT (table_name, partition_json, snapshot_id) DO NOTHING
     RETURNING *
 )
-SELECT table_name, partition_json, snapshot_id, event_id, {event_json_sql("postgresql", "inserted")} AS event_json
-FROM inserted
+SELECT table_name, partition_json, snapshot_id, event_id FROM inserted
 """)
 
 # The flow's cursor and the stable horizon (see the module docstring) in one autocommit statement.
@@ -312,8 +314,8 @@ LEFT JOIN flows AS f ON f.flow_name = :flow AND f.table_name = :table
 """)
 
 # What _register finds for each key of a batch: event id, whether this request created it, the payload
-# fields in which the stored event differs from the request's, and the stored event's JSON.
-_Found = tuple[int, bool, list[str], str]
+# fields in which the stored event differs from the request's, and the stored event's JSON (None when created).
+_Found = tuple[int, bool, list[str], str | None]
 
 
 def _once_more_if_disconnected(method):
@@ -472,17 +474,19 @@ class TriggerStore:
                 ev = EVENTS
                 statement = (self._insert(ev)
                              .on_conflict_do_nothing(index_elements=["table_name", "partition_json", "snapshot_id"])
-                             .returning(ev.c.event_id))
-                new_ids = set(conn.execute(statement, list(unique.values())).scalars())
-                found = {key: (event_id, event_id in new_ids, differs, event_json)
-                         for key, (event_id, _, differs, event_json)
-                         in self._stored(conn, unique, list(unique)).items()}
+                             .returning(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id, ev.c.event_id))
+                found = {(table, partition, snapshot): (event_id, True, [], None)
+                         for table, partition, snapshot, event_id in conn.execute(statement, list(unique.values()))}
+                missing = [key for key in unique if key not in found]
+                if missing:
+                    found.update(self._stored(conn, unique, missing))
+            registered_at = format_timestamp(from_micros(next(iter(unique.values()))["event_ts"]))
             answers = []
             for batch, batch_rows in zip(batches, rows, strict=True):
                 out = []
                 for e, r in zip(batch, batch_rows, strict=True):
                     key = (r["table_name"], r["partition_json"], r["snapshot_id"])
-                    event_id, created, differs, event_json = found[key]
+                    event_id, created, differs, stored = found[key]
                     first = unique[key]
                     if r is not first:  # a duplicate of an earlier event of these requests is a retry of it
                         created, differs = False, [f for f in _PAYLOAD if r[f] != first[f]]
@@ -491,8 +495,13 @@ class TriggerStore:
                             f"event {event_id} of table {e.table!r}, partition {e.partition!r}, snapshot "
                             f"{e.snapshot_id!r} is registered with other {', '.join(differs)}; a retry must "
                             f"repeat the event exactly (nothing of this request was registered)")
-                    out.append(f'{{"created":{"true" if created else "false"},"event":{event_json}}}')
-                answers.append(f'{{"events":[{",".join(out)}]}}'.encode())
+                    out.append({"created": created, "event": json.loads(stored) if stored is not None else {
+                        "event_id": event_id, "event_ts": registered_at, "table": e.table, "partition": e.partition,
+                        "snapshot_id": e.snapshot_id,
+                        "snapshot_ts": None if e.snapshot_ts is None else format_timestamp(e.snapshot_ts),
+                        "prev_snapshot_id": e.prev_snapshot_id, "table_format": r["table_format"],
+                        "operation_type": r["operation_type"], "tags": r["tags"]}})
+                answers.append(pydantic_core.to_json({"events": out}))
             return answers
 
     def _register_postgresql(self, conn: Connection, unique: dict[tuple[str, str, str], dict[str, Any]]
@@ -502,8 +511,8 @@ class TriggerStore:
         rows = pydantic_core.to_json([{**r, "ord": i} for i, r in enumerate(values)]).decode()
         params = {"rows": rows, "event_ts": values[0]["event_ts"], "lock_key": REGISTRATION_LOCK}
         found: dict[tuple[str, str, str], _Found] = {
-            (table, partition, snapshot): (event_id, True, [], event_json)
-            for table, partition, snapshot, event_id, event_json in conn.execute(_PG_REGISTER, params).all()}
+            (table, partition, snapshot): (event_id, True, [], None)
+            for table, partition, snapshot, event_id in conn.execute(_PG_REGISTER, params).all()}
         missing = [key for key in unique if key not in found]
         if missing:  # registered before, or by a transaction that committed while this one ran; now visible
             found.update(self._stored(conn, unique, missing))
