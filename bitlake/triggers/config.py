@@ -31,6 +31,9 @@ class TriggerConfig(BaseModel):
     pool_size: int = Field(default=5, ge=1, description="Connections kept open (PostgreSQL)")
     max_overflow: int = Field(default=10, ge=0)
     sql_echo: bool = False
+    fast_registration: bool = Field(
+        default=True, description="Answer valid POST /events without FastAPI's routing (service.FastRegistration); "
+                                  "off only to compare")
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> TriggerConfig:

@@ -147,6 +147,71 @@ class TokenCache:
         return info
 
 
+PRODUCING = (Role.PRODUCER, Role.ADMIN)
+CONSUMING = (Role.CONSUMER, Role.ADMIN)
+
+
+def _error_response(exc: TriggerError | OperationalError) -> JSONResponse:
+    """The answer to a store error: the TriggerError's status, or 503 while the database is unreachable."""
+    if isinstance(exc, TriggerError):
+        return JSONResponse({"detail": str(exc)}, status_code=exc.status_code)
+    return JSONResponse({"detail": f"the event store is unavailable: {exc.orig}"}, status_code=503,
+                        headers={"Retry-After": "1"})
+
+
+class FastRegistration:
+    """``POST /events`` without FastAPI's routing, dependency and body machinery, for the requests it accepts.
+
+    A registration of 100 events cost the service 2.7 ms of CPU through the route and 2.0 ms here (A/B in one
+    run, interleaved; docs/benchmarks.md): the route's machinery cost as much as validating the events. This
+    path answers only what the route would answer with a 200 or with the store's own error (a 409 conflict, a
+    503): a JSON body that is a valid batch, sent with a producer or admin token that covers every table. Any
+    other request (no or unknown token, a role or table the token does not cover, a body the batch model
+    refuses, another content type) goes to the route unchanged, body replayed, so every refusal, and the
+    OpenAPI description, stays the route's.
+    """
+
+    def __init__(self, app, tokens: TokenCache, registrations: GroupCommit):
+        self.app, self.tokens, self.registrations = app, tokens, registrations
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/events":
+            return await self.app(scope, receive, send)
+        messages, body = [], b""
+        while True:  # already in memory: BodyLimit, outside this, read it
+            message = await receive()
+            messages.append(message)
+            body += message.get("body", b"")
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+        response = await self._answer(dict(scope["headers"]), body)
+        if response is None:
+            async def replay():
+                return messages.pop(0) if messages else await receive()
+
+            return await self.app(scope, replay, send)
+        await response(scope, receive, send)
+
+    async def _answer(self, headers: dict[bytes, bytes], body: bytes) -> Response | None:
+        content_type = headers.get(b"content-type", b"").partition(b";")[0].strip().lower()
+        authorization = headers.get(b"authorization", b"")
+        if content_type != b"application/json" or authorization[:7].lower() != b"bearer ":
+            return None
+        info = await self.tokens.get(authorization[7:].decode("latin-1"))
+        if info is None or info.role not in PRODUCING:
+            return None
+        try:
+            batch = EventBatch.model_validate_json(body)
+        except ValidationError:
+            return None
+        if not all(info.allows(table) for table in {e.table for e in batch.events}):
+            return None
+        try:
+            return _json(await self.registrations.register(batch.events))
+        except (TriggerError, OperationalError) as exc:
+            return _error_response(exc)
+
+
 def _config(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | None) -> TriggerConfig:
     if config is None or isinstance(config, str | os.PathLike):
         return TriggerConfig.load(config)
@@ -188,11 +253,13 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
     app.state.store = store
     app.state.config = config
     app.state.registrations = registrations
-    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
+    if config.fast_registration:
+        app.add_middleware(FastRegistration, tokens=tokens, registrations=registrations)
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)  # added last: the outer one
 
     @app.exception_handler(TriggerError)
     async def _trigger_error(_request: Request, exc: TriggerError):
-        return JSONResponse({"detail": str(exc)}, status_code=exc.status_code)
+        return _error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_request: Request, exc: RequestValidationError):
@@ -203,8 +270,7 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
 
     @app.exception_handler(OperationalError)
     async def _database_down(_request: Request, exc: OperationalError):
-        return JSONResponse({"detail": f"the event store is unavailable: {exc.orig}"}, status_code=503,
-                            headers={"Retry-After": "1"})
+        return _error_response(exc)
 
     bearer = HTTPBearer(auto_error=False, description="A token from bitlake.triggers.store.create_token")
 
@@ -220,12 +286,12 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
         return info
 
     async def producer(info: Annotated[TokenInfo, Depends(caller)]) -> TokenInfo:
-        if info.role not in (Role.PRODUCER, Role.ADMIN):
+        if info.role not in PRODUCING:
             raise HTTPException(403, f"a {info.role} token cannot register events")
         return info
 
     async def consumer(info: Annotated[TokenInfo, Depends(caller)]) -> TokenInfo:
-        if info.role not in (Role.CONSUMER, Role.ADMIN):
+        if info.role not in CONSUMING:
             raise HTTPException(403, f"a {info.role} token cannot query events or evaluate triggers")
         return info
 

@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 from bitlake.triggers import Client, TriggerConfig, TriggerServiceError, create_app
 from bitlake.triggers.__main__ import main as admin
 from bitlake.triggers.config import DEFAULT_DB_URL
+from bitlake.triggers.service import FastRegistration
 from bitlake.triggers.store import EventPage, RegistrationResult, TriggerStore
 from bitlake.triggers.tables import EVENTS
 from bitlake.triggers.trigger import PartitionTriggerResult, SnapshotTriggerResult
@@ -469,6 +470,61 @@ def test_arbitrary_registrations_never_get_a_5xx(fuzz_service, events):
     assert response.status_code in (200, 409, 422)
     if response.status_code != 200:
         assert fuzz_service.count() == before
+
+
+@pytest.fixture(scope="module")
+def fast_and_routed(tmp_path_factory):
+    """Two services on databases of their own: one answers valid registrations on its fast path, one only
+    through the FastAPI route."""
+    folder = tmp_path_factory.mktemp("fast")
+    fast, routed = Service(f"sqlite:///{folder}/fast.db"), Service(f"sqlite:///{folder}/routed.db",
+                                                                   fast_registration=False)
+    yield fast, routed
+    fast.close()
+    routed.close()
+
+
+def _without_registration_times(answer: object) -> object:
+    if isinstance(answer, dict) and isinstance(answer.get("events"), list):
+        return [{**r, "event": {k: v for k, v in r["event"].items() if k != "event_ts"}} for r in answer["events"]]
+    return answer
+
+
+_VALID = [event(table="db.a", snapshot_id=str(i)) for i in range(4)] + [
+    event(table="db.a", snapshot_id="1", operation_type="DELETE"), event(table="other.a")]  # a conflict, a scope
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(st.lists(st.fixed_dictionaries({}, optional=_FIELD_VALUES), min_size=1, max_size=3),
+                 st.lists(st.sampled_from(_VALID), min_size=1, max_size=3)),
+       st.sampled_from(["producer", "admin", "consumer", "outsider", "garbage", None]),
+       st.sampled_from(["application/json", "application/json; charset=utf-8", "text/plain", None]))
+def test_the_fast_path_answers_every_registration_as_the_route_does(fast_and_routed, events, role, content_type):
+    answers = []
+    for service in fast_and_routed:
+        token = None if role is None else getattr(service, role, "blt_garbage")
+        headers = {} if content_type is None else {"Content-Type": content_type}
+        response = service.request("POST", "/events", token, content=json.dumps({"events": events}).encode(),
+                                   headers=headers)
+        answers.append((response.status_code, _without_registration_times(response.json())))
+    assert answers[0] == answers[1]
+
+
+def test_the_fast_path_answers_valid_registrations_and_conflicts(service, monkeypatch):
+    answered = []
+    answer = FastRegistration._answer
+
+    async def spy(self, headers, body):
+        response = await answer(self, headers, body)
+        answered.append(None if response is None else response.status_code)
+        return response
+
+    monkeypatch.setattr(FastRegistration, "_answer", spy)
+    assert service.register([event()]).status_code == 200
+    assert service.register([event(operation_type="DELETE")]).status_code == 409
+    assert service.register([event(table="other.t")]).status_code == 403  # out of scope: the route refuses
+    assert service.register([{"table": ""}]).status_code == 422
+    assert answered == [200, 409, None, None]
 
 
 def test_create_app_configuration_defaults_file_and_environment(tmp_path, monkeypatch):
