@@ -25,7 +25,7 @@ from bitlake.triggers import (
     TriggerStore,
     encode_events,
 )
-from bitlake.triggers.event import format_timestamp, parse_timestamp
+from bitlake.triggers.event import canonical_partition, format_timestamp, parse_timestamp
 from bitlake.triggers.store import RegistrationResult, make_engine
 from bitlake.triggers.tables import EVENTS, TOKENS, VERSION_TABLE, Base
 from tests.triggers.samples import commits, event
@@ -134,6 +134,16 @@ def test_requests_registered_together_are_answered_as_if_one_after_the_other(sto
     # The conflicting request wrote nothing, not even its new event; the others are stored once each.
     assert sorted(e.snapshot_id for e in store.events("db.orders").events) == ["1", "2", "4", "old"]
     assert store.register_together_json([]) == [] and store.register_together_json([[]]) == [b'{"events":[]}']
+
+
+def test_canonical_partition_is_the_json_modules_compact_text_for_every_code_point():
+    """Stored keys were written by the json module before; pydantic's writer must give the same text."""
+    compact = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    characters = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    for start in range(0, len(characters), 4096):
+        values = [*characters[start:start + 4096], None, "", 'a"b\\c']
+        assert canonical_partition(values) == compact(values)
+    assert canonical_partition(None) == "null"
 
 
 def test_events_keep_every_field_exactly(store):
