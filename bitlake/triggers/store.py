@@ -12,9 +12,10 @@ order there and no horizon is needed.
 
 Round trips are what a request costs on PostgreSQL, so each operation sends few statements: reads run on
 autocommit connections (no BEGIN and ROLLBACK around a single SELECT), the stable horizon is one statement
-that takes the lock and reads the highest id (and the flow's cursor), a registration is one statement
-whatever its size (one JSON parameter, the advisory lock taken in it before any id is drawn) between BEGIN
-and COMMIT, and the pool pings no connection before use (see :func:`_once_more_if_disconnected`).
+that takes the lock and reads the highest id (and the flow's cursor), a registration of new events is one
+autocommit statement whatever its size (one JSON parameter, the advisory lock taken in it before any id is
+drawn; a retry runs again between BEGIN and COMMIT), and the pool pings no connection before use (see
+:func:`_once_more_if_disconnected`).
 
 Python CPU is the other cost, so the events a request hands out are written as JSON by the database
 (:func:`event_json_sql`): the ``*_json`` methods return the service's response bodies, and the model-returning
@@ -60,7 +61,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row, make_url
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.pool import StaticPool
 
 from bitlake.triggers.config import DEFAULT_DB_URL, TriggerConfig
@@ -281,12 +282,15 @@ def _row(e: EventIn, event_ts: int) -> dict[str, Any]:
 # (half the time of json_to_recordset, which parses each row's tags again). The lock CTE feeds every input
 # row, so the shared lock is held before the INSERT draws an id. Only the inserted rows' keys and ids come
 # back: the answer's events are the request's, which Python writes with their ids (the database writing their
-# JSON cost it a third of the statement, and Python as much again to read it). The keys that were registered
-# already (a retry, or a transaction that committed meanwhile) are read by _stored in a second statement.
-# Looking them up here instead, by joining the input with the events table, made the
-# cost grow with the table: psycopg prepares the statement after five runs, and the generic plan made while
-# the table was small scanned all of it (10 ms a request at 10,000 events, 50 ms at 70,000).
-_PG_REGISTER = text("""
+# JSON cost it a third of the statement, and Python as much again to read it).
+#
+# Two forms (see TriggerStore._register): a plain INSERT, run alone in autocommit, which a key registered
+# already fails with a unique violation; and one that skips such keys (ON CONFLICT DO NOTHING), run in a
+# transaction, after which _stored reads the skipped keys in a second statement. Looking them up in the
+# statement instead, by joining the input with the events table, made the cost grow with the table: psycopg
+# prepares a statement after five runs, and the generic plan made while the table was small scanned all of
+# it (10 ms a request at 10,000 events, 50 ms at 70,000).
+_PG_INSERT = """
 WITH registration_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(:lock_key) AS locked),
 input AS (
     SELECT i.* FROM registration_lock,
@@ -302,11 +306,14 @@ inserted AS (
     SELECT :event_ts, table_name, partition_json, snapshot_id, snapshot_ts, prev_snapshot_id, table_format,
            operation_type, tags
     FROM input ORDER BY ord
-    ON CONFLICT (table_name, partition_json, snapshot_id) DO NOTHING
+    {on_conflict}
     RETURNING *
 )
 SELECT table_name, partition_json, snapshot_id, event_id FROM inserted
-""")
+"""
+_PG_INSERT_NEW = text(_PG_INSERT.format(on_conflict=""))
+_PG_INSERT_UNREGISTERED = text(_PG_INSERT.format(
+    on_conflict="ON CONFLICT (table_name, partition_json, snapshot_id) DO NOTHING"))
 
 # The flow's cursor and the stable horizon (see the module docstring) in one autocommit statement.
 _PG_FLOW_AND_HORIZON = text("""
@@ -469,9 +476,13 @@ class TriggerStore:
                 unique.setdefault((r["table_name"], r["partition_json"], r["snapshot_id"]), r)
         if not unique:
             return [b'{"events":[]}' for _ in batches]
+        if self.dialect == "postgresql" and len(unique) == sum(map(len, rows)):
+            found = self._insert_new_postgresql(unique)
+            if found is not None:
+                return self._answers(batches, rows, unique, found)
         with self.engine.begin() as conn:
             if self.dialect == "postgresql":
-                found = self._register_postgresql(conn, unique)
+                found = self._insert_unregistered_postgresql(conn, unique)
             else:
                 ev = EVENTS
                 statement = (self._insert(ev)
@@ -479,46 +490,68 @@ class TriggerStore:
                              .returning(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id, ev.c.event_id))
                 found = {(table, partition, snapshot): (event_id, True, [], None)
                          for table, partition, snapshot, event_id in conn.execute(statement, list(unique.values()))}
-                missing = [key for key in unique if key not in found]
-                if missing:
-                    found.update(self._stored(conn, unique, missing))
-            registered_at = format_timestamp(from_micros(next(iter(unique.values()))["event_ts"]))
-            answers = []
-            for batch, batch_rows in zip(batches, rows, strict=True):
-                out = []
-                for e, r in zip(batch, batch_rows, strict=True):
-                    key = (r["table_name"], r["partition_json"], r["snapshot_id"])
-                    event_id, created, differs, stored = found[key]
-                    first = unique[key]
-                    if r is not first:  # a duplicate of an earlier event of these requests is a retry of it
-                        created, differs = False, [f for f in _PAYLOAD if r[f] != first[f]]
-                    if differs:
-                        raise EventConflictError(
-                            f"event {event_id} of table {e.table!r}, partition {e.partition!r}, snapshot "
-                            f"{e.snapshot_id!r} is registered with other {', '.join(differs)}; a retry must "
-                            f"repeat the event exactly (nothing of this request was registered)")
-                    out.append({"created": created, "event": json.loads(stored) if stored is not None else {
-                        "event_id": event_id, "event_ts": registered_at, "table": e.table, "partition": e.partition,
-                        "snapshot_id": e.snapshot_id,
-                        "snapshot_ts": None if e.snapshot_ts is None else format_timestamp(e.snapshot_ts),
-                        "prev_snapshot_id": e.prev_snapshot_id, "table_format": r["table_format"],
-                        "operation_type": r["operation_type"], "tags": r["tags"]}})
-                answers.append(pydantic_core.to_json({"events": out}))
-            return answers
+            missing = [key for key in unique if key not in found]
+            if missing:  # registered before, or by a transaction that committed while this one ran; now visible
+                found.update(self._stored(conn, unique, missing))
+            return self._answers(batches, rows, unique, found)  # a conflict raises here: nothing is committed
 
-    def _register_postgresql(self, conn: Connection, unique: dict[tuple[str, str, str], dict[str, Any]]
-                             ) -> dict[tuple[str, str, str], _Found]:
+    @staticmethod
+    def _answers(batches: list[list[EventIn]], rows: list[list[dict[str, Any]]],
+                 unique: dict[tuple[str, str, str], dict[str, Any]], found: dict[tuple[str, str, str], _Found]
+                 ) -> list[bytes]:
+        """Each batch's answer, the JSON of a :class:`RegistrationResult`; raises :class:`EventConflictError`
+        for the first event that differs from the one registered under its key."""
+        registered_at = format_timestamp(from_micros(next(iter(unique.values()))["event_ts"]))
+        answers = []
+        for batch, batch_rows in zip(batches, rows, strict=True):
+            out = []
+            for e, r in zip(batch, batch_rows, strict=True):
+                key = (r["table_name"], r["partition_json"], r["snapshot_id"])
+                event_id, created, differs, stored = found[key]
+                first = unique[key]
+                if r is not first:  # a duplicate of an earlier event of these requests is a retry of it
+                    created, differs = False, [f for f in _PAYLOAD if r[f] != first[f]]
+                if differs:
+                    raise EventConflictError(
+                        f"event {event_id} of table {e.table!r}, partition {e.partition!r}, snapshot "
+                        f"{e.snapshot_id!r} is registered with other {', '.join(differs)}; a retry must "
+                        f"repeat the event exactly (nothing of this request was registered)")
+                out.append({"created": created, "event": json.loads(stored) if stored is not None else {
+                    "event_id": event_id, "event_ts": registered_at, "table": e.table, "partition": e.partition,
+                    "snapshot_id": e.snapshot_id,
+                    "snapshot_ts": None if e.snapshot_ts is None else format_timestamp(e.snapshot_ts),
+                    "prev_snapshot_id": e.prev_snapshot_id, "table_format": r["table_format"],
+                    "operation_type": r["operation_type"], "tags": r["tags"]}})
+            answers.append(pydantic_core.to_json({"events": out}))
+        return answers
+
+    @staticmethod
+    def _pg_params(unique: dict[tuple[str, str, str], dict[str, Any]]) -> dict[str, Any]:
         values = list(unique.values())
         # pydantic's JSON writer (Rust), three times as fast as the json module; event_ts is ignored: one for all
-        rows = pydantic_core.to_json(values).decode()
-        params = {"rows": rows, "event_ts": values[0]["event_ts"], "lock_key": REGISTRATION_LOCK}
-        found: dict[tuple[str, str, str], _Found] = {
-            (table, partition, snapshot): (event_id, True, [], None)
-            for table, partition, snapshot, event_id in conn.execute(_PG_REGISTER, params).all()}
-        missing = [key for key in unique if key not in found]
-        if missing:  # registered before, or by a transaction that committed while this one ran; now visible
-            found.update(self._stored(conn, unique, missing))
-        return found
+        return {"rows": pydantic_core.to_json(values).decode(), "event_ts": values[0]["event_ts"],
+                "lock_key": REGISTRATION_LOCK}
+
+    def _insert_new_postgresql(self, unique: dict[tuple[str, str, str], dict[str, Any]]
+                               ) -> dict[tuple[str, str, str], _Found] | None:
+        """Every key of ``unique`` inserted by one statement in autocommit, or None, with nothing written, when
+        one is registered already (a retry, or a concurrent registration of the same event that committed
+        first): one round trip instead of three (BEGIN, the statement, COMMIT), and a plain INSERT, cheaper
+        than ON CONFLICT's speculative insertion. The unique violation of a retry is logged by the server."""
+        try:
+            with self._reader.connect() as conn:
+                inserted = conn.execute(_PG_INSERT_NEW, self._pg_params(unique)).all()
+        except IntegrityError as e:
+            if getattr(e.orig, "sqlstate", None) == "23505":
+                return None
+            raise
+        return {(table, partition, snapshot): (event_id, True, [], None)
+                for table, partition, snapshot, event_id in inserted}
+
+    def _insert_unregistered_postgresql(self, conn: Connection, unique: dict[tuple[str, str, str], dict[str, Any]]
+                                        ) -> dict[tuple[str, str, str], _Found]:
+        return {(table, partition, snapshot): (event_id, True, [], None) for table, partition, snapshot, event_id
+                in conn.execute(_PG_INSERT_UNREGISTERED, self._pg_params(unique)).all()}
 
     def _stored(self, conn: Connection, unique: Mapping[tuple[str, str, str], dict[str, Any]],
                 keys: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], _Found]:
