@@ -184,7 +184,10 @@ class FastRegistration:
             body += message.get("body", b"")
             if message["type"] != "http.request" or not message.get("more_body", False):
                 break
-        response = await self._answer(dict(scope["headers"]), body)
+        headers: dict[bytes, bytes] = {}
+        for name, value in scope["headers"]:  # the first of repeated headers, as Starlette's Request reads them
+            headers.setdefault(name, value)
+        response = await self._answer(headers, body)
         if response is None:
             async def replay():
                 return messages.pop(0) if messages else await receive()

@@ -423,7 +423,8 @@ class TriggerStore:
 
     def register_json(self, events: Iterable[EventIn | Mapping[str, Any]]) -> bytes:
         """:meth:`register`, answering with the JSON of a :class:`RegistrationResult` (what ``POST /events``
-        returns), the events' JSON written by the database."""
+        returns): the new events written from the request with the ids drawn, the others as the database
+        writes them."""
         (answer,) = self.register_together_json([events])
         if isinstance(answer, EventConflictError):
             raise answer
