@@ -46,11 +46,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import glob
 import json
 import multiprocessing
 import os
-import pwd
 import re
 import shlex
 import shutil
@@ -67,6 +65,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import core  # noqa: E402  (benchmarks/core.py: machine(), code_version(), write_doc())
 from core import RESULTS_DIR, ROOT, code_version, log, machine  # noqa: E402
+
+from bitlake.triggers.pgserver import PostgresServer, free_port  # noqa: E402
 
 SECTION = "## Trigger service"
 BATCHED_TARGET = 0.25
@@ -107,81 +107,15 @@ def latency_summary(ms: list[float]) -> dict:
 # ------------------------------------------------------------------------------------------ PostgreSQL
 
 
-def pg_bin() -> Path:
-    def version(path: str) -> tuple[int, ...]:
-        return tuple(int(n) for n in re.findall(r"\d+", path))
-
-    for bindir in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=version, reverse=True):
-        if os.path.exists(f"{bindir}/initdb") and os.path.exists(f"{bindir}/pgbench"):
-            return Path(bindir)
-    raise SystemExit("PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb and pgbench): "
-                     "run bash scripts/setup-postgres.sh")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Postgres:
-    """A PostgreSQL server of its own in a temporary folder, on a loopback port (as tests/triggers/conftest.py
-    starts one, but with durability on and memory for ten million events)."""
+class Postgres(PostgresServer):
+    """The benchmark's PostgreSQL server: default durability, memory for ten million events, and pgbench."""
 
     def __init__(self, shared_buffers: str):
-        self.bin = pg_bin()
-        self.root = Path(tempfile.mkdtemp(prefix="bitlake-bench-pg-"))
-        self.user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None  # the server refuses root
-        if self.user is not None:
-            os.chown(self.root, self.user.pw_uid, self.user.pw_gid)
-        self.data = self.root / "data"
-        self.shared_buffers = shared_buffers
-        self.port = 0
-        self.version = ""
-
-    def _run(self, *args) -> str:
-        command = [str(a) for a in args]
-        if self.user is not None:
-            command = ["runuser", "-u", "postgres", "--", *command]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
-            logfile = self.root / "server.log"
-            raise RuntimeError(f"{' '.join(command)} failed:\n{result.stdout}\n{result.stderr}\n"
-                               f"{logfile.read_text() if logfile.exists() else ''}")
-        return result.stdout
-
-    def start(self) -> None:
-        self._run(self.bin / "initdb", "-D", self.data, "-U", "bitlake", "--auth=trust", "-E", "UTF8",
-                  "--locale=C", "--no-sync")
-        self.port = free_port()
-        options = (f"-p {self.port} -h 127.0.0.1 -k {self.root} -c max_connections=100 "
-                   f"-c shared_buffers={self.shared_buffers} -c maintenance_work_mem=1GB -c max_wal_size=8GB "
-                   "-c max_parallel_maintenance_workers=2 -c checkpoint_timeout=30min")
-        self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.root / "server.log", "-w", "-t", "120",
-                  "-o", options, "start")
-        self.version = self._run(self.bin / "postgres", "--version").strip()
-
-    def stop(self) -> None:
-        try:
-            self._run(self.bin / "pg_ctl", "-D", self.data, "-m", "fast", "-w", "stop")
-        finally:
-            shutil.rmtree(self.root, ignore_errors=True)
-
-    def dsn(self, database: str) -> str:
-        return f"host=127.0.0.1 port={self.port} user=bitlake dbname={database}"
-
-    def url(self, database: str) -> str:
-        return f"postgresql+psycopg://bitlake@127.0.0.1:{self.port}/{database}"
-
-    def connect(self, database: str):
-        import psycopg
-
-        return psycopg.connect(self.dsn(database), autocommit=True)
-
-    def create_database(self, name: str) -> None:
-        with self.connect("postgres") as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
-            conn.execute(f'CREATE DATABASE "{name}"')
+        super().__init__({"max_connections": "100", "shared_buffers": shared_buffers, "maintenance_work_mem": "1GB",
+                          "max_wal_size": "8GB", "max_parallel_maintenance_workers": "2",
+                          "checkpoint_timeout": "30min"})
+        if not (self.bin / "pgbench").exists():
+            raise SystemExit(f"pgbench is missing from {self.bin}: run bash scripts/setup-postgres.sh")
 
     def pgbench(self, database: str, script: str, *, clients: int, duration: float | None = None,
                 transactions: int | None = None) -> dict:
