@@ -121,7 +121,14 @@ def write_segments(base: str, prior_bitmaps: dict, events: pa.Table) -> list[dic
     name = f"{uuid.uuid4().hex}.parquet"
     log_path = os.path.join(base, LOGS_DIR, name)
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    pq.write_table(table, log_path, compression="zstd")
+    # Row groups of one event kind each (UNTIL first), sorted by segment and offset: an event-time read
+    # wants only the UNTIL events and skips the others by the row groups' statistics (a log written as one
+    # mixed row group had it read the whole file: 1.05M rows instead of 0.57M for a 10 % batch at SF 1).
+    with pq.ParquetWriter(log_path, segmentlog.FILE_SCHEMA, compression="zstd") as writer:
+        for kind in (segmentlog.SET_VALID_UNTIL, segmentlog.SET_VALID_FROM):
+            of_kind = table.filter(pc.equal(table.column("event"), kind))
+            if of_kind.num_rows:
+                writer.write_table(of_kind)
     t = table.column("t")
     rows = [{"kind": "log", "path": f"{LOGS_DIR}/{name}", "part": None, "seq": None,
              "events": table.num_rows, "bytes": os.path.getsize(log_path),

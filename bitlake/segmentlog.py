@@ -1,6 +1,7 @@
 """Segment logs: the append-only validity events, in Parquet files shared by many segments.
 
-One row per event, sorted by segment and offset within a file:
+One row per event; within a file, one row group per event kind (UNTIL first, so that a read of one kind
+skips the other by the row groups' statistics), each sorted by segment and offset:
 
 * ``_segment_part``, ``_segment_seq``, ``_segment_offset``: the row the event is about;
 * ``event``: :data:`SET_VALID_FROM` or :data:`SET_VALID_UNTIL`;

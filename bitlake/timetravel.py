@@ -20,7 +20,6 @@ import datetime as dt
 from typing import Any
 
 import numpy as np
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bitlake import commitlog, segmentlog
@@ -85,9 +84,7 @@ def revived_offsets(io: FileIO, state: TableState, t: int) -> dict[tuple[int, in
     """Per segment, the offsets of rows superseded only after event time ``t`` (driver-side)."""
     out: dict[tuple[int, int], list[np.ndarray]] = {}
     for path in log_files_after(state, t):
-        events = pq.read_table(io.path(path))
-        mask = pc.and_(pc.equal(events.column("event"), segmentlog.SET_VALID_UNTIL), pc.greater(events.column("t"), t))
-        events = events.filter(mask)
+        events = pq.read_table(io.path(path), filters=[("event", "=", segmentlog.SET_VALID_UNTIL), ("t", ">", t)])
         parts = events.column(PART_COLUMN).to_numpy()
         seqs = events.column(SEQ_COLUMN).to_numpy()
         offsets = events.column(OFFSET_COLUMN).to_numpy()

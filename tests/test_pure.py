@@ -306,3 +306,35 @@ def test_the_previous_snapshot_of_an_event_is_the_last_commit_with_events():
     del old["last_event_version"]  # a checkpoint written before the field existed
     old["last_visible_version"] = 2
     assert TableState.from_json(old).last_event_version == 2
+
+
+def test_a_segment_log_file_has_one_row_group_per_event_kind(tmp_path):
+    """An event-time read filters the UNTIL events; the row groups' statistics must let it skip the rest."""
+    import numpy as np
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from bitlake import metagen, segmentlog
+
+    n = 1000
+    offsets = np.arange(n, dtype=np.int32)
+    kinds = np.where(offsets % 3 == 0, segmentlog.SET_VALID_UNTIL, segmentlog.SET_VALID_FROM).astype(np.int8)
+    events = pa.table({rowid.PART_COLUMN: np.zeros(n, np.int32), rowid.SEQ_COLUMN: (offsets % 2).astype(np.int32),
+                       rowid.OFFSET_COLUMN: offsets[::-1].copy(), "event": kinds, "t": np.full(n, 5, np.int64),
+                       "cause": np.arange(n, dtype=np.int64), "batch_index": np.zeros(n, np.int32)})
+    rows = metagen.write_segments(str(tmp_path), {}, events)
+    log = next(r for r in rows if r["kind"] == "log")
+    file = pq.ParquetFile(tmp_path / log["path"])
+    event = file.schema_arrow.names.index("event")
+    groups = [file.metadata.row_group(g) for g in range(file.metadata.num_row_groups)]
+    assert [(g.column(event).statistics.min, g.column(event).statistics.max) for g in groups] == [
+        (segmentlog.SET_VALID_UNTIL, segmentlog.SET_VALID_UNTIL), (segmentlog.SET_VALID_FROM, segmentlog.SET_VALID_FROM)]
+    table = file.read()
+    assert table.num_rows == n and sorted(table.column("cause").to_pylist()) == list(range(n))
+    for kind in (segmentlog.SET_VALID_UNTIL, segmentlog.SET_VALID_FROM):  # each sorted by segment and offset
+        part = table.filter(pc.equal(table.column("event"), kind))
+        keys = list(zip(part.column(rowid.SEQ_COLUMN).to_pylist(), part.column(rowid.OFFSET_COLUMN).to_pylist(),
+                        strict=True))
+        assert keys == sorted(keys)
+    # The bitmaps still come from every event: UNTIL rows invalid, FROM rows valid.
+    assert {(r["part"], r["seq"]) for r in rows if r["kind"] == "bitmap"} == {(0, 0), (0, 1)}
