@@ -200,18 +200,18 @@ class FastRegistration:
         authorization = headers.get(b"authorization", b"")
         if content_type != b"application/json" or authorization[:7].lower() != b"bearer ":
             return None
-        info = await self.tokens.get(authorization[7:].decode("latin-1"))
-        if info is None or info.role not in PRODUCING:
-            return None
         try:
-            batch = EventBatch.model_validate_json(body)
-        except ValidationError:
-            return None
-        if not all(info.allows(table) for table in {e.table for e in batch.events}):
-            return None
-        try:
+            info = await self.tokens.get(authorization[7:].decode("latin-1"))
+            if info is None or info.role not in PRODUCING:
+                return None
+            try:
+                batch = EventBatch.model_validate_json(body)
+            except ValidationError:
+                return None
+            if not all(info.allows(table) for table in {e.table for e in batch.events}):
+                return None
             return _json(await self.registrations.register(batch.events))
-        except (TriggerError, OperationalError) as exc:
+        except (TriggerError, OperationalError) as exc:  # the database down during the token lookup too: 503
             return _error_response(exc)
 
 

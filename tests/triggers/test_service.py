@@ -569,3 +569,21 @@ def test_admin_command_creates_lists_and_revokes_tokens(tmp_path, capsys):
         assert admin(["--db-url", url, "token", "revoke", "1"]) == 1
     finally:
         service.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("fast", [True, False])
+def test_an_unreachable_database_is_a_503_on_both_registration_paths(postgres, fast):
+    """The token lookup and the registration both fail with the database gone: 503 with Retry-After, not 500."""
+    name = f"down_{int(fast)}"
+    service = Service(postgres.create_database(name), fast_registration=fast)
+    try:
+        assert service.register([event()]).status_code == 200
+        with postgres.connect() as conn:
+            conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+        response = service.http.post("/events", json={"events": [event(snapshot_id="2")]},
+                                     headers={"Authorization": f"Bearer {service.producer}"})
+        assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+        assert "the event store is unavailable" in response.json()["detail"]
+    finally:
+        service.close()
