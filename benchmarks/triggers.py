@@ -718,8 +718,9 @@ def markdown(result: dict) -> str:
         f"{cfg['clients']} clients running a plain `INSERT` of as many rows into a copy of the events table "
         "(same columns, indexes and constraints; `-M prepared`), the limit. The service does more per "
         "request than that `INSERT`: it checks the token and the input, takes the registration lock, "
-        "inserts with `ON CONFLICT DO NOTHING` (so that a retry is a no-op and gets the stored events back), "
-        "and answers with every event. "
+        "inserts (new events in one autocommit statement; a batch holding a registered key again with "
+        "`ON CONFLICT DO NOTHING`, so that a retry is a no-op and gets the stored events back), and answers "
+        "with every event. "
         f"Targets: HTTP at least {BATCHED_TARGET:.0%} of pgbench batched and {SINGLE_TARGET:.0%} one by one.",
         "",
         "| events per request | pgbench events/s | store events/s (/ pgbench) | service processes | HTTP events/s "
