@@ -327,6 +327,12 @@ LEFT JOIN flows AS f ON f.flow_name = :flow AND f.table_name = :table
 _Found = tuple[int, bool, list[str], str | None]
 
 
+def _created(inserted: Iterable[Row]) -> dict[tuple[str, str, str], _Found]:
+    """What _register finds for the rows an INSERT returned (key columns, then event_id): created events."""
+    return {(table, partition, snapshot): (event_id, True, [], None)
+            for table, partition, snapshot, event_id in inserted}
+
+
 def _once_more_if_disconnected(method):
     """Runs ``method`` again when its connection turned out to be dead (the database restarted).
 
@@ -477,20 +483,20 @@ class TriggerStore:
                 unique.setdefault((r["table_name"], r["partition_json"], r["snapshot_id"]), r)
         if not unique:
             return [b'{"events":[]}' for _ in batches]
-        if self.dialect == "postgresql" and len(unique) == sum(map(len, rows)):
-            found = self._insert_new_postgresql(unique)
+        params = self._pg_params(unique) if self.dialect == "postgresql" else None
+        if params is not None and len(unique) == sum(map(len, rows)):
+            found = self._insert_new_postgresql(params)
             if found is not None:
                 return self._answers(batches, rows, unique, found)
         with self.engine.begin() as conn:
-            if self.dialect == "postgresql":
-                found = self._insert_unregistered_postgresql(conn, unique)
+            if params is not None:
+                found = _created(conn.execute(_PG_INSERT_UNREGISTERED, params))
             else:
                 ev = EVENTS
                 statement = (self._insert(ev)
                              .on_conflict_do_nothing(index_elements=["table_name", "partition_json", "snapshot_id"])
                              .returning(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id, ev.c.event_id))
-                found = {(table, partition, snapshot): (event_id, True, [], None)
-                         for table, partition, snapshot, event_id in conn.execute(statement, list(unique.values()))}
+                found = _created(conn.execute(statement, list(unique.values())))
             missing = [key for key in unique if key not in found]
             if missing:  # registered before, or by a transaction that committed while this one ran; now visible
                 found.update(self._stored(conn, unique, missing))
@@ -533,26 +539,19 @@ class TriggerStore:
         return {"rows": pydantic_core.to_json(values).decode(), "event_ts": values[0]["event_ts"],
                 "lock_key": REGISTRATION_LOCK}
 
-    def _insert_new_postgresql(self, unique: dict[tuple[str, str, str], dict[str, Any]]
-                               ) -> dict[tuple[str, str, str], _Found] | None:
-        """Every key of ``unique`` inserted by one statement in autocommit, or None, with nothing written, when
-        one is registered already (a retry, or a concurrent registration of the same event that committed
-        first): one round trip instead of three (BEGIN, the statement, COMMIT), and a plain INSERT, cheaper
-        than ON CONFLICT's speculative insertion. The unique violation of a retry is logged by the server."""
+    def _insert_new_postgresql(self, params: dict[str, Any]) -> dict[tuple[str, str, str], _Found] | None:
+        """Every key of the batch (``params``: :meth:`_pg_params`) inserted by one statement in autocommit, or
+        None, with nothing written, when one is registered already (a retry, or a concurrent registration of
+        the same event that committed first): one round trip instead of three (BEGIN, the statement, COMMIT),
+        and a plain INSERT, cheaper than ON CONFLICT's speculative insertion. The unique violation of a retry
+        is logged by the server."""
         try:
             with self._reader.connect() as conn:
-                inserted = conn.execute(_PG_INSERT_NEW, self._pg_params(unique)).all()
+                return _created(conn.execute(_PG_INSERT_NEW, params))
         except IntegrityError as e:
             if getattr(e.orig, "sqlstate", None) == "23505":
                 return None
             raise
-        return {(table, partition, snapshot): (event_id, True, [], None)
-                for table, partition, snapshot, event_id in inserted}
-
-    def _insert_unregistered_postgresql(self, conn: Connection, unique: dict[tuple[str, str, str], dict[str, Any]]
-                                        ) -> dict[tuple[str, str, str], _Found]:
-        return {(table, partition, snapshot): (event_id, True, [], None) for table, partition, snapshot, event_id
-                in conn.execute(_PG_INSERT_UNREGISTERED, self._pg_params(unique)).all()}
 
     def _stored(self, conn: Connection, unique: Mapping[tuple[str, str, str], dict[str, Any]],
                 keys: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], _Found]:
