@@ -93,6 +93,27 @@ class EventBatch(BaseModel):
     events: list[EventIn] = Field(min_length=1, max_length=MAX_EVENTS_PER_REQUEST)
 
 
+async def _read_messages(receive, max_bytes: int | None = None) -> list[dict] | None:
+    """Every message of the request's body, or None once the body passes ``max_bytes``."""
+    messages, size = [], 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        size += len(message.get("body", b""))
+        if max_bytes is not None and size > max_bytes:
+            return None
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return messages
+
+
+def _replay(messages: list[dict], receive):
+    """A ``receive`` that hands out ``messages`` again, then the real ones (a disconnect, say)."""
+    async def replay():
+        return messages.pop(0) if messages else await receive()
+
+    return replay
+
+
 class BodyLimit:
     """Refuses (413) a request body over ``max_bytes`` before anything parses it, chunked uploads included."""
 
@@ -106,20 +127,10 @@ class BodyLimit:
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
             return await self._refuse(scope, receive, send)
-        messages, size = [], 0
-        while True:
-            message = await receive()
-            messages.append(message)
-            size += len(message.get("body", b""))
-            if size > self.max_bytes:
-                return await self._refuse(scope, receive, send)
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                break
-
-        async def replay():
-            return messages.pop(0) if messages else await receive()
-
-        return await self.app(scope, replay, send)
+        messages = await _read_messages(receive, self.max_bytes)
+        if messages is None:
+            return await self._refuse(scope, receive, send)
+        return await self.app(scope, _replay(messages, receive), send)
 
     async def _refuse(self, scope, receive, send):
         response = JSONResponse({"detail": f"request body larger than {self.max_bytes} bytes"}, status_code=413)
@@ -177,22 +188,14 @@ class FastRegistration:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != "/events":
             return await self.app(scope, receive, send)
-        messages, body = [], b""
-        while True:  # already in memory: BodyLimit, outside this, read it
-            message = await receive()
-            messages.append(message)
-            body += message.get("body", b"")
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                break
+        messages = await _read_messages(receive) or []  # already in memory: BodyLimit, outside this, read it
+        body = b"".join(m.get("body", b"") for m in messages)
         headers: dict[bytes, bytes] = {}
         for name, value in scope["headers"]:  # the first of repeated headers, as Starlette's Request reads them
             headers.setdefault(name, value)
         response = await self._answer(headers, body)
         if response is None:
-            async def replay():
-                return messages.pop(0) if messages else await receive()
-
-            return await self.app(scope, replay, send)
+            return await self.app(scope, _replay(messages, receive), send)
         await response(scope, receive, send)
 
     async def _answer(self, headers: dict[bytes, bytes], body: bytes) -> Response | None:
