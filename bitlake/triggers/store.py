@@ -311,7 +311,7 @@ inserted AS (
 )
 SELECT table_name, partition_json, snapshot_id, event_id FROM inserted
 """
-_PG_INSERT_NEW = text(_PG_INSERT.format(on_conflict=""))
+PG_INSERT_NEW = text(_PG_INSERT.format(on_conflict=""))
 _PG_INSERT_UNREGISTERED = text(_PG_INSERT.format(
     on_conflict="ON CONFLICT (table_name, partition_json, snapshot_id) DO NOTHING"))
 
@@ -327,10 +327,81 @@ LEFT JOIN flows AS f ON f.flow_name = :flow AND f.table_name = :table
 _Found = tuple[int, bool, list[str], str | None]
 
 
-def _created(inserted: Iterable[Row]) -> dict[tuple[str, str, str], _Found]:
+def _created(inserted: Iterable[Sequence]) -> dict[tuple[str, str, str], _Found]:
     """What _register finds for the rows an INSERT returned (key columns, then event_id): created events."""
     return {(table, partition, snapshot): (event_id, True, [], None)
             for table, partition, snapshot, event_id in inserted}
+
+
+class PlannedRegistration:
+    """The requests of one registration transaction, validated and keyed: what the store inserts, and how it
+    answers each request once it knows the event id of every key (:meth:`answers`).
+
+    Built without the database, so that the service can plan in its event loop and try the insert of new
+    events on its own connection (storecalls.py) before it hands the plan's requests to the store.
+    """
+
+    def __init__(self, batches: list[list[EventIn]], registered_at: int):
+        self.batches, self.registered_at = batches, registered_at
+        self.rows = [[_row(e, registered_at) for e in batch] for batch in batches]
+        # the first row of each key, in request order; a later one is a retry of it
+        self.unique: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for batch_rows in self.rows:
+            for r in batch_rows:
+                self.unique.setdefault((r["table_name"], r["partition_json"], r["snapshot_id"]), r)
+
+    @classmethod
+    def of(cls, requests: Sequence[Iterable[EventIn | Mapping[str, Any]]]) -> PlannedRegistration:
+        return cls([[e if isinstance(e, EventIn) else EventIn.model_validate(e) for e in events]
+                    for events in requests], now_micros())
+
+    def one_by_one(self) -> list[PlannedRegistration]:
+        """Each request as a plan of its own, with the same registration time."""
+        return [PlannedRegistration([batch], self.registered_at) for batch in self.batches]
+
+    @property
+    def distinct(self) -> bool:
+        """No key is repeated: every event may be new."""
+        return len(self.unique) == sum(map(len, self.rows))
+
+    @functools.cached_property
+    def pg_params(self) -> dict[str, Any]:
+        """The parameters of the PostgreSQL INSERT (``_PG_INSERT``)."""
+        values = list(self.unique.values())
+        # pydantic's JSON writer (Rust), three times as fast as the json module; event_ts is ignored: one for all
+        return {"rows": pydantic_core.to_json(values).decode(), "event_ts": self.registered_at,
+                "lock_key": REGISTRATION_LOCK}
+
+    def answers_inserted(self, inserted: Iterable[Sequence]) -> list[bytes]:
+        """:meth:`answers` when every key was inserted: ``inserted`` are the rows :data:`PG_INSERT_NEW` returned."""
+        return self.answers(_created(inserted))
+
+    def answers(self, found: Mapping[tuple[str, str, str], _Found]) -> list[bytes]:
+        """Each request's answer, the JSON of a :class:`RegistrationResult`; raises :class:`EventConflictError`
+        for the first event that differs from the one registered under its key."""
+        registered_at = format_timestamp(from_micros(self.registered_at))
+        answers = []
+        for batch, batch_rows in zip(self.batches, self.rows, strict=True):
+            out = []
+            for e, r in zip(batch, batch_rows, strict=True):
+                key = (r["table_name"], r["partition_json"], r["snapshot_id"])
+                event_id, created, differs, stored = found[key]
+                first = self.unique[key]
+                if r is not first:  # a duplicate of an earlier event of these requests is a retry of it
+                    created, differs = False, [f for f in _PAYLOAD if r[f] != first[f]]
+                if differs:
+                    raise EventConflictError(
+                        f"event {event_id} of table {e.table!r}, partition {e.partition!r}, snapshot "
+                        f"{e.snapshot_id!r} is registered with other {', '.join(differs)}; a retry must "
+                        f"repeat the event exactly (nothing of this request was registered)")
+                out.append({"created": created, "event": json.loads(stored) if stored is not None else {
+                    "event_id": event_id, "event_ts": registered_at, "table": e.table, "partition": e.partition,
+                    "snapshot_id": e.snapshot_id,
+                    "snapshot_ts": None if e.snapshot_ts is None else format_timestamp(e.snapshot_ts),
+                    "prev_snapshot_id": e.prev_snapshot_id, "table_format": r["table_format"],
+                    "operation_type": r["operation_type"], "tags": r["tags"]}})
+            answers.append(pydantic_core.to_json({"events": out}))
+        return answers
 
 
 def _once_more_if_disconnected(method):
@@ -437,8 +508,8 @@ class TriggerStore:
         return answer
 
     @_once_more_if_disconnected
-    def register_together_json(self, requests: Sequence[Iterable[EventIn | Mapping[str, Any]]]
-                               ) -> list[bytes | EventConflictError]:
+    def register_together_json(self, requests: Sequence[Iterable[EventIn | Mapping[str, Any]]], *,
+                               insert_new_first: bool = True) -> list[bytes | EventConflictError]:
         """Several registration requests in one transaction, each answered as if they had run one after the
         other: with what :meth:`register_json` returns, or the :class:`EventConflictError` it raises.
 
@@ -446,27 +517,28 @@ class TriggerStore:
         between them. Ids follow the order of the requests; an event a request repeats from an earlier one
         is a retry of it. When a request conflicts, each request runs again in a transaction of its own, so
         the others are registered and the one that conflicts writes nothing.
+
+        ``insert_new_first``: on PostgreSQL, first try the one-statement insert of new events
+        (:meth:`_insert_new_postgresql`); False when the caller tried it already (see storecalls.py).
         """
-        batches = [[e if isinstance(e, EventIn) else EventIn.model_validate(e) for e in events] for events in requests]
-        registered_at = now_micros()
-        rows = [[_row(e, registered_at) for e in batch] for batch in batches]
+        plan = PlannedRegistration.of(requests)
         try:
-            return list(self._register_retrying(batches, rows))
+            return list(self._register_retrying(plan, insert_new_first))
         except EventConflictError as e:
-            if len(batches) == 1:
+            if len(plan.batches) == 1:
                 return [e]
         answers: list[bytes | EventConflictError] = []
-        for batch, batch_rows in zip(batches, rows, strict=True):
+        for one in plan.one_by_one():
             try:
-                answers.extend(self._register_retrying([batch], [batch_rows]))
+                answers.extend(self._register_retrying(one, insert_new_first))
             except EventConflictError as e:
                 answers.append(e)
         return answers
 
-    def _register_retrying(self, batches: list[list[EventIn]], rows: list[list[dict[str, Any]]]) -> list[bytes]:
+    def _register_retrying(self, plan: PlannedRegistration, insert_new_first: bool) -> list[bytes]:
         for attempt in range(3):
             try:
-                return self._register(batches, rows)
+                return self._register(plan, insert_new_first)
             except OperationalError as e:
                 # Two batches sharing events in different orders can deadlock on PostgreSQL; the loser's
                 # transaction was rolled back whole, so running it again is safe.
@@ -474,80 +546,39 @@ class TriggerStore:
                     raise
         raise AssertionError("unreachable")
 
-    def _register(self, batches: list[list[EventIn]], rows: list[list[dict[str, Any]]]) -> list[bytes]:
+    def _register(self, plan: PlannedRegistration, insert_new_first: bool) -> list[bytes]:
         # Ids follow the order of the batches (a producer sends its commits in order); a duplicate key
         # inserts once, and the INSERT skips keys already registered.
-        unique: dict[tuple[str, str, str], dict[str, Any]] = {}
-        for batch_rows in rows:
-            for r in batch_rows:
-                unique.setdefault((r["table_name"], r["partition_json"], r["snapshot_id"]), r)
-        if not unique:
-            return [b'{"events":[]}' for _ in batches]
-        params = self._pg_params(unique) if self.dialect == "postgresql" else None
-        if params is not None and len(unique) == sum(map(len, rows)):
-            found = self._insert_new_postgresql(params)
+        if not plan.unique:
+            return [b'{"events":[]}' for _ in plan.batches]
+        postgres = self.dialect == "postgresql"
+        if postgres and insert_new_first and plan.distinct:
+            found = self._insert_new_postgresql(plan.pg_params)
             if found is not None:
-                return self._answers(batches, rows, unique, found)
+                return plan.answers(found)
         with self.engine.begin() as conn:
-            if params is not None:
-                found = _created(conn.execute(_PG_INSERT_UNREGISTERED, params))
+            if postgres:
+                found = _created(conn.execute(_PG_INSERT_UNREGISTERED, plan.pg_params))
             else:
                 ev = EVENTS
                 statement = (self._insert(ev)
                              .on_conflict_do_nothing(index_elements=["table_name", "partition_json", "snapshot_id"])
                              .returning(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id, ev.c.event_id))
-                found = _created(conn.execute(statement, list(unique.values())))
-            missing = [key for key in unique if key not in found]
+                found = _created(conn.execute(statement, list(plan.unique.values())))
+            missing = [key for key in plan.unique if key not in found]
             if missing:  # registered before, or by a transaction that committed while this one ran; now visible
-                found.update(self._stored(conn, unique, missing))
-            return self._answers(batches, rows, unique, found)  # a conflict raises here: nothing is committed
-
-    @staticmethod
-    def _answers(batches: list[list[EventIn]], rows: list[list[dict[str, Any]]],
-                 unique: dict[tuple[str, str, str], dict[str, Any]], found: dict[tuple[str, str, str], _Found]
-                 ) -> list[bytes]:
-        """Each batch's answer, the JSON of a :class:`RegistrationResult`; raises :class:`EventConflictError`
-        for the first event that differs from the one registered under its key."""
-        registered_at = format_timestamp(from_micros(next(iter(unique.values()))["event_ts"]))
-        answers = []
-        for batch, batch_rows in zip(batches, rows, strict=True):
-            out = []
-            for e, r in zip(batch, batch_rows, strict=True):
-                key = (r["table_name"], r["partition_json"], r["snapshot_id"])
-                event_id, created, differs, stored = found[key]
-                first = unique[key]
-                if r is not first:  # a duplicate of an earlier event of these requests is a retry of it
-                    created, differs = False, [f for f in _PAYLOAD if r[f] != first[f]]
-                if differs:
-                    raise EventConflictError(
-                        f"event {event_id} of table {e.table!r}, partition {e.partition!r}, snapshot "
-                        f"{e.snapshot_id!r} is registered with other {', '.join(differs)}; a retry must "
-                        f"repeat the event exactly (nothing of this request was registered)")
-                out.append({"created": created, "event": json.loads(stored) if stored is not None else {
-                    "event_id": event_id, "event_ts": registered_at, "table": e.table, "partition": e.partition,
-                    "snapshot_id": e.snapshot_id,
-                    "snapshot_ts": None if e.snapshot_ts is None else format_timestamp(e.snapshot_ts),
-                    "prev_snapshot_id": e.prev_snapshot_id, "table_format": r["table_format"],
-                    "operation_type": r["operation_type"], "tags": r["tags"]}})
-            answers.append(pydantic_core.to_json({"events": out}))
-        return answers
-
-    @staticmethod
-    def _pg_params(unique: dict[tuple[str, str, str], dict[str, Any]]) -> dict[str, Any]:
-        values = list(unique.values())
-        # pydantic's JSON writer (Rust), three times as fast as the json module; event_ts is ignored: one for all
-        return {"rows": pydantic_core.to_json(values).decode(), "event_ts": values[0]["event_ts"],
-                "lock_key": REGISTRATION_LOCK}
+                found.update(self._stored(conn, plan.unique, missing))
+            return plan.answers(found)  # a conflict raises here: nothing is committed
 
     def _insert_new_postgresql(self, params: dict[str, Any]) -> dict[tuple[str, str, str], _Found] | None:
-        """Every key of the batch (``params``: :meth:`_pg_params`) inserted by one statement in autocommit, or
-        None, with nothing written, when one is registered already (a retry, or a concurrent registration of
-        the same event that committed first): one round trip instead of three (BEGIN, the statement, COMMIT),
-        and a plain INSERT, cheaper than ON CONFLICT's speculative insertion. The unique violation of a retry
-        is logged by the server."""
+        """Every key of the batch (``params``: :attr:`PlannedRegistration.pg_params`) inserted by one statement
+        in autocommit, or None, with nothing written, when one is registered already (a retry, or a concurrent
+        registration of the same event that committed first): one round trip instead of three (BEGIN, the
+        statement, COMMIT), and a plain INSERT, cheaper than ON CONFLICT's speculative insertion. The unique
+        violation of a retry is logged by the server."""
         try:
             with self._reader.connect() as conn:
-                return _created(conn.execute(_PG_INSERT_NEW, params))
+                return _created(conn.execute(PG_INSERT_NEW, params))
         except IntegrityError as e:
             if getattr(e.orig, "sqlstate", None) == "23505":
                 return None

@@ -8,7 +8,8 @@ same methods in the loop instead, on a twin of the store whose engine uses psyco
 SQLAlchemy's greenlet bridge turns each wait for the database into an ``await``.
 
 :class:`GroupCommit` then makes concurrent registrations share one transaction (PostgreSQL's commit, its
-round trips and the call's fixed costs), each still answered as if it had run alone.
+round trips and the call's fixed costs), each still answered as if it had run alone. On PostgreSQL a group
+of new events first goes to :class:`DirectInsert`: the store's statement on a psycopg connection of its own.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import TypeVar
 
+import psycopg
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.util import greenlet_spawn
 
 from bitlake.triggers.config import TriggerConfig
+from bitlake.triggers.errors import EventConflictError
 from bitlake.triggers.event import MAX_EVENTS_PER_REQUEST, EventIn
-from bitlake.triggers.store import TriggerStore
+from bitlake.triggers.store import PG_INSERT_NEW, PlannedRegistration, TriggerStore
 
 T = TypeVar("T")
 
@@ -44,6 +47,7 @@ class StoreCalls:
         self._engine: AsyncEngine | None = None
         self._twin: TriggerStore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._direct: DirectInsert | None = None
 
     async def start(self) -> None:
         if self.store.dialect != "postgresql" or self._engine is not None:
@@ -51,10 +55,14 @@ class StoreCalls:
         self._engine = create_async_engine(self.store.engine.url, pool_size=self.config.pool_size,
                                            max_overflow=self.config.max_overflow, echo=self.config.sql_echo)
         self._twin = TriggerStore(self._engine.sync_engine, migrate=False)
+        self._direct = DirectInsert(self.store, keep=self.config.pool_size)
         self._loop = asyncio.get_running_loop()
 
     async def stop(self) -> None:
-        engine, self._engine, self._twin, self._loop = self._engine, None, None, None
+        engine, direct = self._engine, self._direct
+        self._engine, self._twin, self._loop, self._direct = None, None, None, None
+        if direct is not None:
+            await direct.close()
         if engine is not None:
             await engine.dispose()
 
@@ -66,6 +74,65 @@ class StoreCalls:
         if self.in_loop():
             return await greenlet_spawn(fn, self._twin)
         return await run_in_threadpool(fn, self.store)
+
+    async def register_together_json(self, requests: list[list[EventIn]]) -> list[bytes | EventConflictError]:
+        """:meth:`TriggerStore.register_together_json`, trying :class:`DirectInsert` first when it runs in the loop."""
+        if self._direct is None or not self.in_loop():
+            return await run_in_threadpool(TriggerStore.register_together_json, self.store, requests)
+        plan = PlannedRegistration.of(requests)
+        if plan.unique and plan.distinct:
+            answers = await self._direct.insert(plan)
+            if answers is not None:
+                return list(answers)
+        register = functools.partial(TriggerStore.register_together_json, requests=requests, insert_new_first=False)
+        return await greenlet_spawn(register, self._twin)
+
+
+class DirectInsert:
+    """New events inserted by a psycopg asyncio connection itself, not through SQLAlchemy.
+
+    A one-event registration cost the service's process 0.24 ms of CPU through the store on its asyncio twin
+    (SQLAlchemy's greenlet bridge, pool, execution context and result objects), and 0.07-0.09 ms as the same
+    prepared statement on a connection of its own (4 concurrent callers, same process and run; see
+    docs/triggers.md). It runs the store's statement (:data:`PG_INSERT_NEW`, one autocommit round trip) and
+    answers as the store does (:meth:`PlannedRegistration.answers_inserted`). Any failure (a key registered
+    already, a deadlock, a lost connection or database) returns None with nothing written, and the caller
+    hands the requests to the store, whose transaction handles every case.
+    """
+
+    def __init__(self, store: TriggerStore, keep: int):
+        args, kwargs = store.engine.dialect.create_connect_args(store.engine.url)
+        self._connect = functools.partial(psycopg.AsyncConnection.connect, *args, **kwargs, autocommit=True)
+        self._sql = str(PG_INSERT_NEW.compile(dialect=store.engine.dialect))
+        self._idle: list[psycopg.AsyncConnection] = []
+        self.keep = keep
+
+    async def insert(self, plan: PlannedRegistration) -> list[bytes] | None:
+        """The answers of ``plan``'s requests when all its events were new and are now registered, else None."""
+        conn = self._idle.pop() if self._idle else None
+        try:
+            if conn is None:
+                conn = await self._connect()
+            cursor = await conn.execute(self._sql, plan.pg_params, prepare=True)
+            inserted = await cursor.fetchall()
+        except psycopg.Error:
+            return None
+        finally:
+            if conn is not None:
+                await self._release(conn)
+        return plan.answers_inserted(inserted)
+
+    async def _release(self, conn: psycopg.AsyncConnection) -> None:
+        if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE \
+                and len(self._idle) < self.keep:
+            self._idle.append(conn)
+        else:
+            await conn.close()
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.close()
 
 
 class GroupCommit:
@@ -104,9 +171,9 @@ class GroupCommit:
                     size += len(events)
             if not group:
                 continue
-            register = functools.partial(TriggerStore.register_together_json, requests=[e for e, _ in group])
+            answers: list[bytes | Exception]
             try:
-                answers = await self.calls(register)
+                answers = list(await self.calls.register_together_json([e for e, _ in group]))
             except Exception as error:  # noqa: BLE001 - each request of the group gets it
                 answers = [error] * len(group)
             for (_, future), answer in zip(group, answers, strict=True):

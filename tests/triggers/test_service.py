@@ -21,6 +21,7 @@ from bitlake.triggers.__main__ import main as admin
 from bitlake.triggers.config import DEFAULT_DB_URL
 from bitlake.triggers.service import FastRegistration
 from bitlake.triggers.store import EventPage, RegistrationResult, TriggerStore
+from bitlake.triggers.storecalls import DirectInsert
 from bitlake.triggers.tables import EVENTS
 from bitlake.triggers.trigger import PartitionTriggerResult, SnapshotTriggerResult
 from tests.triggers.samples import commits, event
@@ -245,13 +246,15 @@ def test_concurrent_registrations_commit_together_each_answered_as_alone(db_url,
     registrations, groups = app.state.registrations, []
     store_call = registrations.calls
 
-    async def slow_first(register):
-        groups.append(len(register.keywords["requests"]))
+    register = store_call.register_together_json
+
+    async def slow_first(requests):
+        groups.append(len(requests))
         if len(groups) == 1:
             await asyncio.sleep(0.3)  # the others arrive meanwhile
-        return await store_call(register)
+        return await register(requests)
 
-    monkeypatch.setattr(registrations, "calls", slow_first)
+    monkeypatch.setattr(store_call, "register_together_json", slow_first)
     bodies = [{"events": [event(snapshot_id=f"n{i}")]} for i in range(12)]
     bodies[5] = {"events": [event(snapshot_id="n5"), event(snapshot_id="old", operation_type="DELETE")]}
 
@@ -585,5 +588,38 @@ def test_an_unreachable_database_is_a_503_on_both_registration_paths(postgres, f
                                      headers={"Authorization": f"Bearer {service.producer}"})
         assert response.status_code == 503 and response.headers["Retry-After"] == "1"
         assert "the event store is unavailable" in response.json()["detail"]
+    finally:
+        service.close()
+
+
+@pytest.mark.postgres
+def test_new_events_go_to_the_direct_insert_and_everything_else_to_the_store(postgres, monkeypatch):
+    """New events are inserted on the direct connection; a retry, and a registration whose connection the
+    server killed, go to the store and are answered as ever; the next registration reconnects."""
+    outcomes = []
+    insert = DirectInsert.insert
+
+    async def spy(self, plan):
+        answers = await insert(self, plan)
+        outcomes.append(answers is not None)
+        return answers
+
+    monkeypatch.setattr(DirectInsert, "insert", spy)
+    name = "direct"
+    service = Service(postgres.create_database(name))
+    try:
+        def registered(snapshot_id: str) -> bool:
+            response = service.register([event(snapshot_id=snapshot_id)])
+            assert response.status_code == 200, response.text
+            return RegistrationResult.model_validate_json(response.content).events[0].created
+
+        assert registered("1") and outcomes == [True]
+        with postgres.connect(name) as conn:  # every connection of the service, the direct one included
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE datname = %s AND pid <> pg_backend_pid()", [name])
+        assert registered("2") and outcomes == [True, False]
+        assert registered("3") and outcomes == [True, False, True]
+        assert not registered("1") and outcomes == [True, False, True, False]  # a retry: the unique key
+        assert [e.snapshot_id for e in service.store.events("db.orders").events] == ["1", "2", "3"]
     finally:
         service.close()
