@@ -205,32 +205,46 @@ def event_batch(rng, tables: int, size: int, tag: str) -> list[dict]:
              "tags": {"source": "bench"}} for k in range(size)]
 
 
-def _raw_http_sender(base_url: str, token: str):
-    """``send(events) -> ok``: ``POST /events`` on one keep-alive connection, written and read with plain
-    socket calls. pgbench is a C client; the load generator should cost the shared cores as little, and
-    httpx took 0.2-0.3 ms of CPU per request, as much as the service's own work on a single event."""
-    import pydantic_core
+class RawHttp:
+    """``post(path, body) -> (status, body)`` on one keep-alive HTTP/1.1 connection, written and read with plain
+    socket calls. pgbench is a C client; the load generator should cost the shared cores as little, and httpx
+    took 0.2-0.3 ms of CPU per request, as much as the service's own work on a single event."""
 
-    host, port = base_url.removeprefix("http://").split(":")
-    sock = socket.create_connection((host, int(port)))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    head = (f"POST /events HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n"
-            "Content-Type: application/json\r\nContent-Length: ").encode()
+    def __init__(self, base_url: str, token: str):
+        host, port = base_url.removeprefix("http://").split(":")
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.head = (f"Host: {host}\r\nAuthorization: Bearer {token}\r\n"
+                     "Content-Type: application/json\r\nContent-Length: ").encode()
 
-    def send(batch: list[dict]) -> bool:
-        body = pydantic_core.to_json({"events": batch})
-        sock.sendall(b"%s%d\r\n\r\n%s" % (head, len(body), body))
+    def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        self.sock.sendall(b"POST %s HTTP/1.1\r\n%s%d\r\n\r\n%s" % (path.encode(), self.head, len(body), body))
         data = b""
         while b"\r\n\r\n" not in data:
-            chunk = sock.recv(65536)
+            chunk = self.sock.recv(65536)
             if not chunk:
                 raise ConnectionError("the service closed the connection")
             data += chunk
         header, data = data.split(b"\r\n\r\n", 1)
-        length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", header)[1])
-        while len(data) < length:
-            data += sock.recv(65536)
-        return header.startswith(b"HTTP/1.1 200 ")
+        length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", header)
+        if length is None:
+            raise RuntimeError(f"no Content-Length in the answer: {header[:500]!r}")
+        while len(data) < int(length[1]):
+            data += self.sock.recv(65536)
+        return int(header.split(b" ", 2)[1]), data
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _raw_http_sender(base_url: str, token: str):
+    """``send(events) -> ok``: ``POST /events`` through :class:`RawHttp`."""
+    import pydantic_core
+
+    http = RawHttp(base_url, token)
+
+    def send(batch: list[dict]) -> bool:
+        return http.post("/events", pydantic_core.to_json({"events": batch}))[0] == 200
 
     return send
 
@@ -464,15 +478,22 @@ def pgbench_lookup_script(kind: str, tables: int, days: int, per_table: int, hit
             f"AND event_id <= {10 ** 12} ORDER BY event_id LIMIT 1001;\n")
 
 
-def _over_http(http, path: str, bodies: list[dict], hits: int) -> list[float]:
+TRIGGER_CLIENTS = {"sockets": "sent and read with plain socket calls on a keep-alive connection, like the "
+                              "registering clients", "httpx": "sent with an httpx client"}
+
+
+def _over_http(http: RawHttp, path: str, bodies: list[dict], hits: int) -> list[float]:
+    import pydantic_core
+
     ms = []
     for body in bodies:
+        request = pydantic_core.to_json(body)
         start = time.perf_counter()
-        response = http.post(path, json=body)
+        status, answer = http.post(path, request)
         ms.append((time.perf_counter() - start) * 1000)
-        if response.status_code != 200:
-            raise RuntimeError(f"{path}: {response.status_code} {response.text[:500]}")
-        fired = len(response.json()["events"])
+        if status != 200:
+            raise RuntimeError(f"{path}: {status} {answer[:500]!r}")
+        fired = len(json.loads(answer)["events"])
         if fired != hits:
             raise RuntimeError(f"{path} {body}: {fired} events fired, not {hits}")
     return ms
@@ -497,8 +518,6 @@ def trigger_latency(pg: Postgres, db: str, service: Service, consumer: str, *, e
     after a tenth as many of warm-up, in ``rounds`` interleaved chunks; percentiles over all of them."""
     import random
 
-    import httpx
-
     from bitlake.triggers.store import TriggerStore
     from bitlake.triggers.trigger import PartitionTrigger, SnapshotTrigger
 
@@ -506,7 +525,7 @@ def trigger_latency(pg: Postgres, db: str, service: Service, consumer: str, *, e
     days = per_table // hits
     out = {}
     store = TriggerStore(pg.url(db), migrate=False)
-    http = httpx.Client(base_url=service.base_url, headers={"Authorization": f"Bearer {consumer}"}, timeout=60)
+    http = RawHttp(service.base_url, consumer)
     try:
         for kind in ("partition", "snapshot"):
             path = "/triggers/partition" if kind == "partition" else "/triggers/snapshot"
@@ -745,7 +764,8 @@ def markdown(result: dict) -> str:
         f"{cfg['requests']:,} evaluations after {cfg['requests'] // 10:,} of warm-up, random tables: the "
         f"partition trigger of a random day (`{{{{ ds }}}}` rendered at `scheduled_time`) and the flow's "
         f"snapshot trigger each fire {cfg['hits']} events. HTTP: `POST /triggers/partition` and "
-        "`/triggers/snapshot` (consumer token); store: `evaluate_partition_trigger_json` and "
+        f"`/triggers/snapshot` (consumer token; {TRIGGER_CLIENTS[cfg.get('trigger_client', 'httpx')]}); "
+        "store: `evaluate_partition_trigger_json` and "
         "`evaluate_snapshot_trigger_json` (what the service calls: the events' JSON written by the database) "
         "called in the benchmark's process; pgbench: one client running the trigger's main lookup (same "
         "`WHERE`, `ORDER BY` and `LIMIT`, the stored columns as they are) with random tables and days. "
@@ -888,7 +908,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"events": sizes, "tables": args.tables, "hits": args.hits, "clients": args.clients,
                    "batch": args.batch, "duration": args.duration, "requests": args.requests,
                    "instances": args.instances, "rounds": args.rounds, "shared_buffers": args.shared_buffers,
-                   "quick": args.quick},
+                   "quick": args.quick, "trigger_client": "sockets"},
         "registration": reg,
         "triggers": triggers,
         "wall_s": time.perf_counter() - started,
