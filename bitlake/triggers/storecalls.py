@@ -32,6 +32,9 @@ from bitlake.triggers.store import PG_INSERT_NEW, PlannedRegistration, TriggerSt
 
 T = TypeVar("T")
 
+# Registration groups in flight at once per service process (GroupCommit), each on one direct connection.
+GROUPS_IN_FLIGHT = 2
+
 
 class StoreCalls:
     """``await calls(lambda store: store.method(...))``: a store call for the event loop.
@@ -55,7 +58,7 @@ class StoreCalls:
         self._engine = create_async_engine(self.store.engine.url, pool_size=self.config.pool_size,
                                            max_overflow=self.config.max_overflow, echo=self.config.sql_echo)
         self._twin = TriggerStore(self._engine.sync_engine, migrate=False)
-        self._direct = DirectInsert(self.store, keep=self.config.pool_size)
+        self._direct = DirectInsert(self.store, keep=GROUPS_IN_FLIGHT)
         self._loop = asyncio.get_running_loop()
 
     async def stop(self) -> None:
@@ -144,7 +147,8 @@ class GroupCommit:
     (:meth:`TriggerStore.register_together_json`): its own events, its own 409.
     """
 
-    def __init__(self, calls: StoreCalls, max_events: int = MAX_EVENTS_PER_REQUEST, concurrency: int = 2):
+    def __init__(self, calls: StoreCalls, max_events: int = MAX_EVENTS_PER_REQUEST,
+                 concurrency: int = GROUPS_IN_FLIGHT):
         self.calls, self.max_events, self.concurrency = calls, max_events, concurrency
         self._waiting: deque[tuple[list[EventIn], asyncio.Future]] = deque()
         self._runners: set[asyncio.Task] = set()
