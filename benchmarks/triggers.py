@@ -39,6 +39,7 @@ Results go to ``benchmarks/results/triggers-<date>.json`` and to the section "##
     .venv/bin/python benchmarks/triggers.py --quick --no-doc      # a smoke run (about a minute)
     .venv/bin/python benchmarks/triggers.py --render benchmarks/results/triggers-DATE.json --note "..."
     .venv/bin/python benchmarks/triggers.py --stack-ab --rounds 6   # uvloop + httptools against asyncio + h11
+    .venv/bin/python benchmarks/triggers.py --wake-ab    # uvicorn's CPU per request: answered at once or after a wait
 """
 
 from __future__ import annotations
@@ -158,11 +159,12 @@ class Service:
     ``--pure-python-http`` runs it with ``--loop asyncio --http h11`` instead.
     """
 
-    def __init__(self, db_url: str, *, pure_python: bool = False):
+    def __init__(self, db_url: str, *, pure_python: bool = False, app: str = "--factory bitlake.triggers:create_app",
+                 env: dict[str, str] | None = None):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, BITLAKE_TRIGGERS_DB_URL=db_url)
-        self.command = [sys.executable, "-m", "uvicorn", "--factory", "bitlake.triggers:create_app",
+        env = dict(os.environ, BITLAKE_TRIGGERS_DB_URL=db_url, **(env or {}))
+        self.command = [sys.executable, "-m", "uvicorn", *app.split(),
                         "--host", "127.0.0.1", "--port", str(self.port),
                         "--log-level", "warning", "--no-access-log"]
         if pure_python:  # uvicorn's own fallbacks, whatever is installed (A/B against uvloop and httptools)
@@ -672,6 +674,45 @@ def stack_ab(args) -> int:
 # ------------------------------------------------------------------------------------------ the doc
 
 
+def wake_ab(args) -> int:
+    """``--wake-ab``: uvicorn's CPU time per request when its process answers at once and when it waits
+    before answering, as the service waits for PostgreSQL. A bare ASGI app (benchmarks/wake_app.py: no FastAPI,
+    no validation, no database) in one uvicorn process per delay, all running; the registering clients
+    (``--clients``, one event per request) load each in turn, in ``--rounds`` rounds; CPU from /proc, medians."""
+    delays = [0.0, 1.0, 2.0]  # uvloop's timers count whole milliseconds
+    services = {d: Service("", app="benchmarks.wake_app:app", env={"WAKE_DELAY_MS": str(d)}) for d in delays}
+    runs: dict[float, list[dict]] = {d: [] for d in delays}
+    try:
+        for svc in services.values():
+            svc.wait_ready()
+        for r in range(args.rounds):
+            for d, svc in services.items():
+                cpu = cpu_seconds(svc.process.pid)
+                run = register_rate("http", [svc.base_url], "", clients=args.clients, size=1, tables=args.tables,
+                                    duration=args.duration)
+                run["service_cpu_ms_per_request"] = (cpu_seconds(svc.process.pid) - cpu) * 1000 / (
+                    run["requests"] + 2 * args.clients)
+                run["load_average"] = os.getloadavg()[0]
+                runs[d].append(run)
+                log(f"round {r + 1}: answered after {d:g} ms: {run['requests'] / run['seconds']:,.0f} requests/s, "
+                    f"{run['service_cpu_ms_per_request']:.3f} ms of CPU per request")
+    finally:
+        for svc in services.values():
+            svc.stop()
+    lines = ["| answered after | requests/s | uvicorn CPU ms per request | load average |", "| --- | --- | --- | --- |"]
+    for d, rs in runs.items():
+        lines.append(f"| {d:g} ms | {statistics.median(x['requests'] / x['seconds'] for x in rs):,.0f} | "
+                     f"{statistics.median(x['service_cpu_ms_per_request'] for x in rs):.3f} | "
+                     f"{statistics.median(x['load_average'] for x in rs):.1f} |")
+    out = RESULTS_DIR / f"triggers-wake-ab-{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d-%H%M')}.json"
+    out.write_text(json.dumps({"benchmark": "triggers --wake-ab", "date": dt.datetime.now(dt.UTC).isoformat(),
+                               "code": code_version(), "clients": args.clients, "duration": args.duration,
+                               "runs": {str(d): rs for d, rs in runs.items()}}, indent=2) + "\n")
+    print("\n".join(lines))
+    log(f"raw results: {out}")
+    return 0
+
+
 def server_stack(pure_python: bool) -> dict:
     """The event loop and HTTP parser that uvicorn's ``--loop auto --http auto`` (its defaults, and what
     ``bitlake serve`` uses) picks in this environment: uvloop and httptools when importable."""
@@ -824,6 +865,8 @@ def main(argv: list[str] | None = None) -> int:
                          "installed (an A/B of its C-accelerated stack)")
     ap.add_argument("--stack-ab", action="store_true",
                     help="only the A/B of the service's CPU per request: uvloop + httptools against asyncio + h11")
+    ap.add_argument("--wake-ab", action="store_true",
+                    help="only uvicorn's CPU per request answering at once against after a wait (a bare ASGI app)")
     args = ap.parse_args(argv)
     if args.render:
         result = json.loads(Path(args.render).read_text())
@@ -836,6 +879,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stack_ab:
         return stack_ab(args)
+    if args.wake_ab:
+        return wake_ab(args)
     plain_make = argv is None and len(sys.argv) == 1
     if args.quick:
         args.events, args.tables, args.duration, args.requests, args.rounds = "20000", 100, 2.0, 100, 1
