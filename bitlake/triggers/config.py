@@ -34,6 +34,9 @@ class TriggerConfig(BaseModel):
     fast_registration: bool = Field(
         default=True, description="Answer valid POST /events without FastAPI's routing (service.FastRegistration); "
                                   "off only to compare")
+    freeze_gc: bool = Field(
+        default=True, description="gc.freeze() the objects loaded at start-up (docs/triggers.md); off when the app "
+                                  "runs inside a larger process")
 
     @classmethod
     def load(cls, path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> TriggerConfig:

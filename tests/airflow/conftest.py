@@ -55,7 +55,8 @@ def trigger_service(tmp_path_factory) -> TriggerService:
     from bitlake.triggers.store import create_token
 
     db_url = f"sqlite:///{tmp_path_factory.mktemp('triggers')}/triggers.db"
-    app = create_app(TriggerConfig(db_url=db_url, token_cache_seconds=0))
+    # embedded in the Airflow test process, as the docs say to run it there: no gc.freeze() of that process
+    app = create_app(TriggerConfig(db_url=db_url, token_cache_seconds=0, freeze_gc=False))
     producer = create_token("producer", ["db.*"], name="producer", db_url=db_url)
     consumer = create_token("consumer", ["db.*"], name="airflow", db_url=db_url)
     server = thread = None

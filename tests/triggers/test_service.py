@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import socket
 import threading
@@ -34,7 +35,8 @@ class Service:
     """A TestClient on an app plus one token per role; ``count()`` reads the store directly."""
 
     def __init__(self, db_url: str, **config):
-        self.app = create_app(TriggerConfig(db_url=db_url, token_cache_seconds=0, **config))
+        # the test process is not frozen: it outlives the app and makes far more garbage than a service
+        self.app = create_app(TriggerConfig(db_url=db_url, token_cache_seconds=0, freeze_gc=False, **config))
         self.store = self.app.state.store
         self.http = TestClient(self.app).__enter__()  # one event loop, the lifespan run: as a server runs it
         self.admin = self.store.create_token("admin", ["*"], name="admin")
@@ -554,6 +556,17 @@ def test_create_app_configuration_defaults_file_and_environment(tmp_path, monkey
         create_app(str(config_file))
     with pytest.raises(ValueError, match="SQLite or PostgreSQL"):
         create_app({"db_url": "mysql://localhost/x"})
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_the_lifespan_freezes_start_up_objects_only_when_configured(tmp_path, freeze):
+    app = create_app(TriggerConfig(db_url=f"sqlite:///{tmp_path}/t.db", freeze_gc=freeze))
+    gc.unfreeze()  # whatever an earlier app of this test process froze
+    with TestClient(app) as http:
+        assert http.get("/health").status_code == 200
+        frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    assert (frozen > 0) == freeze
 
 
 def test_admin_command_creates_lists_and_revokes_tokens(tmp_path, capsys):
