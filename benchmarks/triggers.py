@@ -671,9 +671,6 @@ def stack_ab(args) -> int:
     return 0
 
 
-# ------------------------------------------------------------------------------------------ the doc
-
-
 def wake_ab(args) -> int:
     """``--wake-ab``: uvicorn's CPU time per request when its process answers at once and when it waits
     before answering, as the service waits for PostgreSQL. A bare ASGI app (benchmarks/wake_app.py: no FastAPI,
@@ -711,6 +708,9 @@ def wake_ab(args) -> int:
     print("\n".join(lines))
     log(f"raw results: {out}")
     return 0
+
+
+# ------------------------------------------------------------------------------------------ the doc
 
 
 def server_stack(pure_python: bool) -> dict:
