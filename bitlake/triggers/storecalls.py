@@ -94,20 +94,28 @@ class StoreCalls:
 class DirectInsert:
     """New events inserted by a psycopg asyncio connection itself, not through SQLAlchemy.
 
-    A one-event registration cost the service's process 0.24 ms of CPU through the store on its asyncio twin
-    (SQLAlchemy's greenlet bridge, pool, execution context and result objects), and 0.07-0.09 ms as the same
-    prepared statement on a connection of its own (4 concurrent callers, same process and run; see
-    docs/triggers.md). It runs the store's statement (:data:`PG_INSERT_NEW`, one autocommit round trip) and
-    answers as the store does (:meth:`PlannedRegistration.answers_inserted`). Any failure (a key registered
-    already, a deadlock, a lost connection or database) returns None with nothing written, and the caller
-    hands the requests to the store, whose transaction handles every case.
+    For this one statement, SQLAlchemy's greenlet bridge, pool, execution context and result objects cost the
+    service more than the round trip: one-by-one registrations took 0.39 ms of the service's CPU per request
+    through the store on its asyncio twin and 0.22 ms here (A/B in one run, docs/triggers.md). It runs the
+    store's statement (:data:`PG_INSERT_NEW`, one autocommit round trip) and answers as the store does
+    (:meth:`PlannedRegistration.answers_inserted`). Any failure (a key registered already, a deadlock, a lost
+    connection or database) returns None, and the caller hands the requests to the store, whose transaction
+    handles every case. Nothing is written then, except when the connection died after the server committed:
+    the store then finds the events and answers as to a retry (``created`` false), as on its own path.
+
+    After a failed connection attempt it makes none for :attr:`RECONNECT_PAUSE` seconds, so that while the
+    database is unreachable each request waits for the store's attempt only.
     """
+
+    RECONNECT_PAUSE = 1.0
 
     def __init__(self, store: TriggerStore, keep: int):
         args, kwargs = store.engine.dialect.create_connect_args(store.engine.url)
         self._connect = functools.partial(psycopg.AsyncConnection.connect, *args, **kwargs, autocommit=True)
         self._sql = str(PG_INSERT_NEW.compile(dialect=store.engine.dialect))
         self._idle: list[psycopg.AsyncConnection] = []
+        self._connect_after = 0.0  # loop time
+        self._closed = False
         self.keep = keep
 
     async def insert(self, plan: PlannedRegistration) -> list[bytes] | None:
@@ -115,7 +123,9 @@ class DirectInsert:
         conn = self._idle.pop() if self._idle else None
         try:
             if conn is None:
-                conn = await self._connect()
+                conn = await self._open()
+                if conn is None:
+                    return None
             cursor = await conn.execute(self._sql, plan.pg_params, prepare=True)
             inserted = await cursor.fetchall()
         except psycopg.Error:
@@ -125,14 +135,26 @@ class DirectInsert:
                 await self._release(conn)
         return plan.answers_inserted(inserted)
 
+    async def _open(self) -> psycopg.AsyncConnection | None:
+        loop = asyncio.get_running_loop()
+        if self._closed or loop.time() < self._connect_after:
+            return None
+        try:
+            return await self._connect()
+        except psycopg.Error:
+            self._connect_after = loop.time() + self.RECONNECT_PAUSE
+            return None
+
     async def _release(self, conn: psycopg.AsyncConnection) -> None:
-        if not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE \
-                and len(self._idle) < self.keep:
+        if not self._closed and not conn.closed and len(self._idle) < self.keep \
+                and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             self._idle.append(conn)
         else:
             await conn.close()
 
     async def close(self) -> None:
+        """Closes the idle connections now, and each busy one when its insert returns."""
+        self._closed = True
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.close()

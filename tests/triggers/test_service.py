@@ -20,8 +20,16 @@ from sqlalchemy import func, select
 from bitlake.triggers import Client, TriggerConfig, TriggerServiceError, create_app
 from bitlake.triggers.__main__ import main as admin
 from bitlake.triggers.config import DEFAULT_DB_URL
+from bitlake.triggers.pgserver import free_port
 from bitlake.triggers.service import FastRegistration
-from bitlake.triggers.store import EventPage, RegistrationResult, TriggerStore
+from bitlake.triggers.store import (
+    REGISTRATION_LOCK,
+    EventPage,
+    PlannedRegistration,
+    RegistrationResult,
+    TriggerStore,
+    make_engine,
+)
 from bitlake.triggers.storecalls import DirectInsert
 from bitlake.triggers.tables import EVENTS
 from bitlake.triggers.trigger import PartitionTriggerResult, SnapshotTriggerResult
@@ -636,3 +644,53 @@ def test_new_events_go_to_the_direct_insert_and_everything_else_to_the_store(pos
         assert [e.snapshot_id for e in service.store.events("db.orders").events] == ["1", "2", "3"]
     finally:
         service.close()
+
+
+@pytest.mark.postgres
+def test_the_direct_insert_closes_a_busy_connection_when_it_returns_after_close(postgres):
+    """The service stopping while a group is inserting: the insert is answered, and its connection closed."""
+    name = "direct_close"
+    url = postgres.create_database(name)
+
+    async def scenario():
+        with TriggerStore(url) as store, postgres.connect(name) as blocker:
+            direct = DirectInsert(store, keep=2)
+            blocker.execute("SELECT pg_advisory_lock(%s)", [REGISTRATION_LOCK])  # the insert waits for it
+            plan = PlannedRegistration.of([[event(snapshot_id="1")]])
+            inserting = asyncio.ensure_future(direct.insert(plan))
+            await asyncio.sleep(0.3)
+            await direct.close()
+            blocker.execute("SELECT pg_advisory_unlock(%s)", [REGISTRATION_LOCK])
+            answers = await inserting
+            others = blocker.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                                     "AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+                                     [name]).fetchone()[0]
+            return answers, direct._idle, others, store.events("db.orders").events
+
+    answers, idle, others, stored = asyncio.run(scenario())
+    assert RegistrationResult.model_validate_json(answers[0]).events[0].created
+    assert idle == [] and [e.snapshot_id for e in stored] == ["1"]
+    assert others <= 1  # the store's own pooled connection at most; the direct one is closed
+
+
+def test_the_direct_insert_pauses_its_connection_attempts_while_the_database_is_unreachable(monkeypatch):
+    store = TriggerStore(make_engine(f"postgresql://bitlake@127.0.0.1:{free_port()}/nothing"), migrate=False)
+    direct = DirectInsert(store, keep=2)
+    attempts = []
+    connect = direct._connect
+
+    async def counted():
+        attempts.append(1)
+        return await connect()
+
+    monkeypatch.setattr(direct, "_connect", counted)
+    plan = PlannedRegistration.of([[event()]])
+
+    async def twice():
+        return [await direct.insert(plan), await direct.insert(plan)]
+
+    assert asyncio.run(twice()) == [None, None] and len(attempts) == 1
+    monkeypatch.setattr(DirectInsert, "RECONNECT_PAUSE", 0.0)
+    direct._connect_after = 0.0
+    assert asyncio.run(twice()) == [None, None] and len(attempts) == 3
+    store.close()
