@@ -20,6 +20,7 @@ from sqlalchemy import func, select
 from bitlake.triggers import Client, TriggerConfig, TriggerServiceError, create_app
 from bitlake.triggers.__main__ import main as admin
 from bitlake.triggers.config import DEFAULT_DB_URL
+from bitlake.triggers.event import EventIn
 from bitlake.triggers.pgserver import free_port
 from bitlake.triggers.service import FastRegistration
 from bitlake.triggers.store import (
@@ -30,7 +31,7 @@ from bitlake.triggers.store import (
     TriggerStore,
     make_engine,
 )
-from bitlake.triggers.storecalls import DirectInsert
+from bitlake.triggers.storecalls import DirectInsert, GroupCommit, StoreCalls
 from bitlake.triggers.tables import EVENTS
 from bitlake.triggers.trigger import PartitionTriggerResult, SnapshotTriggerResult
 from tests.triggers.samples import commits, event
@@ -694,3 +695,45 @@ def test_the_direct_insert_pauses_its_connection_attempts_while_the_database_is_
     direct._connect_after = 0.0
     assert asyncio.run(twice()) == [None, None] and len(attempts) == 3
     store.close()
+
+
+@pytest.mark.postgres
+def test_services_racing_to_register_the_same_events_register_each_once(postgres, monkeypatch):
+    """Four service processes' worth of store calls, each with its direct insert and one producer, all sending
+    the same batches at once: the first insert of each batch wins, the others fail on the unique index and
+    go to the store; every event is created once, and every answer carries its one id."""
+    url = postgres.create_database("direct_race")
+    events = [EventIn.model_validate(e) for e in commits("db.a", 40)]
+    outcomes = []
+    insert = DirectInsert.insert
+
+    async def spy(self, plan):
+        answers = await insert(self, plan)
+        outcomes.append(answers is not None)
+        return answers
+
+    monkeypatch.setattr(DirectInsert, "insert", spy)
+
+    async def scenario():
+        with TriggerStore(url) as store:
+            calls = [StoreCalls(store, TriggerConfig(db_url=url)) for _ in range(4)]
+            for c in calls:
+                await c.start()
+            try:
+                async def producer(group: GroupCommit) -> list[bytes]:
+                    return [await group.register(events[i:i + 8]) for i in range(0, 40, 8)]
+
+                answers = await asyncio.gather(*(producer(GroupCommit(c)) for c in calls))
+            finally:
+                for c in calls:
+                    await c.stop()
+            return answers, store.events("db.a", limit=1000).events
+
+    answers, stored = asyncio.run(scenario())
+    assert True in outcomes and False in outcomes  # both paths ran
+    results = [r for producer in answers for answer in producer
+               for r in RegistrationResult.model_validate_json(answer).events]
+    assert len(results) == 160 and sum(r.created for r in results) == 40
+    ids = {r.event.snapshot_id: r.event.event_id for r in results if r.created}
+    assert all(ids[r.event.snapshot_id] == r.event.event_id for r in results)
+    assert [e.snapshot_id for e in stored] == [str(v) for v in range(1, 41)] == sorted(ids, key=int)
