@@ -44,6 +44,7 @@ TYPES = {
     "timestamp": pa.timestamp("us", tz="UTC"), "timestamp[us, tz=UTC]": pa.timestamp("us", tz="UTC"),
     "timestamp_ntz": pa.timestamp("us"), "timestamp[us]": pa.timestamp("us"),
 }
+_LOWER_TYPES = {name.lower(): t for name, t in TYPES.items()}  # names are matched case-insensitively
 _DECIMAL = re.compile(r"decimal(?:128)?\((\d+),\s*(\d+)\)")
 INPUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv",
                  ".json": "json", ".jsonl": "json", ".ndjson": "json"}
@@ -52,8 +53,8 @@ INPUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv",
 def parse_type(text: str) -> pa.DataType:
     """A type name of the compact spec (``int64``, ``timestamp``, ``decimal(10,2)``…) as an Arrow type."""
     name = text.strip().lower()
-    if name in TYPES:
-        return TYPES[name]
+    if name in _LOWER_TYPES:
+        return _LOWER_TYPES[name]
     m = _DECIMAL.fullmatch(name)
     if m:
         return pa.decimal128(int(m[1]), int(m[2]))

@@ -173,12 +173,13 @@ def test_bad_input_exits_2_with_one_clear_line(lake, capsys):
 
 
 def test_create_parses_compact_and_json_schemas(tmp_path, capsys):
-    spec = "id:int64, d:date, p:decimal(10,2), f:bool"
+    spec = "id:int64, d:date, p:decimal(10,2), f:bool, t:timestamp, n:TIMESTAMP_NTZ"
     code, out, _ = run(capsys, "create", tmp_path / "a", "--schema", spec, "--partition-by=d", "--format=orc")
     assert code == 0 and "append-only" in out
     meta = bitlake.open_table(str(tmp_path / "a")).metadata
     assert meta.schema == pa.schema([("id", pa.int64()), ("d", pa.date32()), ("p", pa.decimal128(10, 2)),
-                                     ("f", pa.bool_())])
+                                     ("f", pa.bool_()), ("t", pa.timestamp("us", tz="UTC")),
+                                     ("n", pa.timestamp("us"))])
     assert (meta.partition_by, meta.file_format) == (("d",), "orc")
 
     # `describe` output (or its column list) is accepted as a schema file, so a table's schema round-trips.
