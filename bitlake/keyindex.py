@@ -7,9 +7,12 @@ reflects stored in the same atomic write batch as the entries. It is brought up 
 replaying the key-store rows of later commits, never from uncommitted work, so it cannot be ahead of
 the commit log; a missing, foreign or unreadable index is rebuilt from the key-store files.
 
-RocksDB lets one process open a database at a time: a writer that finds the index locked by another
-writer (:class:`~bitlake.errors.IndexUnavailableError`) has the inline MetaGen scan the key store
-instead, which is slower for small batches, never wrong.
+One writer holds the index at a time: an exclusive ``flock`` on ``_bitlake/index.lock``, taken before
+RocksDB opens the database and released after it closes. RocksDB's own lock would not do, since a
+rebuild closes the database and opens a fresh one: in between, another writer could open the old one
+while the rebuild deletes it. A writer that finds the index held by another
+(:class:`~bitlake.errors.IndexUnavailableError`) has the inline MetaGen scan the key store instead,
+which is slower for small batches, never wrong.
 
 Keys are encoded per column: integers, dates, timestamps and booleans as 8 big-endian bytes,
 strings and binaries as a 4-byte length and the bytes. Other key types (decimals) have no index;
@@ -18,8 +21,10 @@ their tables' inline MetaGen always scans the key store.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +38,7 @@ from bitlake.schema import TableMetadata
 from bitlake.state import TableState
 
 INDEX_DIR = "_bitlake/index"
+INDEX_LOCK = INDEX_DIR + ".lock"
 # The index's own entries start with byte 0; encoded keys with byte 1.
 _VERSION_KEY = b"\x00bitlake:version"
 _TABLE_KEY = b"\x00bitlake:table_id"
@@ -115,15 +121,26 @@ class KeyIndex:
         self.meta = meta
         self.io = io
         self.path = io.path(INDEX_DIR)
+        self.db: Any = None  # a rocksdict.Rdict while open
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self._lock = open(io.path(INDEX_LOCK), "ab")  # noqa: SIM115 - held until close()
         try:
-            self.db = self._open()
-        except Exception as e:
-            # Another process holds the lock; anything else (a corrupt or half-created folder) is
-            # repaired by starting afresh, which is safe because the index is only a cache.
-            if "lock" in str(e).lower():
-                raise IndexUnavailableError(f"the key index at {self.path} is in use by another writer") from e
-            shutil.rmtree(self.path, ignore_errors=True)
-            self.db = self._open()
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise IndexUnavailableError(f"the key index at {self.path} is in use by another writer") from None
+        try:
+            try:
+                self.db = self._open()
+            except Exception as e:
+                if "lock" in str(e).lower():  # a writer of a bitlake from before index.lock
+                    raise IndexUnavailableError(f"the key index at {self.path} is in use by another writer") from e
+                # A corrupt or half-created folder is repaired by starting afresh: the index is only a cache.
+                shutil.rmtree(self.path, ignore_errors=True)
+                self.db = self._open()
+        except BaseException:
+            self._lock.close()
+            raise
 
     def _open(self):
         from rocksdict import (
@@ -166,8 +183,14 @@ class KeyIndex:
         self.close()
 
     def close(self) -> None:
-        self.db.flush()
-        self.db.close()
+        """Flushes and closes the database, then lets other writers in; closing again does nothing."""
+        db, self.db = self.db, None
+        try:
+            if db is not None:
+                db.flush()
+                db.close()
+        finally:
+            self._lock.close()  # releases the flock
 
     @property
     def version(self) -> int:
@@ -195,9 +218,9 @@ class KeyIndex:
             self._put(tables, v)
 
     def _rebuild(self, state: TableState) -> None:
-        self.db.close()
+        db, self.db = self.db, None
+        db.close()  # safe under the index lock: no other writer can open the folder meanwhile
         shutil.rmtree(self.path, ignore_errors=True)
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self.db = self._open()
         tables = []
         for files in state.keystore.values():

@@ -93,6 +93,34 @@ def test_a_busy_index_makes_the_inline_metagen_scan_the_key_store(tmp_path, spar
 
 
 @pytest.mark.spark
+def test_a_rebuild_keeps_other_writers_out_of_the_index(tmp_path, spark):
+    """A rebuild closes RocksDB and opens a fresh database; the index lock keeps another writer out in between
+    (without it, that writer opened the folder the rebuild was deleting, and crashed on the reopened lock)."""
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
+    t.ingest(batch([1, 2], ["a", "b"], [1, 1]), inline=False, spark=spark)
+    state = t.refresh()
+    index = keyindex.KeyIndex(t.io, t.metadata)
+    rivals = []
+    reopen = index._open
+
+    def reopen_with_a_rival_waiting():
+        try:
+            keyindex.KeyIndex(t.io, t.metadata).close()
+            rivals.append("opened the index")
+        except bitlake.IndexUnavailableError:
+            rivals.append("kept out")
+        return reopen()
+
+    index._open = reopen_with_a_rival_waiting
+    index._rebuild(state)
+    assert rivals == ["kept out"] and index.version == state.version
+    index.close()
+    index.close()  # closing twice does nothing
+    with keyindex.KeyIndex(t.io, t.metadata) as again:
+        assert again.version == t.version
+
+
+@pytest.mark.spark
 def test_an_index_of_another_table_at_the_same_path_is_rebuilt(tmp_path, spark, monkeypatch):
     from bitlake import metagen
 
