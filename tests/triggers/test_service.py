@@ -614,11 +614,10 @@ def test_an_unreachable_database_is_a_503_on_both_registration_paths(postgres, f
         service.close()
 
 
-@pytest.mark.postgres
-def test_new_events_go_to_the_direct_insert_and_everything_else_to_the_store(postgres, monkeypatch):
-    """New events are inserted on the direct connection; a retry, and a registration whose connection the
-    server killed, go to the store and are answered as ever; the next registration reconnects."""
-    outcomes = []
+@pytest.fixture
+def direct_outcomes(monkeypatch) -> list[bool]:
+    """Whether each direct insert answered (True) or handed its group to the store (False), in call order."""
+    outcomes: list[bool] = []
     insert = DirectInsert.insert
 
     async def spy(self, plan):
@@ -627,6 +626,13 @@ def test_new_events_go_to_the_direct_insert_and_everything_else_to_the_store(pos
         return answers
 
     monkeypatch.setattr(DirectInsert, "insert", spy)
+    return outcomes
+
+
+@pytest.mark.postgres
+def test_new_events_go_to_the_direct_insert_and_everything_else_to_the_store(postgres, direct_outcomes):
+    """New events are inserted on the direct connection; a retry, and a registration whose connection the
+    server killed, go to the store and are answered as ever; the next registration reconnects."""
     name = "direct"
     service = Service(postgres.create_database(name))
     try:
@@ -635,13 +641,13 @@ def test_new_events_go_to_the_direct_insert_and_everything_else_to_the_store(pos
             assert response.status_code == 200, response.text
             return RegistrationResult.model_validate_json(response.content).events[0].created
 
-        assert registered("1") and outcomes == [True]
+        assert registered("1") and direct_outcomes == [True]
         with postgres.connect(name) as conn:  # every connection of the service, the direct one included
             conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                          "WHERE datname = %s AND pid <> pg_backend_pid()", [name])
-        assert registered("2") and outcomes == [True, False]
-        assert registered("3") and outcomes == [True, False, True]
-        assert not registered("1") and outcomes == [True, False, True, False]  # a retry: the unique key
+        assert registered("2") and direct_outcomes == [True, False]
+        assert registered("3") and direct_outcomes == [True, False, True]
+        assert not registered("1") and direct_outcomes == [True, False, True, False]  # a retry: the unique key
         assert [e.snapshot_id for e in service.store.events("db.orders").events] == ["1", "2", "3"]
     finally:
         service.close()
@@ -698,21 +704,12 @@ def test_the_direct_insert_pauses_its_connection_attempts_while_the_database_is_
 
 
 @pytest.mark.postgres
-def test_services_racing_to_register_the_same_events_register_each_once(postgres, monkeypatch):
+def test_services_racing_to_register_the_same_events_register_each_once(postgres, direct_outcomes):
     """Four service processes' worth of store calls, each with its direct insert and one producer, all sending
     the same batches at once: the first insert of each batch wins, the others fail on the unique index and
     go to the store; every event is created once, and every answer carries its one id."""
     url = postgres.create_database("direct_race")
     events = [EventIn.model_validate(e) for e in commits("db.a", 40)]
-    outcomes = []
-    insert = DirectInsert.insert
-
-    async def spy(self, plan):
-        answers = await insert(self, plan)
-        outcomes.append(answers is not None)
-        return answers
-
-    monkeypatch.setattr(DirectInsert, "insert", spy)
 
     async def scenario():
         with TriggerStore(url) as store:
@@ -730,7 +727,7 @@ def test_services_racing_to_register_the_same_events_register_each_once(postgres
             return answers, store.events("db.a", limit=1000).events
 
     answers, stored = asyncio.run(scenario())
-    assert True in outcomes and False in outcomes  # both paths ran
+    assert True in direct_outcomes and False in direct_outcomes  # both paths ran
     results = [r for producer in answers for answer in producer
                for r in RegistrationResult.model_validate_json(answer).events]
     assert len(results) == 160 and sum(r.created for r in results) == 40
