@@ -298,7 +298,7 @@ def aggregate(df, schema: pa.Schema):
 
 def scan_compare(spark, table, schema: pa.Schema, runs: int, after: str, windows: Windows) -> dict:
     """Current view vs plain Spark over the committed data files: warm-up, then interleaved runs."""
-    from bitlake.schema import spark_schema
+    from bitlake.spark.schema import spark_schema
 
     state = table.state()
     files = state.data_files()

@@ -318,7 +318,7 @@ class Bitlake(SparkSystem):
 
     def plain_scan(self, selective):
         """Plain Spark over the table's committed data files, invalid rows and all (core.py's baseline)."""
-        from bitlake.schema import spark_schema
+        from bitlake.spark.schema import spark_schema
 
         files = [self.table.io.path(f.path) for f in self.table.state().data_files()]
         df = self.spark.read.schema(spark_schema(self.schema)).parquet(*files).select(self.schema.names)
@@ -475,7 +475,7 @@ class Limits(System):
         """(engine, selective, function) of the plain scans, over the bitlake table's data files."""
         import pyarrow.dataset as ds
 
-        from bitlake.schema import spark_schema
+        from bitlake.spark.schema import spark_schema
 
         files = self.bitlake_files()
         spark = SparkSystem("limits", self.folder, self.schema)

@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("BITLAKE_DRIVER_MEMORY", "8g")
     os.environ.setdefault("BITLAKE_SHUFFLE_PARTITIONS", "16")
     import bitlake
-    from bitlake.schema import spark_schema
+    from bitlake.spark.schema import spark_schema
 
     sf = args.scale_factor
     date = dt.datetime.now(dt.UTC)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import datetime as dt
 
-from bitlake.commitlog import Batch, SegmentState
-from bitlake.state import TableState
+from bitlake.engine.metagen import Landed
+from bitlake.format.commit import SegmentState
+from bitlake.format.state import TableState
 
 APPEND, DELETE, UPDATE = "APPEND", "DELETE", "UPDATE"
 
@@ -32,7 +33,7 @@ def commit_events(
     state: TableState,
     version: int,
     timestamp_ms: int,
-    batches: list[Batch],
+    batches: list[Landed],
     segments: list[SegmentState],
     counts: dict[str, int],
 ) -> list[dict]:
@@ -47,10 +48,10 @@ def commit_events(
             return tuple(partition.get(c) for c in meta.partition_by)
 
         for b in batches:
-            partitions.update(key(f.partition) for f in b.files if f.kind == "data")
-        changed = {(s.part, s.seq) for s in segments if (s.part, s.seq) in state.segments
-                   and state.segments[(s.part, s.seq)].cardinality != s.cardinality}
-        partitions.update(key(f.partition) for f in state.data_files() if f.segment in changed)
+            partitions.update(key(f.partition) for f in b.data_files)
+        changed = {s.segment for s in segments if s.segment in state.segments
+                   and state.segments[s.segment].cardinality != s.cardinality}
+        partitions.update(key(f.partition) for f in state.data_files() if any(r.segment in changed for r in f.segments))
     stamp = dt.datetime.fromtimestamp(timestamp_ms / 1000, dt.UTC).isoformat()
     op = operation_type(counts)
     tags = {"batch_ids": ",".join(b.batch_id for b in batches)}

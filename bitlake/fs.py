@@ -1,14 +1,22 @@
-"""The file IO that every layer goes through, behind a small interface.
+"""The storage interface every byte of a table goes through, and its implementations by URI scheme.
 
-A table lives under a base URI. Only local paths (and ``file://`` URIs) are implemented now; other
-schemes register an implementation in :data:`_IMPLEMENTATIONS` with the same four guarantees:
+A table lives under a base URI. :class:`FileIO` is the interface; paths given to its methods are
+relative to the base and use ``/``. Every implementation keeps these guarantees (the contract test
+suite, ``tests/test_fileio_contract.py``, checks them for each registered implementation):
 
 * ``put_if_absent`` is atomic: either the whole file appears under the name, or the call fails with
-  :class:`FileExistsError` because another writer got there first. The commit log and the segment-part
-  claims rest on it.
+  :class:`FileExistsError` because another writer got there first. Of several racing writers exactly
+  one wins. The commit log and the segment-part claims rest on it.
 * ``write_atomic`` replaces a file with complete content or leaves the old one.
-* Listing returns names only, sorted.
+* ``open_output`` writes a new file that no one else writes; a reader may see it only once it is closed
+  and complete, or see a torn file that no commit names (the writer crashed).
+* ``list`` and ``walk`` return names sorted by their UTF-8 bytes; missing folders list as empty.
+* Reading a missing file raises :class:`FileNotFoundError`; deleting one does nothing.
 * Files are never modified in place.
+
+Instances are small, picklable values (Spark tasks receive them), equal when they name the same base.
+Only local paths and ``file://`` URIs are implemented now; another scheme registers a factory in
+:data:`_IMPLEMENTATIONS`.
 """
 
 from __future__ import annotations
@@ -16,39 +24,105 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
 
 
 class FileIO:
-    """Local-filesystem IO. Paths given to methods are relative to the table's base path."""
+    """The interface. :class:`LocalFileIO` is the one implementation for now."""
+
+    base: str
+
+    def uri(self, rel: str = "") -> str:
+        """The URI of ``rel`` (or of the base), as engines such as Spark address it."""
+        raise NotImplementedError
+
+    def local_path(self, rel: str = "") -> str | None:
+        """A local file-system path of ``rel`` when the storage is local (RocksDB, locks), else None."""
+        raise NotImplementedError
+
+    def exists(self, rel: str = "") -> bool:
+        raise NotImplementedError
+
+    def read_bytes(self, rel: str) -> bytes:
+        raise NotImplementedError
+
+    def size(self, rel: str) -> int:
+        raise NotImplementedError
+
+    def mtime(self, rel: str) -> float:
+        """Seconds since the epoch of the file's last write."""
+        raise NotImplementedError
+
+    def put_if_absent(self, rel: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def write_atomic(self, rel: str, data: bytes) -> None:
+        raise NotImplementedError
+
+    def open_input(self, rel: str) -> pa.NativeFile:
+        """A random-access pyarrow file (what Parquet and ORC readers take)."""
+        raise NotImplementedError
+
+    def open_output(self, rel: str) -> pa.NativeFile:
+        """A writable pyarrow stream for a new file; the file is complete once the stream is closed."""
+        raise NotImplementedError
+
+    def list(self, rel: str) -> list[str]:
+        """The names directly under folder ``rel``, sorted."""
+        raise NotImplementedError
+
+    def walk(self, rel: str = "") -> list[str]:
+        """Every file under folder ``rel``, as sorted paths relative to the base."""
+        raise NotImplementedError
+
+    def delete(self, rel: str) -> None:
+        raise NotImplementedError
+
+    def remove_empty_dirs(self, rel: str) -> None:
+        """Removes empty folders under ``rel`` (a no-op on stores without folders)."""
+
+
+class LocalFileIO(FileIO):
+    """A folder of the local file system."""
 
     def __init__(self, base: str):
         self.base = os.path.abspath(base)
 
-    def uri(self) -> str:
-        return "file://" + self.base
+    def __repr__(self) -> str:
+        return f"LocalFileIO({self.base!r})"
 
-    def path(self, rel: str) -> str:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LocalFileIO) and other.base == self.base
+
+    def __hash__(self) -> int:
+        return hash(self.base)
+
+    def _path(self, rel: str) -> str:
         return os.path.join(self.base, rel) if rel else self.base
 
+    def uri(self, rel: str = "") -> str:
+        return "file://" + self._path(rel)
+
+    def local_path(self, rel: str = "") -> str:
+        return self._path(rel)
+
     def exists(self, rel: str = "") -> bool:
-        return os.path.exists(self.path(rel))
-
-    def is_dir(self, rel: str = "") -> bool:
-        return os.path.isdir(self.path(rel))
-
-    def makedirs(self, rel: str) -> None:
-        os.makedirs(self.path(rel), exist_ok=True)
+        return os.path.exists(self._path(rel))
 
     def read_bytes(self, rel: str) -> bytes:
-        with open(self.path(rel), "rb") as f:
+        with open(self._path(rel), "rb") as f:
             return f.read()
 
     def size(self, rel: str) -> int:
-        return os.path.getsize(self.path(rel))
+        return os.path.getsize(self._path(rel))
+
+    def mtime(self, rel: str) -> float:
+        return os.path.getmtime(self._path(rel))
 
     def _write_tmp(self, rel: str, data: bytes) -> str:
-        directory = os.path.dirname(self.path(rel))
+        directory = os.path.dirname(self._path(rel))
         os.makedirs(directory, exist_ok=True)
         tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
         with open(tmp, "wb") as f:
@@ -58,46 +132,49 @@ class FileIO:
         return tmp
 
     def put_if_absent(self, rel: str, data: bytes) -> None:
-        """Creates ``rel`` with ``data`` atomically; FileExistsError if it already exists."""
         tmp = self._write_tmp(rel, data)
         try:
             # link(2) fails with EEXIST instead of replacing: an atomic put-if-absent of a
             # complete file, which O_EXCL alone is not (a crash mid-write would leave it torn).
-            os.link(tmp, self.path(rel))
+            os.link(tmp, self._path(rel))
         finally:
             os.unlink(tmp)
-        _fsync_dir(os.path.dirname(self.path(rel)))
+        _fsync_dir(os.path.dirname(self._path(rel)))
 
     def write_atomic(self, rel: str, data: bytes) -> None:
         tmp = self._write_tmp(rel, data)
-        os.replace(tmp, self.path(rel))
+        os.replace(tmp, self._path(rel))
 
-    def listdir(self, rel: str) -> list[str]:
+    def open_input(self, rel: str) -> pa.NativeFile:
+        return pa.OSFile(self._path(rel), "rb")
+
+    def open_output(self, rel: str) -> pa.NativeFile:
+        path = self._path(rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return pa.OSFile(path, "wb")
+
+    def list(self, rel: str) -> list[str]:
         try:
-            return sorted(os.listdir(self.path(rel)))
-        except FileNotFoundError:
+            names = os.listdir(self._path(rel))
+        except (FileNotFoundError, NotADirectoryError):
             return []
+        return sorted(names, key=lambda n: n.encode())
 
-    def walk_files(self, rel: str = "") -> list[str]:
-        """Every file under ``rel``, as paths relative to the base."""
+    def walk(self, rel: str = "") -> list[str]:
         out = []
-        root = self.path(rel)
-        for dirpath, _, names in os.walk(root):
+        for dirpath, _, names in os.walk(self._path(rel)):
             for name in names:
-                out.append(os.path.relpath(os.path.join(dirpath, name), self.base))
-        return sorted(out)
-
-    def mtime(self, rel: str) -> float:
-        return os.path.getmtime(self.path(rel))
+                out.append(os.path.relpath(os.path.join(dirpath, name), self.base).replace(os.sep, "/"))
+        return sorted(out, key=lambda n: n.encode())
 
     def delete(self, rel: str) -> None:
         try:
-            os.unlink(self.path(rel))
+            os.unlink(self._path(rel))
         except FileNotFoundError:
             pass
 
     def remove_empty_dirs(self, rel: str) -> None:
-        root = self.path(rel)
+        root = self._path(rel)
         for dirpath, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
             if dirpath != root and not os.listdir(dirpath):
                 os.rmdir(dirpath)
@@ -112,13 +189,15 @@ def _fsync_dir(directory: str) -> None:
 
 
 _IMPLEMENTATIONS: dict[str, Callable[[str], FileIO]] = {
-    "": FileIO,
-    "file": lambda uri: FileIO(urlparse(uri).path),
+    "": LocalFileIO,
+    "file": lambda uri: LocalFileIO(unquote(urlparse(uri).path)),
 }
 
 
-def file_io(base: str) -> FileIO:
-    """The IO implementation for a base path or URI."""
+def file_io(base: str | FileIO) -> FileIO:
+    """The IO implementation for a base path or URI (a FileIO is returned as it is)."""
+    if isinstance(base, FileIO):
+        return base
     scheme = urlparse(base).scheme if "://" in base else ""
     try:
         return _IMPLEMENTATIONS[scheme](base)

@@ -31,14 +31,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bitlake import commitlog, faults, keystore
+from bitlake import faults
 from bitlake.errors import IndexUnavailableError
 from bitlake.fs import FileIO
-from bitlake.schema import TableMetadata
-from bitlake.state import TableState
-
-INDEX_DIR = "_bitlake/index"
-INDEX_LOCK = INDEX_DIR + ".lock"
+from bitlake.format import commitlog, keystore, layout
+from bitlake.format.metadata import TableMetadata
+from bitlake.format.state import TableState
 # The index's own entries start with byte 0; encoded keys with byte 1.
 _VERSION_KEY = b"\x00bitlake:version"
 _TABLE_KEY = b"\x00bitlake:table_id"
@@ -47,6 +45,17 @@ _TABLE_KEY = b"\x00bitlake:table_id"
 _VALUE = np.dtype([("d", "<i8"), ("r", "<i8"), ("x", "u1"), ("end", "u1")])
 _PUT_CHUNK = 200_000
 _COMPACT_AFTER_ROWS = 1_000_000
+
+
+def location(io: FileIO, meta: TableMetadata) -> tuple[str, str]:
+    """The index's folder and lock file: beside the table when it is local, else in the user's cache
+    folder, keyed by the table id (``$BITLAKE_CACHE`` or ``~/.cache/bitlake``)."""
+    local = io.local_path(layout.INDEX_DIR)
+    if local is not None:
+        return local, io.local_path(layout.INDEX_LOCK)
+    root = os.environ.get("BITLAKE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "bitlake")
+    folder = os.path.join(root, "index", meta.table_id)
+    return folder, folder + ".lock"
 
 
 def supported(meta: TableMetadata) -> bool:
@@ -120,10 +129,10 @@ class KeyIndex:
             raise IndexUnavailableError("the table's key types or its keystore.index property allow no index")
         self.meta = meta
         self.io = io
-        self.path = io.path(INDEX_DIR)
+        self.path, lock = location(io, meta)
         self.db: Any = None  # a rocksdict.Rdict while open
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self._lock = open(io.path(INDEX_LOCK), "ab")  # noqa: SIM115 - held until close()
+        self._lock = open(lock, "ab")  # noqa: SIM115 - held until close()
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -211,10 +220,8 @@ class KeyIndex:
         for v in range(have + 1, state.version + 1):
             commit = commitlog.read(self.io, v)
             # A merged file also repeats older rows; only rows this commit wrote are new to the index.
-            tables = [
-                pq.read_table(self.io.path(f.path), filters=[(keystore.SEQ, "=", v)])
-                for f in commit.keystore_add
-            ]
+            tables = [keystore.read_file(self.io, f.path, self.meta, filters=[(keystore.SEQ, "=", v)])
+                      for f in commit.keystore_add]
             self._put(tables, v)
 
     def _rebuild(self, state: TableState) -> None:
@@ -222,10 +229,7 @@ class KeyIndex:
         db.close()  # safe under the index lock: no other writer can open the folder meanwhile
         shutil.rmtree(self.path, ignore_errors=True)
         self.db = self._open()
-        tables = []
-        for files in state.keystore.values():
-            rows = pa.concat_tables([pq.read_table(self.io.path(f.path)) for f in files])
-            tables.append(keystore.latest_per_key(rows, list(self.meta.primary_key)))
+        tables = [keystore.read_bucket(self.io, files, self.meta) for files in state.keystore.values() if files]
         self._put(tables, state.version)
 
     def _put(self, tables: list[pa.Table], version: int) -> None:
@@ -276,3 +280,48 @@ def _encode_values(table: pa.Table) -> list[bytes]:
     rec["x"] = table.column(keystore.DELETED).to_numpy(zero_copy_only=False)
     rec["end"] = 1
     return rec.view(f"S{_VALUE.itemsize}").tolist()
+
+
+class IndexSession:
+    """The key index across one commit's attempts: opened at most once, caught up to each attempt's state,
+    brought to the committed version afterwards (so the next inline MetaGen starts warm), then closed."""
+
+    def __init__(self, io: FileIO):
+        self.io = io
+        self.index: KeyIndex | None = None
+        self._unavailable = False
+
+    def at(self, state: TableState) -> KeyIndex | None:
+        """The index at ``state``, or None when the table has none or another writer holds it.
+
+        Raises IndexAheadError when the index is past ``state``: the state is stale, rebuild on a fresh one.
+        """
+        if self._unavailable or not supported(state.metadata):
+            return None
+        try:
+            if self.index is None:
+                self.index = KeyIndex(self.io, state.metadata)
+            self.index.catch_up(state)
+        except IndexAheadError:
+            raise
+        except IndexUnavailableError:
+            self._unavailable = True  # busy: the inline MetaGen reads the key store instead
+            return None
+        return self.index
+
+    def after_commit(self, state: TableState) -> None:
+        """Best effort: the commit has landed, and an index that is busy or behind only costs the next
+        writer a catch-up."""
+        if not supported(state.metadata):
+            return
+        try:
+            if self.index is None:
+                self.index = KeyIndex(self.io, state.metadata)
+            self.index.catch_up(state)
+        except IndexUnavailableError:
+            pass
+
+    def close(self) -> None:
+        if self.index is not None:
+            self.index.close()
+            self.index = None

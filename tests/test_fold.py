@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bitlake.metagen import fold
+from bitlake.engine.metagen import fold
 
 
 def reference(codes, deltas, rids, deleted, batch, found, prior_d, prior_rid, prior_deleted):

@@ -11,6 +11,7 @@ from rocksdict import Options, Rdict
 
 import bitlake
 from bitlake import keyindex
+from bitlake.format import layout
 from bitlake.keyindex import encode_keys
 from tests.test_table import SCHEMA, batch, view
 
@@ -50,7 +51,7 @@ def test_tables_without_an_encodable_key_have_no_index(tmp_path):
 
 @pytest.mark.spark
 def test_inline_metagen_continues_from_spark_commits_and_rebuilds_a_lost_index(tmp_path, spark, monkeypatch):
-    from bitlake import metagen
+    from bitlake.engine import metagen
 
     monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
@@ -61,7 +62,7 @@ def test_inline_metagen_continues_from_spark_commits_and_rebuilds_a_lost_index(t
     with keyindex.KeyIndex(t.io, t.metadata) as index:
         assert index.version == t.version
 
-    shutil.rmtree(t.io.path(keyindex.INDEX_DIR))
+    shutil.rmtree(t.io.local_path(layout.INDEX_DIR))
     # The delete marker of key 2 (delta 2) must survive the rebuild: an older record stays stale.
     r = t.ingest(batch([2, 3], ["old", "c3"], [1, 3]), inline=True, spark=spark)
     assert r.counts == {"inserted": 0, "updated": 1, "deleted": 0, "stale": 1, "ignored_deletes": 0}
@@ -70,13 +71,13 @@ def test_inline_metagen_continues_from_spark_commits_and_rebuilds_a_lost_index(t
 
 @pytest.mark.spark
 def test_a_busy_index_makes_the_inline_metagen_scan_the_key_store(tmp_path, spark, monkeypatch):
-    from bitlake import metagen
+    from bitlake.engine import metagen
 
     monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)  # lookups whenever the index is free
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
     t.ingest(batch([1, 2], ["a", "b"], [1, 1]), spark=spark)
     # Another writer holds the index (RocksDB admits one opener at a time).
-    holder = Rdict(t.io.path(keyindex.INDEX_DIR), Options(raw_mode=True))
+    holder = Rdict(t.io.local_path(layout.INDEX_DIR), Options(raw_mode=True))
     try:
         with pytest.raises(bitlake.IndexUnavailableError, match="in use by another writer"):
             keyindex.KeyIndex(t.io, t.metadata)
@@ -122,19 +123,19 @@ def test_a_rebuild_keeps_other_writers_out_of_the_index(tmp_path, spark):
 
 @pytest.mark.spark
 def test_an_index_of_another_table_at_the_same_path_is_rebuilt(tmp_path, spark, monkeypatch):
-    from bitlake import metagen
+    from bitlake.engine import metagen
 
     monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)
     path = str(tmp_path / "t")
     t = bitlake.create_table(path, SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
     t.ingest(batch([1, 2], ["a", "b"], [5, 5]), spark=spark)
     index_copy = tmp_path / "index-copy"
-    shutil.copytree(t.io.path(keyindex.INDEX_DIR), index_copy)
+    shutil.copytree(t.io.local_path(layout.INDEX_DIR), index_copy)
     shutil.rmtree(path)
     t = bitlake.create_table(path, SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
     t.ingest(batch([1], ["new"], [1]), inline=False, spark=spark)
-    shutil.rmtree(t.io.path(keyindex.INDEX_DIR))
-    shutil.copytree(index_copy, t.io.path(keyindex.INDEX_DIR))
+    shutil.rmtree(t.io.local_path(layout.INDEX_DIR))
+    shutil.copytree(index_copy, t.io.local_path(layout.INDEX_DIR))
     # The old table's entries (delta 5) would make these records stale; the new table has only key 1 at 1.
     r = t.ingest(batch([1, 2], ["n1", "n2"], [2, 2]), inline=True, spark=spark)
     assert r.counts == {"inserted": 1, "updated": 1, "deleted": 0, "stale": 0, "ignored_deletes": 0}
@@ -143,7 +144,7 @@ def test_an_index_of_another_table_at_the_same_path_is_rebuilt(tmp_path, spark, 
 
 @pytest.mark.spark
 def test_auto_mode_runs_inline_up_to_the_row_limit(tmp_path, spark, monkeypatch):
-    from bitlake import metagen
+    from bitlake.engine import metagen
 
     calls = []
     real = metagen.run_inline

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import bitlake
-from bitlake import metagen
+from bitlake.engine import metagen
 from tests.oracle import Oracle, Record, rows_key
 
 pytestmark = pytest.mark.spark

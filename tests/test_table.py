@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 import bitlake
-from bitlake import rowid
+from bitlake.format import rowid
 
 pytestmark = pytest.mark.spark
 

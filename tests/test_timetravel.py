@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import bitlake
+import bitlake.read
 from tests.oracle import Oracle, Record, rows_key
 
 pytestmark = pytest.mark.spark
@@ -126,8 +127,8 @@ def test_as_of_picks_the_latest_commit_at_or_before(history_table, spark):
     t, _ = history_table
     history = {h["version"]: dt.datetime.fromisoformat(h["timestamp"]) for h in t.history()}
     for v in range(t.version + 1):
-        assert t._view_state(None, history[v], None)[0].version == v
-        assert t._view_state(None, history[v] + dt.timedelta(microseconds=500), None)[0].version == v
+        assert bitlake.read.view(t.io, t.refresh(), None, history[v], None)[0].version == v
+        assert bitlake.read.view(t.io, t.refresh(), None, history[v] + dt.timedelta(microseconds=500), None)[0].version == v
     rows = t.to_arrow(as_of=history[1].isoformat()).to_pylist()
     assert sorted(r["k"] for r in rows) == [1, 2, 3]
 

@@ -1,149 +1,154 @@
-"""The change feed: every accepted record committed in a version range, as rows with
-``_change_type``, ``_commit_version`` and ``_commit_timestamp`` (Delta's change-data-feed names).
+"""The change feed: every accepted record committed in a version range, as rows with ``_change_type``,
+``_commit_version`` and ``_commit_timestamp`` (Delta's change-data-feed names; docs/semantics.md, "Changes").
 
-It is read from the segment-log events of the range, never from a diff of two views. Events that
-share a cause within one commit are an update: the UNTIL target is the preimage, the FROM target the
-postimage. A FROM alone is an insert, an UNTIL alone a delete (its cause is a delete record). Stale
-records and deletes of absent keys have no events and give nothing. Only the log files of the range
-and the data files of the segments their events name are read: the cost follows the change.
+It is read from what the range's commits added, never from a diff of two views (docs/FORMAT.md, "Change
+feed"). For a keyed table:
 
-Plan. The segments to read are found on the driver from the range's log files (two small integer
-columns), without a Spark job. While the range has at most ``min(read.broadcast_invalid_rows,
-BROADCAST_EVENTS)`` events (counted in the commit log), the events are broadcast to the data-file scan,
-so the scanned rows are never shuffled, only the matching ones; the matches are then hash-partitioned
-before the global sort, so the sort's sampling pass reads that small shuffle instead of scanning the
-data files a second time (a range of at most ``SORT_IN_ONE_TASK_EVENTS`` events is sorted in one task
-instead). Beyond that the join is Spark's choice (a shuffle join).
+* the rows of the batches a commit made live are its new records; a new row is accepted unless it is stale,
+  i.e. unless it is invalid at the end of the range without a SET_VALID_UNTIL event in the range (a row
+  superseded later in the range was accepted first);
+* an accepted new row that is the cause of a SET_VALID_UNTIL event of its commit is an ``update_postimage``,
+  any other an ``insert``;
+* the target of a SET_VALID_UNTIL event is an ``update_preimage`` when the event's cause is one of those new
+  rows, a ``delete`` when it is a delete record.
+
+Only the range's log files, the data files of its batches and the data files of the segments its events
+name are read: the cost follows the change. Rows come out in commit order, then batch, delta value and cause.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import pyarrow.parquet as pq
+import pyarrow as pa
 
-from bitlake import rowid, segmentlog
+from bitlake.engine.plan import ReadPlan
 from bitlake.fs import FileIO
-from bitlake.schema import spark_schema
-from bitlake.spark.landing import data_schema
+from bitlake.format import bitmap, datafile, rowid, segmentlog
+from bitlake.format.state import TableState
 from bitlake.spark.reader import scan
-from bitlake.state import TableState
 
 CHANGE_TYPES = ("insert", "update_preimage", "update_postimage", "delete")
 _ORDER = {"update_preimage": 0, "delete": 0, "insert": 1, "update_postimage": 1}
-# Events of one range broadcast to the data-file scan at most (a few tens of bytes each once hashed).
+# Events of one range broadcast to the data-file scans at most (a few tens of bytes each).
 BROADCAST_EVENTS = 2_000_000
-# Ranges with at most this many events are sorted in a single task (one partition out).
-SORT_IN_ONE_TASK_EVENTS = 100_000
+# Ranges with at most this many change rows are sorted in a single task (one partition out).
+SORT_IN_ONE_TASK_ROWS = 100_000
 
 
 def _sql_map(pairs) -> str:
-    """A SQL ``map(...)`` literal of integer or hex-name keys and integer values: one expression for the
-    JVM, however many entries (a Column per entry costs a Py4J round trip each)."""
-    def lit(x):
-        if isinstance(x, int):
-            return str(x)
-        return "'" + str(x).replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-    return "map(" + ", ".join(f"{lit(k)}, {lit(v)}" for k, v in pairs) + ")"
+    """A SQL ``map(...)`` literal of integer keys and values: one expression for the JVM, however many
+    entries (a Column per entry costs a Py4J round trip each)."""
+    return "map(" + ", ".join(f"{int(k)}, {int(v)}" for k, v in pairs) + ")"
 
 
-def _segments(io: FileIO, paths: list[str], types: list[str]) -> set[tuple[int, int]]:
-    """The segments named by the events of ``paths`` that can give a wanted change type: SET_VALID_FROM
-    targets for inserts and postimages, SET_VALID_UNTIL targets for preimages and deletes. A superset of
-    the segments of the wanted rows (a FROM event may be a postimage when only inserts are wanted), read
-    on the driver from the files' row-id columns in batches."""
-    kinds = set()
-    if {"insert", "update_postimage"} & set(types):
-        kinds.add(segmentlog.SET_VALID_FROM)
-    if {"update_preimage", "delete"} & set(types):
-        kinds.add(segmentlog.SET_VALID_UNTIL)
-    found: set[tuple[int, int]] = set()
-    columns = [rowid.PART_COLUMN, rowid.SEQ_COLUMN, "event"]
-    for path in paths:
-        for b in pq.ParquetFile(io.path(path)).iter_batches(columns=columns, batch_size=1 << 20):
-            part = b.column(0).to_numpy().astype(np.int64)
-            seq = b.column(1).to_numpy().astype(np.int64)
-            keep = np.isin(b.column(2).to_numpy(), list(kinds))
-            keys = np.unique((part[keep] << 32) | seq[keep])
-            found.update((int(k >> 32), int(k & 0xFFFFFFFF)) for k in keys)
-    return found
+def _events(io: FileIO, logs) -> pa.Table:
+    """The SET_VALID_UNTIL events of ``(version, file)`` pairs, read on the driver: packed target, t, cause,
+    batch index, version."""
+    pieces = []
+    for v, f in logs:
+        e = segmentlog.read_until(io, f.path)
+        target = rowid.pack_arrays(*(e.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+        pieces.append(pa.table({
+            "_target": target, "t": e.column("t"), "cause": e.column("cause"), "batch_index": e.column("batch_index"),
+            "_commit_version": pa.array(np.full(len(target), v, np.int64)),
+        }))
+    if not pieces:
+        return pa.table({"_target": pa.array([], pa.int64()), "t": pa.array([], pa.int64()),
+                         "cause": pa.array([], pa.int64()), "batch_index": pa.array([], pa.int32()),
+                         "_commit_version": pa.array([], pa.int64())})
+    return pa.concat_tables(pieces)
 
 
 def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, timestamps: dict[int, int],
                  change_types: list[str] | None = None):
     """Changes of commits ``(start, end]``; ``state`` is the state at ``end``; ``timestamps`` maps each
     version of the range to its commit time in milliseconds."""
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
+
+    from bitlake.spark.schema import spark_delta_as_long, spark_packed, spark_schema
 
     meta = state.metadata
     types = list(change_types or CHANGE_TYPES)
     columns = meta.column_names
-    stamp = F.expr(_sql_map(sorted(timestamps.items())))
-    millis = F.element_at(stamp, F.col("_commit_version"))
-    commit_timestamp = (millis / 1000).cast("timestamp").alias("_commit_timestamp")
-
-    def finish(df):
-        df = df.withColumn("_commit_timestamp", commit_timestamp)
-        return df.filter(F.col("_change_type").isin(types))
+    commit_timestamp = (F.element_at(F.expr(_sql_map(sorted(timestamps.items()))), F.col("_commit_version"))
+                        / 1000).cast("timestamp").alias("_commit_timestamp")
 
     def empty():
-        return spark.createDataFrame([], spark_schema(data_schema(meta))).select(
+        return spark.createDataFrame([], spark_schema(datafile.data_schema(meta))).select(
             *columns, F.lit(None).cast("string").alias("_change_type"),
             F.lit(None).cast("long").alias("_commit_version"), F.lit(None).cast("timestamp").alias("_commit_timestamp"),
         )
 
-    if not meta.keyed:
-        # Append-only: the range's changes are the rows of the batches it made visible.
-        files = [f for f in state.data_files() if start < state.visible_parts[f.segment_part] <= end]
-        if not files:
-            return empty()
-        version_of = F.create_map(
-            *[F.lit(x) for part in sorted({f.segment_part for f in files}) for x in (part, state.visible_parts[part])]
-        )
-        df = scan(spark, io, state, files).select(
-            *columns, F.lit("insert").alias("_change_type"),
-            F.element_at(version_of, F.col(rowid.PART_COLUMN)).cast("long").alias("_commit_version"),
-        )
-        return finish(df)
+    live = {b.part: b for b in state.parts.values() if b.live_version is not None and start < b.live_version <= end}
+    # A batch's index among the batches its commit made live, in the order they were applied.
+    index_of = {}
+    for v in sorted({b.live_version for b in live.values()}):
+        of_commit = sorted((b for b in live.values() if b.live_version == v), key=lambda b: (b.landed_version, b.part))
+        index_of.update({b.part: i for i, b in enumerate(of_commit)})
+    new_files = [f for f in state.data_files() if f.segments[0].part in live]
+    part_col = F.col(rowid.PART_COLUMN)
+    version_of_part = F.element_at(F.expr(_sql_map((p, b.live_version) for p, b in live.items())), part_col)
 
-    logs = [(v, f) for v, f in state.logs if start < v <= end]
-    if not logs:
+    if not meta.keyed:
+        if not new_files or "insert" not in types:
+            return empty()
+        df = scan(spark, io, meta, new_files).select(
+            *columns, F.lit("insert").alias("_change_type"), version_of_part.cast("long").alias("_commit_version"))
+        return df.withColumn("_commit_timestamp", commit_timestamp)
+
+    events = _events(io, [(v, f) for v, f in state.logs if start < v <= end])
+    targets = events.column("_target").to_numpy()
+    parts = []
+    small = events.num_rows <= BROADCAST_EVENTS
+    if new_files and {"insert", "update_postimage", "update_preimage", "delete"} & set(types):
+        # Stale rows: invalid at the end of the range and never superseded within it.
+        new_segments = {r.segment for f in new_files for r in f.segments}
+        p = ReadPlan(state, None, [], [], {k: state.segments[k] for k in new_segments if k in state.segments}, {})
+        cache = bitmap.BitmapCache(io)
+        stale = [
+            np.setdiff1d(bitmap.invalid_offsets(p.kept(cache, k), s.offsets) | np.int64(rowid.segment_key(*k)), targets)
+            for k, s in p.segments.items()
+        ]
+        stale_ids = np.concatenate(stale) if stale else np.empty(0, np.int64)
+        new = scan(spark, io, meta, new_files).withColumn("_rid", spark_packed())
+        if len(stale_ids):
+            drop = spark.createDataFrame(pa.table({"_stale": stale_ids}))
+            new = new.join(F.broadcast(drop) if len(stale_ids) <= BROADCAST_EVENTS else drop,
+                           F.col("_rid") == F.col("_stale"), "left_anti")
+        new = new.withColumn("_commit_version", version_of_part.cast("long")).withColumn(
+            "batch_index", F.element_at(F.expr(_sql_map(index_of.items())), part_col).cast("int"))
+        causes = spark.createDataFrame(pa.table({"_cause": np.unique(events.column("cause").to_numpy())}))
+        causes = F.broadcast(causes) if small else causes
+        is_update = F.col("_cause").isNotNull()
+        parts.append(
+            new.join(causes, F.col("_rid") == F.col("_cause"), "left").select(
+                *columns, F.when(is_update, "update_postimage").otherwise("insert").alias("_change_type"),
+                "_commit_version", "batch_index", spark_delta_as_long(meta).alias("t"), F.col("_rid").alias("cause"))
+        )
+    if events.num_rows and {"update_preimage", "delete"} & set(types):
+        new_ids = parts[0].select(F.col("cause").alias("_new")) if parts else None
+        ev = spark.createDataFrame(events)
+        ev = F.broadcast(ev) if small else ev
+        if new_ids is not None:
+            ev = ev.join(new_ids, F.col("cause") == F.col("_new"), "left")
+            kind = F.when(F.col("_new").isNotNull(), "update_preimage").otherwise("delete")
+        else:
+            kind = F.lit("delete")
+        wanted = {(s >> rowid.SEQ_BITS, s & rowid.MAX_SEQ) for s in np.unique(targets >> rowid.OFFSET_BITS).tolist()}
+        files = [f for f in state.data_files() if any(r.segment in wanted for r in f.segments)]
+        if files:
+            old = scan(spark, io, meta, files).withColumn("_target", spark_packed())
+            parts.append(old.join(ev, "_target").select(
+                *columns, kind.alias("_change_type"), "_commit_version", "batch_index", "t", "cause"))
+    if not parts:
         return empty()
-    # Log files have unique (uuid) names; the commit that lists a file gives its events their version.
-    version_of_file = F.expr(_sql_map((f.path.rsplit("/", 1)[-1], v) for v, f in logs))
-    events = (
-        spark.read.schema(segmentlog.FILE_SCHEMA_DDL).parquet(*[io.path(f.path) for _, f in logs])
-        .withColumn("_commit_version", F.element_at(version_of_file, F.element_at(
-            F.split(F.col("_metadata.file_path"), "/"), -1)).cast("long"))
-    )
-    same_cause = Window.partitionBy("_commit_version", "cause")
-    events = events.withColumn("_n", F.count(F.lit(1)).over(same_cause)).select(
-        rowid.spark_packed().alias("_target"),
-        F.when(F.col("event") == segmentlog.SET_VALID_FROM,
-               F.when(F.col("_n") > 1, "update_postimage").otherwise("insert"))
-        .otherwise(F.when(F.col("_n") > 1, "update_preimage").otherwise("delete")).alias("_change_type"),
-        "_commit_version", "batch_index", "t", "cause",
-    ).filter(F.col("_change_type").isin(types))
-    # Only the data files of the segments the wanted events name are read.
-    wanted = _segments(io, [f.path for _, f in logs], types)
-    files = [f for f in state.data_files() if f.segment in wanted]
-    if not files:
-        return empty()
-    events_count = sum(f.events for _, f in logs)
-    broadcast = events_count <= min(meta.int_prop("read.broadcast_invalid_rows"), BROADCAST_EVENTS)
-    if broadcast:
-        events = F.broadcast(events)
-    rows = scan(spark, io, state, files).withColumn("_target", rowid.spark_packed())
-    df = rows.join(events, "_target")
-    order = F.expr(_sql_map(_ORDER.items()))
-    keys = ["_commit_version", "batch_index", "t", "cause", F.element_at(order, F.col("_change_type"))]
-    if events_count <= SORT_IN_ONE_TASK_EVENTS:
-        # A small change is sorted in one task: one exchange of the matching rows, no sampling pass.
+    df = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    df = df.filter(F.col("_change_type").isin(types))
+    order = F.element_at(F.create_map(*[F.lit(x) for kv in _ORDER.items() for x in kv]), F.col("_change_type"))
+    keys = ["_commit_version", "batch_index", "t", "cause", order]
+    rows = events.num_rows + sum(b.records for b in live.values())
+    if rows <= SORT_IN_ONE_TASK_ROWS:
         df = df.repartition(1).sortWithinPartitions(*keys)
-    elif broadcast:
-        # Without a shuffle below it, the sort's range-partitioning sample would scan the files again.
-        df = df.repartition("_commit_version", "cause").orderBy(*keys)
     else:
-        df = df.orderBy(*keys)
+        df = df.repartition("_commit_version", "cause").orderBy(*keys)
     return df.select(*columns, "_change_type", "_commit_version", commit_timestamp)

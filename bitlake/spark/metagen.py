@@ -1,4 +1,4 @@
-"""MetaGen: the second of Opal's two steps, one Spark job per commit.
+"""The Spark MetaGen: the second of Opal's two steps as one Spark job per commit.
 
 It reads the batches' keys files (key, delta, row id, delete flag, bucket), joins them with the
 key-store buckets the batches touch, and applies the semantics contract per key with window functions:
@@ -16,46 +16,47 @@ key-store deltas (grouped by bucket) and report the file names; the driver only 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pyarrow as pa
 
-from bitlake import keystore, rowid, segmentlog
-from bitlake.commitlog import Batch
-from bitlake.fs import FileIO
-from bitlake.keystore import BucketFile
-from bitlake.metagen import (
+from bitlake.engine.metagen import (
+    BECOMES_VALID,
     COUNTS,
-    KEYSTORE_ARROW,
     SEGMENT_ARROW,
+    SEGMENT_DDL,
+    Landed,
     MetaGenOutput,
     assemble,
     new_segments,
     unkeyed_output,
-    write_bucket_deltas,
     write_segments,
 )
-from bitlake.spark.landing import keys_schema
-from bitlake.state import TableState
+from bitlake.fs import FileIO
+from bitlake.format import datafile, keystore, rowid, segmentlog
+from bitlake.format.commit import BucketFile, SegmentState
+from bitlake.format.metadata import TableMetadata
+from bitlake.format.state import TableState
 
 
-def run(spark, io: FileIO, state: TableState, batches: list[Batch], version: int) -> MetaGenOutput:
+def run(spark, io: FileIO, state: TableState, batches: list[Landed], version: int) -> MetaGenOutput:
     """Computes the metadata that makes ``batches`` visible at ``version``; writes files, commits nothing."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from bitlake.schema import spark_schema
+    from bitlake.spark.schema import spark_schema
 
     meta = state.metadata
     pk = list(meta.primary_key)
     if not meta.keyed:
         return unkeyed_output(batches)
-    key_paths = [io.path(f.path) for b in batches for f in b.files if f.kind == "keys"]
+    key_paths = [io.uri(f.path) for b in batches for f in b.keys_files]
     if not key_paths:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
 
-    index_of = F.create_map(*[F.lit(x) for i, b in enumerate(batches) for x in (b.segment_part, i)])
-    part = F.shiftright(keystore.ROW_ID, rowid.SEQ_BITS + rowid.OFFSET_BITS).cast("int")
-    batch = spark.read.schema(spark_schema(keys_schema(meta))).parquet(*key_paths).select(
+    index_of = F.create_map(*[F.lit(x) for i, b in enumerate(batches) for x in (b.part, i)])
+    part = F.shiftright(keystore.ROW_ID, rowid.PART_SHIFT).cast("int")
+    batch = spark.read.schema(spark_schema(datafile.keys_schema(meta))).parquet(*key_paths).select(
         *pk,
         F.col(keystore.DELTA).alias("_d"),
         F.col(keystore.ROW_ID).alias("_rid"),
@@ -66,13 +67,13 @@ def run(spark, io: FileIO, state: TableState, batches: list[Batch], version: int
     )
 
     touched = sorted(r[0] for r in batch.select(keystore.BUCKET).distinct().collect())
-    ks_paths = [io.path(f.path) for b in touched for f in state.keystore.get(b, [])]
+    ks_paths = [io.uri(f.path) for b in touched for f in state.keystore.get(b, [])]
     combined = batch
     if ks_paths:
         latest = Window.partitionBy(*pk).orderBy(F.col(keystore.SEQ).desc())
         prior = (
             spark.read.schema(spark_schema(keystore.file_schema(meta))).parquet(*ks_paths)
-            .join(batch.select(*pk).distinct(), on=pk, how="left_semi")
+            .join(batch.select(*pk, keystore.BUCKET).distinct(), on=pk, how="inner")
             .withColumn("_n", F.row_number().over(latest))
             .filter("_n = 1")
             .select(
@@ -82,8 +83,8 @@ def run(spark, io: FileIO, state: TableState, batches: list[Batch], version: int
                 F.col(keystore.DELETED).alias("_is_delete"),
                 F.lit(-1).alias("_bidx"),
                 F.lit(True).alias("_prior"),
+                keystore.BUCKET,
             )
-            .withColumn(keystore.BUCKET, keystore.spark_bucket(meta))
         )
         combined = prior.unionByName(batch)
 
@@ -134,18 +135,18 @@ def _write(spark, io, state, batches, fold, touched, version) -> MetaGenOutput:
         F.col("_last_rid").alias("_target"), F.lit(segmentlog.SET_VALID_UNTIL).alias("event"),
         F.col("_d").alias("t"), F.col("_rid").alias("cause"), F.col("_bidx").alias("batch_index"),
     ).unionByName(accepted.filter(upsert).select(
-        F.col("_rid").alias("_target"), F.lit(segmentlog.SET_VALID_FROM).alias("event"),
+        F.col("_rid").alias("_target"), F.lit(BECOMES_VALID).alias("event"),
         F.col("_d").alias("t"), F.col("_rid").alias("cause"), F.col("_bidx").alias("batch_index"),
     ))
     events = events.select(
-        F.shiftright("_target", rowid.SEQ_BITS + rowid.OFFSET_BITS).cast("int").alias(rowid.PART_COLUMN),
+        F.shiftright("_target", rowid.PART_SHIFT).cast("int").alias(rowid.PART_COLUMN),
         (F.shiftright("_target", rowid.OFFSET_BITS).bitwiseAND(rowid.MAX_SEQ)).cast("int").alias(rowid.SEQ_COLUMN),
         F.col("_target").bitwiseAND(rowid.MAX_OFFSET).cast("int").alias(rowid.OFFSET_COLUMN),
         F.col("event").cast("byte").alias("event"), "t", "cause", F.col("batch_index").cast("int"),
     )
-    prior_bitmaps = {k: s.bitmap for k, s in state.segments.items() if s.bitmap}
-    task = _SegmentTask(io.base, spark.sparkContext.broadcast(prior_bitmaps))
-    seg_out = events.repartition(rowid.PART_COLUMN, rowid.SEQ_COLUMN).mapInArrow(task, _SEGMENT_OUT).collect()
+    prior = [s.to_json() for s in state.segments.values()]
+    task = _SegmentTask(io, spark.sparkContext.broadcast(prior))
+    seg_out = events.repartition(rowid.PART_COLUMN, rowid.SEQ_COLUMN).mapInArrow(task, SEGMENT_DDL).collect()
 
     # Key-store deltas, grouped by bucket.
     ks_rows = fold.filter(acc & F.col("_later").isNull()).select(
@@ -157,52 +158,55 @@ def _write(spark, io, state, batches, fold, touched, version) -> MetaGenOutput:
         keystore.BUCKET,
     )
     bucket_files = {b: [f.to_json() for f in state.keystore.get(b, [])] for b in touched}
-    ks_task = _KeystoreTask(io.base, meta.to_json(), bucket_files)
+    ks_task = _KeystoreTask(io, meta.to_json(), bucket_files)
     ks_out = (
         ks_rows.repartition(max(1, min(len(touched), spark.sparkContext.defaultParallelism * 4)), keystore.BUCKET)
-        .mapInArrow(ks_task, _KEYSTORE_OUT)
+        .mapInArrow(ks_task, _KEYSTORE_DDL)
         .collect()
     )
-    return assemble(state, batches, [r.asDict() for r in seg_out], [r.asDict() for r in ks_out], batch_counts)
-
-
-_SEGMENT_OUT = "kind string, path string, part int, seq int, events long, bytes long, min_t long, max_t long"
+    added = [BucketFile(r["bucket"], r["path"], r["rows"], r["bytes"], r["base"]) for r in ks_out]
+    replaced = [p for r in ks_out for p in json.loads(r["replaces"])]
+    return assemble(state, batches, [r.asDict() for r in seg_out], added, replaced, batch_counts)
 
 
 @dataclasses.dataclass
 class _SegmentTask:
-    """A task's events, as one log file and one bitmap file (:func:`bitlake.metagen.write_segments`)."""
+    """A task's events, as one log file and one bitmap file (:func:`bitlake.engine.metagen.write_segments`)."""
 
-    base: str
-    prior_bitmaps: object  # a Spark broadcast of {(part, seq): bitmap file}
+    io: FileIO
+    prior: object  # a Spark broadcast of the segment states before the commit, as JSON
 
     def __call__(self, batches):
         batches = list(batches)
         if not batches:
             return
-        rows = write_segments(self.base, self.prior_bitmaps.value, pa.Table.from_batches(batches))
+        prior = {(s["part"], s["seq"]): SegmentState.from_json(s) for s in self.prior.value}
+        rows = write_segments(self.io, prior, pa.Table.from_batches(batches))
         if rows:
             yield pa.RecordBatch.from_pylist(rows, schema=SEGMENT_ARROW)
 
 
-_KEYSTORE_OUT = "bucket int, path string, rows long, bytes long, base boolean, replaces string"
+_KEYSTORE_ARROW = pa.schema([
+    ("bucket", pa.int32()), ("path", pa.string()), ("rows", pa.int64()), ("bytes", pa.int64()),
+    ("base", pa.bool_()), ("replaces", pa.string()),
+])
+_KEYSTORE_DDL = "bucket int, path string, rows long, bytes long, base boolean, replaces string"
 
 
 @dataclasses.dataclass
 class _KeystoreTask:
-    """A task's key-store rows, as one delta per bucket (:func:`bitlake.metagen.write_bucket_deltas`)."""
+    """A task's key-store rows, as one file per bucket (:func:`bitlake.format.keystore.write_bucket_deltas`)."""
 
-    base: str
+    io: FileIO
     metadata: dict
     bucket_files: dict[int, list[dict]]
 
     def __call__(self, batches):
-        from bitlake.schema import TableMetadata
-
         batches = list(batches)
         if not batches or sum(b.num_rows for b in batches) == 0:
             return
         meta = TableMetadata.from_json(self.metadata)
         files = {b: [BucketFile.from_json(f) for f in fs] for b, fs in self.bucket_files.items()}
-        rows = write_bucket_deltas(self.base, meta, files, pa.Table.from_batches(batches))
-        yield pa.RecordBatch.from_pylist(rows, schema=KEYSTORE_ARROW)
+        added, replaced = keystore.write_bucket_deltas(self.io, meta, files, pa.Table.from_batches(batches))
+        rows = [{**f.to_json(), "replaces": json.dumps(replaced if i == 0 else [])} for i, f in enumerate(added)]
+        yield pa.RecordBatch.from_pylist(rows, schema=_KEYSTORE_ARROW)

@@ -1,10 +1,10 @@
-"""Current-view reads in Spark: the committed data files, rows filtered by the bitmaps.
+"""The Spark reader: executes a read plan (:mod:`bitlake.engine.plan`) as a Spark DataFrame.
 
-The plan is chosen per file from the segment counts in the commit log: a file whose segments are
-fully valid is scanned plainly; a file whose segments have no valid row is skipped; the rest are
-scanned and left-anti-joined on the packed 64-bit row id with the invalid row ids, which the driver
-expands from the bitmap files up to ``DRIVER_EXPANSION_ROWS`` and executors beyond. That list is
-broadcast while it is shorter than ``read.broadcast_invalid_rows`` and shuffled beyond.
+Files of the plan whose rows are all kept are scanned as they are. The others are scanned and left-anti
+joined, on the packed row id, with the ids of the rows the plan drops: broadcast while there are fewer than
+``read.broadcast_invalid_rows``, shuffled beyond. Up to :data:`DRIVER_EXPANSION_ROWS` dropped rows the driver
+expands them from the bitmaps and hands them to Spark as Arrow; beyond, executors expand them, so the
+driver never holds a huge list. Measured against a plain Parquet scan in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -15,129 +15,92 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from bitlake import bitmap, rowid
-from bitlake.commitlog import DataFile
+from bitlake.engine.plan import ReadPlan
 from bitlake.fs import FileIO
-from bitlake.spark.landing import DATA_DIR, data_schema
-from bitlake.state import TableState
+from bitlake.format import bitmap, datafile, layout, rowid
+from bitlake.format.commit import DataFile, SegmentState
 
-_INVALID_IN = "path string, part int, seq int, offsets long"
-
-
-# Up to this many invalid rows the driver expands them from the bitmaps itself and hands them to
-# Spark as Arrow (a few MB); beyond, executors expand them, so the driver never holds a huge list.
 DRIVER_EXPANSION_ROWS = 2_000_000
+_DROP_IN = "segment string, revived binary"
 
 
-def _invalid_ids(cache: bitmap.BitmapCache, rows) -> Iterator[pa.RecordBatch]:
-    """Packed row ids of the invalid rows of segments given as dicts of path, part, seq, offsets."""
-    for r in rows:
-        bm = cache.get(r["path"], r["part"], r["seq"])
-        offsets = bitmap.invalid_offsets(bm, r["offsets"]).astype(np.int64)
+def _dropped(cache: bitmap.BitmapCache, p: ReadPlan, segments) -> Iterator[pa.RecordBatch]:
+    """Packed row ids of the rows the plan drops from ``segments``."""
+    for key in segments:
+        s = p.segments[key]
+        offsets = bitmap.invalid_offsets(p.kept(cache, key), s.offsets)
         if len(offsets):
-            ids = offsets | np.int64(rowid.segment_key(r["part"], r["seq"]))
+            ids = offsets | np.int64(rowid.segment_key(*key))
             yield pa.RecordBatch.from_arrays([pa.array(ids, pa.int64())], ["_invalid"])
 
 
 @dataclasses.dataclass
-class _InvalidIds:
-    base: str
+class _ExpandDropped:
+    """Executor side of :func:`_dropped`, for segments given as rows of (segment state JSON, revived bitmap)."""
+
+    io: FileIO
 
     def __call__(self, batches):
-        import os
+        import json
 
-        cache = bitmap.BitmapCache(lambda p: os.path.join(self.base, p))
+        from pyroaring import BitMap
+
+        cache = bitmap.BitmapCache(self.io)
         for rb in batches:
-            yield from _invalid_ids(cache, rb.to_pylist())
+            for r in rb.to_pylist():
+                s = SegmentState.from_json(json.loads(r["segment"]))
+                kept = cache.valid(s) | BitMap.deserialize(r["revived"])
+                ids = bitmap.invalid_offsets(kept, s.offsets) | np.int64(rowid.segment_key(s.part, s.seq))
+                if len(ids):
+                    yield pa.RecordBatch.from_arrays([pa.array(ids, pa.int64())], ["_invalid"])
 
 
-def plan_files(state: TableState, past_events: bool = False) -> tuple[list[DataFile], list[DataFile], int]:
-    """Splits the visible data files into (clean, dirty) and returns the invalid-row count of dirty ones.
+def scan(spark, io: FileIO, meta, files: list[DataFile]):
+    from bitlake.spark.schema import spark_schema
 
-    With ``past_events`` (an event-time read) a segment with no valid row now may still hold rows
-    valid at that time, so it is read as dirty instead of skipped.
-    """
-    clean, dirty, invalid = [], [], 0
-    dirty_segments = set()
-    for f in state.data_files():
-        s = state.segments.get(f.segment)
-        if s is None or (s.cardinality == 0 and not past_events):
-            continue
-        if s.cardinality >= s.data_rows:
-            clean.append(f)
-        else:
-            dirty.append(f)
-            if f.segment not in dirty_segments:
-                dirty_segments.add(f.segment)
-                invalid += s.offsets - s.cardinality
-    return clean, dirty, invalid
-
-
-def scan(spark, io: FileIO, state: TableState, files: list[DataFile]):
-    from bitlake.schema import spark_schema
-
-    meta = state.metadata
-    reader = spark.read.format(meta.file_format).schema(spark_schema(data_schema(meta)))
+    reader = spark.read.format(meta.file_format).schema(spark_schema(datafile.data_schema(meta)))
     if meta.partition_by:
-        reader = reader.option("basePath", io.path(DATA_DIR))
-    return reader.load([io.path(f.path) for f in files])
+        reader = reader.option("basePath", io.uri(layout.DATA_DIR))
+    return reader.load([io.uri(f.path) for f in files])
 
 
-def read(spark, io: FileIO, state: TableState, include_row_ids: bool = False, valid_at: int | None = None):
-    """The view of ``state`` as a Spark DataFrame: current, or at event time ``valid_at`` (see timetravel)."""
+def read(spark, io: FileIO, p: ReadPlan, include_row_ids: bool = False):
+    """The view ``p`` plans, as a Spark DataFrame."""
     from pyspark.sql import functions as F
 
-    from bitlake.schema import spark_delta_as_long, spark_schema
+    from bitlake.spark.schema import spark_delta_as_long, spark_packed, spark_schema
 
-    meta = state.metadata
+    meta = p.state.metadata
     columns = meta.column_names + (list(rowid.ROW_ID_COLUMNS) if include_row_ids else [])
-    clean, dirty, invalid = plan_files(state, past_events=valid_at is not None)
     parts = []
-    if clean:
-        parts.append(scan(spark, io, state, clean))
-    if dirty:
-        segments = sorted({f.segment for f in dirty})
-        rows = [(state.segments[k].bitmap, k[0], k[1], state.segments[k].offsets) for k in segments]
+    if p.whole:
+        parts.append(scan(spark, io, meta, p.whole))
+    if p.filtered:
+        segments = sorted(p.segments)
+        invalid = p.invalid_rows()
         if invalid <= DRIVER_EXPANSION_ROWS:
-            # One Arrow transfer instead of a Spark job with a Python worker: at a few MB it is the
-            # cheaper way, and this fixed cost is most of what a read of a small table pays.
-            cache = bitmap.BitmapCache(io.path)
-            named = [dict(zip(("path", "part", "seq", "offsets"), r, strict=True)) for r in rows]
-            batches = list(_invalid_ids(cache, named))
-            ids_table = pa.Table.from_batches(batches, schema=pa.schema([("_invalid", pa.int64())]))
-            ids = spark.createDataFrame(ids_table)
+            # One Arrow transfer instead of a Spark job with a Python worker: at a few MB it is the cheaper
+            # way, and this fixed cost is most of what a read of a small table pays.
+            batches = list(_dropped(bitmap.BitmapCache(io), p, segments))
+            ids = spark.createDataFrame(pa.Table.from_batches(batches, schema=pa.schema([("_invalid", pa.int64())])))
         else:
+            import json
+
+            rows = [(json.dumps(p.segments[k].to_json()), bitmap.serialize(bitmap.of(p.revived.get(k, np.empty(0)))))
+                    for k in segments]
             ids = (
-                spark.createDataFrame(rows, _INVALID_IN)
+                spark.createDataFrame(rows, _DROP_IN)
                 .repartition(max(1, min(len(rows), spark.sparkContext.defaultParallelism)))
-                .mapInArrow(_InvalidIds(io.base), "_invalid long")
+                .mapInArrow(_ExpandDropped(io), "_invalid long")
             )
-        if valid_at is not None:
-            ids = ids.join(_revived(spark, io, state, valid_at), F.col("_invalid") == F.col("_revived"), "left_anti")
         if invalid <= meta.int_prop("read.broadcast_invalid_rows"):
             ids = F.broadcast(ids)
-        df = scan(spark, io, state, dirty)
-        parts.append(df.join(ids, rowid.spark_packed() == F.col("_invalid"), "left_anti"))
+        parts.append(scan(spark, io, meta, p.filtered).join(ids, spark_packed() == F.col("_invalid"), "left_anti"))
     if not parts:
-        schema = spark_schema(data_schema(meta))
-        return spark.createDataFrame([], schema).select(columns)
+        return spark.createDataFrame([], spark_schema(datafile.data_schema(meta))).select(columns)
     out = parts[0]
-    for p in parts[1:]:
-        out = out.unionByName(p)
-    if valid_at is not None and meta.keyed:
-        out = out.filter(spark_delta_as_long(meta) <= F.lit(valid_at))
+    for df in parts[1:]:
+        out = out.unionByName(df)
+    if p.valid_at is not None and meta.keyed:
+        out = out.filter(spark_delta_as_long(meta) <= F.lit(p.valid_at))
     return out.select(columns)
-
-
-def _revived(spark, io: FileIO, state: TableState, valid_at: int):
-    """Row ids superseded only after ``valid_at``: valid at that event time though invalid now."""
-    from pyspark.sql import functions as F
-
-    from bitlake import segmentlog, timetravel
-
-    paths = timetravel.log_files_after(state, valid_at)
-    if not paths:
-        return spark.createDataFrame([], "_revived long")
-    events = spark.read.schema(segmentlog.FILE_SCHEMA_DDL).parquet(*[io.path(p) for p in paths])
-    events = events.filter((F.col("event") == segmentlog.SET_VALID_UNTIL) & (F.col("t") > F.lit(valid_at)))
-    return events.select(rowid.spark_packed().alias("_revived"))

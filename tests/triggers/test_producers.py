@@ -17,7 +17,7 @@ from writers import harness
 from writers.harness import Writer
 
 import bitlake
-from bitlake import commitlog
+from bitlake.format import commitlog
 from bitlake.triggers import Client, TriggerConfig, TriggerStore, create_app, publish, read_changes, snapshot_range
 from bitlake.triggers import publisher as publisher_mod
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 from oracle import Oracle, Record, rows_key
 
 import bitlake
-from bitlake import commitlog
+from bitlake.format import commitlog
 
 WRITER = Path(__file__).with_name("writer.py")
 TABLE_SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string()), ("mod", pa.int64())])

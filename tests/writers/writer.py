@@ -24,7 +24,7 @@ import time
 import pyarrow as pa
 
 import bitlake
-from bitlake import commitlog
+from bitlake.format import commitlog
 
 LOST_RACES = [0]
 
@@ -78,8 +78,9 @@ def main(spec_path: str) -> None:
                     "committed": r.committed, "visible": r.visible, "counts": r.counts,
                     "seconds": round(time.monotonic() - started, 2), "lost_races": LOST_RACES[0]}
             if step["op"] == "metagen":
-                visible = table.state().visible
-                line["now_visible"] = {b: b in visible for b in step.get("expect_visible", [])}
+                state = table.state()
+                line["now_visible"] = {b: state.batch(b) is not None and state.batch(b).status == "live"
+                                       for b in step.get("expect_visible", [])}
             ack.write(json.dumps(line) + "\n")
             ack.flush()
             os.fsync(ack.fileno())

@@ -1,42 +1,58 @@
-"""MetaGen without Spark: the writers both MetaGens share, and the inline MetaGen.
+"""MetaGen, the second of Opal's two steps: the metadata that makes landed batches visible, and the
+inline MetaGen that computes it on the driver.
 
-MetaGen turns landed batches into the metadata that makes them visible: segment-log events, new
-current bitmaps, key-store deltas and counts. Two implementations apply the same semantics contract:
+MetaGen applies the semantics contract (docs/semantics.md) to the landed records and writes segment-log
+events, new segment states (bitmaps) and key-store deltas, and counts. Two implementations:
 
-* the Spark MetaGen (:mod:`bitlake.spark.metagen`) joins the batches with the key-store buckets they
-  touch and folds each key with window functions; its cost grows with those buckets;
-* the inline MetaGen (:func:`run_inline`, Opal's "inline metadata update") runs on the driver: it
-  reads the batches' keys files, looks their keys up in the key index (:mod:`bitlake.keyindex`), or
-  for large batches semi-joins them with the key store, and folds them in order; with lookups its
-  cost grows with the batch only.
+* the Spark MetaGen (:mod:`bitlake.spark.metagen`) joins the batches with the key-store buckets they touch
+  and folds each key with window functions; its cost grows with those buckets;
+* the inline MetaGen (:func:`run_inline`, Opal's "inline metadata update") runs on the driver: it reads the
+  batches' keys files, looks their keys up in the key index (:mod:`bitlake.keyindex`), or for large batches
+  semi-joins them with the key store, and folds them in order with :func:`fold`.
 
-Both write their files with :func:`write_segments` and :func:`write_bucket_deltas`, which the Spark
-MetaGen calls inside its tasks.
+Both write their files with :func:`write_segments` and :func:`bitlake.format.keystore.write_bucket_deltas`,
+which the Spark MetaGen calls inside its tasks.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import uuid
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+from pyroaring import BitMap
 
-from bitlake import bitmap, keystore, rowid, segmentlog
-from bitlake.commitlog import Batch, LogFile, SegmentState
 from bitlake.fs import FileIO
-from bitlake.keystore import BucketFile
-from bitlake.schema import TableMetadata
-from bitlake.state import TableState
-
-LOGS_DIR = "_bitlake/logs"
-BITMAPS_DIR = "_bitlake/bitmaps"
+from bitlake.format import bitmap, datafile, keystore, layout, rowid, segmentlog
+from bitlake.format.commit import BucketFile, DataFile, KeysFile, LogFile, SegmentState
+from bitlake.format.state import TableState
 
 COUNTS = ("inserted", "updated", "deleted", "stale", "ignored_deletes")
+# Rows of MetaGen's event tables with this kind are the accepted upserts: they become valid, which the data
+# implies, so they are never written to a log (only SET_VALID_UNTIL events are).
+BECOMES_VALID = segmentlog.SET_VALID_FROM
+
+
+@dataclasses.dataclass(frozen=True)
+class Landed:
+    """A batch MetaGen makes visible: a pending one, or the one being ingested."""
+
+    batch_id: str
+    part: int
+    records: int
+    data_files: tuple[DataFile, ...]
+    keys_files: tuple[KeysFile, ...]
+
+
+def pending_batches(state: TableState) -> list[Landed]:
+    by_part: dict[int, list[DataFile]] = {}
+    for f in state.data_files():
+        for s in f.segments:
+            if state.parts.get(s.part) is not None and state.parts[s.part].status == "pending":
+                by_part.setdefault(s.part, []).append(f)
+                break
+    return [Landed(b.batch_id, b.part, b.records, tuple(by_part.get(b.part, ())), b.keys_files) for b in state.pending]
 
 
 @dataclasses.dataclass
@@ -55,31 +71,87 @@ class MetaGenOutput:
         return paths + sorted({s.bitmap for s in self.segments if s.bitmap})
 
 
-def new_segments(batches: list[Batch]) -> dict[tuple[int, int], SegmentState]:
-    """The segments the batches landed: offsets handed out (every record of a keyed table is in its
-    keys file; an unkeyed table has data files only) and rows in data files."""
+def new_segments(batches: list[Landed]) -> dict[tuple[int, int], SegmentState]:
+    """The segments the batches landed: offsets handed out (every record of a keyed table is in its keys
+    files; an unkeyed table has data files only) and rows in data files."""
     out: dict[tuple[int, int], SegmentState] = {}
     for b in batches:
-        keyed = any(f.kind == "keys" for f in b.files)
-        for f in b.files:
-            s = out.get(f.segment) or SegmentState(f.segment_part, f.segment_seq, 0, 0)
-            data = f.rows if f.kind == "data" else 0
-            offsets = f.rows if (f.kind == "keys") == keyed else 0
-            out[f.segment] = dataclasses.replace(s, offsets=s.offsets + offsets, data_rows=s.data_rows + data)
+        for k in b.keys_files:
+            s = out.get((b.part, k.seq)) or SegmentState(b.part, k.seq, 0, 0)
+            out[(b.part, k.seq)] = dataclasses.replace(s, offsets=s.offsets + k.rows)
+        for f in b.data_files:
+            for r in f.segments:
+                s = out.get(r.segment) or SegmentState(r.part, r.seq, 0, 0)
+                offsets = s.offsets if b.keys_files else s.offsets + r.rows
+                out[r.segment] = dataclasses.replace(s, offsets=offsets, data_rows=s.data_rows + r.rows)
     return out
 
 
-def unkeyed_output(batches: list[Batch]) -> MetaGenOutput:
-    """Append-only: every landed row is valid, which the counts say without a bitmap."""
+def unkeyed_output(batches: list[Landed]) -> MetaGenOutput:
+    """Append-only: every landed row is valid, which the segment states say without a bitmap."""
     segments = [dataclasses.replace(s, cardinality=s.data_rows) for s in new_segments(batches).values()]
     counts = {i: {**dict.fromkeys(COUNTS, 0), "inserted": b.records} for i, b in enumerate(batches)}
     return MetaGenOutput(segments, [], [], [], counts)
 
 
-def assemble(
-    state: TableState, batches: list[Batch], seg_out: list[dict], ks_out: list[dict], batch_counts: dict
-) -> MetaGenOutput:
-    """The output from what the writers reported (rows of :data:`SEGMENT_ARROW` and :data:`KEYSTORE_ARROW`)."""
+SEGMENT_ARROW = pa.schema([
+    ("kind", pa.string()), ("path", pa.string()), ("part", pa.int32()), ("seq", pa.int32()),
+    ("events", pa.int64()), ("bytes", pa.int64()), ("min_t", pa.int64()), ("max_t", pa.int64()),
+])
+SEGMENT_DDL = "kind string, path string, part int, seq int, events long, bytes long, min_t long, max_t long"
+
+
+def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], events: pa.Table) -> list[dict]:
+    """Writes the SET_VALID_UNTIL rows of ``events`` as one log file, and the new valid offsets of the
+    segments ``events`` name as one bitmap file (segments whose valid offsets are a prefix need none).
+
+    ``events`` has the columns of :data:`segmentlog.FILE_SCHEMA`, with :data:`BECOMES_VALID` rows for the
+    accepted upserts; ``prior`` holds the segments' states before the commit. Returns rows of
+    :data:`SEGMENT_ARROW`: one ``log`` row, and a ``bitmap`` row per segment (path null: no bitmap file).
+    """
+    table = events.cast(segmentlog.FILE_SCHEMA)
+    if table.num_rows == 0:
+        return []
+    rows = []
+    until = table.filter(pc.equal(table.column("event"), segmentlog.SET_VALID_UNTIL))
+    if until.num_rows:
+        f = segmentlog.write_file(io, layout.log_path(), until)
+        rows.append({"kind": "log", "path": f.path, "part": None, "seq": None, "events": f.events,
+                     "bytes": f.bytes, "min_t": f.min_t, "max_t": f.max_t})
+    table = table.take(pc.sort_indices(table, sort_keys=[(rowid.PART_COLUMN, "ascending"),
+                                                         (rowid.SEQ_COLUMN, "ascending")]))
+    cache = bitmap.BitmapCache(io)
+    parts = table.column(rowid.PART_COLUMN).to_numpy()
+    seqs = table.column(rowid.SEQ_COLUMN).to_numpy()
+    offsets = table.column(rowid.OFFSET_COLUMN).to_numpy()
+    kinds = table.column("event").to_numpy()
+    cuts = np.flatnonzero((parts[1:] != parts[:-1]) | (seqs[1:] != seqs[:-1])) + 1
+    bounds = [0, *cuts.tolist(), table.num_rows]
+    with_file: list[tuple[int, int, BitMap]] = []
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        part, seq = int(parts[start]), int(seqs[start])
+        o, k = offsets[start:end], kinds[start:end]
+        before = prior.get((part, seq))
+        bm = cache.valid(before) if before is not None else BitMap()
+        bm |= bitmap.of(o[k == BECOMES_VALID])
+        bm.difference_update(bitmap.of(o[k == segmentlog.SET_VALID_UNTIL]))
+        if bitmap.is_prefix(bm):
+            rows.append({"kind": "bitmap", "path": None, "part": part, "seq": seq, "events": len(bm), "bytes": 0,
+                         "min_t": None, "max_t": None})
+        else:
+            with_file.append((part, seq, bm))
+    if with_file:
+        path = layout.bitmap_path()
+        bitmap.write_file(io, path, with_file)
+        for part, seq, bm in with_file:
+            rows.append({"kind": "bitmap", "path": path, "part": part, "seq": seq, "events": len(bm), "bytes": 0,
+                         "min_t": None, "max_t": None})
+    return rows
+
+
+def assemble(state: TableState, batches: list[Landed], seg_out: list[dict], added: list[BucketFile],
+             replaced: list[str], batch_counts: dict) -> MetaGenOutput:
+    """The output from what the writers reported (rows of :data:`SEGMENT_ARROW`, key-store files)."""
     segments = new_segments(batches)
     logs = []
     for r in seg_out:
@@ -89,109 +161,10 @@ def assemble(
         key = (r["part"], r["seq"])
         current = segments.get(key) or state.segments[key]
         segments[key] = dataclasses.replace(current, bitmap=r["path"], cardinality=r["events"])
-    ks_add, ks_remove = [], []
-    for r in ks_out:
-        ks_add.append(BucketFile(r["bucket"], r["path"], r["rows"], r["bytes"], r["base"]))
-        ks_remove.extend(json.loads(r["replaces"]))
     return MetaGenOutput(
-        sorted(segments.values(), key=lambda s: (s.part, s.seq)),
-        sorted(logs, key=lambda f: f.path), sorted(ks_add, key=lambda f: (f.bucket, f.path)), ks_remove,
-        batch_counts,
+        sorted(segments.values(), key=lambda s: (s.part, s.seq)), sorted(logs, key=lambda f: f.path),
+        sorted(added, key=lambda f: (f.bucket, f.path)), replaced, batch_counts,
     )
-
-
-SEGMENT_ARROW = pa.schema([
-    ("kind", pa.string()), ("path", pa.string()), ("part", pa.int32()), ("seq", pa.int32()),
-    ("events", pa.int64()), ("bytes", pa.int64()), ("min_t", pa.int64()), ("max_t", pa.int64()),
-])
-
-
-def write_segments(base: str, prior_bitmaps: dict, events: pa.Table) -> list[dict]:
-    """Writes one log file with ``events`` and one bitmap file with the new bitmaps of their segments.
-
-    ``events`` has the columns of :data:`segmentlog.FILE_SCHEMA`; ``prior_bitmaps`` maps
-    ``(part, seq)`` to the segment's current bitmap file. Returns rows of :data:`SEGMENT_ARROW`.
-    """
-    table = events.cast(segmentlog.FILE_SCHEMA)
-    if table.num_rows == 0:
-        return []
-    table = table.take(pc.sort_indices(table, sort_keys=[
-        (rowid.PART_COLUMN, "ascending"), (rowid.SEQ_COLUMN, "ascending"), (rowid.OFFSET_COLUMN, "ascending"),
-    ]))
-    name = f"{uuid.uuid4().hex}.parquet"
-    log_path = os.path.join(base, LOGS_DIR, name)
-    os.makedirs(os.path.dirname(log_path), exist_ok=True)
-    # Row groups of one event kind each (UNTIL first), sorted by segment and offset: an event-time read
-    # wants only the UNTIL events and skips the others by the row groups' statistics (a log written as one
-    # mixed row group had it read the whole file: 1.05M rows instead of 0.57M for a 10 % batch at SF 1).
-    with pq.ParquetWriter(log_path, segmentlog.FILE_SCHEMA, compression="zstd") as writer:
-        for kind in (segmentlog.SET_VALID_UNTIL, segmentlog.SET_VALID_FROM):
-            of_kind = table.filter(pc.equal(table.column("event"), kind))
-            if of_kind.num_rows:
-                writer.write_table(of_kind)
-    t = table.column("t")
-    rows = [{"kind": "log", "path": f"{LOGS_DIR}/{name}", "part": None, "seq": None,
-             "events": table.num_rows, "bytes": os.path.getsize(log_path),
-             "min_t": pc.min(t).as_py(), "max_t": pc.max(t).as_py()}]
-
-    cache = bitmap.BitmapCache(lambda p: os.path.join(base, p))
-    parts = table.column(rowid.PART_COLUMN).to_numpy()
-    seqs = table.column(rowid.SEQ_COLUMN).to_numpy()
-    offsets = table.column(rowid.OFFSET_COLUMN).to_numpy()
-    kinds = table.column("event").to_numpy()
-    bitmaps = []
-    # Segment boundaries of the sorted events, found vectorised (a per-row Python loop took seconds).
-    cuts = np.flatnonzero((parts[1:] != parts[:-1]) | (seqs[1:] != seqs[:-1])) + 1
-    bounds = [0, *cuts.tolist(), table.num_rows]
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        part, seq = int(parts[start]), int(seqs[start])
-        o, k = offsets[start:end], kinds[start:end]
-        prior = cache.get(prior_bitmaps.get((part, seq)), part, seq)
-        bm = bitmap.apply_events(prior, o[k == segmentlog.SET_VALID_FROM], o[k == segmentlog.SET_VALID_UNTIL])
-        bitmaps.append((part, seq, bm))
-    name = f"{uuid.uuid4().hex}.parquet"
-    bm_path = os.path.join(base, BITMAPS_DIR, name)
-    os.makedirs(os.path.dirname(bm_path), exist_ok=True)
-    bitmap.write_file(bm_path, bitmaps)
-    for part, seq, bm in bitmaps:
-        rows.append({"kind": "bitmap", "path": f"{BITMAPS_DIR}/{name}", "part": part, "seq": seq,
-                     "events": len(bm), "bytes": 0, "min_t": None, "max_t": None})
-    return rows
-
-
-KEYSTORE_ARROW = pa.schema([
-    ("bucket", pa.int32()), ("path", pa.string()), ("rows", pa.int64()), ("bytes", pa.int64()),
-    ("base", pa.bool_()), ("replaces", pa.string()),
-])
-
-
-def write_bucket_deltas(base: str, meta: TableMetadata, bucket_files: dict[int, list[BucketFile]],
-                        rows: pa.Table) -> list[dict]:
-    """Writes one key-store delta per bucket in ``rows`` (key-store columns plus ``_bucket``), merged
-    with older files of the bucket when its plan says so. Returns rows of :data:`KEYSTORE_ARROW`."""
-    schema = keystore.file_schema(meta)
-    pk = list(meta.primary_key)
-    out = []
-    buckets = rows.column(keystore.BUCKET)
-    for bucket in sorted(pc.unique(buckets).to_pylist()):
-        delta = rows.filter(pc.equal(buckets, bucket)).select(schema.names).cast(schema)
-        files = bucket_files.get(bucket, [])
-        merge = keystore.merge_plan(
-            files, delta.num_rows, meta.int_prop("keystore.max_deltas"), float(meta.prop("keystore.base_merge_ratio"))
-        )
-        if merge:
-            older = [pq.read_table(os.path.join(base, f.path), schema=schema) for f in merge]
-            delta = pa.concat_tables(older + [delta])
-        delta = keystore.latest_per_key(delta, pk)
-        rel = f"{keystore.bucket_dir(bucket)}/{uuid.uuid4().hex}.parquet"
-        path = os.path.join(base, rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        pq.write_table(delta, path, compression="zstd")
-        # A bucket's first file, and a merge of all its files, is its new base.
-        is_base = not files or len(merge) == len(files)
-        out.append({"bucket": bucket, "path": rel, "rows": delta.num_rows, "bytes": os.path.getsize(path),
-                    "base": is_base, "replaces": json.dumps([f.path for f in merge])})
-    return out
 
 
 # A point lookup in the key index costs about as much as scanning this many key-store rows (measured on
@@ -199,24 +172,23 @@ def write_bucket_deltas(base: str, meta: TableMetadata, bucket_files: dict[int, 
 LOOKUP_COST_IN_ROWS = 40
 
 
-def run_inline(io: FileIO, state: TableState, batches: list[Batch], version: int, index=None) -> MetaGenOutput:
+def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: int, index=None) -> MetaGenOutput:
     """The inline MetaGen. ``index`` (an open :class:`bitlake.keyindex.KeyIndex` at ``state``, or None)
     answers the batch's keys by point lookups when they are few against the key-store rows of their
     buckets; otherwise, or without an index, the driver semi-joins them with those buckets' files."""
     from bitlake.keyindex import encode_keys
-    from bitlake.spark.landing import keys_schema
 
     meta = state.metadata
     pk = list(meta.primary_key)
-    paths = [io.path(f.path) for b in batches for f in b.files if f.kind == "keys"]
+    paths = [f.path for b in batches for f in b.keys_files]
     if not paths:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
-    records = pa.concat_tables([pq.read_table(p, schema=keys_schema(meta)) for p in paths])
+    records = pa.concat_tables([datafile.read_keys(io, p, meta) for p in paths])
     if records.num_rows == 0:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
-    part_index = {b.segment_part: i for i, b in enumerate(batches)}
+    part_index = {b.part: i for i, b in enumerate(batches)}
     rids = records.column(keystore.ROW_ID).to_numpy()
-    bidx = np.array([part_index[p] for p in (rids >> (rowid.SEQ_BITS + rowid.OFFSET_BITS)).tolist()])
+    bidx = np.array([part_index[p] for p in (rids >> rowid.PART_SHIFT).tolist()])
     deltas = records.column(keystore.DELTA).to_numpy()
     deleted = records.column(keystore.DELETED).to_numpy(zero_copy_only=False)
     keys = encode_keys(records, pk)
@@ -245,31 +217,28 @@ def run_inline(io: FileIO, state: TableState, batches: list[Batch], version: int
         }
     becomes_valid = f.accepted & ~f.deleted
     target = np.concatenate([f.last_rid[f.until], f.rid[becomes_valid]])
-    kind = np.concatenate([
-        np.full(np.count_nonzero(f.until), segmentlog.SET_VALID_UNTIL, np.int8),
-        np.full(np.count_nonzero(becomes_valid), segmentlog.SET_VALID_FROM, np.int8),
-    ])
+    parts, seqs, offsets = rowid.unpack_arrays(target)
     events = pa.table({
-        rowid.PART_COLUMN: (target >> (rowid.SEQ_BITS + rowid.OFFSET_BITS)).astype(np.int32),
-        rowid.SEQ_COLUMN: ((target >> rowid.OFFSET_BITS) & rowid.MAX_SEQ).astype(np.int32),
-        rowid.OFFSET_COLUMN: (target & rowid.MAX_OFFSET).astype(np.int32),
-        "event": kind,
+        rowid.PART_COLUMN: parts, rowid.SEQ_COLUMN: seqs, rowid.OFFSET_COLUMN: offsets,
+        "event": np.concatenate([
+            np.full(np.count_nonzero(f.until), segmentlog.SET_VALID_UNTIL, np.int8),
+            np.full(np.count_nonzero(becomes_valid), BECOMES_VALID, np.int8),
+        ]),
         "t": np.concatenate([f.delta[f.until], f.delta[becomes_valid]]),
         "cause": np.concatenate([f.rid[f.until], f.rid[becomes_valid]]),
         "batch_index": np.concatenate([f.batch[f.until], f.batch[becomes_valid]]).astype(np.int32),
     })
-    prior_bitmaps = {k: s.bitmap for k, s in state.segments.items() if s.bitmap}
-    seg_out = write_segments(io.base, prior_bitmaps, events)
+    seg_out = write_segments(io, state.segments, events)
 
     latest = records.take(pa.array(np.sort(f.final), pa.int64()))
     ks_rows = latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
         keystore.SEQ, pa.array(np.full(latest.num_rows, version, dtype=np.int64))
     )
-    buckets = set(pc.unique(ks_rows.column(keystore.BUCKET)).to_pylist())
-    ks_out = write_bucket_deltas(
-        io.base, meta, {b: state.keystore.get(b, []) for b in buckets}, ks_rows
-    ) if ks_rows.num_rows else []
-    return assemble(state, batches, seg_out, ks_out, counts)
+    touched = set(pc.unique(ks_rows.column(keystore.BUCKET)).to_pylist())
+    added, replaced = keystore.write_bucket_deltas(
+        io, meta, {b: state.keystore.get(b, []) for b in touched}, ks_rows
+    ) if ks_rows.num_rows else ([], [])
+    return assemble(state, batches, seg_out, added, replaced, counts)
 
 
 def _scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: list[int]):
@@ -285,8 +254,8 @@ def _scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: l
         if not files:
             continue
         stored = pa.concat_tables([
-            pq.read_table(io.path(f.path), columns=[*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED,
-                                                    keystore.SEQ])
+            keystore.read_file(io, f.path, state.metadata,
+                               columns=[*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.SEQ])
             for f in files
         ])
         mine = wanted.filter(pc.equal(in_bucket, bucket))

@@ -1,0 +1,207 @@
+"""Data landing, the first of Opal's two steps: a task writes its share of a batch as data files that carry
+the row-id columns, and keys files, and reports what it wrote; nothing becomes visible here.
+
+A task numbered ``task`` assigns ``segment_seq = task`` and ``segment_offset`` = the record's position in
+the task, so a batch's row-id order is its input order (the contract's "position in the batch"); a task
+holding more than one segment's worth of rows continues with ``seq + num_tasks``. Upserts go to data files
+(under partition folders when the table is partitioned; partition columns also stay in the file). In a keyed
+table every record, upsert or delete, also goes to the task's keys file. File names start with the batch's
+segment part, so a failed landing can remove everything it wrote. The same task runs in a Spark executor
+(:mod:`bitlake.spark.landing`) or on the driver.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bitlake.errors import InvalidInputError, NullValueError, UnknownOperationError
+from bitlake.fs import FileIO
+from bitlake.format import bucket, datafile, layout, rowid
+from bitlake.format.commit import DataFile, KeysFile, SegmentRows
+from bitlake.format.metadata import DELTA_INFINITY, OP_COLUMN, OPERATIONS, TableMetadata, deltas_as_int
+
+# A task flushes every writer once their buffers hold this much together (many partition folders).
+TASK_BUFFER_BYTES = 512 << 20
+
+REPORT_SCHEMA = pa.schema([
+    ("kind", pa.string()), ("path", pa.string()), ("seq", pa.int32()), ("rows", pa.int64()),
+    ("bytes", pa.int64()), ("partition", pa.string()), ("nulls", pa.string()), ("bad_ops", pa.int64()),
+    ("bad_op_sample", pa.string()), ("infinite_deltas", pa.int64()),
+])
+REPORT_DDL = (
+    "kind string, path string, seq int, rows long, bytes long, partition string, nulls string, bad_ops long, "
+    "bad_op_sample string, infinite_deltas long"
+)
+
+
+@dataclasses.dataclass
+class LandTask:
+    """What every landing task of one batch shares; picklable (Spark tasks receive it)."""
+
+    io: FileIO
+    metadata: dict
+    part: int
+    num_tasks: int
+    has_op: bool
+
+    def run(self, task: int, batches: Iterable[pa.RecordBatch]) -> list[dict]:
+        """Lands ``batches`` (the table's columns, conformed, and the op column when ``has_op``) as task
+        ``task``; returns its report rows (:data:`REPORT_SCHEMA`)."""
+        meta = TableMetadata.from_json(self.metadata)
+        checked = list(meta.primary_key) + ([meta.delta_column] if meta.delta_column else [])
+        nulls = dict.fromkeys(checked, 0)
+        bad_ops, bad_sample, infinite = 0, None, 0
+        writers: dict[tuple, tuple[datafile.FileWriter, dict | None, int]] = {}
+        seq, offset = task, 0
+
+        def writer(kind: str, partition: dict | None) -> datafile.FileWriter:
+            key = (kind, json.dumps(partition), seq)
+            if key not in writers:
+                stem = layout.file_stem(self.part, seq)
+                if kind == "data":
+                    w = datafile.data_writer(self.io, layout.data_file_path(stem, partition, meta.file_format), meta)
+                else:
+                    w = datafile.keys_writer(self.io, layout.keys_file_path(stem), meta)
+                writers[key] = (w, partition, seq)
+            return writers[key][0]
+
+        for rb in batches:
+            table = pa.Table.from_batches([rb])
+            start = 0
+            while start < table.num_rows:
+                if offset > rowid.MAX_OFFSET:
+                    seq += self.num_tasks
+                    offset = 0
+                    if seq > rowid.MAX_SEQ:
+                        raise InvalidInputError("batch too large: more segments than segment_seq can number")
+                n = min(table.num_rows - start, rowid.MAX_OFFSET + 1 - offset)
+                chunk = table.slice(start, n)
+                start += n
+                for c in checked:
+                    nulls[c] += chunk.column(c).null_count
+                offsets = np.arange(offset, offset + n, dtype=np.int32)
+                offset += n
+                chunk = chunk.append_column(rowid.PART_COLUMN, pa.array(np.full(n, self.part, np.int32)))
+                chunk = chunk.append_column(rowid.SEQ_COLUMN, pa.array(np.full(n, seq, np.int32)))
+                chunk = chunk.append_column(rowid.OFFSET_COLUMN, pa.array(offsets))
+                is_delete = None
+                if self.has_op:
+                    op = chunk.column(OP_COLUMN)
+                    known = pc.fill_null(pc.is_in(op, pa.array(OPERATIONS)), False)
+                    if not pc.all(known).as_py():
+                        unknown = chunk.filter(pc.invert(known)).column(OP_COLUMN)
+                        bad_ops += len(unknown)
+                        if bad_sample is None:
+                            bad_sample = repr(unknown[0].as_py())
+                    is_delete = pc.fill_null(pc.equal(op, "delete"), False)
+                if meta.keyed:
+                    keys, hits = _keys(chunk, offsets, self.part, seq, is_delete, meta)
+                    infinite += hits
+                    writer("keys", None).write(keys)
+                if is_delete is not None:
+                    chunk = chunk.filter(pc.invert(is_delete))
+                chunk = chunk.select(datafile.data_schema(meta).names).cast(datafile.data_schema(meta))
+                if chunk.num_rows == 0:
+                    continue
+                if not meta.partition_by:
+                    writer("data", None).write(chunk)
+                    continue
+                groups = chunk.group_by(list(meta.partition_by), use_threads=False).aggregate([])
+                for values in groups.to_pylist():
+                    mask = None
+                    for col, value in values.items():
+                        m = pc.is_null(chunk.column(col)) if value is None else pc.equal(chunk.column(col), value)
+                        m = pc.fill_null(m, False)
+                        mask = m if mask is None else pc.and_(mask, m)
+                    texts = {c: layout.partition_text(v) for c, v in values.items()}
+                    writer("data", texts).write(chunk.filter(mask))
+            if sum(w.buffered_bytes for w, _, _ in writers.values()) > TASK_BUFFER_BYTES:
+                for w, _, _ in writers.values():
+                    w.flush()
+
+        rows = []
+        for (kind, _, _), (w, partition, file_seq) in writers.items():
+            size = w.close()
+            rows.append(_report(kind=kind, path=w.path, seq=file_seq, rows=w.rows, bytes=size,
+                                partition=json.dumps(partition) if partition is not None else None))
+        rows.append(_report(kind="check", seq=task, nulls=json.dumps(nulls), bad_ops=bad_ops,
+                            bad_op_sample=bad_sample, infinite_deltas=infinite))
+        return rows
+
+
+def _report(**values) -> dict:
+    row = dict.fromkeys(REPORT_SCHEMA.names)
+    row.update(rows=0, bytes=0, bad_ops=0, infinite_deltas=0)
+    row.update(values)
+    return row
+
+
+def _keys(chunk: pa.Table, offsets: np.ndarray, part: int, seq: int, is_delete, meta: TableMetadata
+          ) -> tuple[pa.Table, int]:
+    """The keys-file rows of a chunk of one segment, and how many delta values were the reserved maximum."""
+    packed = offsets.astype(np.int64) | np.int64(rowid.segment_key(part, seq))
+    deleted = is_delete if is_delete is not None else pa.array(np.zeros(chunk.num_rows, dtype=bool))
+    deltas = deltas_as_int(chunk.column(meta.delta_column), meta.delta_type)
+    buckets = bucket.buckets(chunk, meta.primary_key, meta.num_buckets)
+    columns = [chunk.column(c) for c in meta.primary_key] + [pa.array(deltas), pa.array(packed), deleted,
+                                                             pa.array(buckets)]
+    return pa.Table.from_arrays(columns, schema=datafile.keys_schema(meta)), int(np.count_nonzero(deltas == DELTA_INFINITY))
+
+
+def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict]) -> tuple[list[DataFile], list[KeysFile]]:
+    """The files the tasks of segment part ``part`` wrote, from their reports; raises NullValueError /
+    UnknownOperationError / InvalidInputError, after removing every file they wrote, when the input breaks
+    the contract (docs/semantics.md, rule 3)."""
+    nulls: dict[str, int] = {}
+    bad_ops, bad_sample, infinite = 0, None, 0
+    data, keys = [], []
+    for r in reports:
+        if r["kind"] == "check":
+            for c, n in json.loads(r["nulls"]).items():
+                nulls[c] = nulls.get(c, 0) + n
+            bad_ops += r["bad_ops"]
+            bad_sample = bad_sample or r["bad_op_sample"]
+            infinite += r["infinite_deltas"]
+        elif r["kind"] == "keys":
+            keys.append((r["seq"], KeysFile(r["path"], r["seq"], r["rows"], r["bytes"])))
+        else:
+            partition = json.loads(r["partition"]) if r["partition"] else None
+            data.append(DataFile(r["path"], r["rows"], r["bytes"], partition, (SegmentRows(part, r["seq"], r["rows"]),)))
+    error: Exception | None = None
+    for c, n in nulls.items():
+        if n:
+            role = "delta column" if c == meta.delta_column else "primary key column"
+            error = NullValueError(f"{role} {c!r} holds {n} null value(s); nothing of this batch was written")
+            break
+    if error is None and bad_ops:
+        error = UnknownOperationError(
+            f"op column holds {bad_ops} value(s) other than {list(OPERATIONS)}, e.g. {bad_sample}; "
+            "nothing of this batch was written"
+        )
+    if error is None and infinite:
+        error = InvalidInputError(
+            f"delta column {meta.delta_column!r} holds {infinite} value(s) equal to the largest int64, which bitlake "
+            "reserves for +infinity; nothing of this batch was written"
+        )
+    if error is not None:
+        remove_part_files(io, part)
+        raise error
+    data.sort(key=lambda f: (f.segments[0].seq, f.path))
+    keys.sort(key=lambda k: (k[0], k[1].path))
+    return data, [k for _, k in keys]
+
+
+def remove_part_files(io: FileIO, part: int) -> None:
+    """Removes every file a landing of segment part ``part`` wrote (committed ones never qualify: a part is
+    claimed by exactly one landing, and this runs only when that landing failed)."""
+    prefix = f"{part:08d}-"
+    for folder in (layout.DATA_DIR, layout.KEYS_DIR):
+        for rel in io.walk(folder):
+            if rel.rsplit("/", 1)[-1].startswith(prefix):
+                io.delete(rel)

@@ -1,0 +1,93 @@
+"""The read planner: which rows of which data files a view keeps. Every reader (the Arrow reader on the
+driver, the Spark reader) executes the same plan.
+
+A view is a version's state and an optional event time ``valid_at``. A row of a live segment is kept iff
+(docs/FORMAT.md, "Views"):
+
+* it is valid now, i.e. in its segment's valid offsets at that version, and, for an event-time view, its
+  delta value is at most ``valid_at``; or
+* for an event-time view, its latest SET_VALID_UNTIL event up to that version has ``t > valid_at`` (it was
+  superseded after that time: "revived") and its delta value is at most ``valid_at``.
+
+The revived rows come from the log files that can hold an event after ``valid_at`` (their ``max_t``), so a
+read of a recent time opens only the recent logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from pyroaring import BitMap
+
+from bitlake.fs import FileIO
+from bitlake.format import bitmap, rowid, segmentlog
+from bitlake.format.commit import DataFile, SegmentState
+from bitlake.format.state import TableState
+
+
+@dataclasses.dataclass
+class ReadPlan:
+    """``whole``: files every row of which is valid (an event-time view still filters by delta);
+    ``filtered``: files read with a row filter; ``segments``: the states of the filtered files' segments;
+    ``revived``: per segment, offsets valid at ``valid_at`` though not now."""
+
+    state: TableState
+    valid_at: int | None
+    whole: list[DataFile]
+    filtered: list[DataFile]
+    segments: dict[tuple[int, int], SegmentState]
+    revived: dict[tuple[int, int], np.ndarray]
+
+    def kept(self, cache: bitmap.BitmapCache, segment: tuple[int, int]) -> BitMap:
+        """The offsets of ``segment`` the view keeps (before the delta filter of an event-time view)."""
+        s = self.segments.get(segment)
+        bm = cache.valid(s) if s is not None else BitMap()
+        if segment in self.revived:
+            bm |= bitmap.of(self.revived[segment])
+        return bm
+
+    def invalid_rows(self) -> int:
+        """An upper bound of the rows the filter drops."""
+        return sum(s.offsets - s.cardinality for s in self.segments.values())
+
+
+def revived(io: FileIO, state: TableState, valid_at: int) -> dict[tuple[int, int], np.ndarray]:
+    files = [(v, f) for v, f in state.logs if f.max_t > valid_at or f.resets]
+    events = segmentlog.latest_until(io, files, after=valid_at)
+    ids = np.sort(events.column("_row_id").to_numpy())
+    if not len(ids):
+        return {}
+    segment = ids >> rowid.OFFSET_BITS
+    cuts = np.flatnonzero(segment[1:] != segment[:-1]) + 1
+    out = {}
+    for chunk in np.split(ids, cuts):
+        part, seq, _ = rowid.unpack(int(chunk[0]))
+        out[(part, seq)] = (chunk & rowid.MAX_OFFSET).astype(np.int64)
+    return out
+
+
+def plan(io: FileIO, state: TableState, valid_at: int | None = None) -> ReadPlan:
+    """The plan of the view of ``state`` (current, or at event time ``valid_at``)."""
+    back = revived(io, state, valid_at) if valid_at is not None and state.metadata.keyed else {}
+    whole, filtered, segments = [], [], {}
+    for f in state.data_files():
+        kinds = set()
+        for r in f.segments:
+            s = state.segments.get(r.segment)
+            if s is None or (s.cardinality == 0 and r.segment not in back):
+                kinds.add("none")  # pending, or nothing valid
+            elif s.cardinality >= s.data_rows and r.segment not in back:
+                kinds.add("all")
+            else:
+                kinds.add("some")
+        if kinds == {"none"}:
+            continue
+        if kinds == {"all"}:
+            whole.append(f)
+            continue
+        filtered.append(f)
+        for r in f.segments:
+            if r.segment in state.segments:
+                segments[r.segment] = state.segments[r.segment]
+    return ReadPlan(state, valid_at, whole, filtered, segments, back)

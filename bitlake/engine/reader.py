@@ -1,0 +1,35 @@
+"""Reading a view on the driver with pyarrow: the plan of :mod:`bitlake.engine.plan`, executed file by file."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from bitlake.fs import FileIO
+from bitlake.format import bitmap, datafile, rowid
+from bitlake.format.metadata import deltas_as_int
+from bitlake.engine.plan import ReadPlan
+
+
+def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False) -> pa.Table:
+    meta = p.state.metadata
+    columns = meta.column_names + (list(rowid.ROW_ID_COLUMNS) if include_row_ids else [])
+    read_columns = meta.column_names + list(rowid.ROW_ID_COLUMNS)
+    cache = bitmap.BitmapCache(io)
+    pieces = []
+    for f in p.whole + p.filtered:
+        table = datafile.read_data(io, f.path, meta, read_columns)
+        if f in p.filtered:
+            packed = rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+            kept = np.concatenate([
+                bitmap.to_array(p.kept(cache, r.segment)) | np.int64(rowid.segment_key(r.part, r.seq))
+                for r in f.segments
+            ])
+            table = table.filter(pa.array(np.isin(packed, kept)))
+        if p.valid_at is not None and meta.keyed:
+            deltas = deltas_as_int(table.column(meta.delta_column), meta.delta_type)
+            table = table.filter(pa.array(deltas <= p.valid_at))
+        pieces.append(table.select(columns))
+    if not pieces:
+        return datafile.data_schema(meta).empty_table().select(columns)
+    return pa.concat_tables(pieces)

@@ -1,0 +1,106 @@
+"""Per-segment roaring bitmaps of valid offsets, and the files that hold them (docs/FORMAT.md, "Bitmaps").
+
+A bitmap file is a Parquet file with one row per segment: ``_segment_part``, ``_segment_seq``, ``bitmap``
+(the portable roaring serialization, readable by every roaring implementation), ``cardinality``.
+"""
+
+from __future__ import annotations
+
+import array
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyroaring import BitMap
+
+from bitlake.fs import FileIO
+from bitlake.format.commit import SegmentState
+from bitlake.format.rowid import PART_COLUMN, SEQ_COLUMN
+
+FILE_SCHEMA = pa.schema(
+    [
+        pa.field(PART_COLUMN, pa.int32(), False),
+        pa.field(SEQ_COLUMN, pa.int32(), False),
+        pa.field("bitmap", pa.binary(), False),
+        pa.field("cardinality", pa.int64(), False),
+    ]
+)
+
+
+def serialize(bm: BitMap) -> bytes:
+    bm.run_optimize()
+    return bm.serialize()
+
+
+def deserialize(data: bytes) -> BitMap:
+    return BitMap.deserialize(data)
+
+
+def of(offsets) -> BitMap:
+    """A bitmap of offsets; numpy arrays go through the buffer protocol (no Python loop)."""
+    if isinstance(offsets, np.ndarray):
+        return BitMap(array.array("I", offsets.astype(np.uint32).tobytes()))
+    return BitMap(offsets)
+
+
+def is_prefix(bm: BitMap) -> bool:
+    """Whether the valid offsets are exactly ``0 .. len - 1``: then the segment needs no bitmap file."""
+    return len(bm) == 0 or (bm.min() == 0 and bm.max() == len(bm) - 1)
+
+
+def to_array(bm: BitMap) -> np.ndarray:
+    return np.asarray(bm.to_array(), dtype=np.int64) if len(bm) else np.empty(0, np.int64)
+
+
+def valid_mask(bm: BitMap, offsets: np.ndarray) -> np.ndarray:
+    """A boolean mask: which of ``offsets`` are set in ``bm``."""
+    if len(bm) == 0:
+        return np.zeros(len(offsets), dtype=bool)
+    return np.isin(offsets, to_array(bm))
+
+
+def invalid_offsets(bm: BitMap, offsets: int) -> np.ndarray:
+    """Offsets in ``[0, offsets)`` that are not set in ``bm``, sorted, as int64."""
+    everything = BitMap(range(offsets))
+    everything.difference_update(bm)
+    return to_array(everything)
+
+
+def write_file(io: FileIO, path: str, rows: list[tuple[int, int, BitMap]]) -> int:
+    """Writes bitmaps of several segments into one file; returns its size in bytes."""
+    table = pa.table(
+        {
+            PART_COLUMN: pa.array([r[0] for r in rows], pa.int32()),
+            SEQ_COLUMN: pa.array([r[1] for r in rows], pa.int32()),
+            "bitmap": pa.array([serialize(r[2]) for r in rows], pa.binary()),
+            "cardinality": pa.array([len(r[2]) for r in rows], pa.int64()),
+        },
+        schema=FILE_SCHEMA,
+    )
+    with io.open_output(path) as out:
+        pq.write_table(table, out, compression="zstd")
+    return io.size(path)
+
+
+def read_file(io: FileIO, path: str) -> dict[tuple[int, int], BitMap]:
+    table = pq.read_table(io.open_input(path))
+    parts = table.column(PART_COLUMN).to_pylist()
+    seqs = table.column(SEQ_COLUMN).to_pylist()
+    blobs = table.column("bitmap").to_pylist()
+    return {(p, s): deserialize(b) for p, s, b in zip(parts, seqs, blobs, strict=True)}
+
+
+class BitmapCache:
+    """The valid offsets of segments; reads each bitmap file once (a reader needs many segments of one file)."""
+
+    def __init__(self, io: FileIO):
+        self.io = io
+        self._files: dict[str, dict[tuple[int, int], BitMap]] = {}
+
+    def valid(self, s: SegmentState) -> BitMap:
+        """The valid offsets of segment state ``s`` (a fresh bitmap the caller may change)."""
+        if s.bitmap is None:
+            return BitMap(range(s.cardinality))
+        if s.bitmap not in self._files:
+            self._files[s.bitmap] = read_file(self.io, s.bitmap)
+        return BitMap(self._files[s.bitmap][s.segment])

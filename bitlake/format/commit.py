@@ -1,0 +1,243 @@
+"""What a commit says: the typed actions of one commit file (docs/FORMAT.md, "Commits").
+
+A commit is the unit of change. Each one may carry any of: a new protocol, new table metadata, batch
+records (a batch landed, or a batch's status changing), data files added and removed, new segment
+states, segment-log files, key-store files added and removed, counts and Data Change Events. Replaying
+the commits in version order gives a version's state (:mod:`bitlake.format.state`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from bitlake.format.protocol import Protocol
+
+CREATE = "CREATE"
+LAND = "LAND"  # a batch landed, pending MetaGen; the view does not change
+INGEST = "INGEST"  # a batch landed and made visible in one commit
+METAGEN = "METAGEN"  # pending batches made visible
+SET_METADATA = "SET_METADATA"  # properties changed or columns added
+UPGRADE = "UPGRADE"  # a format v1 table upgraded to v2
+
+PENDING, LIVE, REVERTED, REPLACED = "pending", "live", "reverted", "replaced"
+BATCH_STATUSES = (PENDING, LIVE, REVERTED, REPLACED)
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentRows:
+    """How many rows of segment ``(part, seq)`` a data file holds (Opal's data-to-segment mapping)."""
+
+    part: int
+    seq: int
+    rows: int
+
+    @property
+    def segment(self) -> tuple[int, int]:
+        return (self.part, self.seq)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataFile:
+    """A data file: the table's columns and the row-id columns, holding rows of one or more segments."""
+
+    path: str
+    rows: int
+    bytes: int
+    partition: dict[str, str | None] | None
+    segments: tuple[SegmentRows, ...]
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "rows": self.rows, "bytes": self.bytes, "partition": self.partition,
+                "segments": [[s.part, s.seq, s.rows] for s in self.segments]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> DataFile:
+        return cls(d["path"], d["rows"], d["bytes"], d["partition"], tuple(SegmentRows(*s) for s in d["segments"]))
+
+
+@dataclasses.dataclass(frozen=True)
+class KeysFile:
+    """A keys file of a batch: key, delta value, row id, delete flag and bucket of each record that landed in
+    segment ``(part of the batch, seq)``."""
+
+    path: str
+    seq: int
+    rows: int
+    bytes: int
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> KeysFile:
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchRecord:
+    """A batch incarnation (``batch_id`` landed under segment part ``part``) and its status.
+
+    The record that lands a batch carries its ``records`` count and ``keys_files``; a later record of the
+    same ``part`` only changes the status.
+    """
+
+    batch_id: str
+    part: int
+    status: str
+    records: int | None = None
+    keys_files: tuple[KeysFile, ...] = ()
+
+    def to_json(self) -> dict:
+        d: dict[str, Any] = {"id": self.batch_id, "part": self.part, "status": self.status}
+        if self.records is not None:
+            d["records"] = self.records
+            d["keys_files"] = [f.to_json() for f in self.keys_files]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> BatchRecord:
+        return cls(d["id"], d["part"], d["status"], d.get("records"),
+                   tuple(KeysFile.from_json(f) for f in d.get("keys_files", ())))
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentState:
+    """A segment's validity as of a commit: ``offsets`` row ids allocated (upserts and deletes), ``data_rows``
+    of them in data files, ``cardinality`` valid now. ``bitmap`` names the bitmap file holding the valid
+    offsets; None means they are exactly ``0 .. cardinality - 1`` (every offset, or none)."""
+
+    part: int
+    seq: int
+    offsets: int
+    data_rows: int
+    bitmap: str | None = None
+    cardinality: int = 0
+
+    @property
+    def segment(self) -> tuple[int, int]:
+        return (self.part, self.seq)
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> SegmentState:
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogFile:
+    """A segment-log file; ``min_t``/``max_t`` bound its event times, so an event-time read skips files that
+    cannot hold an event after its time. ``resets``: the file holds events for rows that already had one (a
+    restatement's), so a reader deciding a row's latest event never skips it."""
+
+    path: str
+    events: int
+    bytes: int
+    min_t: int
+    max_t: int
+    resets: bool = False
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        if not self.resets:
+            del d["resets"]
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> LogFile:
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketFile:
+    """A key-store file of one bucket: a base (the bucket's first file, or a merge of all of them) or a delta."""
+
+    bucket: int
+    path: str
+    rows: int
+    bytes: int
+    base: bool
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> BucketFile:
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
+class Commit:
+    version: int
+    operation: str
+    timestamp_ms: int
+    parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
+    protocol: Protocol | None = None
+    metadata: dict[str, Any] | None = None  # TableMetadata.to_json()
+    batches: tuple[BatchRecord, ...] = ()
+    add_files: tuple[DataFile, ...] = ()
+    remove_files: tuple[str, ...] = ()
+    segments: tuple[SegmentState, ...] = ()
+    logs: tuple[LogFile, ...] = ()
+    keystore_add: tuple[BucketFile, ...] = ()
+    keystore_remove: tuple[str, ...] = ()
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    batch_counts: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    events: tuple[dict, ...] = ()  # Data Change Events (bitlake.changeevent)
+
+    @property
+    def made_live(self) -> tuple[str, ...]:
+        """The batch ids this commit made visible, in the order they were applied."""
+        return tuple(b.batch_id for b in self.batches if b.status == LIVE)
+
+    @property
+    def landed(self) -> tuple[BatchRecord, ...]:
+        return tuple(b for b in self.batches if b.records is not None)
+
+    def to_json(self) -> dict:
+        d: dict[str, Any] = {
+            "format_version": 2,
+            "version": self.version,
+            "operation": self.operation,
+            "timestamp_ms": self.timestamp_ms,
+        }
+        optional = {
+            "parameters": self.parameters,
+            "protocol": self.protocol.to_json() if self.protocol else None,
+            "metadata": self.metadata,
+            "batches": [b.to_json() for b in self.batches],
+            "add_files": [f.to_json() for f in self.add_files],
+            "remove_files": list(self.remove_files),
+            "segments": [s.to_json() for s in self.segments],
+            "logs": [f.to_json() for f in self.logs],
+            "keystore_add": [f.to_json() for f in self.keystore_add],
+            "keystore_remove": list(self.keystore_remove),
+            "counts": self.counts,
+            "batch_counts": self.batch_counts,
+            "events": list(self.events),
+        }
+        d.update({k: v for k, v in optional.items() if v})
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> Commit:
+        return cls(
+            version=d["version"],
+            operation=d["operation"],
+            timestamp_ms=d["timestamp_ms"],
+            parameters=dict(d.get("parameters", {})),
+            protocol=Protocol.from_json(d["protocol"]) if d.get("protocol") else None,
+            metadata=d.get("metadata"),
+            batches=tuple(BatchRecord.from_json(b) for b in d.get("batches", ())),
+            add_files=tuple(DataFile.from_json(f) for f in d.get("add_files", ())),
+            remove_files=tuple(d.get("remove_files", ())),
+            segments=tuple(SegmentState.from_json(s) for s in d.get("segments", ())),
+            logs=tuple(LogFile.from_json(f) for f in d.get("logs", ())),
+            keystore_add=tuple(BucketFile.from_json(f) for f in d.get("keystore_add", ())),
+            keystore_remove=tuple(d.get("keystore_remove", ())),
+            counts=dict(d.get("counts", {})),
+            batch_counts=dict(d.get("batch_counts", {})),
+            events=tuple(d.get("events", ())),
+        )

@@ -1,0 +1,153 @@
+"""Data files and keys files: their schemas, writers and readers (docs/FORMAT.md, "Data files", "Keys files").
+
+A data file holds the table's columns in schema order, then the three row-id columns. Rows of a segment are
+in offset order; a file may hold rows of several segments, which its entry in the commit lists. A file
+written before columns were added lacks them: readers fill them with nulls.
+
+A keys file holds, for every record a landing task wrote (upserts and deletes), in row-id order: the key
+columns, ``_delta`` (int64), ``_row_id`` (packed), ``_deleted`` and ``_bucket``. MetaGen reads only these.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from bitlake.fs import FileIO
+from bitlake.format import keystore, rowid
+from bitlake.format.metadata import TableMetadata
+
+# Row groups hold up to this many rows / bytes of Arrow data: Spark hands a task 10,000-row Arrow batches,
+# which as row groups of their own would repeat every column's dictionary (docs/benchmarks.md).
+ROW_GROUP_ROWS = 1 << 20
+ROW_GROUP_BYTES = 128 << 20
+
+
+def data_schema(meta: TableMetadata) -> pa.Schema:
+    return pa.schema(list(meta.schema) + [pa.field(c, pa.int32(), False) for c in rowid.ROW_ID_COLUMNS])
+
+
+def keys_schema(meta: TableMetadata) -> pa.Schema:
+    return pa.schema(
+        [meta.schema.field(c).with_nullable(True) for c in meta.primary_key]
+        + [
+            pa.field(keystore.DELTA, pa.int64()),
+            pa.field(keystore.ROW_ID, pa.int64(), False),
+            pa.field(keystore.DELETED, pa.bool_(), False),
+            pa.field(keystore.BUCKET, pa.int32()),
+        ]
+    )
+
+
+def _parquet_leaves(schema: pa.Schema) -> list[str]:
+    buf = pa.BufferOutputStream()
+    pq.write_table(schema.empty_table(), buf)
+    pschema = pq.ParquetFile(pa.BufferReader(buf.getvalue())).schema
+    return [pschema.column(i).path for i in range(len(pschema))]
+
+
+def data_parquet_options(schema: pa.Schema) -> dict:
+    """Snappy and dictionaries as usual, except ``_segment_offset`` (distinct, ascending values) in
+    DELTA_BINARY_PACKED, which stores it in almost nothing instead of ~5 bytes a row."""
+    leaves = _parquet_leaves(schema)
+    return {
+        "compression": "snappy",
+        "use_dictionary": [c for c in leaves if c != rowid.OFFSET_COLUMN],
+        "column_encoding": {rowid.OFFSET_COLUMN: "DELTA_BINARY_PACKED"},
+    }
+
+
+def keys_parquet_options(schema: pa.Schema) -> dict:
+    """Keys files are read only by MetaGen, so they take zstd; row ids ascend and deltas and integer keys
+    are mostly close to their neighbours, which DELTA_BINARY_PACKED stores in a few bits."""
+
+    def packed(f: pa.Field) -> bool:
+        t = f.type
+        return f.name not in (keystore.DELETED, keystore.BUCKET) and (
+            pa.types.is_integer(t) or pa.types.is_date32(t) or pa.types.is_timestamp(t))
+
+    names = [f.name for f in schema if packed(f)]
+    return {
+        "compression": "zstd",
+        "use_dictionary": [n for n in schema.names if n not in names],
+        "column_encoding": dict.fromkeys(names, "DELTA_BINARY_PACKED"),
+    }
+
+
+class FileWriter:
+    """One output file; buffers incoming tables into full-size row groups."""
+
+    def __init__(self, io: FileIO, path: str, schema: pa.Schema, file_format: str, options: dict):
+        self.io = io
+        self.path = path
+        self.rows = 0
+        self._buffer: list[pa.Table] = []
+        self._buffered_rows = 0
+        self.buffered_bytes = 0
+        self._out = io.open_output(path)
+        if file_format == "orc":
+            import pyarrow.orc as orc
+
+            self._orc, self._pq = orc.ORCWriter(self._out), None
+        else:
+            self._orc, self._pq = None, pq.ParquetWriter(self._out, schema, **options)
+
+    def write(self, table: pa.Table) -> None:
+        self.rows += table.num_rows
+        self._buffer.append(table)
+        self._buffered_rows += table.num_rows
+        self.buffered_bytes += table.nbytes
+        if self._buffered_rows >= ROW_GROUP_ROWS or self.buffered_bytes >= ROW_GROUP_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._buffer:
+            return
+        table = pa.concat_tables(self._buffer)
+        self._buffer, self._buffered_rows, self.buffered_bytes = [], 0, 0
+        if self._pq is not None:
+            self._pq.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        else:
+            self._orc.write(table)
+
+    def close(self) -> int:
+        """Closes the file; returns its size in bytes."""
+        self.flush()
+        (self._pq or self._orc).close()
+        self._out.close()
+        return self.io.size(self.path)
+
+
+def data_writer(io: FileIO, path: str, meta: TableMetadata) -> FileWriter:
+    schema = data_schema(meta)
+    options = data_parquet_options(schema) if meta.file_format == "parquet" else {}
+    return FileWriter(io, path, schema, meta.file_format, options)
+
+
+def keys_writer(io: FileIO, path: str, meta: TableMetadata) -> FileWriter:
+    schema = keys_schema(meta)
+    return FileWriter(io, path, schema, "parquet", keys_parquet_options(schema))
+
+
+def read_data(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | None = None) -> pa.Table:
+    """A data file's rows as the table's current data schema (or ``columns`` of it); columns added after
+    the file was written are null."""
+    schema = data_schema(meta)
+    names = columns or schema.names
+    if meta.file_format == "orc":
+        import pyarrow.orc as orc
+
+        f = orc.ORCFile(io.open_input(path))
+        present = set(f.schema.names)
+        table = f.read(columns=[n for n in names if n in present])
+    else:
+        f = pq.ParquetFile(io.open_input(path))
+        present = set(f.schema_arrow.names)
+        table = f.read(columns=[n for n in names if n in present])
+    arrays = [table.column(n).cast(schema.field(n).type) if n in present else pa.nulls(table.num_rows, schema.field(n).type)
+              for n in names]
+    return pa.Table.from_arrays(arrays, schema=pa.schema([schema.field(n) for n in names]))
+
+
+def read_keys(io: FileIO, path: str, meta: TableMetadata) -> pa.Table:
+    return pq.read_table(io.open_input(path), schema=keys_schema(meta))

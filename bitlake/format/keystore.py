@@ -1,0 +1,113 @@
+"""The key store: a partition-agnostic record-level index, key -> latest accepted record (Hudi RFC-08;
+docs/FORMAT.md, "Key store").
+
+Keys hash into ``num_buckets`` fixed buckets (:mod:`bitlake.format.bucket`). A bucket is an ordered list of
+Parquet files, a base and deltas; each row holds the key columns and:
+
+* ``_delta``: the accepted record's delta value as int64;
+* ``_row_id``: its packed row id;
+* ``_deleted``: true for a delete marker, which keeps a late, older record from resurrecting the key;
+* ``_ks_seq``: the commit version that wrote the row. A key's entry is its row with the highest
+  ``_ks_seq`` across the bucket's files; merging files keeps each row's ``_ks_seq``.
+
+A MetaGen commit writes one delta file per bucket it touches. When a bucket piles up more than
+``keystore.max_deltas`` deltas, the commit merges them: into one delta while they are small against the
+base, into a new base once they hold ``keystore.base_merge_ratio`` of its rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from bitlake.fs import FileIO
+from bitlake.format import layout
+from bitlake.format.commit import BucketFile
+from bitlake.format.metadata import TableMetadata
+
+DELTA = "_delta"
+ROW_ID = "_row_id"
+DELETED = "_deleted"
+SEQ = "_ks_seq"
+BUCKET = "_bucket"
+
+
+def file_schema(meta: TableMetadata) -> pa.Schema:
+    return pa.schema(
+        [pa.field(c, meta.schema.field(c).type, False) for c in meta.primary_key]
+        + [
+            pa.field(DELTA, pa.int64(), False),
+            pa.field(ROW_ID, pa.int64(), False),
+            pa.field(DELETED, pa.bool_(), False),
+            pa.field(SEQ, pa.int64(), False),
+        ]
+    )
+
+
+def read_file(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | None = None,
+              filters=None) -> pa.Table:
+    return pq.read_table(io.open_input(path), schema=file_schema(meta), columns=columns, filters=filters)
+
+
+def latest_per_key(table: pa.Table, primary_key: list[str]) -> pa.Table:
+    """Keeps, for each key, the row with the highest ``_ks_seq``; sorted by key."""
+    if table.num_rows == 0:
+        return table
+    order = [(c, "ascending") for c in primary_key] + [(SEQ, "descending")]
+    table = table.take(pc.sort_indices(table, sort_keys=order))
+    first = np.zeros(table.num_rows, dtype=bool)
+    first[0] = True
+    for c in primary_key:
+        values = table.column(c).to_numpy(zero_copy_only=False)
+        first[1:] |= values[1:] != values[:-1]
+    return table.filter(pa.array(first))
+
+
+def read_bucket(io: FileIO, files: list[BucketFile], meta: TableMetadata) -> pa.Table:
+    """A bucket's entries: the latest row of each key across its files."""
+    rows = pa.concat_tables([read_file(io, f.path, meta) for f in files]) if files else file_schema(meta).empty_table()
+    return latest_per_key(rows, list(meta.primary_key))
+
+
+def merge_plan(files: list[BucketFile], new_rows: int, max_deltas: int, base_ratio: float) -> list[BucketFile]:
+    """Which of a bucket's files the next delta should be merged with (empty: just add a delta).
+
+    Tiering keeps the bytes a commit writes proportional to its batch: deltas are merged among
+    themselves until together they are a sizeable fraction of the base, and only then into it.
+    """
+    deltas = [f for f in files if not f.base]
+    if len(deltas) + 1 <= max_deltas:
+        return []
+    base = [f for f in files if f.base]
+    delta_rows = sum(f.rows for f in deltas) + new_rows
+    if not base or delta_rows >= base_ratio * base[0].rows:
+        return list(files)
+    return deltas
+
+
+def write_bucket_deltas(io: FileIO, meta: TableMetadata, bucket_files: dict[int, list[BucketFile]],
+                        rows: pa.Table) -> tuple[list[BucketFile], list[str]]:
+    """Writes one key-store file per bucket in ``rows`` (key-store columns plus ``_bucket``), merged with
+    older files of the bucket when its plan says so. Returns the files added and the paths they replace."""
+    schema = file_schema(meta)
+    pk = list(meta.primary_key)
+    added, replaced = [], []
+    buckets = rows.column(BUCKET)
+    for bucket in sorted(pc.unique(buckets).to_pylist()):
+        delta = rows.filter(pc.equal(buckets, bucket)).select(schema.names).cast(schema)
+        files = bucket_files.get(bucket, [])
+        merge = merge_plan(
+            files, delta.num_rows, meta.int_prop("keystore.max_deltas"), float(meta.prop("keystore.base_merge_ratio"))
+        )
+        if merge:
+            delta = pa.concat_tables([read_file(io, f.path, meta) for f in merge] + [delta])
+        delta = latest_per_key(delta, pk)
+        path = layout.keystore_path(bucket)
+        with io.open_output(path) as out:
+            pq.write_table(delta, out, compression="zstd")
+        # A bucket's first file, and a merge of all its files, is its new base.
+        added.append(BucketFile(bucket, path, delta.num_rows, io.size(path), not files or len(merge) == len(files)))
+        replaced.extend(f.path for f in merge)
+    return added, replaced

@@ -1,0 +1,71 @@
+"""The protocol: which format version and features a table needs of its readers and writers.
+
+Modelled on Delta's ``protocol`` action: a table states a reader version and a writer version, and from
+version 2 on, lists of named features. A reader refuses a table whose reader version is higher than it
+implements or that names a reader feature it does not know, and names exactly what it lacks; a writer does
+the same with the writer version and features. Commit 0 carries the protocol; a later commit may raise it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bitlake.errors import UnsupportedFormatVersionError
+
+FORMAT_VERSION = 2
+
+# Features this library implements (docs/FORMAT.md, "Protocol and features").
+V1_HISTORY = "v1History"  # the table was upgraded from format v1: its earlier commits are v1 files
+READER_FEATURES = frozenset({V1_HISTORY})
+WRITER_FEATURES = frozenset({V1_HISTORY})
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+    reader_version: int = FORMAT_VERSION
+    writer_version: int = FORMAT_VERSION
+    reader_features: tuple[str, ...] = ()
+    writer_features: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {
+            "min_reader_version": self.reader_version,
+            "min_writer_version": self.writer_version,
+            "reader_features": list(self.reader_features),
+            "writer_features": list(self.writer_features),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> Protocol:
+        return cls(d["min_reader_version"], d["min_writer_version"], tuple(d.get("reader_features", ())),
+                   tuple(d.get("writer_features", ())))
+
+    def with_features(self, *names: str) -> Protocol:
+        return dataclasses.replace(
+            self, reader_features=tuple(sorted({*self.reader_features, *names})),
+            writer_features=tuple(sorted({*self.writer_features, *names})),
+        )
+
+    def check_read(self, where: str) -> None:
+        _check(where, "read", self.reader_version, self.reader_features, READER_FEATURES)
+
+    def check_write(self, where: str) -> None:
+        if self.writer_version < FORMAT_VERSION:
+            raise UnsupportedFormatVersionError(
+                f"{where} is a format v{self.writer_version} table: this bitlake reads it but writes only format "
+                f"v{FORMAT_VERSION}; run `bitlake upgrade {where}` (one commit) to write to it"
+            )
+        _check(where, "write", self.writer_version, self.writer_features, WRITER_FEATURES)
+
+
+def _check(where: str, what: str, version: int, features: tuple[str, ...], known: frozenset[str]) -> None:
+    if version > FORMAT_VERSION:
+        raise UnsupportedFormatVersionError(
+            f"{where} needs format version {version} to {what}; this bitlake implements up to {FORMAT_VERSION}: "
+            "upgrade bitlake"
+        )
+    missing = sorted(set(features) - known)
+    if missing:
+        raise UnsupportedFormatVersionError(
+            f"{where} needs the {what} features {missing}, which this bitlake does not implement: upgrade bitlake"
+        )

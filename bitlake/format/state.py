@@ -1,0 +1,207 @@
+"""The state of a table at one version: the replay of its commits (docs/FORMAT.md, "State and replay").
+
+The state grows with the number of files, segments and batches, never with the number of rows. Every
+``checkpoint.interval`` versions a writer also stores the state as a checkpoint, so that loading a version
+reads one checkpoint and the commits after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bitlake.errors import NotATableError, TableNotFoundError, VersionNotFoundError
+from bitlake.fs import FileIO
+from bitlake.format import commitlog, layout
+from bitlake.format.commit import (
+    LIVE,
+    PENDING,
+    REPLACED,
+    BatchRecord,
+    BucketFile,
+    Commit,
+    DataFile,
+    KeysFile,
+    LogFile,
+    SegmentState,
+)
+from bitlake.format.metadata import TableMetadata
+from bitlake.format.protocol import Protocol
+
+
+@dataclasses.dataclass
+class BatchState:
+    """One incarnation of a batch id: its segment part, status, records and keys files, and the versions
+    that landed it and made it live (None while pending)."""
+
+    batch_id: str
+    part: int
+    status: str
+    records: int
+    keys_files: tuple[KeysFile, ...]
+    landed_version: int
+    live_version: int | None = None
+
+    def to_json(self) -> dict:
+        return {"id": self.batch_id, "part": self.part, "status": self.status, "records": self.records,
+                "keys_files": [f.to_json() for f in self.keys_files], "landed_version": self.landed_version,
+                "live_version": self.live_version}
+
+    @classmethod
+    def from_json(cls, d: dict) -> BatchState:
+        return cls(d["id"], d["part"], d["status"], d["records"], tuple(KeysFile.from_json(f) for f in d["keys_files"]),
+                   d["landed_version"], d["live_version"])
+
+
+@dataclasses.dataclass
+class TableState:
+    protocol: Protocol
+    metadata: TableMetadata
+    version: int = 0
+    timestamp_ms: int = 0
+    parts: dict[int, BatchState] = dataclasses.field(default_factory=dict)  # segment part -> incarnation
+    batches: dict[str, int] = dataclasses.field(default_factory=dict)  # batch id -> part of its current incarnation
+    files: dict[str, DataFile] = dataclasses.field(default_factory=dict)  # path -> data file, in the order added
+    segments: dict[tuple[int, int], SegmentState] = dataclasses.field(default_factory=dict)
+    keystore: dict[int, list[BucketFile]] = dataclasses.field(default_factory=dict)
+    logs: list[tuple[int, LogFile]] = dataclasses.field(default_factory=list)  # (version, file)
+    # The last commit that carried Data Change Events: the next event's prev_snapshot_id.
+    last_event_version: int = 0
+    max_part: int = 0
+
+    def apply(self, c: Commit) -> None:
+        """Replays one commit (docs/FORMAT.md, "State and replay")."""
+        if c.version != self.version + 1:
+            raise VersionNotFoundError(f"commit {c.version} does not follow version {self.version}")
+        self.version = c.version
+        self.timestamp_ms = c.timestamp_ms
+        if c.protocol is not None:
+            self.protocol = c.protocol
+        if c.metadata is not None:
+            self.metadata = TableMetadata.from_json(c.metadata)
+        for b in c.batches:
+            self._apply_batch(b, c.version)
+        for path in c.remove_files:
+            self.files.pop(path, None)
+        for f in c.add_files:
+            self.files[f.path] = f
+        for s in c.segments:
+            self.segments[s.segment] = s
+        for f in c.logs:
+            self.logs.append((c.version, f))
+        if c.keystore_remove:
+            removed = set(c.keystore_remove)
+            for bucket, files in self.keystore.items():
+                self.keystore[bucket] = [f for f in files if f.path not in removed]
+        for bf in c.keystore_add:
+            self.keystore.setdefault(bf.bucket, []).append(bf)
+        if c.events:
+            self.last_event_version = c.version
+
+    def _apply_batch(self, b: BatchRecord, version: int) -> None:
+        known = self.parts.get(b.part)
+        if known is None:
+            known = BatchState(b.batch_id, b.part, b.status, b.records or 0, b.keys_files, version)
+            self.parts[b.part] = known
+            self.max_part = max(self.max_part, b.part)
+        known.status = b.status
+        if b.status == LIVE and known.live_version is None:
+            known.live_version = version
+        if b.status != REPLACED:
+            self.batches[b.batch_id] = b.part
+
+    def batch(self, batch_id: str) -> BatchState | None:
+        """The current incarnation of ``batch_id``, or None if it never landed."""
+        part = self.batches.get(batch_id)
+        return None if part is None else self.parts[part]
+
+    @property
+    def pending(self) -> list[BatchState]:
+        """Batches landed and not yet visible, in landing order."""
+        return sorted((b for b in self.parts.values() if b.status == PENDING), key=lambda b: (b.landed_version, b.part))
+
+    def data_files(self) -> list[DataFile]:
+        return list(self.files.values())
+
+    def to_json(self) -> dict:
+        return {
+            "protocol": self.protocol.to_json(),
+            "metadata": self.metadata.to_json(),
+            "version": self.version,
+            "timestamp_ms": self.timestamp_ms,
+            "batches": [b.to_json() for b in self.parts.values()],
+            "current": self.batches,
+            "files": [f.to_json() for f in self.files.values()],
+            "segments": [s.to_json() for s in self.segments.values()],
+            "keystore": [f.to_json() for fs in self.keystore.values() for f in fs],
+            "logs": [[v, f.to_json()] for v, f in self.logs],
+            "last_event_version": self.last_event_version,
+            "max_part": self.max_part,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> TableState:
+        keystore: dict[int, list[BucketFile]] = {}
+        for f in d["keystore"]:
+            bf = BucketFile.from_json(f)
+            keystore.setdefault(bf.bucket, []).append(bf)
+        parts = {b["part"]: BatchState.from_json(b) for b in d["batches"]}
+        return cls(
+            protocol=Protocol.from_json(d["protocol"]),
+            metadata=TableMetadata.from_json(d["metadata"]),
+            version=d["version"],
+            timestamp_ms=d["timestamp_ms"],
+            parts=parts,
+            batches=dict(d["current"]),
+            files={f["path"]: DataFile.from_json(f) for f in d["files"]},
+            segments={(s["part"], s["seq"]): SegmentState.from_json(s) for s in d["segments"]},
+            keystore=keystore,
+            logs=[(v, LogFile.from_json(f)) for v, f in d["logs"]],
+            last_event_version=d["last_event_version"],
+            max_part=d["max_part"],
+        )
+
+
+def initial(io: FileIO, first: Commit) -> TableState:
+    """The state at version 0, from the ``CREATE`` commit."""
+    if first.metadata is None or first.protocol is None:
+        raise NotATableError(f"{io.uri()}: commit 0 does not create a table")
+    return TableState(first.protocol, TableMetadata.from_json(first.metadata), 0, first.timestamp_ms)
+
+
+def write_checkpoint(io: FileIO, state: TableState) -> None:
+    """Checkpoints are a cache of the replay: optional, written after the commit, and replaceable."""
+    io.write_atomic(layout.checkpoint_path(state.version), commitlog.encode(state.to_json()))
+
+
+def latest_version(io: FileIO) -> int:
+    """The latest version: listed once, then probed forwards (a listing may lag behind a fresh commit)."""
+    versions = commitlog.list_versions(io)
+    if not versions or versions[0] != 0:
+        if not io.exists():
+            raise TableNotFoundError(f"no such table: {io.uri()} does not exist")
+        raise NotATableError(f"{io.uri()} is not a bitlake table (no commit log under {layout.COMMITS_DIR})")
+    latest = versions[-1]
+    while commitlog.exists(io, latest + 1):
+        latest += 1
+    return latest
+
+
+def load(io: FileIO, version: int | None = None) -> TableState:
+    """The state at ``version`` (default: the latest), checked against what this library reads."""
+    latest = latest_version(io)
+    if version is None:
+        version = latest
+    if not 0 <= version <= latest:
+        raise VersionNotFoundError(f"version {version} does not exist; the table has versions 0 to {latest}")
+    state = None
+    checkpoints = [int(n[:-5]) for n in io.list(layout.CHECKPOINTS_DIR) if n.endswith(".json") and n[:-5].isdigit()]
+    usable = [v for v in checkpoints if v <= version]
+    if usable:
+        path = layout.checkpoint_path(usable[-1])
+        state = TableState.from_json(commitlog.decode(io.read_bytes(path), path))
+    if state is None:
+        state = initial(io, commitlog.read(io, 0))
+    for v in range(state.version + 1, version + 1):
+        state.apply(commitlog.read(io, v))
+    state.protocol.check_read(io.uri())
+    return state

@@ -1,0 +1,214 @@
+"""Ingestion: land a batch and make it visible (MetaGen), as one commit or two (docs/ingestion.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from typing import Any
+
+from bitlake import changeevent, faults, keyindex, transaction
+from bitlake.engine import landing
+from bitlake.engine import metagen as engine_metagen
+from bitlake.engine.metagen import COUNTS, Landed, MetaGenOutput
+from bitlake.errors import InvalidInputError
+from bitlake.fs import FileIO
+from bitlake.format.commit import INGEST, LAND, LIVE, METAGEN, PENDING, BatchRecord, Commit
+from bitlake.format.commitlog import now_ms
+from bitlake.format.state import TableState
+
+MAX_BATCH_ID_LENGTH = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class IngestResult:
+    """What an ``ingest`` or ``metagen`` call did.
+
+    ``committed`` is False when the batch id had already been committed (an idempotent retry), or when
+    ``metagen()`` found nothing pending: then ``version`` is the version that committed it (the latest)
+    and nothing was written. ``counts`` holds inserted, updated, deleted, stale and ignored_deletes for
+    this batch (for ``metagen()``: for all batches it processed; empty while a batch is only landed).
+    """
+
+    batch_id: str | None
+    version: int
+    committed: bool
+    visible: bool
+    counts: dict[str, int]
+    processed: tuple[str, ...] = ()  # the batch ids the commit made visible, in the order applied
+
+
+class _Done(Exception):
+    def __init__(self, result: IngestResult):
+        self.result = result
+
+
+def check_batch_id(batch_id: str | None) -> str:
+    if batch_id is None:
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+        return f"{stamp}-{uuid.uuid4().hex[:12]}"
+    if not isinstance(batch_id, str) or not batch_id or len(batch_id) > MAX_BATCH_ID_LENGTH:
+        raise InvalidInputError(f"batch_id must be a non-empty string of at most {MAX_BATCH_ID_LENGTH} characters")
+    return batch_id
+
+
+def already_committed(io: FileIO, state: TableState, batch_id: str) -> IngestResult | None:
+    """The result of the commit that took ``batch_id``, if one did (any status: a reverted id stays taken)."""
+    from bitlake.format import commitlog
+
+    b = state.batch(batch_id)
+    if b is None:
+        return None
+    version = b.live_version if b.live_version is not None else b.landed_version
+    c = commitlog.read(io, version)
+    return IngestResult(batch_id, version, False, b.status != PENDING, c.batch_counts.get(batch_id, {}), c.made_live)
+
+
+class Ingestion:
+    """One table's writes: :meth:`ingest` and :meth:`metagen`. ``refresh`` returns the latest state."""
+
+    def __init__(self, io: FileIO, refresh):
+        self.io = io
+        self.refresh = refresh
+
+    def ingest(self, data: Any, *, op_column: str | None, batch_id: str | None, metagen: bool,
+               inline: bool | None, spark: Any) -> IngestResult:
+        from bitlake.spark import landing as spark_landing
+        from bitlake.spark.schema import conform_spark_input
+
+        state = self.refresh()
+        state.protocol.check_write(self.io.uri())
+        meta = state.metadata
+        batch_id = check_batch_id(batch_id)
+        if op_column is not None and not meta.keyed:
+            raise InvalidInputError("an unkeyed (append-only) table takes no op_column: it has no deletes")
+        done = already_committed(self.io, state, batch_id)
+        if done is not None:
+            return done
+        spark = spark or _session()
+        df = conform_spark_input(_to_spark(spark, data), meta, op_column)
+        part = transaction.claim_part(self.io, state)
+        faults.point("after_claim")
+        data_files, keys_files = spark_landing.land(df, self.io, meta, part, op_column is not None)
+        faults.point("after_landing")
+        records = sum(f.rows for f in keys_files) if meta.keyed else sum(f.rows for f in data_files)
+        batch = Landed(batch_id, part, records, tuple(data_files), tuple(keys_files))
+        try:
+            if metagen:
+                return self._metagen(spark, batch, inline)
+            return self._land(batch)
+        except BaseException:
+            if self.refresh().parts.get(part) is None:
+                landing.remove_part_files(self.io, part)
+            raise
+
+    def metagen(self, *, inline: bool | None, spark: Any) -> IngestResult:
+        self.refresh().protocol.check_write(self.io.uri())
+        return self._metagen(spark, None, inline)
+
+    def _check_not_taken(self, state: TableState, batch: Landed) -> None:
+        done = already_committed(self.io, state, batch.batch_id)
+        if done is not None:
+            landing.remove_part_files(self.io, batch.part)
+            raise _Done(done)
+
+    def _land(self, batch: Landed) -> IngestResult:
+        def build(state: TableState):
+            self._check_not_taken(state, batch)
+            record = BatchRecord(batch.batch_id, batch.part, PENDING, batch.records, batch.keys_files)
+            c = Commit(state.version + 1, LAND, now_ms(state.timestamp_ms), parameters={"batch_id": batch.batch_id},
+                       batches=(record,), add_files=batch.data_files)
+            return c, []
+
+        try:
+            c, _ = transaction.commit(self.io, self.refresh, build)
+        except _Done as done:
+            return done.result
+        assert c is not None
+        return IngestResult(batch.batch_id, c.version, True, False, {})
+
+    def _metagen(self, spark, batch: Landed | None, inline: bool | None) -> IngestResult:
+        index = keyindex.IndexSession(self.io)
+
+        def build(state: TableState):
+            if batch is not None:
+                self._check_not_taken(state, batch)
+            batches = engine_metagen.pending_batches(state) + ([batch] if batch else [])
+            if not batches:
+                return None, []
+            version = state.version + 1
+            try:
+                out = self._run(spark, state, batches, version, inline, index)
+            except keyindex.IndexAheadError:
+                raise transaction.Rebuild from None
+            timestamp_ms = now_ms(state.timestamp_ms)
+            # Status changes of the pending batches, then the landing of the batch being ingested.
+            records = [BatchRecord(b.batch_id, b.part, LIVE) for b in batches if b is not batch]
+            if batch is not None:
+                records.append(BatchRecord(batch.batch_id, batch.part, LIVE, batch.records, batch.keys_files))
+            c = Commit(
+                version=version,
+                operation=INGEST if batch else METAGEN,
+                timestamp_ms=timestamp_ms,
+                parameters={"batch_id": batch.batch_id} if batch else {},
+                batches=tuple(records),
+                add_files=batch.data_files if batch else (),
+                segments=tuple(out.segments),
+                logs=tuple(out.logs),
+                keystore_add=tuple(out.keystore_add),
+                keystore_remove=tuple(out.keystore_remove),
+                counts=out.counts(),
+                batch_counts={b.batch_id: out.batch_counts.get(i, dict.fromkeys(COUNTS, 0))
+                              for i, b in enumerate(batches)},
+                events=tuple(changeevent.commit_events(state.metadata.name, state, version, timestamp_ms, batches,
+                                                       out.segments, out.counts())),
+            )
+            return c, out.written()
+
+        try:
+            try:
+                c, _ = transaction.commit(self.io, self.refresh, build)
+            except _Done as done:
+                return done.result
+            if c is None:
+                return IngestResult(None, self.refresh().version, False, True, {})
+            index.after_commit(self.refresh())
+        finally:
+            index.close()
+        counts = c.batch_counts.get(batch.batch_id, {}) if batch else dict(c.counts)
+        return IngestResult(batch.batch_id if batch else None, c.version, True, True, counts, c.made_live)
+
+    def _run(self, spark, state: TableState, batches: list[Landed], version: int, inline: bool | None,
+             index: keyindex.IndexSession) -> MetaGenOutput:
+        from bitlake.spark import metagen as spark_metagen
+
+        meta = state.metadata
+        rows = sum(b.records for b in batches)
+        if not meta.keyed or inline is False or (inline is None and rows > meta.int_prop("metagen.inline_max_rows")):
+            return spark_metagen.run(spark or _session(), self.io, state, batches, version)
+        return engine_metagen.run_inline(self.io, state, batches, version, index.at(state))
+
+
+def _session():
+    from bitlake.spark.session import spark_session
+
+    return spark_session()
+
+
+def _to_spark(spark, data):
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+
+    if isinstance(data, DataFrame):
+        return data
+    if isinstance(data, pa.Table):
+        return spark.createDataFrame(data)
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas comes with bitlake[spark]
+        pd = None
+    if pd is not None and isinstance(data, pd.DataFrame):
+        return spark.createDataFrame(data)
+    raise InvalidInputError(
+        f"cannot ingest a {type(data).__name__}: pass a Spark DataFrame, pyarrow Table or pandas DataFrame"
+    )

@@ -1,0 +1,85 @@
+"""Table upkeep: removing the leftovers of writers that never committed, and upgrading format v1 tables."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+
+from bitlake import transaction
+from bitlake.errors import InvalidInputError
+from bitlake.fs import FileIO
+from bitlake.format import bucket, commitlog, keystore, layout
+from bitlake.format.commit import UPGRADE, Commit
+from bitlake.format.metadata import TableMetadata
+from bitlake.format.protocol import FORMAT_VERSION, V1_HISTORY, Protocol
+from bitlake.format.state import TableState
+
+
+def referenced(io: FileIO, latest: int) -> set[str]:
+    """Every file any commit up to ``latest`` names (time travel may still read them)."""
+    out: set[str] = set()
+    for v in range(latest + 1):
+        c = commitlog.read(io, v)
+        out.update(f.path for f in c.add_files)
+        out.update(f.path for b in c.batches for f in b.keys_files)
+        out.update(f.path for f in c.logs)
+        out.update(s.bitmap for s in c.segments if s.bitmap)
+        out.update(f.path for f in c.keystore_add)
+    return out
+
+
+def cleanup(io: FileIO, state: TableState, *, min_age_seconds: float, dry_run: bool) -> list[str]:
+    """Removes files that no commit names and that are older than ``min_age_seconds``: the leftovers of
+    writers that crashed, lost a race or were refused. A writer still running keeps its young files."""
+    named = referenced(io, state.version)
+    now = time.time()
+
+    def old(rel: str) -> bool:
+        return now - io.mtime(rel) >= min_age_seconds
+
+    removable = [rel for folder in layout.REFERENCED_DIRS for rel in io.walk(folder) if rel not in named and old(rel)]
+    for folder in (layout.COMMITS_DIR, layout.CHECKPOINTS_DIR, layout.PARTS_DIR):
+        removable += [rel for rel in io.walk(folder) if rel.rsplit("/", 1)[-1].startswith(layout.TMP_PREFIX) and old(rel)]
+    # Claims of parts that committed or were given up: the state's max_part keeps new claims above them.
+    for name in io.list(layout.PARTS_DIR):
+        rel = f"{layout.PARTS_DIR}/{name}"
+        if name.isdigit() and int(name) <= state.max_part and old(rel):
+            removable.append(rel)
+    if not dry_run:
+        for rel in removable:
+            io.delete(rel)
+        io.remove_empty_dirs(layout.DATA_DIR)
+    return sorted(removable)
+
+
+def upgrade(io: FileIO, refresh) -> Commit | None:
+    """Upgrades a format v1 table to v2 in one commit: the v2 protocol and metadata, and the key store
+    re-bucketed by the v2 bucket hash. History stays readable (the ``v1History`` feature). Returns None
+    when the table already is v2."""
+
+    def build(state: TableState):
+        if state.protocol.writer_version >= FORMAT_VERSION:
+            return None, []
+        if state.pending:
+            raise InvalidInputError(
+                f"{io.uri()} has pending batches {[b.batch_id for b in state.pending]}: run MetaGen with bitlake "
+                "0.1 first (format v1 pending batches carry v1 buckets)"
+            )
+        meta: TableMetadata = state.metadata
+        added, removed = [], []
+        if meta.keyed and state.keystore:
+            entries = pa.concat_tables([keystore.read_bucket(io, files, meta) for files in state.keystore.values()
+                                        if files])
+            rows = entries.append_column(keystore.BUCKET,
+                                         pa.array(bucket.buckets(entries, meta.primary_key, meta.num_buckets)))
+            added, _ = keystore.write_bucket_deltas(io, meta, {}, rows)
+            removed = [f.path for files in state.keystore.values() for f in files]
+        protocol = Protocol().with_features(V1_HISTORY)
+        c = Commit(state.version + 1, UPGRADE, commitlog.now_ms(state.timestamp_ms),
+                   parameters={"from_format_version": state.protocol.writer_version}, protocol=protocol,
+                   metadata=meta.to_json(), keystore_add=tuple(added), keystore_remove=tuple(removed))
+        return c, [f.path for f in added]
+
+    c, _ = transaction.commit(io, refresh, build)
+    return c
