@@ -143,7 +143,12 @@ class LocalFileIO(FileIO):
 
     def write_atomic(self, rel: str, data: bytes) -> None:
         tmp = self._write_tmp(rel, data)
-        os.replace(tmp, self._path(rel))
+        try:
+            os.replace(tmp, self._path(rel))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        _fsync_dir(os.path.dirname(self._path(rel)))
 
     def open_input(self, rel: str) -> pa.NativeFile:
         return pa.OSFile(self._path(rel), "rb")
@@ -188,9 +193,16 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+def _local_uri(uri: str) -> LocalFileIO:
+    parsed = urlparse(uri)
+    if parsed.netloc not in ("", "localhost"):
+        raise ValueError(f"{uri!r} names the host {parsed.netloc!r}: a file URI is file:///absolute/path")
+    return LocalFileIO(unquote(parsed.path))
+
+
 _IMPLEMENTATIONS: dict[str, Callable[[str], FileIO]] = {
     "": LocalFileIO,
-    "file": lambda uri: LocalFileIO(unquote(urlparse(uri).path)),
+    "file": _local_uri,
 }
 
 
@@ -198,7 +210,9 @@ def file_io(base: str | FileIO) -> FileIO:
     """The IO implementation for a base path or URI (a FileIO is returned as it is)."""
     if isinstance(base, FileIO):
         return base
-    scheme = urlparse(base).scheme if "://" in base else ""
+    scheme = urlparse(base).scheme
+    if len(scheme) <= 1:  # a relative path, or a Windows drive letter
+        scheme = ""
     try:
         return _IMPLEMENTATIONS[scheme](base)
     except KeyError:

@@ -36,7 +36,10 @@ def cleanup(io: FileIO, state: TableState, *, min_age_seconds: float, dry_run: b
     now = time.time()
 
     def old(rel: str) -> bool:
-        return now - io.mtime(rel) >= min_age_seconds
+        try:
+            return now - io.mtime(rel) >= min_age_seconds
+        except FileNotFoundError:  # removed meanwhile (a writer's temporary file)
+            return False
 
     removable = [rel for folder in layout.REFERENCED_DIRS for rel in io.walk(folder) if rel not in named and old(rel)]
     for folder in (layout.COMMITS_DIR, layout.CHECKPOINTS_DIR, layout.PARTS_DIR):

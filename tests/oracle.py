@@ -1,4 +1,4 @@
-"""The semantics contract of BRIEF.md as a small pure-Python model, independent of bitlake's code."""
+"""The semantics contract of docs/semantics.md as a small pure-Python model, independent of bitlake's code."""
 
 from __future__ import annotations
 

@@ -10,7 +10,9 @@ from bitlake.engine.metagen import fold
 
 
 def reference(codes, deltas, rids, deleted, batch, found, prior_d, prior_rid, prior_deleted):
-    """Record by record, as BRIEF.md states the contract; returns per input row (accepted, until, last rid)."""
+    """Record by record, as docs/semantics.md rules 1-2 state the contract.
+
+    Returns per input row (accepted, until, last rid), and the rows that end up last per key."""
     n = len(codes)
     accepted, until, last_rid = [False] * n, [False] * n, [None] * n
     final = {}

@@ -46,13 +46,13 @@ class Landed:
 
 
 def pending_batches(state: TableState) -> list[Landed]:
-    by_part: dict[int, list[DataFile]] = {}
+    """The pending batches with their files (a pending batch's data files hold its segments only)."""
+    pending = state.pending
+    by_part: dict[int, list[DataFile]] = {b.part: [] for b in pending}
     for f in state.data_files():
-        for s in f.segments:
-            if state.parts.get(s.part) is not None and state.parts[s.part].status == "pending":
-                by_part.setdefault(s.part, []).append(f)
-                break
-    return [Landed(b.batch_id, b.part, b.records, tuple(by_part.get(b.part, ())), b.keys_files) for b in state.pending]
+        if f.segments[0].part in by_part:
+            by_part[f.segments[0].part].append(f)
+    return [Landed(b.batch_id, b.part, b.records, tuple(by_part[b.part]), b.keys_files) for b in pending]
 
 
 @dataclasses.dataclass
