@@ -15,10 +15,24 @@ from bitlake.errors import (
     UnsupportedFormatVersionError,
     VersionNotFoundError,
 )
-from bitlake.spark.session import spark_session
 from bitlake.table import IngestResult, Table, create_table, open_table
 
 __version__ = "0.1.0"
+
+
+def spark_session(master: str | None = None, app_name: str = "bitlake", **conf: str):
+    """The active SparkSession, or a local one set up for bitlake: see :func:`bitlake.spark.session.spark_session`.
+
+    PySpark (``pip install 'bitlake[spark]'``) is imported here, not by ``import bitlake``.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("pyspark") is None:
+        raise BitlakeError("Spark is not installed: pip install 'bitlake[spark]'")
+    from bitlake.spark.session import spark_session
+
+    return spark_session(master, app_name, **conf)
+
 
 __all__ = [
     "BitlakeError", "CommitConflictError", "CorruptTableError", "IndexUnavailableError", "IngestResult",

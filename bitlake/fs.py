@@ -10,7 +10,7 @@ suite, ``tests/test_fileio_contract.py``, checks them for each registered implem
 * ``write_atomic`` replaces a file with complete content or leaves the old one.
 * ``open_output`` writes a new file that no one else writes; a reader may see it only once it is closed
   and complete, or see a torn file that no commit names (the writer crashed).
-* ``list`` and ``walk`` return names sorted by their UTF-8 bytes; missing folders list as empty.
+* ``listdir`` and ``walk`` return names sorted by their UTF-8 bytes; missing folders list as empty.
 * Reading a missing file raises :class:`FileNotFoundError`; deleting one does nothing.
 * Files are never modified in place.
 
@@ -69,7 +69,7 @@ class FileIO:
         """A writable pyarrow stream for a new file; the file is complete once the stream is closed."""
         raise NotImplementedError
 
-    def list(self, rel: str) -> list[str]:
+    def listdir(self, rel: str) -> list[str]:
         """The names directly under folder ``rel``, sorted."""
         raise NotImplementedError
 
@@ -158,7 +158,7 @@ class LocalFileIO(FileIO):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         return pa.OSFile(path, "wb")
 
-    def list(self, rel: str) -> list[str]:
+    def listdir(self, rel: str) -> list[str]:
         try:
             names = os.listdir(self._path(rel))
         except (FileNotFoundError, NotADirectoryError):

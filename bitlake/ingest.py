@@ -12,10 +12,10 @@ from bitlake.engine import landing
 from bitlake.engine import metagen as engine_metagen
 from bitlake.engine.metagen import COUNTS, Landed, MetaGenOutput
 from bitlake.errors import InvalidInputError
-from bitlake.fs import FileIO
 from bitlake.format.commit import INGEST, LAND, LIVE, METAGEN, PENDING, BatchRecord, Commit
 from bitlake.format.commitlog import now_ms
 from bitlake.format.state import TableState
+from bitlake.fs import FileIO
 
 MAX_BATCH_ID_LENGTH = 256
 

@@ -29,14 +29,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from bitlake import faults
 from bitlake.errors import IndexUnavailableError
-from bitlake.fs import FileIO
 from bitlake.format import commitlog, keystore, layout
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.state import TableState
+from bitlake.fs import FileIO
+
 # The index's own entries start with byte 0; encoded keys with byte 1.
 _VERSION_KEY = b"\x00bitlake:version"
 _TABLE_KEY = b"\x00bitlake:table_id"
@@ -50,9 +50,9 @@ _COMPACT_AFTER_ROWS = 1_000_000
 def location(io: FileIO, meta: TableMetadata) -> tuple[str, str]:
     """The index's folder and lock file: beside the table when it is local, else in the user's cache
     folder, keyed by the table id (``$BITLAKE_CACHE`` or ``~/.cache/bitlake``)."""
-    local = io.local_path(layout.INDEX_DIR)
-    if local is not None:
-        return local, io.local_path(layout.INDEX_LOCK)
+    local, lock = io.local_path(layout.INDEX_DIR), io.local_path(layout.INDEX_LOCK)
+    if local is not None and lock is not None:
+        return local, lock
     root = os.environ.get("BITLAKE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "bitlake")
     folder = os.path.join(root, "index", meta.table_id)
     return folder, folder + ".lock"

@@ -8,12 +8,12 @@ import pyarrow as pa
 
 from bitlake import transaction
 from bitlake.errors import InvalidInputError
-from bitlake.fs import FileIO
 from bitlake.format import bucket, commitlog, keystore, layout
-from bitlake.format.commit import UPGRADE, Commit
+from bitlake.format.commit import UPGRADE, BucketFile, Commit
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.protocol import FORMAT_VERSION, V1_HISTORY, Protocol
 from bitlake.format.state import TableState
+from bitlake.fs import FileIO
 
 
 def referenced(io: FileIO, latest: int) -> set[str]:
@@ -43,9 +43,10 @@ def cleanup(io: FileIO, state: TableState, *, min_age_seconds: float, dry_run: b
 
     removable = [rel for folder in layout.REFERENCED_DIRS for rel in io.walk(folder) if rel not in named and old(rel)]
     for folder in (layout.COMMITS_DIR, layout.CHECKPOINTS_DIR, layout.PARTS_DIR):
-        removable += [rel for rel in io.walk(folder) if rel.rsplit("/", 1)[-1].startswith(layout.TMP_PREFIX) and old(rel)]
+        removable += [rel for rel in io.walk(folder)
+                      if rel.rsplit("/", 1)[-1].startswith(layout.TMP_PREFIX) and old(rel)]
     # Claims of parts that committed or were given up: the state's max_part keeps new claims above them.
-    for name in io.list(layout.PARTS_DIR):
+    for name in io.listdir(layout.PARTS_DIR):
         rel = f"{layout.PARTS_DIR}/{name}"
         if name.isdigit() and int(name) <= state.max_part and old(rel):
             removable.append(rel)
@@ -70,7 +71,8 @@ def upgrade(io: FileIO, refresh) -> Commit | None:
                 "0.1 first (format v1 pending batches carry v1 buckets)"
             )
         meta: TableMetadata = state.metadata
-        added, removed = [], []
+        added: list[BucketFile] = []
+        removed: list[str] = []
         if meta.keyed and state.keystore:
             entries = pa.concat_tables([keystore.read_bucket(io, files, meta) for files in state.keystore.values()
                                         if files])

@@ -8,11 +8,11 @@ import pyarrow as pa
 
 from bitlake.engine import plan, reader, timetravel
 from bitlake.errors import InvalidInputError
-from bitlake.fs import FileIO
 from bitlake.format import commitlog
 from bitlake.format import state as state_mod
 from bitlake.format.metadata import delta_to_int
 from bitlake.format.state import TableState
+from bitlake.fs import FileIO
 
 
 def view(io: FileIO, latest: TableState, version: int | None, as_of: Any, valid_at: Any

@@ -12,14 +12,14 @@ import pyarrow as pa
 
 from bitlake import maintenance, read, transaction
 from bitlake.errors import NotATableError, TableExistsError, TableNotFoundError
-from bitlake.fs import FileIO, file_io
 from bitlake.format import commitlog
 from bitlake.format import state as state_mod
 from bitlake.format.commit import CREATE, SET_METADATA, Commit
 from bitlake.format.metadata import TableMetadata, normalize_schema
 from bitlake.format.protocol import Protocol
 from bitlake.format.state import TableState
-from bitlake.ingest import IngestResult, Ingestion
+from bitlake.fs import FileIO, file_io
+from bitlake.ingest import Ingestion, IngestResult
 
 __all__ = ["IngestResult", "Table", "create_table", "open_table"]
 

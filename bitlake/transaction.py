@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 from bitlake import faults
 from bitlake.errors import CommitConflictError, InvalidInputError
-from bitlake.fs import FileIO
 from bitlake.format import commitlog, layout, rowid
 from bitlake.format.commit import Commit
 from bitlake.format.state import TableState, write_checkpoint
+from bitlake.fs import FileIO
 
 MAX_COMMIT_ATTEMPTS = 30
 
@@ -61,7 +61,7 @@ def commit(io: FileIO, refresh: Callable[[], TableState], build: Build) -> tuple
 
 def claim_part(io: FileIO, state: TableState) -> int:
     """Claims a segment part no other landing has: an atomic create of ``_bitlake/parts/<n>``."""
-    listed = [int(n) for n in io.list(layout.PARTS_DIR) if n.isdigit()]
+    listed = [int(n) for n in io.listdir(layout.PARTS_DIR) if n.isdigit()]
     n = max([state.max_part, *listed]) + 1
     while True:
         if n > rowid.MAX_PART:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv and installs bitlake with its test and benchmark tools. Needs Python 3.11+ and Java 17.
+# Creates .venv and installs bitlake with its test and benchmark tools: the extras test and bench pull in every
+# other one but airflow (spark, service, client, cli, formats). Needs Python 3.11+ and Java 17.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v java >/dev/null 2>&1; then

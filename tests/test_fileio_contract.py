@@ -103,7 +103,7 @@ def test_second_put_if_absent_fails_and_keeps_the_first_content(fileio):
     with pytest.raises(FileExistsError):
         fileio.put_if_absent("other", b"x")
     assert fileio.read_bytes("other") == b"atomic"
-    assert fileio.list("") == ["claim", "other"]
+    assert fileio.listdir("") == ["claim", "other"]
 
 
 def _check_race(fileio: FileIO, name: str, outcomes: dict[int, str], payload_size: int) -> None:
@@ -138,7 +138,7 @@ def test_put_if_absent_race_of_threads(fileio):
     for name, results in outcomes.items():
         assert len(results) == writers
         _check_race(fileio, name, results, size)
-    assert fileio.list("race") == _utf8_sorted(f"{r}.json" for r in range(rounds))
+    assert fileio.listdir("race") == _utf8_sorted(f"{r}.json" for r in range(rounds))
     _no_tmp_files(fileio)
 
 
@@ -169,7 +169,7 @@ def test_put_if_absent_race_of_processes(fileio):
     assert [p.exitcode for p in procs] == [0] * writers
     for name in names:
         _check_race(fileio, name, {w: outcome for w, n, outcome in reports if n == name}, size)
-    assert fileio.list("claims") == _utf8_sorted(n.split("/")[1] for n in names)
+    assert fileio.listdir("claims") == _utf8_sorted(n.split("/")[1] for n in names)
     _no_tmp_files(fileio)
 
 
@@ -184,7 +184,7 @@ def test_write_atomic_replaces_the_content_completely(fileio):
     assert fileio.size("state/current.json") == 5
     fileio.write_atomic("state/current.json", b"")
     assert fileio.read_bytes("state/current.json") == b""
-    assert fileio.list("state") == ["current.json"]
+    assert fileio.listdir("state") == ["current.json"]
     _no_tmp_files(fileio)
 
 
@@ -257,8 +257,8 @@ def test_open_output_size_equals_the_bytes_written_and_creates_folders(fileio):
         assert f.size() == sum(map(len, chunks))
         f.seek(1000)
         assert f.read(3) == bytes([0, 1, 2])
-    assert fileio.list("a") == ["b"]
-    assert fileio.list("a/b/c") == ["blob.bin"]
+    assert fileio.listdir("a") == ["b"]
+    assert fileio.listdir("a/b/c") == ["blob.bin"]
 
 
 # --- list / walk ----------------------------------------------------------------------------------------
@@ -270,25 +270,25 @@ NAMES = ["a", "B", "b-1", "é", "10", "9", "Z", "_x", "a.b", "ab"]
 def test_list_is_sorted_by_utf8_bytes(fileio):
     for name in NAMES:
         fileio.put_if_absent(f"dir/{name}", name.encode())
-    listed = fileio.list("dir")
+    listed = fileio.listdir("dir")
     assert listed == ["10", "9", "B", "Z", "_x", "a", "a.b", "ab", "b-1", "é"]
     assert listed == _utf8_sorted(NAMES)
-    assert fileio.list("dir/") == listed
+    assert fileio.listdir("dir/") == listed
 
 
 def test_list_gives_the_names_directly_under_a_folder(fileio):
     for rel in ["t/x.json", "t/sub/y.json", "t/sub/deeper/z.json", "t2/w", "top"]:
         fileio.write_atomic(rel, b"1")
-    assert fileio.list("t") == ["sub", "x.json"]
-    assert fileio.list("t/sub") == ["deeper", "y.json"]
-    assert fileio.list("") == ["t", "t2", "top"]
+    assert fileio.listdir("t") == ["sub", "x.json"]
+    assert fileio.listdir("t/sub") == ["deeper", "y.json"]
+    assert fileio.listdir("") == ["t", "t2", "top"]
 
 
 def test_list_of_a_missing_folder_is_empty(fileio):
-    assert fileio.list("nothing") == []
-    assert fileio.list("nothing/below/here") == []
+    assert fileio.listdir("nothing") == []
+    assert fileio.listdir("nothing/below/here") == []
     fileio.write_atomic("some/file", b"1")
-    assert fileio.list("some/other") == []
+    assert fileio.listdir("some/other") == []
 
 
 def test_walk_gives_every_file_below_sorted(fileio):
@@ -330,7 +330,7 @@ def test_delete(fileio):
     fileio.put_if_absent("d/kept", b"2")
     fileio.delete("d/gone")
     assert not fileio.exists("d/gone")
-    assert fileio.list("d") == ["kept"]
+    assert fileio.listdir("d") == ["kept"]
     with pytest.raises(FileNotFoundError):
         fileio.read_bytes("d/gone")
     # Deleting a missing file (again, or never written, or in a missing folder) does nothing.
@@ -370,7 +370,7 @@ def test_remove_empty_dirs_keeps_files(fileio):
     fileio.delete("r/a/x/2")
     fileio.remove_empty_dirs("r")
     assert fileio.walk() == ["r/keep/3"]
-    assert fileio.list("r") == ["keep"]
+    assert fileio.listdir("r") == ["keep"]
     fileio.remove_empty_dirs("missing")
 
 

@@ -156,3 +156,44 @@ def test_a_spark_schema_defines_the_table(tmp_path, spark):
     assert str(t.metadata.schema.field("mod").type) == "timestamp[us, tz=UTC]"
     t.ingest(df, spark=spark)
     assert [r["id"] for r in t.to_arrow().to_pylist()] == [1]
+
+
+@pytest.mark.parametrize("file_format", ["parquet", "orc"])
+def test_added_columns_read_as_null_in_older_rows(tmp_path, spark, file_format):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod",
+                             file_format=file_format)
+    t.ingest(batch([1, 2], ["a", "b"], [1, 1]), batch_id="before", spark=spark)
+    v = t.add_columns([pa.field("score", pa.float64())])
+    assert t.version == v and t.metadata.column_names == ["id", "name", "mod", "score"]
+    t.ingest(pa.table({"id": [2, 3], "name": ["b2", "c"], "mod": [2, 2], "score": [0.5, None]}), batch_id="after",
+             spark=spark)
+    expected = [(1, "a", 1, None), (2, "b2", 2, 0.5), (3, "c", 2, None)]
+    assert sorted(tuple(r.values()) for r in t.to_arrow().to_pylist()) == expected
+    assert sorted(tuple(r) for r in t.to_spark(spark).collect()) == expected
+    assert t.to_arrow(version=1).column_names == ["id", "name", "mod"]  # the schema as of that version
+    with pytest.raises(bitlake.SchemaMismatchError, match="must be nullable"):
+        t.add_columns([pa.field("strict", pa.int64(), nullable=False)])
+    with pytest.raises(bitlake.SchemaMismatchError, match="already exists"):
+        t.add_columns([pa.field("Score", pa.int64())])
+
+
+def test_properties_change_in_a_commit(table):
+    v = table.set_properties({"checkpoint.interval": "5"})
+    assert table.metadata.properties == {"checkpoint.interval": "5"}
+    assert table.history()[0]["operation"] == "SET_METADATA" and table.version == v
+    table.set_properties({"checkpoint.interval": ""})
+    assert table.metadata.properties == {}
+    with pytest.raises(bitlake.InvalidInputError, match="unknown table property"):
+        table.set_properties({"no.such": "1"})
+    with pytest.raises(bitlake.InvalidInputError, match="must be a number"):
+        table.set_properties({"checkpoint.interval": "often"})
+
+
+def test_the_table_name_is_logical_and_events_carry_it(tmp_path, spark):
+    t = bitlake.create_table(str(tmp_path / "folder"), SCHEMA, primary_key=["id"], delta_column="mod")
+    assert t.name == "folder"
+    named = bitlake.create_table(str(tmp_path / "other"), SCHEMA, name="crm.accounts")
+    named.ingest(pa.table({"id": [1], "name": ["a"], "mod": [1]}), spark=spark)
+    from bitlake.format import commitlog
+
+    assert [e["table"] for e in commitlog.read(named.io, 1).events] == ["crm.accounts"]

@@ -21,10 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bitlake.errors import InvalidInputError, NullValueError, UnknownOperationError
-from bitlake.fs import FileIO
 from bitlake.format import bucket, datafile, layout, rowid
 from bitlake.format.commit import DataFile, KeysFile, SegmentRows
 from bitlake.format.metadata import DELTA_INFINITY, OP_COLUMN, OPERATIONS, TableMetadata, deltas_as_int
+from bitlake.fs import FileIO
 
 # A task flushes every writer once their buffers hold this much together (many partition folders).
 TASK_BUFFER_BYTES = 512 << 20
@@ -151,10 +151,12 @@ def _keys(chunk: pa.Table, offsets: np.ndarray, part: int, seq: int, is_delete, 
     buckets = bucket.buckets(chunk, meta.primary_key, meta.num_buckets)
     columns = [chunk.column(c) for c in meta.primary_key] + [pa.array(deltas), pa.array(packed), deleted,
                                                              pa.array(buckets)]
-    return pa.Table.from_arrays(columns, schema=datafile.keys_schema(meta)), int(np.count_nonzero(deltas == DELTA_INFINITY))
+    infinite = int(np.count_nonzero(deltas == DELTA_INFINITY))
+    return pa.Table.from_arrays(columns, schema=datafile.keys_schema(meta)), infinite
 
 
-def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict]) -> tuple[list[DataFile], list[KeysFile]]:
+def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict]
+            ) -> tuple[list[DataFile], list[KeysFile]]:
     """The files the tasks of segment part ``part`` wrote, from their reports; raises NullValueError /
     UnknownOperationError / InvalidInputError, after removing every file they wrote, when the input breaks
     the contract (docs/semantics.md, rule 3)."""
@@ -172,7 +174,8 @@ def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict])
             keys.append((r["seq"], KeysFile(r["path"], r["seq"], r["rows"], r["bytes"])))
         else:
             partition = json.loads(r["partition"]) if r["partition"] else None
-            data.append(DataFile(r["path"], r["rows"], r["bytes"], partition, (SegmentRows(part, r["seq"], r["rows"]),)))
+            segments = (SegmentRows(part, r["seq"], r["rows"]),)
+            data.append(DataFile(r["path"], r["rows"], r["bytes"], partition, segments))
     error: Exception | None = None
     for c, n in nulls.items():
         if n:

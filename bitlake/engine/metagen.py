@@ -23,10 +23,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
-from bitlake.fs import FileIO
 from bitlake.format import bitmap, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format.commit import BucketFile, DataFile, KeysFile, LogFile, SegmentState
 from bitlake.format.state import TableState
+from bitlake.fs import FileIO
 
 COUNTS = ("inserted", "updated", "deleted", "stale", "ignored_deletes")
 # Rows of MetaGen's event tables with this kind are the accepted upserts: they become valid, which the data

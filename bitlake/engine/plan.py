@@ -20,10 +20,10 @@ import dataclasses
 import numpy as np
 from pyroaring import BitMap
 
-from bitlake.fs import FileIO
 from bitlake.format import bitmap, rowid, segmentlog
 from bitlake.format.commit import DataFile, SegmentState
 from bitlake.format.state import TableState
+from bitlake.fs import FileIO
 
 
 @dataclasses.dataclass

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from bitlake.fs import FileIO
+from bitlake.engine.plan import ReadPlan
 from bitlake.format import bitmap, datafile, rowid
 from bitlake.format.metadata import deltas_as_int
-from bitlake.engine.plan import ReadPlan
+from bitlake.fs import FileIO
 
 
 def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False) -> pa.Table:

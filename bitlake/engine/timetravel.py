@@ -6,8 +6,8 @@ import datetime as dt
 from typing import Any
 
 from bitlake.errors import InvalidInputError, VersionNotFoundError
-from bitlake.fs import FileIO
 from bitlake.format import commitlog
+from bitlake.fs import FileIO
 
 
 def timestamp_ms(value: Any) -> int:

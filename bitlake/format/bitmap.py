@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap
 
-from bitlake.fs import FileIO
 from bitlake.format.commit import SegmentState
 from bitlake.format.rowid import PART_COLUMN, SEQ_COLUMN
+from bitlake.fs import FileIO
 
 FILE_SCHEMA = pa.schema(
     [

@@ -17,9 +17,9 @@ import time
 import zlib
 
 from bitlake.errors import CorruptTableError, UnsupportedFormatVersionError
-from bitlake.fs import FileIO
 from bitlake.format import layout, v1
 from bitlake.format.commit import Commit
+from bitlake.fs import FileIO
 
 _ENVELOPE = re.compile(rb'\{"crc32":(\d+),"body":')
 
@@ -69,7 +69,7 @@ def exists(io: FileIO, version: int) -> bool:
 
 
 def list_versions(io: FileIO) -> list[int]:
-    return [int(n[:-5]) for n in io.list(layout.COMMITS_DIR) if n.endswith(".json") and n[:-5].isdigit()]
+    return [int(n[:-5]) for n in io.listdir(layout.COMMITS_DIR) if n.endswith(".json") and n[:-5].isdigit()]
 
 
 def now_ms(previous_ms: int) -> int:

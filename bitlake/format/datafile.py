@@ -13,9 +13,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bitlake.fs import FileIO
 from bitlake.format import keystore, rowid
 from bitlake.format.metadata import TableMetadata
+from bitlake.fs import FileIO
 
 # Row groups hold up to this many rows / bytes of Arrow data: Spark hands a task 10,000-row Arrow batches,
 # which as row groups of their own would repeat every column's dictionary (docs/benchmarks.md).
@@ -144,8 +144,8 @@ def read_data(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | N
         f = pq.ParquetFile(io.open_input(path))
         present = set(f.schema_arrow.names)
         table = f.read(columns=[n for n in names if n in present])
-    arrays = [table.column(n).cast(schema.field(n).type) if n in present else pa.nulls(table.num_rows, schema.field(n).type)
-              for n in names]
+    arrays = [table.column(n).cast(schema.field(n).type) if n in present
+              else pa.nulls(table.num_rows, schema.field(n).type) for n in names]
     return pa.Table.from_arrays(arrays, schema=pa.schema([schema.field(n) for n in names]))
 
 

@@ -22,10 +22,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bitlake.fs import FileIO
 from bitlake.format import layout
 from bitlake.format.commit import BucketFile
 from bitlake.format.metadata import TableMetadata
+from bitlake.fs import FileIO
 
 DELTA = "_delta"
 ROW_ID = "_row_id"
@@ -93,7 +93,8 @@ def write_bucket_deltas(io: FileIO, meta: TableMetadata, bucket_files: dict[int,
     older files of the bucket when its plan says so. Returns the files added and the paths they replace."""
     schema = file_schema(meta)
     pk = list(meta.primary_key)
-    added, replaced = [], []
+    added: list[BucketFile] = []
+    replaced: list[str] = []
     buckets = rows.column(BUCKET)
     for bucket in sorted(pc.unique(buckets).to_pylist()):
         delta = rows.filter(pc.equal(buckets, bucket)).select(schema.names).cast(schema)

@@ -20,9 +20,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bitlake.fs import FileIO
 from bitlake.format.commit import LogFile
 from bitlake.format.rowid import OFFSET_COLUMN, PART_COLUMN, SEQ_COLUMN
+from bitlake.fs import FileIO
 
 SET_VALID_FROM = 1  # format v1 only
 SET_VALID_UNTIL = 2

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 
 from bitlake.errors import NotATableError, TableNotFoundError, VersionNotFoundError
-from bitlake.fs import FileIO
 from bitlake.format import commitlog, layout
 from bitlake.format.commit import (
     LIVE,
@@ -26,6 +25,7 @@ from bitlake.format.commit import (
 )
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.protocol import Protocol
+from bitlake.fs import FileIO
 
 
 @dataclasses.dataclass
@@ -82,8 +82,8 @@ class TableState:
             self._apply_batch(b, c.version)
         for path in c.remove_files:
             self.files.pop(path, None)
-        for f in c.add_files:
-            self.files[f.path] = f
+        for added in c.add_files:
+            self.files[added.path] = added
         for s in c.segments:
             self.segments[s.segment] = s
         for f in c.logs:
@@ -194,7 +194,7 @@ def load(io: FileIO, version: int | None = None) -> TableState:
     if not 0 <= version <= latest:
         raise VersionNotFoundError(f"version {version} does not exist; the table has versions 0 to {latest}")
     state = None
-    checkpoints = [int(n[:-5]) for n in io.list(layout.CHECKPOINTS_DIR) if n.endswith(".json") and n[:-5].isdigit()]
+    checkpoints = [int(n[:-5]) for n in io.listdir(layout.CHECKPOINTS_DIR) if n.endswith(".json") and n[:-5].isdigit()]
     usable = [v for v in checkpoints if v <= version]
     if usable:
         path = layout.checkpoint_path(usable[-1])

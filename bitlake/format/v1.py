@@ -10,7 +10,6 @@ import zlib
 from urllib.parse import urlparse
 
 from bitlake.errors import CorruptTableError
-from bitlake.fs import FileIO
 from bitlake.format.commit import (
     LIVE,
     PENDING,
@@ -24,6 +23,7 @@ from bitlake.format.commit import (
     SegmentState,
 )
 from bitlake.format.protocol import Protocol
+from bitlake.fs import FileIO
 
 
 def decode(data: bytes, what: str) -> dict:
@@ -56,10 +56,12 @@ def translate(body: dict, io: FileIO) -> Commit:
         m.pop("format_version", None)
         metadata = {**m, "name": name, "properties": props}
         protocol = Protocol(reader_version=1, writer_version=1)
-    batches, add_files = [], []
+    batches: list[BatchRecord] = []
+    add_files: list[DataFile] = []
     landed = body["landed"]
     if landed is not None:
-        keys = tuple(KeysFile(f["path"], f["segment_seq"], f["rows"], f["bytes"]) for f in landed["files"] if f["kind"] == "keys")
+        keys = tuple(KeysFile(f["path"], f["segment_seq"], f["rows"], f["bytes"])
+                     for f in landed["files"] if f["kind"] == "keys")
         data = [f for f in landed["files"] if f["kind"] == "data"]
         records = sum(f.rows for f in keys) if keys else sum(f["rows"] for f in data)
         status = LIVE if landed["batch_id"] in body["processed"] else PENDING
@@ -112,5 +114,6 @@ class _V1Parts:
             if body.get("landed"):
                 self.parts[body["landed"]["batch_id"]] = body["landed"]["segment_part"]
         if batch_id not in self.parts:
-            raise CorruptTableError(f"v1 commit {before} makes batch {batch_id!r} visible, which no earlier commit landed")
+            raise CorruptTableError(
+                f"v1 commit {before} makes batch {batch_id!r} visible, which no earlier commit landed")
         return self.parts[batch_id]

@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow as pa
 
 from bitlake.engine.plan import ReadPlan
-from bitlake.fs import FileIO
 from bitlake.format import bitmap, datafile, rowid, segmentlog
 from bitlake.format.state import TableState
+from bitlake.fs import FileIO
 from bitlake.spark.reader import scan
 
 CHANGE_TYPES = ("insert", "update_preimage", "update_postimage", "delete")
@@ -82,7 +82,7 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
     live = {b.part: b for b in state.parts.values() if b.live_version is not None and start < b.live_version <= end}
     # A batch's index among the batches its commit made live, in the order they were applied.
     index_of = {}
-    for v in sorted({b.live_version for b in live.values()}):
+    for v in sorted({b.live_version for b in live.values() if b.live_version is not None}):
         of_commit = sorted((b for b in live.values() if b.live_version == v), key=lambda b: (b.landed_version, b.part))
         index_of.update({b.part: i for i, b in enumerate(of_commit)})
     new_files = [f for f in state.data_files() if f.segments[0].part in live]

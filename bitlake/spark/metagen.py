@@ -32,11 +32,11 @@ from bitlake.engine.metagen import (
     unkeyed_output,
     write_segments,
 )
-from bitlake.fs import FileIO
 from bitlake.format import datafile, keystore, rowid, segmentlog
 from bitlake.format.commit import BucketFile, SegmentState
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.state import TableState
+from bitlake.fs import FileIO
 
 
 def run(spark, io: FileIO, state: TableState, batches: list[Landed], version: int) -> MetaGenOutput:

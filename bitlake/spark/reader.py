@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 
 from bitlake.engine.plan import ReadPlan
-from bitlake.fs import FileIO
 from bitlake.format import bitmap, datafile, layout, rowid
 from bitlake.format.commit import DataFile, SegmentState
+from bitlake.fs import FileIO
 
 DRIVER_EXPANSION_ROWS = 2_000_000
 _DROP_IN = "segment string, revived binary"

@@ -16,11 +16,7 @@ def to_arrow_schema(schema: Any) -> pa.Schema:
     """Accepts a pyarrow.Schema or a Spark StructType."""
     if isinstance(schema, pa.Schema):
         return normalize_schema(schema)
-    try:
-        from pyspark.sql.types import StructType
-    except ImportError:  # pragma: no cover - without pyspark only Arrow schemas exist
-        StructType = None  # noqa: N806
-    if StructType is not None and isinstance(schema, StructType):
+    if type(schema).__name__ == "StructType" and type(schema).__module__.startswith("pyspark."):
         from pyspark.sql.pandas.types import to_arrow_schema as spark_to_arrow
 
         return normalize_schema(spark_to_arrow(schema, timezone="UTC", prefers_large_types=False))

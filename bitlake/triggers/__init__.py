@@ -11,27 +11,67 @@
 docs/triggers.md describes the event model, the API, the trigger semantics and the configuration.
 """
 
-from bitlake.triggers.adapters import DeltaAdapter, HiveFolderAdapter, IcebergAdapter
-from bitlake.triggers.client import Client
-from bitlake.triggers.config import TriggerConfig
-from bitlake.triggers.errors import (
-    AdapterError,
-    BadCursorError,
-    BrokenChainError,
-    EventConflictError,
-    EventNotFoundError,
-    FlowConflictError,
-    FlowNotFoundError,
-    IncrementalReadError,
-    TriggerError,
-    TriggerServiceError,
-)
-from bitlake.triggers.event import Event, EventIn, OperationType, TableFormat, decode_events, encode_events
-from bitlake.triggers.incremental import SnapshotRange, read_changes, snapshot_range
-from bitlake.triggers.publisher import publish
-from bitlake.triggers.service import create_app
-from bitlake.triggers.store import Role, TriggerStore, create_token
-from bitlake.triggers.trigger import PartitionTrigger, SnapshotTrigger
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bitlake.triggers.adapters import DeltaAdapter, HiveFolderAdapter, IcebergAdapter
+    from bitlake.triggers.client import Client
+    from bitlake.triggers.config import TriggerConfig
+    from bitlake.triggers.errors import (
+        AdapterError,
+        BadCursorError,
+        BrokenChainError,
+        EventConflictError,
+        EventNotFoundError,
+        FlowConflictError,
+        FlowNotFoundError,
+        IncrementalReadError,
+        TriggerError,
+        TriggerServiceError,
+    )
+    from bitlake.triggers.event import Event, EventIn, OperationType, TableFormat, decode_events, encode_events
+    from bitlake.triggers.incremental import SnapshotRange, read_changes, snapshot_range
+    from bitlake.triggers.models import Role
+    from bitlake.triggers.publisher import publish
+    from bitlake.triggers.service import create_app
+    from bitlake.triggers.store import TriggerStore, create_token
+    from bitlake.triggers.trigger import PartitionTrigger, SnapshotTrigger
+
+# Each name is imported from its module on first use (PEP 562), so that ``import bitlake.triggers.client``
+# (and the Airflow provider, the command line) loads neither the service (FastAPI) nor the store (SQLAlchemy).
+_EXPORTS = {
+    "adapters": ("DeltaAdapter", "HiveFolderAdapter", "IcebergAdapter"),
+    "client": ("Client",),
+    "config": ("TriggerConfig",),
+    "errors": ("AdapterError", "BadCursorError", "BrokenChainError", "EventConflictError", "EventNotFoundError",
+               "FlowConflictError", "FlowNotFoundError", "IncrementalReadError", "TriggerError",
+               "TriggerServiceError"),
+    "event": ("Event", "EventIn", "OperationType", "TableFormat", "decode_events", "encode_events"),
+    "incremental": ("SnapshotRange", "read_changes", "snapshot_range"),
+    "models": ("Role",),
+    "publisher": ("publish",),
+    "service": ("create_app",),
+    "store": ("TriggerStore", "create_token"),
+    "trigger": ("PartitionTrigger", "SnapshotTrigger"),
+}
+_MODULES = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "AdapterError", "BadCursorError", "BrokenChainError", "Client", "DeltaAdapter", "Event", "EventConflictError",

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from bitlake.triggers.config import TriggerConfig
 from bitlake.triggers.errors import TriggerError
-from bitlake.triggers.store import Role, TriggerStore
+from bitlake.triggers.models import Role
 
 DB_URL_HELP = "SQLAlchemy URL of the store (default: the service's configuration)"
 
@@ -37,6 +37,8 @@ def add_token_parser(sub) -> argparse.ArgumentParser:
 
 def token_command(args: argparse.Namespace) -> int:
     """Runs a parsed ``token`` action; 1 when there was no active token to revoke. Raises TriggerError."""
+    from bitlake.triggers.store import TriggerStore  # SQLAlchemy: only once a token command runs
+
     config = TriggerConfig.load()
     if getattr(args, "db_url", None):
         config = config.model_copy(update={"db_url": args.db_url})

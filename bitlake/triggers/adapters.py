@@ -31,7 +31,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from pydantic import ValidationError
@@ -40,7 +40,10 @@ from bitlake.triggers.client import Client
 from bitlake.triggers.errors import AdapterError, IncrementalReadError
 from bitlake.triggers.event import EventIn, OperationType, TableFormat
 from bitlake.triggers.incremental import load_iceberg_table, local_path, require
-from bitlake.triggers.store import Registration, TriggerStore
+from bitlake.triggers.models import Registration
+
+if TYPE_CHECKING:
+    from bitlake.triggers.store import TriggerStore
 
 SUCCESS_MARKER = "_SUCCESS"
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"

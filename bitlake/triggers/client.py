@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from bitlake.triggers.errors import TriggerServiceError
 from bitlake.triggers.event import MAX_EVENTS_PER_REQUEST, Event, EventIn, format_timestamp, parse_timestamp
-from bitlake.triggers.store import ANY_PARTITION, EventPage, Registration, RegistrationResult
+from bitlake.triggers.models import ANY_PARTITION, EventPage, Registration, RegistrationResult
 from bitlake.triggers.trigger import FlowCursor, PartitionTriggerResult, SnapshotTriggerResult
 
 Timestampish = dt.datetime | str | int

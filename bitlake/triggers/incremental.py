@@ -18,11 +18,10 @@ reads exactly that range with Spark, in each table format's own terms:
 - **HIVE**: the partition folders the events name (their ``partition_path`` tag), read with the table's
   folder as Spark's ``basePath`` so the partition columns are there too.
 
-Where the table is: the ``location=`` argument, else the events' ``location`` tag (the adapters set it),
-else the event's ``table`` itself when it is a URI or an absolute path (bitlake names a table by its
-``file://`` URI unless it has a ``table.name`` property). An Iceberg table is loaded from ``catalog=``
-(a pyiceberg catalog, by the event's table identifier) when given, else from the newest metadata file
-under its location.
+Where the table is: the ``location=`` argument, else the events' ``location`` tag (the adapters and the
+bitlake publisher set it), else the event's ``table`` itself when it is a URI or an absolute path. An
+Iceberg table is loaded from ``catalog=`` (a pyiceberg catalog, by the event's table identifier) when
+given, else from the newest metadata file under its location.
 """
 
 from __future__ import annotations
@@ -273,7 +272,7 @@ def _read_iceberg(spark, rng: SnapshotRange, *, location: str | None, catalog: A
     from pyiceberg.table.snapshots import Operation
     from pyspark.sql import functions as F
 
-    from bitlake.schema import spark_schema
+    from bitlake.spark.schema import spark_schema
 
     table = _iceberg_table(rng, location, catalog)
     start = _int_snapshot(rng, rng.start_snapshot_id)

@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import TYPE_CHECKING
 
-from bitlake import commitlog
+from bitlake.format import commitlog
 from bitlake.table import Table, open_table
 from bitlake.triggers.client import Client
 from bitlake.triggers.event import MAX_EVENTS_PER_REQUEST
-from bitlake.triggers.store import Registration, TriggerStore
+from bitlake.triggers.models import Registration
+
+if TYPE_CHECKING:
+    from bitlake.triggers.store import TriggerStore
 
 PUBLISHED_DIR = "_bitlake/published"
 
@@ -32,6 +36,8 @@ def target_id(target: TriggerStore | Client) -> str:
     """A stable name of where events go: the service's URL, or the store's database URL without password."""
     if isinstance(target, Client):
         return target.base_url
+    from bitlake.triggers.store import TriggerStore  # SQLAlchemy: not needed to publish through a Client
+
     if isinstance(target, TriggerStore):
         return target.engine.url.render_as_string(hide_password=True)
     raise TypeError(f"publish to a TriggerStore or a Client, not a {type(target).__name__}")
@@ -82,8 +88,12 @@ def publish(table: Table | str, target: TriggerStore | Client, *, batch_events: 
     latest = table.refresh().version
     out: list[Registration] = []
     pending: list[dict] = []
+    # Commits carry the table's logical name; where the table lives is the publisher's knowledge, sent
+    # as the events' ``location`` tag so that incremental readers find it.
+    location = table.io.uri()
     for version in range(published_version(table, name) + 1, latest + 1):
-        pending.extend(commitlog.read(table.io, version).events)
+        pending.extend({**e, "tags": {**e.get("tags", {}), "location": location}}
+                       for e in commitlog.read(table.io, version).events)
         # Register whole commits at a time, so that the cursor only ever passes fully registered commits.
         if len(pending) >= batch_events or version == latest:
             if pending:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-import enum
 import fnmatch
 import functools
 import hashlib
@@ -74,7 +73,6 @@ from bitlake.triggers.errors import (
     TriggerError,
 )
 from bitlake.triggers.event import (
-    Event,
     EventIn,
     Timestamp,
     canonical_partition,
@@ -83,6 +81,7 @@ from bitlake.triggers.event import (
     from_micros,
     to_micros,
 )
+from bitlake.triggers.models import ANY_PARTITION, EventPage, Registration, RegistrationResult, Role
 from bitlake.triggers.tables import EVENTS, FLOWS, TOKENS
 from bitlake.triggers.trigger import (
     FlowCursor,
@@ -101,14 +100,6 @@ TOKEN_PREFIX = "blt_"
 MAX_TOKEN_GLOBS = 64
 
 
-class Role(enum.StrEnum):
-    """What a token may do: producers register events; consumers query, evaluate and acknowledge; admins both."""
-
-    PRODUCER = "producer"
-    CONSUMER = "consumer"
-    ADMIN = "admin"
-
-
 class TokenInfo(BaseModel):
     """A token as the store knows it (never the token itself)."""
 
@@ -121,33 +112,6 @@ class TokenInfo(BaseModel):
 
     def allows(self, table: str) -> bool:
         return any(fnmatch.fnmatchcase(table, glob) for glob in self.tables)
-
-
-class Registration(BaseModel):
-    """One registered event and whether this request created it (False: it existed, the request was a retry)."""
-
-    created: bool
-    event: Event
-
-
-class RegistrationResult(BaseModel):
-    """The answer to a registration (``POST /events``)."""
-
-    events: list[Registration] = Field(description="One per event sent, in order")
-
-
-class EventPage(BaseModel):
-    next_cursor: str | None = Field(description="Pass as cursor to get the next page; null on the last page")
-    events: list[Event]
-
-
-class _AnyPartition:
-    def __repr__(self) -> str:
-        return "ANY_PARTITION"
-
-
-ANY_PARTITION: Any = _AnyPartition()
-"""``partition=`` of :meth:`TriggerStore.events` that does not filter (``None`` means unpartitioned)."""
 
 
 def now_micros() -> int:

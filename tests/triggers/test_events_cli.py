@@ -143,7 +143,7 @@ def test_serve_and_publish_a_bitlake_table_over_http(spark, tmp_path, capsys):
         assert out == f"published 0 event(s), 0 new, 0 already registered of {table.name} (version 1)\n"
         code, out, _ = run(capsys, "events", "list", "--url", url, "--token", token, "--table", table.name, "--json")
         assert code == 0
-        assert [(e.snapshot_id, e.tags) for e in decode_events(out)] == [("1", {"batch_ids": "b1"})]
+        assert [(e.snapshot_id, e.tags) for e in decode_events(out)] == [("1", {"batch_ids": "b1", "location": table.io.uri()})]
         code, _, err = run(capsys, "events", "list", "--url", url, "--token", "blt_wrong", "--table", table.name)
         assert code == 2 and "401" in err
     finally:

@@ -44,9 +44,9 @@ class Service:
         self.app = create_app(TriggerConfig(db_url=db_url, token_cache_seconds=0))
         self.store = self.app.state.store
         self.http = TestClient(self.app)
-        self.producer = Client("http://testserver", self.store.create_token("producer", ["file://*"]),
+        self.producer = Client("http://testserver", self.store.create_token("producer", ["shop.*", "file://*"]),
                                http_client=self.http)
-        self.consumer = Client("http://testserver", self.store.create_token("consumer", ["file://*"]),
+        self.consumer = Client("http://testserver", self.store.create_token("consumer", ["shop.*", "file://*"]),
                                http_client=self.http)
 
     def close(self) -> None:
@@ -62,10 +62,10 @@ def service(db_url):
 
 
 def test_end_to_end_commits_publish_trigger_read_ack(spark, tmp_path, service):
-    table = bitlake.create_table(str(tmp_path / "orders"), SCHEMA, primary_key=["id"], delta_column="mod",
+    table = bitlake.create_table(str(tmp_path / "orders"), SCHEMA, name="shop.orders", primary_key=["id"], delta_column="mod",
                                  partition_by=["region"], num_buckets=2)
     name = table.name
-    assert name == f"file://{tmp_path}/orders"
+    assert name == "shop.orders"  # the logical name; the publisher tags each event with the table's location
     flow = "daily_orders"
 
     # Commit 1, published: the flow's first run reads it.
@@ -148,7 +148,7 @@ def test_publish_registers_each_commit_once_and_keeps_a_cursor_per_target(commit
         first = publish(table.path, a)  # a path works as well as a Table
         assert [(r.created, r.event.snapshot_id, r.event.prev_snapshot_id) for r in first] == [
             (True, "1", None), (True, "2", "1"), (True, "4", "2")]
-        assert first[0].event.tags == {"batch_ids": "b1"}
+        assert first[0].event.tags == {"batch_ids": "b1", "location": table.io.uri()}
         assert publish(table, a) == []
         assert publisher_mod.published_version(table, publisher_mod.target_id(a)) == 4
         # Another target has its own cursor.
