@@ -7,8 +7,8 @@ import datetime as dt
 import uuid
 from typing import Any
 
-from bitlake import changeevent, faults, keyindex, transaction
-from bitlake.engine import landing
+from bitlake import changeevent, faults, transaction
+from bitlake.engine import keyindex, landing
 from bitlake.engine import metagen as engine_metagen
 from bitlake.engine.metagen import COUNTS, Landed, MetaGenOutput
 from bitlake.errors import InvalidInputError

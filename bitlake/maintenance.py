@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from bitlake import transaction
 from bitlake.errors import InvalidInputError
-from bitlake.format import bucket, commitlog, keystore, layout
+from bitlake.format import bucket, commitlog, keystore, layout, v1
 from bitlake.format.commit import UPGRADE, BucketFile, Commit
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.protocol import FORMAT_VERSION, V1_HISTORY, Protocol
@@ -74,11 +74,13 @@ def upgrade(io: FileIO, refresh) -> Commit | None:
         added: list[BucketFile] = []
         removed: list[str] = []
         if meta.keyed and state.keystore:
-            entries = pa.concat_tables([keystore.read_bucket(io, files, meta) for files in state.keystore.values()
-                                        if files])
+            schema = keystore.file_schema(meta)
+            stored = [v1.read_keystore_file(io, f.path).select(schema.names).cast(schema)
+                      for files in state.keystore.values() for f in files]
+            entries = keystore.latest_per_key(pa.concat_tables(stored), list(meta.primary_key))
             rows = entries.append_column(keystore.BUCKET,
                                          pa.array(bucket.buckets(entries, meta.primary_key, meta.num_buckets)))
-            added, _ = keystore.write_bucket_deltas(io, meta, {}, rows)
+            added, _ = keystore.write_bucket_files(io, meta, {}, rows)
             removed = [f.path for files in state.keystore.values() for f in files]
         protocol = Protocol().with_features(V1_HISTORY)
         c = Commit(state.version + 1, UPGRADE, commitlog.now_ms(state.timestamp_ms),

@@ -10,9 +10,9 @@ import pytest
 from rocksdict import Options, Rdict
 
 import bitlake
-from bitlake import keyindex
+from bitlake.engine import keyindex
+from bitlake.engine.keyindex import encode_keys
 from bitlake.format import layout
-from bitlake.keyindex import encode_keys
 from tests.test_table import SCHEMA, batch, view
 
 

@@ -77,7 +77,7 @@ def test_random_batches_match_the_oracle(spark, kind, monkeypatch):
         try:
             t = bitlake.create_table(
                 path, schema, primary_key=["k"], delta_column="mod", num_buckets=3,
-                properties={"keystore.max_deltas": "2"}, **options,
+                properties={"keystore.max_increments": "2"}, **options,
             )
             oracle = Oracle()
             pending = []

@@ -45,7 +45,7 @@ def _records(records):
 def _build(path, spark, plan):
     """Ingests the plan; returns the table and the oracle with the versions each batch became visible at."""
     t = bitlake.create_table(path, SCHEMA, primary_key=["k"], delta_column="mod", num_buckets=2,
-                             properties={"keystore.max_deltas": "2", "checkpoint.interval": "3"})
+                             properties={"keystore.max_increments": "2", "checkpoint.interval": "3"})
     oracle, pending = Oracle(), []
     for i, (records, now) in enumerate(plan):
         t.ingest(_arrow(records), op_column="op", batch_id=f"b{i}", metagen=now, spark=spark)

@@ -2,15 +2,15 @@
 inline MetaGen that computes it on the driver.
 
 MetaGen applies the semantics contract (docs/semantics.md) to the landed records and writes segment-log
-events, new segment states (bitmaps) and key-store deltas, and counts. Two implementations:
+events, new segment states (bitmaps) and key-store increments, and counts. Two implementations:
 
 * the Spark MetaGen (:mod:`bitlake.spark.metagen`) joins the batches with the key-store buckets they touch
   and folds each key with window functions; its cost grows with those buckets;
 * the inline MetaGen (:func:`run_inline`, Opal's "inline metadata update") runs on the driver: it reads the
-  batches' keys files, looks their keys up in the key index (:mod:`bitlake.keyindex`), or for large batches
+  batches' keys files, looks their keys up in the key index (:mod:`bitlake.engine.keyindex`), or for large batches
   semi-joins them with the key store, and folds them in order with :func:`fold`.
 
-Both write their files with :func:`write_segments` and :func:`bitlake.format.keystore.write_bucket_deltas`,
+Both write their files with :func:`write_segments` and :func:`bitlake.format.keystore.write_bucket_files`,
 which the Spark MetaGen calls inside its tasks.
 """
 
@@ -96,9 +96,9 @@ def unkeyed_output(batches: list[Landed]) -> MetaGenOutput:
 
 SEGMENT_ARROW = pa.schema([
     ("kind", pa.string()), ("path", pa.string()), ("part", pa.int32()), ("seq", pa.int32()),
-    ("events", pa.int64()), ("bytes", pa.int64()), ("min_t", pa.int64()), ("max_t", pa.int64()),
+    ("count", pa.int64()), ("bytes", pa.int64()), ("min_t", pa.int64()), ("max_t", pa.int64()),
 ])
-SEGMENT_DDL = "kind string, path string, part int, seq int, events long, bytes long, min_t long, max_t long"
+SEGMENT_DDL = "kind string, path string, part int, seq int, count long, bytes long, min_t long, max_t long"
 
 
 def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], events: pa.Table) -> list[dict]:
@@ -116,7 +116,7 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
     until = table.filter(pc.equal(table.column("event"), segmentlog.SET_VALID_UNTIL))
     if until.num_rows:
         f = segmentlog.write_file(io, layout.log_path(), until)
-        rows.append({"kind": "log", "path": f.path, "part": None, "seq": None, "events": f.events,
+        rows.append({"kind": "log", "path": f.path, "part": None, "seq": None, "count": f.events,
                      "bytes": f.bytes, "min_t": f.min_t, "max_t": f.max_t})
     table = table.take(pc.sort_indices(table, sort_keys=[(rowid.PART_COLUMN, "ascending"),
                                                          (rowid.SEQ_COLUMN, "ascending")]))
@@ -136,7 +136,7 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
         bm |= bitmap.of(o[k == BECOMES_VALID])
         bm.difference_update(bitmap.of(o[k == segmentlog.SET_VALID_UNTIL]))
         if bitmap.is_prefix(bm):
-            rows.append({"kind": "bitmap", "path": None, "part": part, "seq": seq, "events": len(bm), "bytes": 0,
+            rows.append({"kind": "bitmap", "path": None, "part": part, "seq": seq, "count": len(bm), "bytes": 0,
                          "min_t": None, "max_t": None})
         else:
             with_file.append((part, seq, bm))
@@ -144,7 +144,7 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
         path = layout.bitmap_path()
         bitmap.write_file(io, path, with_file)
         for part, seq, bm in with_file:
-            rows.append({"kind": "bitmap", "path": path, "part": part, "seq": seq, "events": len(bm), "bytes": 0,
+            rows.append({"kind": "bitmap", "path": path, "part": part, "seq": seq, "count": len(bm), "bytes": 0,
                          "min_t": None, "max_t": None})
     return rows
 
@@ -156,11 +156,11 @@ def assemble(state: TableState, batches: list[Landed], seg_out: list[dict], adde
     logs = []
     for r in seg_out:
         if r["kind"] == "log":
-            logs.append(LogFile(r["path"], r["events"], r["bytes"], r["min_t"], r["max_t"]))
+            logs.append(LogFile(r["path"], r["count"], r["bytes"], r["min_t"], r["max_t"]))
             continue
         key = (r["part"], r["seq"])
         current = segments.get(key) or state.segments[key]
-        segments[key] = dataclasses.replace(current, bitmap=r["path"], cardinality=r["events"])
+        segments[key] = dataclasses.replace(current, bitmap=r["path"], cardinality=r["count"])
     return MetaGenOutput(
         sorted(segments.values(), key=lambda s: (s.part, s.seq)), sorted(logs, key=lambda f: f.path),
         sorted(added, key=lambda f: (f.bucket, f.path)), replaced, batch_counts,
@@ -173,10 +173,10 @@ LOOKUP_COST_IN_ROWS = 40
 
 
 def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: int, index=None) -> MetaGenOutput:
-    """The inline MetaGen. ``index`` (an open :class:`bitlake.keyindex.KeyIndex` at ``state``, or None)
+    """The inline MetaGen. ``index`` (an open :class:`bitlake.engine.keyindex.KeyIndex` at ``state``, or None)
     answers the batch's keys by point lookups when they are few against the key-store rows of their
     buckets; otherwise, or without an index, the driver semi-joins them with those buckets' files."""
-    from bitlake.keyindex import encode_keys
+    from bitlake.engine.keyindex import encode_keys
 
     meta = state.metadata
     pk = list(meta.primary_key)
@@ -232,10 +232,10 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
 
     latest = records.take(pa.array(np.sort(f.final), pa.int64()))
     ks_rows = latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
-        keystore.SEQ, pa.array(np.full(latest.num_rows, version, dtype=np.int64))
+        keystore.VERSION, pa.array(np.full(latest.num_rows, version, dtype=np.int64))
     )
     touched = set(pc.unique(ks_rows.column(keystore.BUCKET)).to_pylist())
-    added, replaced = keystore.write_bucket_deltas(
+    added, replaced = keystore.write_bucket_files(
         io, meta, {b: state.keystore.get(b, []) for b in touched}, ks_rows
     ) if ks_rows.num_rows else ([], [])
     return assemble(state, batches, seg_out, added, replaced, counts)
@@ -255,18 +255,18 @@ def _scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: l
             continue
         stored = pa.concat_tables([
             keystore.read_file(io, f.path, state.metadata,
-                               columns=[*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.SEQ])
+                               columns=[*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.VERSION])
             for f in files
         ])
         mine = wanted.filter(pc.equal(in_bucket, bucket))
         matches.append(stored.join(mine, keys=pk, join_type="inner", use_threads=True).select(
-            ["_code", keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.SEQ]))
+            ["_code", keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.VERSION]))
     found = np.zeros(n, dtype=bool)
     delta, rid, deleted = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, dtype=bool)
     if matches:
-        # A key may have a row in several of its bucket's files: the highest _ks_seq is its entry.
+        # A key may have a row in several of its bucket's files: the highest _ks_version is its entry.
         m = pa.concat_tables(matches)
-        m = m.take(pc.sort_indices(m, sort_keys=[("_code", "ascending"), (keystore.SEQ, "descending")]))
+        m = m.take(pc.sort_indices(m, sort_keys=[("_code", "ascending"), (keystore.VERSION, "descending")]))
         latest = np.unique(m.column("_code").to_numpy(), return_index=True)[1]
         m = m.take(pa.array(latest))
         code = m.column("_code").to_numpy()

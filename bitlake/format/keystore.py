@@ -2,17 +2,17 @@
 docs/FORMAT.md, "Key store").
 
 Keys hash into ``num_buckets`` fixed buckets (:mod:`bitlake.format.bucket`). A bucket is an ordered list of
-Parquet files, a base and deltas; each row holds the key columns and:
+Parquet files, a base and increments; each row holds the key columns and:
 
 * ``_delta``: the accepted record's delta value as int64;
 * ``_row_id``: its packed row id;
 * ``_deleted``: true for a delete marker, which keeps a late, older record from resurrecting the key;
-* ``_ks_seq``: the commit version that wrote the row. A key's entry is its row with the highest
-  ``_ks_seq`` across the bucket's files; merging files keeps each row's ``_ks_seq``.
+* ``_ks_version``: the commit version that wrote the row. A key's entry is its row with the highest
+  ``_ks_version`` across the bucket's files; merging files keeps each row's ``_ks_version``.
 
-A MetaGen commit writes one delta file per bucket it touches. When a bucket piles up more than
-``keystore.max_deltas`` deltas, the commit merges them: into one delta while they are small against the
-base, into a new base once they hold ``keystore.base_merge_ratio`` of its rows.
+A MetaGen commit writes one increment per bucket it touches. When a bucket piles up more than
+``keystore.max_increments`` increments, the commit merges them: into one increment while they are small
+against the base, into a new base once they hold ``keystore.base_merge_ratio`` of its rows.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from bitlake.fs import FileIO
 DELTA = "_delta"
 ROW_ID = "_row_id"
 DELETED = "_deleted"
-SEQ = "_ks_seq"
+VERSION = "_ks_version"
 BUCKET = "_bucket"
 
 
@@ -41,7 +41,7 @@ def file_schema(meta: TableMetadata) -> pa.Schema:
             pa.field(DELTA, pa.int64(), False),
             pa.field(ROW_ID, pa.int64(), False),
             pa.field(DELETED, pa.bool_(), False),
-            pa.field(SEQ, pa.int64(), False),
+            pa.field(VERSION, pa.int64(), False),
         ]
     )
 
@@ -52,10 +52,10 @@ def read_file(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | N
 
 
 def latest_per_key(table: pa.Table, primary_key: list[str]) -> pa.Table:
-    """Keeps, for each key, the row with the highest ``_ks_seq``; sorted by key."""
+    """Keeps, for each key, the row with the highest ``_ks_version``; sorted by key."""
     if table.num_rows == 0:
         return table
-    order = [(c, "ascending") for c in primary_key] + [(SEQ, "descending")]
+    order = [(c, "ascending") for c in primary_key] + [(VERSION, "descending")]
     table = table.take(pc.sort_indices(table, sort_keys=order))
     first = np.zeros(table.num_rows, dtype=bool)
     first[0] = True
@@ -71,23 +71,24 @@ def read_bucket(io: FileIO, files: list[BucketFile], meta: TableMetadata) -> pa.
     return latest_per_key(rows, list(meta.primary_key))
 
 
-def merge_plan(files: list[BucketFile], new_rows: int, max_deltas: int, base_ratio: float) -> list[BucketFile]:
-    """Which of a bucket's files the next delta should be merged with (empty: just add a delta).
+def merge_plan(files: list[BucketFile], new_rows: int, max_increments: int, base_ratio: float
+               ) -> list[BucketFile]:
+    """Which of a bucket's files the next increment should be merged with (empty: just add it).
 
-    Tiering keeps the bytes a commit writes proportional to its batch: deltas are merged among
+    Tiering keeps the bytes a commit writes proportional to its batch: increments are merged among
     themselves until together they are a sizeable fraction of the base, and only then into it.
     """
-    deltas = [f for f in files if not f.base]
-    if len(deltas) + 1 <= max_deltas:
+    increments = [f for f in files if not f.base]
+    if len(increments) + 1 <= max_increments:
         return []
     base = [f for f in files if f.base]
-    delta_rows = sum(f.rows for f in deltas) + new_rows
-    if not base or delta_rows >= base_ratio * base[0].rows:
+    increment_rows = sum(f.rows for f in increments) + new_rows
+    if not base or increment_rows >= base_ratio * base[0].rows:
         return list(files)
-    return deltas
+    return increments
 
 
-def write_bucket_deltas(io: FileIO, meta: TableMetadata, bucket_files: dict[int, list[BucketFile]],
+def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, list[BucketFile]],
                         rows: pa.Table) -> tuple[list[BucketFile], list[str]]:
     """Writes one key-store file per bucket in ``rows`` (key-store columns plus ``_bucket``), merged with
     older files of the bucket when its plan says so. Returns the files added and the paths they replace."""
@@ -97,18 +98,17 @@ def write_bucket_deltas(io: FileIO, meta: TableMetadata, bucket_files: dict[int,
     replaced: list[str] = []
     buckets = rows.column(BUCKET)
     for bucket in sorted(pc.unique(buckets).to_pylist()):
-        delta = rows.filter(pc.equal(buckets, bucket)).select(schema.names).cast(schema)
+        new = rows.filter(pc.equal(buckets, bucket)).select(schema.names).cast(schema)
         files = bucket_files.get(bucket, [])
-        merge = merge_plan(
-            files, delta.num_rows, meta.int_prop("keystore.max_deltas"), float(meta.prop("keystore.base_merge_ratio"))
-        )
+        merge = merge_plan(files, new.num_rows, meta.int_prop("keystore.max_increments"),
+                           float(meta.prop("keystore.base_merge_ratio")))
         if merge:
-            delta = pa.concat_tables([read_file(io, f.path, meta) for f in merge] + [delta])
-        delta = latest_per_key(delta, pk)
+            new = pa.concat_tables([read_file(io, f.path, meta) for f in merge] + [new])
+        new = latest_per_key(new, pk)
         path = layout.keystore_path(bucket)
         with io.open_output(path) as out:
-            pq.write_table(delta, out, compression="zstd")
+            pq.write_table(new, out, compression="zstd")
         # A bucket's first file, and a merge of all its files, is its new base.
-        added.append(BucketFile(bucket, path, delta.num_rows, io.size(path), not files or len(merge) == len(files)))
+        added.append(BucketFile(bucket, path, new.num_rows, io.size(path), not files or len(merge) == len(files)))
         replaced.extend(f.path for f in merge)
     return added, replaced

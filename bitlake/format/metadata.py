@@ -26,9 +26,9 @@ RESERVED_COLUMNS = frozenset(ROW_ID_COLUMNS + CHANGE_COLUMNS)
 DELTA_INFINITY = (1 << 63) - 1
 
 DEFAULT_PROPERTIES = {
-    # A key-store bucket whose delta files exceed this count is merged in the next MetaGen commit.
-    "keystore.max_deltas": "8",
-    # Delta files are merged into the bucket's base only once they hold this fraction of its rows;
+    # A key-store bucket whose increments exceed this count is merged in the next MetaGen commit.
+    "keystore.max_increments": "8",
+    # Increments are merged into the bucket's base only once they hold this fraction of its rows;
     # before that they are merged among themselves (tiering keeps a commit's bytes ∝ its batch).
     "keystore.base_merge_ratio": "0.25",
     # "rocksdb": keep a RocksDB copy of the key store beside the writer for inline MetaGen (point

@@ -9,6 +9,9 @@ import posixpath
 import zlib
 from urllib.parse import urlparse
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from bitlake.errors import CorruptTableError
 from bitlake.format.commit import (
     LIVE,
@@ -53,6 +56,8 @@ def translate(body: dict, io: FileIO) -> Commit:
         m = dict(body["metadata"])
         props = dict(m.pop("properties"))
         name = props.pop("table.name", "") or posixpath.basename(urlparse(io.uri()).path.rstrip("/")) or "table"
+        if "keystore.max_deltas" in props:
+            props["keystore.max_increments"] = props.pop("keystore.max_deltas")
         m.pop("format_version", None)
         metadata = {**m, "name": name, "properties": props}
         protocol = Protocol(reader_version=1, writer_version=1)
@@ -87,6 +92,12 @@ def translate(body: dict, io: FileIO) -> Commit:
         batch_counts=dict(body["batch_counts"]),
         events=tuple(body["events"]),
     )
+
+
+def read_keystore_file(io: FileIO, path: str) -> pa.Table:
+    """A v1 key-store file, with v2's column names (v1 called the writing version ``_ks_seq``)."""
+    table = pq.read_table(io.open_input(path))
+    return table.rename_columns(["_ks_version" if n == "_ks_seq" else n for n in table.column_names])
 
 
 class _V1Parts:

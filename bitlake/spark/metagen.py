@@ -10,7 +10,7 @@ key-store buckets the batches touch, and applies the semantics contract per key 
   (an upsert), and an accepted upsert becomes valid itself.
 
 Executors then write the segment-log events and the new current bitmaps (grouped by segment) and the
-key-store deltas (grouped by bucket) and report the file names; the driver only commits.
+key-store increments (grouped by bucket) and report the file names; the driver only commits.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def run(spark, io: FileIO, state: TableState, batches: list[Landed], version: in
     ks_paths = [io.uri(f.path) for b in touched for f in state.keystore.get(b, [])]
     combined = batch
     if ks_paths:
-        latest = Window.partitionBy(*pk).orderBy(F.col(keystore.SEQ).desc())
+        latest = Window.partitionBy(*pk).orderBy(F.col(keystore.VERSION).desc())
         prior = (
             spark.read.schema(spark_schema(keystore.file_schema(meta))).parquet(*ks_paths)
             .join(batch.select(*pk, keystore.BUCKET).distinct(), on=pk, how="inner")
@@ -148,13 +148,13 @@ def _write(spark, io, state, batches, fold, touched, version) -> MetaGenOutput:
     task = _SegmentTask(io, spark.sparkContext.broadcast(prior))
     seg_out = events.repartition(rowid.PART_COLUMN, rowid.SEQ_COLUMN).mapInArrow(task, SEGMENT_DDL).collect()
 
-    # Key-store deltas, grouped by bucket.
+    # Key-store increments, grouped by bucket.
     ks_rows = fold.filter(acc & F.col("_later").isNull()).select(
         *pk,
         F.col("_d").alias(keystore.DELTA),
         F.col("_rid").alias(keystore.ROW_ID),
         F.col("_is_delete").alias(keystore.DELETED),
-        F.lit(version).cast("long").alias(keystore.SEQ),
+        F.lit(version).cast("long").alias(keystore.VERSION),
         keystore.BUCKET,
     )
     bucket_files = {b: [f.to_json() for f in state.keystore.get(b, [])] for b in touched}
@@ -195,7 +195,7 @@ _KEYSTORE_DDL = "bucket int, path string, rows long, bytes long, base boolean, r
 
 @dataclasses.dataclass
 class _KeystoreTask:
-    """A task's key-store rows, as one file per bucket (:func:`bitlake.format.keystore.write_bucket_deltas`)."""
+    """A task's key-store rows, as one file per bucket (:func:`bitlake.format.keystore.write_bucket_files`)."""
 
     io: FileIO
     metadata: dict
@@ -207,6 +207,6 @@ class _KeystoreTask:
             return
         meta = TableMetadata.from_json(self.metadata)
         files = {b: [BucketFile.from_json(f) for f in fs] for b, fs in self.bucket_files.items()}
-        added, replaced = keystore.write_bucket_deltas(self.io, meta, files, pa.Table.from_batches(batches))
+        added, replaced = keystore.write_bucket_files(self.io, meta, files, pa.Table.from_batches(batches))
         rows = [{**f.to_json(), "replaces": json.dumps(replaced if i == 0 else [])} for i, f in enumerate(added)]
         yield pa.RecordBatch.from_pylist(rows, schema=_KEYSTORE_ARROW)
