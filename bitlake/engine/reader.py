@@ -17,9 +17,10 @@ def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False) -> pa.Table:
     read_columns = meta.column_names + list(rowid.ROW_ID_COLUMNS)
     cache = bitmap.BitmapCache(io)
     pieces = []
+    filtered = {f.path for f in p.filtered}
     for f in p.whole + p.filtered:
         table = datafile.read_data(io, f.path, meta, read_columns)
-        if f in p.filtered:
+        if f.path in filtered:
             packed = rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
             kept = np.concatenate([
                 bitmap.to_array(p.kept(cache, r.segment)) | np.int64(rowid.segment_key(r.part, r.seq))
