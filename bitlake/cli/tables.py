@@ -1,0 +1,303 @@
+"""The table commands: create, ingest, metagen, show, changes, history, describe, cleanup, upgrade."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+import bitlake
+from bitlake.errors import InvalidInputError
+from bitlake.spark.schema import to_arrow_schema
+
+if TYPE_CHECKING:  # rich (bitlake[cli]), httpx (bitlake[client]) and pyspark are imported where they are used
+    from rich.console import Console
+from bitlake.cli.output import _counts, render_history, render_rows, say, step
+
+TYPES = {
+    "bool": pa.bool_(), "boolean": pa.bool_(),
+    "int8": pa.int8(), "byte": pa.int8(),
+    "int16": pa.int16(), "short": pa.int16(),
+    "int32": pa.int32(), "int": pa.int32(), "integer": pa.int32(),
+    "int64": pa.int64(), "long": pa.int64(), "bigint": pa.int64(),
+    "float": pa.float32(), "float32": pa.float32(),
+    "double": pa.float64(), "float64": pa.float64(),
+    "string": pa.string(), "binary": pa.binary(),
+    "date": pa.date32(), "date32": pa.date32(), "date32[day]": pa.date32(),
+    # Spark's TIMESTAMP is an instant (Arrow: with a time zone); TIMESTAMP_NTZ is the local kind.
+    "timestamp": pa.timestamp("us", tz="UTC"), "timestamp[us, tz=UTC]": pa.timestamp("us", tz="UTC"),
+    "timestamp_ntz": pa.timestamp("us"), "timestamp[us]": pa.timestamp("us"),
+}
+_LOWER_TYPES = {name.lower(): t for name, t in TYPES.items()}  # names are matched case-insensitively
+_DECIMAL = re.compile(r"decimal(?:128)?\((\d+),\s*(\d+)\)")
+INPUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv",
+                 ".json": "json", ".jsonl": "json", ".ndjson": "json"}
+
+
+def parse_type(text: str) -> pa.DataType:
+    """A type name of the compact spec (``int64``, ``timestamp``, ``decimal(10,2)``…) as an Arrow type."""
+    name = text.strip().lower()
+    if name in _LOWER_TYPES:
+        return _LOWER_TYPES[name]
+    m = _DECIMAL.fullmatch(name)
+    if m:
+        return pa.decimal128(int(m[1]), int(m[2]))
+    known = ", ".join(sorted(t for t in TYPES if "[" not in t))
+    raise InvalidInputError(f"unknown column type {text!r}; known: {known}, decimal(p,s)")
+
+
+def parse_schema(spec: str) -> pa.Schema:
+    """``id:int64,name:string`` or a JSON file: a list of ``{name, type, nullable}`` (what ``describe``
+    prints under ``columns``), an object holding such a list under ``columns``, or a Spark StructType."""
+    if os.path.isfile(spec):
+        with open(spec) as f:
+            try:
+                doc = json.load(f)
+            except json.JSONDecodeError as e:
+                raise InvalidInputError(f"schema file {spec} is not valid JSON: {e}") from None
+        if isinstance(doc, dict) and doc.get("type") == "struct":
+            from pyspark.sql.types import StructType
+
+            return to_arrow_schema(StructType.fromJson(doc))
+        columns = doc.get("columns") if isinstance(doc, dict) else doc
+        if not isinstance(columns, list) or not all(isinstance(c, dict) and "name" in c and "type" in c
+                                                    for c in columns):
+            raise InvalidInputError(f"schema file {spec} holds no list of {{name, type}} columns")
+        return pa.schema([pa.field(c["name"], parse_type(c["type"]), c.get("nullable", True))
+                          for c in columns])
+    fields = []
+    for item in re.split(r",(?![^(]*\))", spec):  # not the comma of decimal(p,s)
+        name, sep, type_name = item.partition(":")
+        if not sep or not name.strip():
+            raise InvalidInputError(f"schema item {item!r} is not name:type (and {spec!r} is not a file)")
+        fields.append(pa.field(name.strip(), parse_type(type_name)))
+    return pa.schema(fields)
+
+
+def _columns(text: str | None) -> list[str] | None:
+    return [c.strip() for c in text.split(",") if c.strip()] if text else None
+
+
+def cmd_create(args, out: Console, err: Console) -> None:
+    table = bitlake.create_table(
+        args.path, parse_schema(args.schema), primary_key=_columns(args.primary_key),
+        delta_column=args.delta_column, partition_by=_columns(args.partition_by),
+        file_format=args.format, num_buckets=args.buckets, name=args.name,
+    )
+    meta = table.metadata
+    kind = f"keyed on {', '.join(meta.primary_key)} by {meta.delta_column}" if meta.keyed else "append-only"
+    say(out, f"created table {table.path}, {kind} (version {table.version})")
+
+
+def input_format(paths: list[str], given: str | None) -> str:
+    """Checks the inputs exist (before Spark starts) and returns their format."""
+    for p in paths:
+        if not os.path.exists(p):
+            raise InvalidInputError(f"no such input file: {p}")
+    fmt = given or INPUT_FORMATS.get(os.path.splitext(paths[0].rstrip("/"))[1].lower())
+    if fmt is None:
+        raise InvalidInputError(
+            f"cannot tell the format of {paths[0]}: pass --input-format parquet, csv or json")
+    return fmt
+
+
+def read_input(spark, table: bitlake.Table, paths: list[str], fmt: str):
+    """The input files as one Spark DataFrame.
+
+    Parquet keeps its types (bitlake checks them against the table). CSV and JSON lines are read
+    without a schema, which Spark would apply by position to a CSV header and which would silently
+    drop unknown JSON fields; the table's columns are then cast by name, and any other column is
+    left for bitlake to reject (or to serve as the op column).
+    """
+    from pyspark.sql import functions as F
+
+    from bitlake.spark.schema import spark_schema
+
+    if fmt == "parquet":
+        return spark.read.parquet(*paths)
+    df = spark.read.option("header", True).csv(paths) if fmt == "csv" else spark.read.json(paths)
+    types = {f.name.lower(): f.dataType for f in spark_schema(table.metadata.schema).fields}
+    return df.select(*[F.col(c).cast(types[c.lower()]).alias(c) if c.lower() in types else F.col(c)
+                       for c in df.columns])
+
+
+def cmd_ingest(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    fmt = input_format(args.inputs, args.input_format)
+    with step(err, "starting Spark"):
+        spark = bitlake.spark_session()
+    df = read_input(spark, table, args.inputs, fmt)
+    what = "landing" if args.no_metagen else "landing and MetaGen"
+    with step(err, f"{what} of {', '.join(args.inputs)}"):
+        r = table.ingest(df, op_column=args.op_column, batch_id=args.batch_id, metagen=not args.no_metagen,
+                         inline=METAGEN_MODES[args.metagen_mode], spark=spark)
+    if not r.committed:
+        say(out, f"batch {r.batch_id} was already committed at version {r.version}: nothing done")
+    elif not r.visible:
+        say(out, f"batch {r.batch_id} landed at version {r.version}, pending: `bitlake metagen {args.path}`")
+    else:
+        say(out, f"batch {r.batch_id} committed at version {r.version}: {_counts(r.counts)}")
+
+
+# --metagen-mode -> Table.ingest's ``inline`` argument.
+METAGEN_MODES = {"auto": None, "inline": True, "spark": False}
+
+
+def cmd_metagen(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    pending = [b.batch_id for b in table.refresh().pending]
+    if not pending:
+        say(out, "no pending batches: nothing to do")
+        return
+    with step(err, "starting Spark"):
+        spark = bitlake.spark_session()
+    with step(err, f"MetaGen of {len(pending)} pending batch(es)"):
+        r = table.metagen(inline=METAGEN_MODES[args.metagen_mode], spark=spark)
+    say(out, f"batches {', '.join(pending)} visible at version {r.version}: {_counts(r.counts)}")
+
+
+def _valid_at(table: bitlake.Table, text: str | None):
+    """``--valid-at`` as the delta column wants it: an integer for integer columns, else ISO text."""
+    if text is None or not pa.types.is_integer(table.metadata.delta_type):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidInputError(f"--valid-at {text!r}: the delta column is an integer column") from None
+
+
+def cmd_show(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    meta = table.metadata
+    valid_at = _valid_at(table, args.valid_at) if meta.keyed else args.valid_at
+    version = bitlake.read.view(table.io, table.refresh(), args.version, args.as_of, valid_at)[0].version
+    with step(err, "starting Spark"):
+        spark = bitlake.spark_session()
+    what = "the current view" if args.version is None and args.as_of is None else f"version {version}"
+    if valid_at is not None:
+        what += f" valid at {valid_at}"
+    with step(err, f"reading {what}"):
+        df = table.to_spark(spark, version=version, valid_at=valid_at, include_row_ids=args.row_ids)
+        total = df.count()
+        # orderBy + limit runs as a top-k per partition: no full sort of the view.
+        rows = (df.orderBy(*meta.primary_key) if meta.keyed else df).limit(args.limit).collect()
+    out.print(render_rows(df.columns, [tuple(r) for r in rows],
+                          title=f"{table.path} @ {what}: {total} rows, first {len(rows)}"))
+
+
+def cmd_changes(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    types = _columns(args.change_types)
+    with step(err, "starting Spark"):
+        spark = bitlake.spark_session()
+    with step(err, f"reading the changes after version {args.start_version}"):
+        df = table.changes(spark, start_version=args.start_version, end_version=args.end_version,
+                           change_types=types)
+        rows = df.limit(args.limit).collect()
+    out.print(render_rows(df.columns, [tuple(r) for r in rows],
+                          title=f"{table.path}: changes after version {args.start_version}, first {len(rows)}"))
+
+
+def cmd_history(args, out: Console, err: Console) -> None:
+    history = bitlake.open_table(args.path).history()
+    if args.json:
+        out.print_json(data=history)
+    else:
+        out.print(render_history(history))
+
+
+def cmd_describe(args, out: Console, err: Console) -> None:
+    out.print_json(data=bitlake.open_table(args.path).describe())
+
+
+def cmd_cleanup(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    removed = table.cleanup(min_age_seconds=args.min_age_seconds, dry_run=args.dry_run)
+    for rel in removed:
+        say(out, rel)
+    verb = "would remove" if args.dry_run else "removed"
+    say(out, f"{verb} {len(removed)} unreferenced file(s)")
+
+
+def cmd_upgrade(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    version = table.upgrade()
+    if version is None:
+        say(out, f"{args.path} already is a format v2 table (version {table.version})")
+    else:
+        say(out, f"upgraded {args.path} to format v2 in version {version}")
+
+
+def add_parsers(sub) -> None:
+    """The table commands' sub-parsers."""
+    path_help = "the table's folder (or file:// URI)"
+    mode_help = ("how MetaGen runs: inline on the driver with the RocksDB key index, a Spark job, or auto "
+                 "(inline up to the table's metagen.inline_max_rows records; default)")
+
+    c = sub.add_parser("create", help="create a table")
+    c.add_argument("path", help=path_help)
+    c.add_argument("--schema", required=True,
+                   help='"name:type,..." (e.g. "id:int64,name:string,mod:timestamp") or a JSON file')
+    c.add_argument("--primary-key", help="comma-separated key columns (then --delta-column is needed too)")
+    c.add_argument("--delta-column", help="the column ordering a key's records (timestamp, date or integer)")
+    c.add_argument("--partition-by", help="comma-separated partition columns")
+    c.add_argument("--format", default="parquet", choices=["parquet", "orc"], help="data file format")
+    c.add_argument("--buckets", type=int, default=16, help="key-store hash buckets (default 16)")
+    c.add_argument("--name", help="the table's logical name in its Data Change Events (default: the folder's name)")
+    c.set_defaults(run=cmd_create)
+
+    i = sub.add_parser("ingest", help="ingest one batch from Parquet, CSV or JSON-lines files")
+    i.add_argument("path", help=path_help)
+    i.add_argument("inputs", nargs="+", metavar="INPUT", help="files (or folders) of one batch, all one format")
+    i.add_argument("--input-format", choices=["parquet", "csv", "json"],
+                   help="default: from the first input's extension")
+    i.add_argument("--op-column", help='string column saying "upsert" or "delete" per record')
+    i.add_argument("--batch-id", help="the batch id; re-ingesting a committed id does nothing")
+    i.add_argument("--no-metagen", action="store_true", help="land only; `bitlake metagen` makes it visible")
+    i.add_argument("--metagen-mode", choices=list(METAGEN_MODES), default="auto", help=mode_help)
+    i.set_defaults(run=cmd_ingest)
+
+    m = sub.add_parser("metagen", help="make every pending batch visible")
+    m.add_argument("path", help=path_help)
+    m.add_argument("--metagen-mode", choices=list(METAGEN_MODES), default="auto", help=mode_help)
+    m.set_defaults(run=cmd_metagen)
+
+    s = sub.add_parser("show", help="print the first rows of the current view")
+    s.add_argument("path", help=path_help)
+    s.add_argument("--limit", type=int, default=20, help="rows to print (default 20)")
+    s.add_argument("--row-ids", action="store_true", help="also print the row-id columns")
+    s.add_argument("--version", type=int, help="the table as committed at this version")
+    s.add_argument("--as-of", help="the latest version committed at or before this ISO-8601 time")
+    s.add_argument("--valid-at", help="rows valid at this delta-column value (event time)")
+    s.set_defaults(run=cmd_show)
+
+    ch = sub.add_parser("changes", help="print the change feed of a version range")
+    ch.add_argument("path", help=path_help)
+    ch.add_argument("--start-version", type=int, required=True, help="exclusive start of the range")
+    ch.add_argument("--end-version", type=int, help="inclusive end of the range (default: latest)")
+    ch.add_argument("--change-types", help="comma-separated: insert,update_preimage,update_postimage,delete")
+    ch.add_argument("--limit", type=int, default=50, help="rows to print (default 50)")
+    ch.set_defaults(run=cmd_changes)
+
+    h = sub.add_parser("history", help="list the commits, newest first")
+    h.add_argument("path", help=path_help)
+    h.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    h.set_defaults(run=cmd_history)
+
+    d = sub.add_parser("describe", help="print the table's metadata and sizes as JSON")
+    d.add_argument("path", help=path_help)
+    d.set_defaults(run=cmd_describe)
+
+    k = sub.add_parser("cleanup", help="remove files no commit references (leftovers of failed jobs)")
+    k.add_argument("path", help=path_help)
+    k.add_argument("--min-age-seconds", type=float, default=3600.0,
+                   help="keep younger files: a running job may still commit them (default 3600)")
+    k.add_argument("--dry-run", action="store_true", help="list the files without removing them")
+    k.set_defaults(run=cmd_cleanup)
+
+    u = sub.add_parser("upgrade", help="upgrade a format v1 table to format v2 (one commit)")
+    u.add_argument("path", help=path_help)
+    u.set_defaults(run=cmd_upgrade)
