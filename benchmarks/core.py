@@ -213,10 +213,11 @@ class PhaseTimer:
 
     @contextlib.contextmanager
     def installed(self):
+        from bitlake.engine.keyindex import IndexSession
+        from bitlake.ingest import Ingestion
         from bitlake.spark import landing
-        from bitlake.table import Table
 
-        originals = (landing.land, Table._run_metagen, Table._update_index)
+        originals = (landing.land, Ingestion._run, IndexSession.after_commit)
 
         def wrap(name, fn):
             def timed(*a, **kw):
@@ -228,12 +229,12 @@ class PhaseTimer:
             return timed
 
         landing.land = wrap("landing", landing.land)
-        Table._run_metagen = wrap("metagen", Table._run_metagen)
-        Table._update_index = wrap("index", Table._update_index)
+        Ingestion._run = wrap("metagen", Ingestion._run)
+        IndexSession.after_commit = wrap("index", IndexSession.after_commit)
         try:
             yield self
         finally:
-            landing.land, Table._run_metagen, Table._update_index = originals
+            landing.land, Ingestion._run, IndexSession.after_commit = originals
 
     def take(self) -> dict[str, float]:
         out, self.times = self.times, {}
@@ -302,7 +303,7 @@ def scan_compare(spark, table, schema: pa.Schema, runs: int, after: str, windows
 
     state = table.state()
     files = state.data_files()
-    paths = [table.io.path(f.path) for f in files]
+    paths = [table.io.local_path(f.path) for f in files]
     columns = schema.names
     stored = sum(s.data_rows for s in state.segments.values())
     valid = sum(s.cardinality for s in state.segments.values())

@@ -320,7 +320,7 @@ class Bitlake(SparkSystem):
         """Plain Spark over the table's committed data files, invalid rows and all (core.py's baseline)."""
         from bitlake.spark.schema import spark_schema
 
-        files = [self.table.io.path(f.path) for f in self.table.state().data_files()]
+        files = [self.table.io.local_path(f.path) for f in self.table.state().data_files()]
         df = self.spark.read.schema(spark_schema(self.schema)).parquet(*files).select(self.schema.names)
         return self.aggregate(df, selective)
 
@@ -468,7 +468,7 @@ class Limits(System):
             if folder.exists():
                 t = bitlake.open_table(str(folder))
                 self.source = mode
-                return [t.io.path(f.path) for f in t.state().data_files()]
+                return [t.io.local_path(f.path) for f in t.state().data_files()]
         raise RuntimeError("no bitlake table in this run to take the data files from (run a bitlake mode first)")
 
     def scans(self):

@@ -205,21 +205,24 @@ def measure(cases: list[tuple[str, object]], runs: int, spans: Spans, phase: str
 
 
 def feed_files(table, start: int, end: int, types: set[str] | None = None) -> dict:
-    """What the change feed of ``(start, end]`` opens, computed on the driver from the range's log files
-    the way bitlake.spark.changes does: its log files, and the data files of the segments its events name."""
+    """What the change feed of ``(start, end]`` opens, computed on the driver the way bitlake.spark.changes
+    does: the range's log files, the data files of the batches it made live, and the data files of the
+    segments its SET_VALID_UNTIL events name."""
     state = table.state(end)
     logs = [f for v, f in state.logs if start < v <= end]
+    live = {p for p, b in state.parts.items() if b.live_version is not None and start < b.live_version <= end}
     segments: set[tuple[int, int]] = set()
     events = 0
     for f in logs:
-        ev = pq.read_table(table.io.path(f.path))
+        ev = pq.read_table(table.io.local_path(f.path))
         events += ev.num_rows
         if types is not None and types != {"insert", "update_preimage", "update_postimage", "delete"}:
             raise ValueError("only the full feed is supported here")
         parts = ev.column("_segment_part").to_numpy()
         seqs = ev.column("_segment_seq").to_numpy()
         segments |= set(zip(parts.tolist(), seqs.tolist(), strict=True))
-    files = [f for f in state.data_files() if f.segment in segments]
+    files = [f for f in state.data_files()
+             if f.segments[0].part in live or any(r.segment in segments for r in f.segments)]
     all_files = state.data_files()
     return {
         "log_files": len(logs), "log_bytes": sum(f.bytes for f in logs), "events": events,
@@ -528,12 +531,10 @@ def main(argv: list[str] | None = None) -> int:
         for c in res.values():
             c["rows"] = c.pop("row")["_rows"]
             c["ratio"] = c["median_s"] / res["current"]["median_s"]
-        from bitlake import timetravel
-
         latest = table.state()
         view_phases.append({"label": label, "at_version": at_version, "past_version": v_1pct,
                             "both_version": v_10pct, "valid_at": at_1pct, "table": describe(at_version),
-                            "valid_at_log_files": len(timetravel.log_files_after(latest, at_1pct)),
+                            "valid_at_log_files": sum(1 for _, f in latest.logs if f.max_t > at_1pct),
                             "cases": res})
         log("  " + ", ".join(f"{n} {c['median_s']:.2f} s ({c['ratio']:.2f})" for n, c in res.items()))
 
@@ -607,7 +608,7 @@ def main(argv: list[str] | None = None) -> int:
         if not with_variants:
             # The floor of any Spark query over this change: plain Spark aggregating the batch's new data file(s).
             before = {f.path for f in table.state(v - 1).data_files()}
-            new_files = [table.io.path(f.path) for f in table.state(v).data_files() if f.path not in before]
+            new_files = [table.io.local_path(f.path) for f in table.state(v).data_files() if f.path not in before]
             struct = spark_schema(schema)
 
             def plain_new():

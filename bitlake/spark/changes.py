@@ -131,6 +131,9 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
         ev = F.broadcast(ev) if small else ev
         if new_ids is not None:
             ev = ev.join(new_ids, F.col("cause") == F.col("_new"), "left")
+            # The classified events are as small as the events: broadcast them again, so that the scan of
+            # the preimages' files below is not shuffled.
+            ev = F.broadcast(ev) if small else ev
             kind = F.when(F.col("_new").isNotNull(), "update_preimage").otherwise("delete")
         else:
             kind = F.lit("delete")
