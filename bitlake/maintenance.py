@@ -26,6 +26,7 @@ def referenced(io: FileIO, latest: int) -> set[str]:
         out.update(f.path for f in c.logs)
         out.update(s.bitmap for s in c.segments if s.bitmap)
         out.update(f.path for f in c.keystore_add)
+        out.update(t.path for t in c.tombstones)
     return out
 
 

@@ -197,3 +197,33 @@ def test_the_table_name_is_logical_and_events_carry_it(tmp_path, spark):
     from bitlake.format import commitlog
 
     assert [e["table"] for e in commitlog.read(named.io, 1).events] == ["crm.accounts"]
+
+
+def test_a_tombstone_hides_rows_committed_before_it_in_every_later_view(tmp_path, spark):
+    """The format's tombstone action, written by hand here (the API that writes it is restatement's): rows of
+    batches made live before it whose column holds a value are hidden at its version and later only."""
+    import pyarrow.parquet as pq
+
+    from bitlake import transaction
+    from bitlake.format import commitlog, layout
+    from bitlake.format.commit import Commit, Tombstone
+    from bitlake.format.protocol import TOMBSTONES
+
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod")
+    t.ingest(batch([1, 2, 3], ["erase", "keep", None], [1, 1, 1]), batch_id="b1", spark=spark)
+    path = layout.tombstone_path()
+    with t.io.open_output(path) as out:
+        pq.write_table(pa.table({"name": ["erase", "gone"]}), out)
+
+    def build(state):
+        protocol = state.protocol.with_features(TOMBSTONES)
+        return Commit(state.version + 1, "TOMBSTONE", commitlog.now_ms(state.timestamp_ms), protocol=protocol,
+                      tombstones=(Tombstone("name", path, 2),)), [path]
+
+    c, _ = transaction.commit(t.io, t.refresh, build)
+    t.ingest(batch([4], ["erase"], [2]), batch_id="b2", spark=spark)  # committed after it: visible as usual
+    assert view(t) == [(2, "keep", 1), (3, None, 1), (4, "erase", 2)]
+    assert sorted(tuple(r) for r in t.to_spark(spark).collect()) == [(2, "keep", 1), (3, None, 1), (4, "erase", 2)]
+    assert sorted(r["id"] for r in t.to_arrow(version=c.version - 1).to_pylist()) == [1, 2, 3]
+    assert sorted(r["id"] for r in t.to_arrow(version=c.version, valid_at=1).to_pylist()) == [2, 3]
+    assert path not in t.cleanup(min_age_seconds=0, dry_run=True)

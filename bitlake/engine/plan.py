@@ -10,7 +10,8 @@ A view is a version's state and an optional event time ``valid_at``. A row of a 
   superseded after that time: "revived") and its delta value is at most ``valid_at``.
 
 The revived rows come from the log files that can hold an event after ``valid_at`` (their ``max_t``), so a
-read of a recent time opens only the recent logs.
+read of a recent time opens only the recent logs. Tombstones hide, in addition, the rows of batches made live
+before them whose column holds one of their values (docs/FORMAT.md, "Tombstones").
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyroaring import BitMap
 
 from bitlake.format import bitmap, rowid, segmentlog
@@ -30,7 +34,8 @@ from bitlake.fs import FileIO
 class ReadPlan:
     """``whole``: files every row of which is valid (an event-time view still filters by delta);
     ``filtered``: files read with a row filter; ``segments``: the states of the filtered files' segments;
-    ``revived``: per segment, offsets valid at ``valid_at`` though not now."""
+    ``revived``: per segment, offsets valid at ``valid_at`` though not now; ``hidden``: the tombstones, as
+    (version, column, values); ``live_version``: the version each segment part was made live at."""
 
     state: TableState
     valid_at: int | None
@@ -38,6 +43,21 @@ class ReadPlan:
     filtered: list[DataFile]
     segments: dict[tuple[int, int], SegmentState]
     revived: dict[tuple[int, int], np.ndarray]
+    hidden: list[tuple[int, str, pa.Array]] = dataclasses.field(default_factory=list)
+    live_version: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    def tombstoned(self, table: pa.Table) -> np.ndarray:
+        """A mask of the rows of ``table`` (with ``_segment_part``) that a tombstone hides."""
+        out = np.zeros(table.num_rows, dtype=bool)
+        if not self.hidden or not table.num_rows:
+            return out
+        parts = table.column(rowid.PART_COLUMN).to_numpy()
+        made_live = np.array([self.live_version.get(int(p), -1) for p in np.unique(parts)])
+        live = made_live[np.searchsorted(np.unique(parts), parts)]
+        for version, column, values in self.hidden:
+            hit = pc.fill_null(pc.is_in(table.column(column), value_set=values), False).to_numpy(zero_copy_only=False)
+            out |= hit & (live < version)
+        return out
 
     def kept(self, cache: bitmap.BitmapCache, segment: tuple[int, int]) -> BitMap:
         """The offsets of ``segment`` the view keeps (before the delta filter of an event-time view)."""
@@ -90,4 +110,9 @@ def plan(io: FileIO, state: TableState, valid_at: int | None = None) -> ReadPlan
         for r in f.segments:
             if r.segment in state.segments:
                 segments[r.segment] = state.segments[r.segment]
-    return ReadPlan(state, valid_at, whole, filtered, segments, back)
+    hidden = []
+    for version, t in state.tombstones:
+        values = pq.read_table(io.open_input(t.path)).column(0).combine_chunks()
+        hidden.append((version, t.column, values))
+    live = {b.part: b.live_version for b in state.parts.values() if b.live_version is not None} if hidden else {}
+    return ReadPlan(state, valid_at, whole, filtered, segments, back, hidden, live)

@@ -30,6 +30,8 @@ def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False) -> pa.Table:
         if p.valid_at is not None and meta.keyed:
             deltas = deltas_as_int(table.column(meta.delta_column), meta.delta_type)
             table = table.filter(pa.array(deltas <= p.valid_at))
+        if p.hidden:
+            table = table.filter(pa.array(~p.tombstoned(table)))
         pieces.append(table.select(columns))
     if not pieces:
         return datafile.data_schema(meta).empty_table().select(columns)

@@ -169,6 +169,23 @@ class BucketFile:
 
 
 @dataclasses.dataclass(frozen=True)
+class Tombstone:
+    """Rows committed before this commit whose ``column`` holds one of the values in the one-column Parquet
+    file ``path`` are hidden from every view at this version and later."""
+
+    column: str
+    path: str
+    count: int
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> Tombstone:
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
 class Commit:
     version: int
     operation: str
@@ -183,6 +200,7 @@ class Commit:
     logs: tuple[LogFile, ...] = ()
     keystore_add: tuple[BucketFile, ...] = ()
     keystore_remove: tuple[str, ...] = ()
+    tombstones: tuple[Tombstone, ...] = ()
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     batch_counts: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     events: tuple[dict, ...] = ()  # Data Change Events (bitlake.changeevent)
@@ -214,6 +232,7 @@ class Commit:
             "logs": [f.to_json() for f in self.logs],
             "keystore_add": [f.to_json() for f in self.keystore_add],
             "keystore_remove": list(self.keystore_remove),
+            "tombstones": [t.to_json() for t in self.tombstones],
             "counts": self.counts,
             "batch_counts": self.batch_counts,
             "events": list(self.events),
@@ -237,6 +256,7 @@ class Commit:
             logs=tuple(LogFile.from_json(f) for f in d.get("logs", ())),
             keystore_add=tuple(BucketFile.from_json(f) for f in d.get("keystore_add", ())),
             keystore_remove=tuple(d.get("keystore_remove", ())),
+            tombstones=tuple(Tombstone.from_json(t) for t in d.get("tombstones", ())),
             counts=dict(d.get("counts", {})),
             batch_counts=dict(d.get("batch_counts", {})),
             events=tuple(d.get("events", ())),

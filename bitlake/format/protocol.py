@@ -16,8 +16,9 @@ FORMAT_VERSION = 2
 
 # Features this library implements (docs/FORMAT.md, "Protocol and features").
 V1_HISTORY = "v1History"  # the table was upgraded from format v1: its earlier commits are v1 files
-READER_FEATURES = frozenset({V1_HISTORY})
-WRITER_FEATURES = frozenset({V1_HISTORY})
+TOMBSTONES = "tombstones"  # commits may hide rows by value (docs/FORMAT.md, "Tombstones")
+READER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES})
+WRITER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,6 +22,7 @@ from bitlake.format.commit import (
     KeysFile,
     LogFile,
     SegmentState,
+    Tombstone,
 )
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.protocol import Protocol
@@ -64,6 +65,7 @@ class TableState:
     segments: dict[tuple[int, int], SegmentState] = dataclasses.field(default_factory=dict)
     keystore: dict[int, list[BucketFile]] = dataclasses.field(default_factory=dict)
     logs: list[tuple[int, LogFile]] = dataclasses.field(default_factory=list)  # (version, file)
+    tombstones: list[tuple[int, Tombstone]] = dataclasses.field(default_factory=list)  # (version, tombstone)
     # The last commit that carried Data Change Events: the next event's prev_snapshot_id.
     last_event_version: int = 0
     max_part: int = 0
@@ -94,6 +96,8 @@ class TableState:
                 self.keystore[bucket] = [f for f in files if f.path not in removed]
         for bf in c.keystore_add:
             self.keystore.setdefault(bf.bucket, []).append(bf)
+        for t in c.tombstones:
+            self.tombstones.append((c.version, t))
         if c.events:
             self.last_event_version = c.version
 
@@ -134,6 +138,7 @@ class TableState:
             "segments": [s.to_json() for s in self.segments.values()],
             "keystore": [f.to_json() for fs in self.keystore.values() for f in fs],
             "logs": [[v, f.to_json()] for v, f in self.logs],
+            "tombstones": [[v, t.to_json()] for v, t in self.tombstones],
             "last_event_version": self.last_event_version,
             "max_part": self.max_part,
         }
@@ -156,6 +161,7 @@ class TableState:
             segments={(s["part"], s["seq"]): SegmentState.from_json(s) for s in d["segments"]},
             keystore=keystore,
             logs=[(v, LogFile.from_json(f)) for v, f in d["logs"]],
+            tombstones=[(v, Tombstone.from_json(t)) for v, t in d["tombstones"]],
             last_event_version=d["last_event_version"],
             max_part=d["max_part"],
         )

@@ -103,4 +103,9 @@ def read(spark, io: FileIO, p: ReadPlan, include_row_ids: bool = False):
         out = out.unionByName(df)
     if p.valid_at is not None and meta.keyed:
         out = out.filter(spark_delta_as_long(meta) <= F.lit(p.valid_at))
+    for version, column, values in p.hidden:
+        made_live = F.create_map(*[F.lit(x) for part, v in sorted(p.live_version.items()) for x in (part, v)])
+        live = F.element_at(made_live, F.col(rowid.PART_COLUMN))
+        hit = F.col(column).isin(values.to_pylist()) & (live < F.lit(version))
+        out = out.filter(~F.coalesce(hit, F.lit(False)))
     return out.select(columns)
