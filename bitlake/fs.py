@@ -151,12 +151,13 @@ class LocalFileIO(FileIO):
         _fsync_dir(os.path.dirname(self._path(rel)))
 
     def open_input(self, rel: str) -> pa.NativeFile:
-        return pa.OSFile(self._path(rel), "rb")
+        return pa.memory_map(self._path(rel))
 
     def open_output(self, rel: str) -> pa.NativeFile:
         path = self._path(rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        return pa.OSFile(path, "wb")
+        # Writers of Parquet and ORC issue many small writes: one system call each without a buffer.
+        return pa.BufferedOutputStream(pa.OSFile(path, "wb"), buffer_size=1 << 20)
 
     def listdir(self, rel: str) -> list[str]:
         try:

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from bitlake.engine.plan import ReadPlan
-from bitlake.format import bitmap, datafile, rowid, segmentlog
+from bitlake.format import bitmap, datafile, keystore, rowid, segmentlog
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.spark.reader import scan
@@ -100,7 +101,7 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
     targets = events.column("_target").to_numpy()
     parts = []
     small = events.num_rows <= BROADCAST_EVENTS
-    if new_files and {"insert", "update_postimage", "update_preimage", "delete"} & set(types):
+    if new_files and {"insert", "update_postimage"} & set(types):
         # Stale rows: invalid at the end of the range and never superseded within it.
         new_segments = {r.segment for f in new_files for r in f.segments}
         p = ReadPlan(state, None, [], [], {k: state.segments[k] for k in new_segments if k in state.segments}, {})
@@ -126,23 +127,22 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
                 "_commit_version", "batch_index", spark_delta_as_long(meta).alias("t"), F.col("_rid").alias("cause"))
         )
     if events.num_rows and {"update_preimage", "delete"} & set(types):
-        new_ids = parts[0].select(F.col("cause").alias("_new")) if parts else None
-        ev = spark.createDataFrame(events)
-        ev = F.broadcast(ev) if small else ev
-        if new_ids is not None:
-            ev = ev.join(new_ids, F.col("cause") == F.col("_new"), "left")
-            # The classified events are as small as the events: broadcast them again, so that the scan of
-            # the preimages' files below is not shuffled.
-            ev = F.broadcast(ev) if small else ev
-            kind = F.when(F.col("_new").isNotNull(), "update_preimage").otherwise("delete")
-        else:
-            kind = F.lit("delete")
-        wanted = {(s >> rowid.SEQ_BITS, s & rowid.MAX_SEQ) for s in np.unique(targets >> rowid.OFFSET_BITS).tolist()}
+        # An event whose cause is a delete record is a delete, any other an update's preimage: the delete
+        # records are in the keys files of the batches the range made live (a few bytes a record).
+        deletes = [datafile.read_keys(io, f.path, meta).filter(pc.field(keystore.DELETED)).column(keystore.ROW_ID)
+                   for b in live.values() for f in b.keys_files]
+        is_delete = np.isin(events.column("cause").to_numpy(), np.concatenate([d.to_numpy() for d in deletes])
+                            if deletes else np.empty(0, np.int64))
+        kinds = pa.array(np.where(is_delete, "delete", "update_preimage"))
+        ev = events.append_column("_change_type", kinds).filter(pc.is_in(kinds, pa.array(types)))
+        wanted = {(s >> rowid.SEQ_BITS, s & rowid.MAX_SEQ)
+                  for s in np.unique(ev.column("_target").to_numpy() >> rowid.OFFSET_BITS).tolist()}
         files = [f for f in state.data_files() if any(r.segment in wanted for r in f.segments)]
-        if files:
+        if files and ev.num_rows:
+            ev_df = spark.createDataFrame(ev)
             old = scan(spark, io, meta, files).withColumn("_target", spark_packed())
-            parts.append(old.join(ev, "_target").select(
-                *columns, kind.alias("_change_type"), "_commit_version", "batch_index", "t", "cause"))
+            parts.append(old.join(F.broadcast(ev_df) if small else ev_df, "_target").select(
+                *columns, "_change_type", "_commit_version", "batch_index", "t", "cause"))
     if not parts:
         return empty()
     df = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
