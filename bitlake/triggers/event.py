@@ -16,6 +16,7 @@ import datetime as dt
 import enum
 import json
 import re
+import time
 from collections.abc import Iterable
 from typing import Annotated, Any
 
@@ -107,6 +108,11 @@ def to_micros(value: dt.datetime) -> int:
 
 def from_micros(value: int) -> dt.datetime:
     return EPOCH + dt.timedelta(microseconds=value)
+
+
+def now_micros() -> int:
+    """The current time in microseconds since the Unix epoch (a registration's ``event_ts``, for one)."""
+    return time.time_ns() // 1000
 
 
 def checked_text(max_chars: int | None = None, *, max_bytes: int | None = None, controls: bool = False):

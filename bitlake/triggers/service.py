@@ -40,11 +40,10 @@ from bitlake.triggers.store import (
     EventPage,
     RegistrationResult,
     Role,
-    TokenInfo,
     TriggerStore,
-    hash_token,
 )
 from bitlake.triggers.storecalls import GroupCommit, StoreCalls
+from bitlake.triggers.tokens import TokenInfo, hash_token
 from bitlake.triggers.trigger import (
     FlowCursor,
     PartitionTrigger,

@@ -15,12 +15,19 @@ autocommit connections (no BEGIN and ROLLBACK around a single SELECT), the stabl
 that takes the lock and reads the highest id (and the flow's cursor), a registration of new events is one
 autocommit statement whatever its size (one JSON parameter, the advisory lock taken in it before any id is
 drawn; a retry runs again between BEGIN and COMMIT), and the pool pings no connection before use (see
-:func:`_once_more_if_disconnected`).
+:func:`~bitlake.triggers.database.once_more_if_disconnected`).
 
 Python CPU is the other cost, so the events a request hands out are written as JSON by the database
-(:func:`event_json_sql`): the ``*_json`` methods return the service's response bodies, and the model-returning
-methods decode those same bytes. A registration is the exception: its answer holds the request's own events,
-which Python writes with the ids the database drew, rather than have the database write them again.
+(:func:`~bitlake.triggers.statements.event_json_sql`): the ``*_json`` methods return the service's response
+bodies, and the model-returning methods decode those same bytes. A registration is the exception: its answer
+holds the request's own events, which Python writes with the ids the database drew, rather than have the
+database write them again.
+
+This module holds :class:`TriggerStore`'s queries, triggers and transactions; the rest of the store is in
+:mod:`~bitlake.triggers.database` (engines, migrations, the retry on a dead connection),
+:mod:`~bitlake.triggers.statements` (the SQL written by hand, PostgreSQL's fast paths),
+:mod:`~bitlake.triggers.registration` (registration planning), :mod:`~bitlake.triggers.tokens` (API tokens)
+and :mod:`~bitlake.triggers.tables` (the tables).
 """
 
 from __future__ import annotations
@@ -28,61 +35,50 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-import fnmatch
-import functools
-import hashlib
 import json
-import secrets
-import time
 import zoneinfo
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-import pydantic_core
-from alembic import command
-from alembic.config import Config as AlembicConfig
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
     and_,
-    create_engine,
-    event,
-    insert,
     literal,
     literal_column,
     select,
-    text,
     tuple_,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Row, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import OperationalError
 
+from bitlake.triggers import statements
 from bitlake.triggers.config import DEFAULT_DB_URL, TriggerConfig
+from bitlake.triggers.database import MIGRATION_LOCK, MIGRATIONS, make_engine, once_more_if_disconnected, run_migrations
 from bitlake.triggers.errors import (
     BadCursorError,
     EventConflictError,
     EventNotFoundError,
     FlowConflictError,
     FlowNotFoundError,
-    TriggerError,
 )
 from bitlake.triggers.event import (
     EventIn,
-    Timestamp,
     canonical_partition,
     canonical_tags,
-    format_timestamp,
     from_micros,
+    now_micros,
     to_micros,
 )
 from bitlake.triggers.models import ANY_PARTITION, EventPage, Registration, RegistrationResult, Role
-from bitlake.triggers.tables import EVENTS, FLOWS, TOKENS
+from bitlake.triggers.registration import PAYLOAD, Found, PlannedRegistration, found_inserted
+from bitlake.triggers.statements import PG_INSERT_NEW, PG_INSERT_UNREGISTERED, REGISTRATION_LOCK, event_json_sql
+from bitlake.triggers.tables import EVENTS, FLOWS
+from bitlake.triggers.tokens import MAX_TOKEN_GLOBS, TOKEN_PREFIX, TokenInfo, TokenStore, hash_token
 from bitlake.triggers.trigger import (
     FlowCursor,
     PartitionTrigger,
@@ -92,35 +88,13 @@ from bitlake.triggers.trigger import (
     render_partition,
 )
 
-MIGRATIONS = Path(__file__).parent / "migrations"
-# PostgreSQL advisory lock keys ("bitlake" + a digit, as 64-bit numbers); see the module docstring.
-REGISTRATION_LOCK = 0x6269746C616B6531
-MIGRATION_LOCK = 0x6269746C616B6532
-TOKEN_PREFIX = "blt_"
-MAX_TOKEN_GLOBS = 64
-
-
-class TokenInfo(BaseModel):
-    """A token as the store knows it (never the token itself)."""
-
-    token_id: int
-    name: str
-    role: Role
-    tables: list[str] = Field(description="fnmatch globs of the tables the token may touch")
-    created_at: Timestamp
-    revoked_at: Timestamp | None
-
-    def allows(self, table: str) -> bool:
-        return any(fnmatch.fnmatchcase(table, glob) for glob in self.tables)
-
-
-def now_micros() -> int:
-    return time.time_ns() // 1000
-
-
-def hash_token(token: str) -> str:
-    # Tokens are 256 random bits, so a fast hash is as safe as a slow one and keeps every request cheap.
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+# The store's names, and those it re-exports from the modules it is built from (imported from here before).
+__all__ = [
+    "ANY_PARTITION", "MAX_TOKEN_GLOBS", "MIGRATIONS", "MIGRATION_LOCK", "PG_INSERT_NEW", "REGISTRATION_LOCK",
+    "TOKEN_PREFIX", "EventPage", "PlannedRegistration", "Registration", "RegistrationResult", "Role", "TokenInfo",
+    "TriggerStore", "create_token", "decode_cursor", "encode_cursor", "event_json_sql", "hash_token",
+    "make_engine", "now_micros", "run_migrations",
+]
 
 
 def encode_cursor(after_event_id: int) -> str:
@@ -137,77 +111,6 @@ def decode_cursor(cursor: str) -> int:
     return value
 
 
-def make_engine(url: str, *, pool_size: int = 5, max_overflow: int = 10, echo: bool = False) -> Engine:
-    """An engine for ``url`` set up for the store: SQLite in WAL mode with a busy timeout; PostgreSQL via psycopg 3."""
-    parsed = make_url(url)
-    backend = parsed.get_backend_name()
-    if backend == "sqlite":
-        database = parsed.database or ""
-        if database in ("", ":memory:"):
-            # One shared connection, or every connection would see its own empty in-memory database.
-            return create_engine(parsed, echo=echo, poolclass=StaticPool,
-                                 connect_args={"check_same_thread": False})
-        Path(database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(parsed, echo=echo, connect_args={"timeout": 30, "check_same_thread": False})
-
-        @event.listens_for(engine, "connect")
-        def _wal(dbapi_connection, _record):  # readers never block the writer, nor it them
-            cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.close()
-
-        return engine
-    if backend == "postgresql":
-        if parsed.drivername == "postgresql":
-            parsed = parsed.set(drivername="postgresql+psycopg")
-        return create_engine(parsed, echo=echo, pool_size=pool_size, max_overflow=max_overflow)
-    raise ValueError(f"the trigger store runs on SQLite or PostgreSQL, not {backend!r} ({url})")
-
-
-def run_migrations(engine: Engine, revision: str = "head") -> None:
-    """Upgrade the store's schema to ``revision`` (Alembic), serialised against concurrent starts."""
-    cfg = AlembicConfig()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
-        else:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
-
-
-def _timestamp_sql(dialect: str, column: str) -> str:
-    """SQL of the text :func:`~bitlake.triggers.event.format_timestamp` writes for an integer of microseconds
-    since the epoch (NULL stays NULL), exact over years 1 to 9999: whole seconds and microseconds are added
-    separately, so no floating-point value holds more than 2**53."""
-    if dialect == "postgresql":
-        return (f"to_char(timestamp '1970-01-01' + ({column} / 1000000) * interval '1 second' "
-                f"+ mod({column}, 1000000) * interval '1 microsecond', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')")
-    micros = f"(({column}) % 1000000 + 1000000) % 1000000"  # SQLite's % truncates: this is the floor's remainder
-    return (f"strftime('%Y-%m-%dT%H:%M:%S', (({column}) - {micros}) / 1000000, 'unixepoch') "
-            f"|| printf('.%06dZ', {micros})")
-
-
-def event_json_sql(dialect: str, alias: str) -> str:
-    """SQL of the JSON text of the event row ``alias`` in the documented encoding (see
-    :func:`~bitlake.triggers.event.encode_events`): the database writes the events a request hands out, so
-    Python never builds an object per event. tests/triggers/test_store.py checks it against the models."""
-    e = alias
-    ts = functools.partial(_timestamp_sql, dialect)
-    if dialect == "postgresql":
-        return (f"CAST(json_build_object('event_id', {e}.event_id, 'event_ts', {ts(f'{e}.event_ts')}, "
-                f"'table', {e}.table_name, 'partition', CAST({e}.partition_json AS json), "
-                f"'snapshot_id', nullif({e}.snapshot_id, ''), 'snapshot_ts', {ts(f'{e}.snapshot_ts')}, "
-                f"'prev_snapshot_id', {e}.prev_snapshot_id, 'table_format', {e}.table_format, "
-                f"'operation_type', {e}.operation_type, 'tags', {e}.tags) AS text)")
-    return (f"json_object('event_id', {e}.event_id, 'event_ts', {ts(f'{e}.event_ts')}, "
-            f"'table', {e}.table_name, 'partition', json({e}.partition_json), "
-            f"'snapshot_id', nullif({e}.snapshot_id, ''), 'snapshot_ts', {ts(f'{e}.snapshot_ts')}, "
-            f"'prev_snapshot_id', {e}.prev_snapshot_id, 'table_format', {e}.table_format, "
-            f"'operation_type', {e}.operation_type, 'tags', json({e}.tags))")
-
-
 def _with_events(head: BaseModel, events: Iterable[str]) -> bytes:
     """``head`` as JSON with the events' JSON texts as its ``events``, which must be its last field, empty."""
     text = head.model_dump_json()
@@ -222,178 +125,11 @@ def _cursor(row: Row) -> FlowCursor:
         created_at=from_micros(row.created_at), acked_at=None if row.acked_at is None else from_micros(row.acked_at))
 
 
-def _token(row: Row) -> TokenInfo:
-    return TokenInfo(token_id=row.token_id, name=row.name, role=Role(row.role), tables=row.tables,
-                     created_at=from_micros(row.created_at),
-                     revoked_at=None if row.revoked_at is None else from_micros(row.revoked_at))
-
-
-_PAYLOAD = ("snapshot_ts", "prev_snapshot_id", "table_format", "operation_type", "tags")
-
-
-def _row(e: EventIn, event_ts: int) -> dict[str, Any]:
-    table, partition_json, snapshot_id = e.key()
-    return {
-        "event_ts": event_ts, "table_name": table, "partition_json": partition_json, "snapshot_id": snapshot_id,
-        "snapshot_ts": None if e.snapshot_ts is None else to_micros(e.snapshot_ts),
-        "prev_snapshot_id": e.prev_snapshot_id, "table_format": e.table_format.value,
-        "operation_type": e.operation_type.value, "tags": e.tags,
-    }
-
-
-# One statement for any batch size, so that psycopg parses and prepares it once; the batch is one JSON
-# parameter (escaping text arrays element by element cost more than the rest of the call), read as jsonb
-# (half the time of json_to_recordset, which parses each row's tags again). The lock CTE feeds every input
-# row, so the shared lock is held before the INSERT draws an id. Only the inserted rows' keys and ids come
-# back: the answer's events are the request's, which Python writes with their ids (the database writing their
-# JSON cost it a third of the statement, and Python as much again to read it).
-#
-# Two forms (see TriggerStore._register): a plain INSERT, run alone in autocommit, which a key registered
-# already fails with a unique violation (the service runs it on a psycopg connection of its own:
-# storecalls.DirectInsert); and one that skips such keys (ON CONFLICT DO NOTHING), run in a transaction,
-# after which _stored reads the skipped keys in a second statement. Looking them up in the
-# statement instead, by joining the input with the events table, made the cost grow with the table: psycopg
-# prepares a statement after five runs, and the generic plan made while the table was small scanned all of
-# it (10 ms a request at 10,000 events, 50 ms at 70,000).
-_PG_INSERT = """
-WITH registration_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(:lock_key) AS locked),
-input AS (
-    SELECT i.* FROM registration_lock,
-        ROWS FROM (jsonb_to_recordset(CAST(:rows AS jsonb)) AS (table_name text, partition_json text, snapshot_id text,
-                                                               snapshot_ts bigint, prev_snapshot_id text,
-                                                               table_format text, operation_type text, tags jsonb))
-        WITH ORDINALITY AS i(table_name, partition_json, snapshot_id, snapshot_ts, prev_snapshot_id, table_format,
-                             operation_type, tags, ord)
-),
-inserted AS (
-    INSERT INTO events (event_ts, table_name, partition_json, snapshot_id, snapshot_ts, prev_snapshot_id,
-                        table_format, operation_type, tags)
-    SELECT :event_ts, table_name, partition_json, snapshot_id, snapshot_ts, prev_snapshot_id, table_format,
-           operation_type, tags
-    FROM input ORDER BY ord
-    {on_conflict}
-    RETURNING *
-)
-SELECT table_name, partition_json, snapshot_id, event_id FROM inserted
-"""
-PG_INSERT_NEW = text(_PG_INSERT.format(on_conflict=""))
-_PG_INSERT_UNREGISTERED = text(_PG_INSERT.format(
-    on_conflict="ON CONFLICT (table_name, partition_json, snapshot_id) DO NOTHING"))
-
-# The flow's cursor and the stable horizon (see the module docstring) in one autocommit statement.
-_PG_FLOW_AND_HORIZON = text("""
-SELECT (SELECT max(event_id) FROM events) AS horizon, f.*
-FROM (SELECT pg_advisory_xact_lock(:lock_key)) AS registration_lock
-LEFT JOIN flows AS f ON f.flow_name = :flow AND f.table_name = :table
-""")
-
-# What _register finds for each key of a batch: event id, whether this request created it, the payload
-# fields in which the stored event differs from the request's, and the stored event's JSON (None when created).
-_Found = tuple[int, bool, list[str], str | None]
-
-
-def _created(inserted: Iterable[Sequence]) -> dict[tuple[str, str, str], _Found]:
-    """What _register finds for the rows an INSERT returned (key columns, then event_id): created events."""
-    return {(table, partition, snapshot): (event_id, True, [], None)
-            for table, partition, snapshot, event_id in inserted}
-
-
-class PlannedRegistration:
-    """The requests of one registration transaction, validated and keyed: what the store inserts, and how it
-    answers each request once it knows the event id of every key (:meth:`answers`).
-
-    Built without the database, so that the service can plan in its event loop and try the insert of new
-    events on its own connection (storecalls.py) before it hands the plan's requests to the store.
-    """
-
-    def __init__(self, batches: list[list[EventIn]], registered_at: int):
-        self.batches, self.registered_at = batches, registered_at
-        self.rows = [[_row(e, registered_at) for e in batch] for batch in batches]
-        # the first row of each key, in request order; a later one is a retry of it
-        self.unique: dict[tuple[str, str, str], dict[str, Any]] = {}
-        for batch_rows in self.rows:
-            for r in batch_rows:
-                self.unique.setdefault((r["table_name"], r["partition_json"], r["snapshot_id"]), r)
-
-    @classmethod
-    def of(cls, requests: Sequence[Iterable[EventIn | Mapping[str, Any]]]) -> PlannedRegistration:
-        return cls([[e if isinstance(e, EventIn) else EventIn.model_validate(e) for e in events]
-                    for events in requests], now_micros())
-
-    def one_by_one(self) -> list[PlannedRegistration]:
-        """Each request as a plan of its own, with the same registration time."""
-        return [PlannedRegistration([batch], self.registered_at) for batch in self.batches]
-
-    @property
-    def distinct(self) -> bool:
-        """No key is repeated: every event may be new."""
-        return len(self.unique) == sum(map(len, self.rows))
-
-    @functools.cached_property
-    def pg_params(self) -> dict[str, Any]:
-        """The parameters of the PostgreSQL INSERT (``_PG_INSERT``)."""
-        values = list(self.unique.values())
-        # pydantic's JSON writer (Rust), three times as fast as the json module; event_ts is ignored: one for all
-        return {"rows": pydantic_core.to_json(values).decode(), "event_ts": self.registered_at,
-                "lock_key": REGISTRATION_LOCK}
-
-    def answers_inserted(self, inserted: Iterable[Sequence]) -> list[bytes]:
-        """:meth:`answers` when every key was inserted: ``inserted`` are the rows :data:`PG_INSERT_NEW` returned."""
-        return self.answers(_created(inserted))
-
-    def answers(self, found: Mapping[tuple[str, str, str], _Found]) -> list[bytes]:
-        """Each request's answer, the JSON of a :class:`RegistrationResult`; raises :class:`EventConflictError`
-        for the first event that differs from the one registered under its key."""
-        registered_at = format_timestamp(from_micros(self.registered_at))
-        answers = []
-        for batch, batch_rows in zip(self.batches, self.rows, strict=True):
-            out = []
-            for e, r in zip(batch, batch_rows, strict=True):
-                key = (r["table_name"], r["partition_json"], r["snapshot_id"])
-                event_id, created, differs, stored = found[key]
-                first = self.unique[key]
-                if r is not first:  # a duplicate of an earlier event of these requests is a retry of it
-                    created, differs = False, [f for f in _PAYLOAD if r[f] != first[f]]
-                if differs:
-                    raise EventConflictError(
-                        f"event {event_id} of table {e.table!r}, partition {e.partition!r}, snapshot "
-                        f"{e.snapshot_id!r} is registered with other {', '.join(differs)}; a retry must "
-                        f"repeat the event exactly (nothing of this request was registered)")
-                out.append({"created": created, "event": json.loads(stored) if stored is not None else {
-                    "event_id": event_id, "event_ts": registered_at, "table": e.table, "partition": e.partition,
-                    "snapshot_id": e.snapshot_id,
-                    "snapshot_ts": None if e.snapshot_ts is None else format_timestamp(e.snapshot_ts),
-                    "prev_snapshot_id": e.prev_snapshot_id, "table_format": r["table_format"],
-                    "operation_type": r["operation_type"], "tags": r["tags"]}})
-            answers.append(pydantic_core.to_json({"events": out}))
-        return answers
-
-
-def _once_more_if_disconnected(method):
-    """Runs ``method`` again when its connection turned out to be dead (the database restarted).
-
-    The pool does not ping a connection before handing it out (a round trip on every request); SQLAlchemy
-    instead drops every pooled connection when one fails as disconnected, so the second attempt opens a new
-    one. Each operation wrapped is idempotent: a registration whose commit landed before the connection died
-    is a retry (its events come back with ``created`` false), an acknowledgement a no-op.
-    """
-    @functools.wraps(method)
-    def call(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except DBAPIError as e:
-            if not e.connection_invalidated:
-                raise
-        return method(self, *args, **kwargs)
-
-    return call
-
-
 def _tag_filter(tags: Mapping[str, str] | None) -> list:
     return [EVENTS.c.tags[k].as_string() == v for k, v in (tags or {}).items()]
 
 
-class TriggerStore:
+class TriggerStore(TokenStore):
     """The events, flow cursors and tokens of one database; opening it migrates the schema to the latest.
 
     Args:
@@ -438,18 +174,14 @@ class TriggerStore:
         return (postgresql.insert if self.dialect == "postgresql" else sqlite.insert)(table)
 
     def _stable_horizon(self, conn: Connection | None = None) -> int | None:
-        """The highest event id below which no registration is still in flight (None: no limit needed).
-
-        One autocommit statement: it holds the exclusive lock, so every registration that drew an id below
-        the highest it sees (its snapshot predates the lock) has finished by the time it returns.
-        """
+        """The highest event id below which no registration is still in flight (None: no limit needed; see
+        :func:`~bitlake.triggers.statements.stable_horizon`)."""
         if self.dialect != "postgresql":
             return None
-        query = text("SELECT pg_advisory_xact_lock(:k), (SELECT max(event_id) FROM events)")
         if conn is None:
             with self._reader.connect() as c:
-                return c.execute(query, {"k": REGISTRATION_LOCK}).one()[1] or 0
-        return conn.execute(query, {"k": REGISTRATION_LOCK}).one()[1] or 0
+                return statements.stable_horizon(c)
+        return statements.stable_horizon(conn)
 
     # -- events ---------------------------------------------------------------------------------------
 
@@ -472,7 +204,7 @@ class TriggerStore:
             raise answer
         return answer
 
-    @_once_more_if_disconnected
+    @once_more_if_disconnected
     def register_together_json(self, requests: Sequence[Iterable[EventIn | Mapping[str, Any]]], *,
                                insert_new_first: bool = True) -> list[bytes | EventConflictError]:
         """Several registration requests in one transaction, each answered as if they had run one after the
@@ -484,7 +216,8 @@ class TriggerStore:
         the others are registered and the one that conflicts writes nothing.
 
         ``insert_new_first``: on PostgreSQL, first try the one-statement insert of new events
-        (:meth:`_insert_new_postgresql`); False when the caller tried it already (see storecalls.py).
+        (:func:`~bitlake.triggers.statements.insert_new`); False when the caller tried it already (see
+        storecalls.py).
         """
         plan = PlannedRegistration.of(requests)
         try:
@@ -518,48 +251,34 @@ class TriggerStore:
             return [b'{"events":[]}' for _ in plan.batches]
         postgres = self.dialect == "postgresql"
         if postgres and insert_new_first and plan.distinct:
-            found = self._insert_new_postgresql(plan.pg_params)
-            if found is not None:
-                return plan.answers(found)
+            inserted = statements.insert_new(self._reader, plan.pg_params)
+            if inserted is not None:
+                return plan.answers_inserted(inserted)
         with self.engine.begin() as conn:
             if postgres:
-                found = _created(conn.execute(_PG_INSERT_UNREGISTERED, plan.pg_params))
+                found = found_inserted(conn.execute(PG_INSERT_UNREGISTERED, plan.pg_params))
             else:
                 ev = EVENTS
                 statement = (self._insert(ev)
                              .on_conflict_do_nothing(index_elements=["table_name", "partition_json", "snapshot_id"])
                              .returning(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id, ev.c.event_id))
-                found = _created(conn.execute(statement, list(plan.unique.values())))
+                found = found_inserted(conn.execute(statement, list(plan.unique.values())))
             missing = [key for key in plan.unique if key not in found]
             if missing:  # registered before, or by a transaction that committed while this one ran; now visible
                 found.update(self._stored(conn, plan.unique, missing))
             return plan.answers(found)  # a conflict raises here: nothing is committed
 
-    def _insert_new_postgresql(self, params: dict[str, Any]) -> dict[tuple[str, str, str], _Found] | None:
-        """Every key of the batch (``params``: :attr:`PlannedRegistration.pg_params`) inserted by one statement
-        in autocommit, or None, with nothing written, when one is registered already (a retry, or a concurrent
-        registration of the same event that committed first): one round trip instead of three (BEGIN, the
-        statement, COMMIT), and a plain INSERT, cheaper than ON CONFLICT's speculative insertion. The unique
-        violation of a retry is logged by the server."""
-        try:
-            with self._reader.connect() as conn:
-                return _created(conn.execute(PG_INSERT_NEW, params))
-        except IntegrityError as e:
-            if getattr(e.orig, "sqlstate", None) == "23505":
-                return None
-            raise
-
     def _stored(self, conn: Connection, unique: Mapping[tuple[str, str, str], dict[str, Any]],
-                keys: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], _Found]:
+                keys: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], Found]:
         """The stored events of ``keys``, each with the payload fields in which it differs from ``unique``'s."""
         ev = EVENTS
         query = select(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id, ev.c.event_id,
-                       *(ev.c[f] for f in _PAYLOAD), self._event_json).where(
+                       *(ev.c[f] for f in PAYLOAD), self._event_json).where(
             tuple_(ev.c.table_name, ev.c.partition_json, ev.c.snapshot_id).in_(keys))
-        found: dict[tuple[str, str, str], _Found] = {}
+        found: dict[tuple[str, str, str], Found] = {}
         for r in conn.execute(query):
             key = (r.table_name, r.partition_json, r.snapshot_id)
-            found[key] = (r.event_id, False, [f for f in _PAYLOAD if getattr(r, f) != unique[key][f]], r.event_json)
+            found[key] = (r.event_id, False, [f for f in PAYLOAD if getattr(r, f) != unique[key][f]], r.event_json)
         return found
 
     def _fired(self, conn: Connection, where: list, limit: int) -> tuple[list[str], int | None, bool]:
@@ -585,7 +304,7 @@ class TriggerStore:
             table, partition=partition, tags=tags, since=since, until=until, min_event_id=min_event_id,
             max_event_id=max_event_id, cursor=cursor, limit=limit))
 
-    @_once_more_if_disconnected
+    @once_more_if_disconnected
     def events_json(self, table: str, *, partition: list[str | None] | None = ANY_PARTITION,
                     tags: Mapping[str, str] | None = None, since: dt.datetime | None = None,
                     until: dt.datetime | None = None, min_event_id: int | None = None,
@@ -618,7 +337,7 @@ class TriggerStore:
         """Fires when events of the rendered partition with the tags were registered at or before ``at``."""
         return PartitionTriggerResult.model_validate_json(self.evaluate_partition_trigger_json(trigger, now=now))
 
-    @_once_more_if_disconnected
+    @once_more_if_disconnected
     def evaluate_partition_trigger_json(self, trigger: PartitionTrigger, *, now: dt.datetime | None = None
                                         ) -> bytes:
         """:meth:`evaluate_partition_trigger` as the JSON of its result (what ``POST /triggers/partition``
@@ -651,8 +370,8 @@ class TriggerStore:
     def _flow_and_horizon(self, conn: Connection, flow: str, table: str) -> tuple[FlowCursor | None, int | None]:
         if self.dialect != "postgresql":
             return self.flow(flow, table, conn=conn), None
-        row = conn.execute(_PG_FLOW_AND_HORIZON, {"lock_key": REGISTRATION_LOCK, "flow": flow, "table": table}).one()
-        return (None if row.flow_name is None else _cursor(row)), row.horizon or 0
+        row, horizon = statements.flow_and_horizon(conn, flow, table)
+        return (None if row is None else _cursor(row)), horizon
 
     def evaluate_snapshot_trigger(self, trigger: SnapshotTrigger) -> SnapshotTriggerResult:
         """Fires with the flow's events after its acknowledged cursor; never moves the cursor.
@@ -664,7 +383,7 @@ class TriggerStore:
         """
         return SnapshotTriggerResult.model_validate_json(self.evaluate_snapshot_trigger_json(trigger))
 
-    @_once_more_if_disconnected
+    @once_more_if_disconnected
     def evaluate_snapshot_trigger_json(self, trigger: SnapshotTrigger) -> bytes:
         """:meth:`evaluate_snapshot_trigger` as the JSON of its result (what ``POST /triggers/snapshot``
         returns)."""
@@ -702,7 +421,7 @@ class TriggerStore:
         head = SnapshotTriggerResult.model_construct(fired=bool(found), cursor=cursor, has_more=more, events=[])
         return _with_events(head, found)
 
-    @_once_more_if_disconnected
+    @once_more_if_disconnected
     def ack(self, flow: str, table: str, event_id: int) -> FlowCursor:
         """Move the flow's cursor on ``table`` to ``event_id``: its run processed every event up to it.
 
@@ -743,52 +462,6 @@ class TriggerStore:
                                         f"the cursor never moves back to {event_id}")
             raise FlowConflictError(f"event {event_id} is not yet stable (a registration with a lower id is still "
                                     "in flight); retry")
-
-    # -- tokens ---------------------------------------------------------------------------------------
-
-    def create_token(self, role: Role | str, tables: Sequence[str] = ("*",), *, name: str = "") -> str:
-        """Create a token and return it; only its hash is stored, so this is the one time it is seen.
-
-        Args:
-            role: ``producer`` (register events), ``consumer`` (query, evaluate, acknowledge) or ``admin``.
-            tables: fnmatch globs of the tables the token may touch (``*`` for all).
-            name: a label for the token list.
-        """
-        try:
-            role = Role(role)
-        except ValueError:
-            raise TriggerError(f"unknown role {role!r}: producer, consumer or admin") from None
-        globs = [tables] if isinstance(tables, str) else list(tables)
-        if not globs or len(globs) > MAX_TOKEN_GLOBS or not all(isinstance(g, str) and 0 < len(g) <= 512
-                                                                 for g in globs):
-            raise TriggerError(f"a token needs 1 to {MAX_TOKEN_GLOBS} table globs of 1 to 512 characters")
-        if len(name) > 200:
-            raise TriggerError("a token name has at most 200 characters")
-        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        with self.engine.begin() as conn:
-            conn.execute(insert(TOKENS), {"name": name, "token_hash": hash_token(token), "role": role.value,
-                                                  "tables": globs, "created_at": now_micros(), "revoked_at": None})
-        return token
-
-    @_once_more_if_disconnected
-    def authenticate(self, token: str) -> TokenInfo | None:
-        """The token's details, or None when it is unknown or revoked."""
-        tk = TOKENS
-        with self._reader.connect() as conn:
-            row = conn.execute(select(tk).where(tk.c.token_hash == hash_token(token),
-                                                tk.c.revoked_at.is_(None))).first()
-        return None if row is None else _token(row)
-
-    def revoke_token(self, token_id: int) -> bool:
-        """Revoke a token by id; False when there is no such active token."""
-        tk = TOKENS
-        with self.engine.begin() as conn:
-            return bool(conn.execute(update(tk).where(tk.c.token_id == token_id, tk.c.revoked_at.is_(None))
-                                     .values(revoked_at=now_micros())).rowcount)
-
-    def tokens(self) -> list[TokenInfo]:
-        with self.engine.connect() as conn:
-            return [_token(r) for r in conn.execute(select(TOKENS).order_by(TOKENS.c.token_id))]
 
 
 def create_token(role: Role | str, tables: Sequence[str] = ("*",), *, name: str = "", db_url: str | None = None,

@@ -28,7 +28,9 @@ from sqlalchemy.util import greenlet_spawn
 from bitlake.triggers.config import TriggerConfig
 from bitlake.triggers.errors import EventConflictError
 from bitlake.triggers.event import MAX_EVENTS_PER_REQUEST, EventIn
-from bitlake.triggers.store import PG_INSERT_NEW, PlannedRegistration, TriggerStore
+from bitlake.triggers.registration import PlannedRegistration
+from bitlake.triggers.statements import PG_INSERT_NEW
+from bitlake.triggers.store import TriggerStore
 
 T = TypeVar("T")
 

@@ -307,7 +307,7 @@ def test_example_dag_reads_the_changed_range_with_spark(airflow_db, trigger_serv
     path, output = str(tmp_path / "orders"), str(tmp_path / "changed")
     schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("ts", pa.int64())])
     orders = bitlake.create_table(path, schema, primary_key=["id"], delta_column="ts",
-                                  properties={"table.name": table})
+                                  name=table)
 
     spark = bitlake.spark_session("local[1]")  # the DAG's task uses it too (tasks run in-process here)
 

@@ -45,7 +45,7 @@ with DAG(
         "flow": Param("example_bitlake_changes", type="string", description="the consumer flow (its cursor)"),
         "location": Param("", type="string",
                           description="the table's path when its events do not say (no 'location' tag, and "
-                                      "the table is named by a table.name property rather than its URI)"),
+                                      "the events were registered without the publisher)"),
         "spark_master": Param("local[*]", type="string"),
         "output": Param("", type="string", description="where to append the changed rows (Parquet); '' = nowhere"),
     },

@@ -1,5 +1,5 @@
-"""Alembic environment of the trigger store: run by :func:`bitlake.triggers.store.migrate` on a connection it
-passes in ``config.attributes["connection"]`` (there is no alembic.ini)."""
+"""Alembic environment of the trigger store: run by :func:`bitlake.triggers.database.run_migrations` on a
+connection it passes in ``config.attributes["connection"]`` (there is no alembic.ini)."""
 
 from alembic import context
 
