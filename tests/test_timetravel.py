@@ -172,8 +172,9 @@ def test_append_only_change_feed_lists_inserts(spark, tmp_path):
     t = bitlake.create_table(str(tmp_path / "log"), SCHEMA)
     t.ingest(pa.table({"k": [1, 2], "value": [1, 2], "mod": [0, 0]}), spark=spark)
     t.ingest(pa.table({"k": [3], "value": [3], "mod": [0]}), spark=spark)
-    rows = sorted((r["_change_type"], r["_commit_version"], r["k"]) for r in t.changes(spark, start_version=0).collect())
-    assert rows == [("insert", 1, 1), ("insert", 1, 2), ("insert", 2, 3)]
-    assert [r["k"] for r in t.changes(spark, start_version=1).collect()] == [3]
+    t.ingest(pa.table({"k": [5, 4], "value": [5, 4], "mod": [0, 0]}), spark=spark)
+    rows = [(r["_change_type"], r["_commit_version"], r["k"]) for r in t.changes(spark, start_version=0).collect()]
+    assert rows == [("insert", 1, 1), ("insert", 1, 2), ("insert", 2, 3), ("insert", 3, 5), ("insert", 3, 4)]
+    assert [r["k"] for r in t.changes(spark, start_version=1, end_version=2).collect()] == [3]
     with pytest.raises(bitlake.InvalidInputError, match="keyed table"):
         t.to_arrow(valid_at=1)

@@ -53,9 +53,21 @@ def _feed_int64(h: np.ndarray, values: np.ndarray, width: int = 8) -> np.ndarray
     return h
 
 
+def _decimal_text(column: pa.Array) -> pa.Array:
+    """Digits with exactly ``scale`` decimals. Arrow's cast writes an exponent for small magnitudes
+    ('1E-10'); those few values are rendered again in plain digits."""
+    text = pc.cast(column, pa.string())
+    exponent = pc.fill_null(pc.match_substring(text, "E"), False)
+    if not pc.any(exponent).as_py():
+        return text
+    form = f".{column.type.scale}f"
+    plain = [None if v is None else format(v, form) for v in column.to_pylist()]
+    return pc.if_else(exponent, pa.array(plain, pa.string()), text)
+
+
 def _feed_variable(h: np.ndarray, column: pa.Array) -> np.ndarray:
     if pa.types.is_decimal(column.type):
-        column = pc.cast(column, pa.string())
+        column = _decimal_text(column)
     column = pc.cast(column, pa.large_binary()).fill_null(b"")
     offsets = np.frombuffer(column.buffers()[1], dtype=np.int64)[column.offset:column.offset + len(column) + 1]
     data_buffer = column.buffers()[2]

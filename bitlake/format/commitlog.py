@@ -19,6 +19,7 @@ import zlib
 from bitlake.errors import CorruptTableError, UnsupportedFormatVersionError
 from bitlake.format import layout, v1
 from bitlake.format.commit import Commit
+from bitlake.format.protocol import Protocol
 from bitlake.fs import FileIO
 
 _ENVELOPE = re.compile(rb'\{"crc32":(\d+),"body":')
@@ -61,6 +62,8 @@ def read(io: FileIO, version: int) -> Commit:
             f"commit {version} of {io.uri()} has format version {fv!r}; this bitlake reads versions 1 and 2: "
             "upgrade bitlake"
         )
+    if "protocol" in body:  # before the actions it enables are parsed
+        Protocol.from_json(body["protocol"]).check_read(io.uri())
     return Commit.from_json(body)
 
 

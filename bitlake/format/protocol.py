@@ -60,13 +60,11 @@ class Protocol:
 
 
 def _check(where: str, what: str, version: int, features: tuple[str, ...], known: frozenset[str]) -> None:
+    lacking = []
     if version > FORMAT_VERSION:
-        raise UnsupportedFormatVersionError(
-            f"{where} needs format version {version} to {what}; this bitlake implements up to {FORMAT_VERSION}: "
-            "upgrade bitlake"
-        )
+        lacking.append(f"format version {version} (this bitlake implements up to {FORMAT_VERSION})")
     missing = sorted(set(features) - known)
     if missing:
-        raise UnsupportedFormatVersionError(
-            f"{where} needs the {what} features {missing}, which this bitlake does not implement: upgrade bitlake"
-        )
+        lacking.append(f"the {what} features {missing}, which this bitlake does not implement")
+    if lacking:
+        raise UnsupportedFormatVersionError(f"{where} needs, to {what}, {' and '.join(lacking)}: upgrade bitlake")

@@ -205,9 +205,9 @@ def load(io: FileIO, version: int | None = None) -> TableState:
     if usable:
         path = layout.checkpoint_path(usable[-1])
         state = TableState.from_json(commitlog.decode(io.read_bytes(path), path))
+        state.protocol.check_read(io.uri())
     if state is None:
         state = initial(io, commitlog.read(io, 0))
     for v in range(state.version + 1, version + 1):
-        state.apply(commitlog.read(io, v))
-    state.protocol.check_read(io.uri())
+        state.apply(commitlog.read(io, v))  # each commit's protocol is checked as it is read
     return state

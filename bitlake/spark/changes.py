@@ -93,9 +93,12 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
     if not meta.keyed:
         if not new_files or "insert" not in types:
             return empty()
+        index = F.element_at(F.expr(_sql_map(index_of.items())), part_col)
         df = scan(spark, io, meta, new_files).select(
-            *columns, F.lit("insert").alias("_change_type"), version_of_part.cast("long").alias("_commit_version"))
-        return df.withColumn("_commit_timestamp", commit_timestamp)
+            *columns, F.lit("insert").alias("_change_type"), version_of_part.cast("long").alias("_commit_version"),
+            index.alias("batch_index"), spark_packed().alias("_rid"))
+        df = df.orderBy("_commit_version", "batch_index", "_rid")  # in order, as a keyed table's
+        return df.select(*columns, "_change_type", "_commit_version", commit_timestamp)
 
     events = _events(io, [(v, f) for v, f in state.logs if start < v <= end])
     targets = events.column("_target").to_numpy()
