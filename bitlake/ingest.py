@@ -8,12 +8,13 @@ import uuid
 from typing import Any
 
 from bitlake import changeevent, faults, transaction
-from bitlake.engine import keyindex, landing
+from bitlake.engine import conform, keyindex, landing
 from bitlake.engine import metagen as engine_metagen
 from bitlake.engine.metagen import COUNTS, Landed, MetaGenOutput
 from bitlake.errors import InvalidInputError
 from bitlake.format.commit import INGEST, LAND, LIVE, METAGEN, PENDING, BatchRecord, Commit
 from bitlake.format.commitlog import now_ms
+from bitlake.format.metadata import TableMetadata
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 
@@ -73,9 +74,6 @@ class Ingestion:
 
     def ingest(self, data: Any, *, op_column: str | None, batch_id: str | None, metagen: bool,
                inline: bool | None, spark: Any) -> IngestResult:
-        from bitlake.spark import landing as spark_landing
-        from bitlake.spark.schema import conform_spark_input
-
         state = self.refresh()
         state.protocol.check_write(self.io.uri())
         meta = state.metadata
@@ -85,11 +83,10 @@ class Ingestion:
         done = already_committed(self.io, state, batch_id)
         if done is not None:
             return done
-        spark = spark or _session()
-        df = conform_spark_input(_to_spark(spark, data), meta, op_column)
+        land = _landing(data, meta, op_column)  # checks the input before anything is written
         part = transaction.claim_part(self.io, state)
         faults.point("after_claim")
-        data_files, keys_files = spark_landing.land(df, self.io, meta, part, op_column is not None)
+        data_files, keys_files = land(self.io, part)
         faults.point("after_landing")
         records = sum(f.rows for f in keys_files) if meta.keyed else sum(f.rows for f in data_files)
         batch = Landed(batch_id, part, records, tuple(data_files), tuple(keys_files))
@@ -184,7 +181,9 @@ class Ingestion:
 
         meta = state.metadata
         rows = sum(b.records for b in batches)
-        if not meta.keyed or inline is False or (inline is None and rows > meta.int_prop("metagen.inline_max_rows")):
+        if not meta.keyed:
+            return engine_metagen.unkeyed_output(batches)
+        if inline is False or (inline is None and rows > meta.int_prop("metagen.inline_max_rows")):
             return spark_metagen.run(spark or _session(), self.io, state, batches, version)
         return engine_metagen.run_inline(self.io, state, batches, version, index.at(state))
 
@@ -195,20 +194,40 @@ def _session():
     return spark_session()
 
 
-def _to_spark(spark, data):
-    import pyarrow as pa
-    from pyspark.sql import DataFrame
+def _landing(data: Any, meta: TableMetadata, op_column: str | None):
+    """How ``data`` lands: Arrow and pandas input (and a Spark DataFrame small enough to collect) on this
+    machine without Spark, any other Spark DataFrame by a Spark job. Returns ``land(io, part)``."""
+    reader = conform.arrow_input(data)
+    rows = conform.row_count(data)
+    if reader is None and _is_spark_dataframe(data):
+        collected = _collect_if_small(data, meta.int_prop("ingest.driver_max_bytes"))
+        if collected is None:
+            from bitlake.spark import landing as spark_landing
+            from bitlake.spark.schema import conform_spark_input
 
-    if isinstance(data, DataFrame):
-        return data
-    if isinstance(data, pa.Table):
-        return spark.createDataFrame(data)
+            df = conform_spark_input(data, meta, op_column)
+            return lambda io, part: spark_landing.land(df, io, meta, part, op_column is not None)
+        reader, rows = collected.to_reader(), collected.num_rows
+    if reader is None:
+        raise InvalidInputError(
+            f"cannot ingest a {type(data).__name__}: pass a pyarrow Table, RecordBatch or RecordBatchReader, a "
+            "pandas DataFrame or a Spark DataFrame"
+        )
+    batches = conform.conformed(reader, meta, op_column)
+    return lambda io, part: landing.land_local(io, meta, part, op_column is not None, batches, rows)
+
+
+def _is_spark_dataframe(data: Any) -> bool:
+    return type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pyspark.")
+
+
+def _collect_if_small(df, max_bytes: int):
+    """``df`` as an Arrow table when Spark's plan estimates it at most ``max_bytes`` (a local relation, a
+    small file); None when it is larger or the estimate is unknown (a Spark Connect session)."""
     try:
-        import pandas as pd
-    except ImportError:  # pragma: no cover - pandas comes with bitlake[spark]
-        pd = None
-    if pd is not None and isinstance(data, pd.DataFrame):
-        return spark.createDataFrame(data)
-    raise InvalidInputError(
-        f"cannot ingest a {type(data).__name__}: pass a Spark DataFrame, pyarrow Table or pandas DataFrame"
-    )
+        size = int(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes().toString())
+    except Exception:  # noqa: BLE001 - no JVM handle (Spark Connect) or no statistics
+        return None
+    if size > max_bytes:
+        return None
+    return df.toArrow()

@@ -151,7 +151,10 @@ class Table:
         """Ingests one batch: lands its records and (by default) runs MetaGen and commits.
 
         Args:
-            data: a Spark DataFrame, a pyarrow Table or a pandas DataFrame with the table's columns.
+            data: the records, with the table's columns: a pyarrow Table, RecordBatch or RecordBatchReader
+                (streamed in bounded memory) or a pandas DataFrame lands on this machine without Spark; a
+                Spark DataFrame lands in a Spark job unless Spark estimates it at most
+                ``ingest.driver_max_bytes``, when it is collected and lands here.
             op_column: a string column saying what each record does: ``"upsert"`` or ``"delete"``.
                 Without it every record is an upsert. It is not stored.
             batch_id: the batch's id; a batch id that already committed makes this a no-op.
@@ -159,7 +162,8 @@ class Table:
             inline: how MetaGen runs (docs/ingestion.md). None (default) chooses: inline (on the driver: key
                 lookups in the RocksDB key index, or a scan of the touched key-store buckets for larger
                 batches) when the pending records are at most ``metagen.inline_max_rows``, else a Spark job.
-            spark: the SparkSession; default ``bitlake.spark_session()``.
+            spark: the SparkSession for the Spark MetaGen; default ``bitlake.spark_session()``, started
+                only when a Spark MetaGen runs.
         """
         return self._writes.ingest(data, op_column=op_column, batch_id=batch_id, metagen=metagen, inline=inline,
                                    spark=spark)

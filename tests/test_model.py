@@ -1,8 +1,8 @@
-"""Model-based test: random batch sequences through the real Spark path, compared to the oracle.
+"""Model-based test: random batch sequences through the real Spark and driver paths, compared to the oracle.
 
-Each batch's MetaGen runs in Spark, or inline with the key index's point lookups, or inline with a scan
-of the key store, at random, so one table mixes all three and each must continue from what the others
-committed."""
+Each batch lands on the driver (Arrow input, or a small Spark DataFrame collected) or in a Spark job, and
+its MetaGen runs in Spark, or inline with the key index's point lookups, or inline with a scan of the key
+store, at random, so one table mixes them all and each must continue from what the others committed."""
 
 from __future__ import annotations
 
@@ -38,6 +38,7 @@ batch = st.tuples(
     st.booleans(),  # run MetaGen at once
     st.booleans(),  # retry the batch id afterwards
     st.sampled_from(["spark", "inline-lookups", "inline-scan"]),  # how MetaGen runs
+    st.sampled_from(["arrow", "collected", "spark-job"]),  # how the batch lands
 )
 
 
@@ -81,8 +82,15 @@ def test_random_batches_match_the_oracle(spark, kind, monkeypatch):
             )
             oracle = Oracle()
             pending = []
-            for i, (records, now, retry, mode) in enumerate(batches):
+            driver_max_bytes = None
+            for i, (records, now, retry, mode, landing) in enumerate(batches):
                 data = _arrow(records, key_type, delta_type, to_delta)
+                if landing != "arrow":
+                    wanted = "0" if landing == "spark-job" else str(1 << 30)
+                    if wanted != driver_max_bytes:
+                        t.set_properties({"ingest.driver_max_bytes": wanted})
+                        driver_max_bytes = wanted
+                    data = spark.createDataFrame(data)
                 # The inline MetaGen picks lookups or a scan by cost; these tables are tiny, so force it.
                 monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0 if mode == "inline-lookups" else 10**12)
                 result = t.ingest(data, op_column="op", batch_id=f"b{i}", metagen=now, inline=mode != "spark",

@@ -50,7 +50,11 @@ def view(t):
         (pa.table({"id": [3], "name": ["c"], "mod": [2]}), bitlake.SchemaMismatchError, "op_column 'op' is not a column"),
     ],
 )
-def test_bad_batches_change_nothing(table, spark, data, error, message):
+@pytest.mark.parametrize("landing", ["driver", "spark-job"])
+def test_bad_batches_change_nothing(table, spark, data, error, message, landing):
+    if landing == "spark-job":
+        table.set_properties({"ingest.driver_max_bytes": "0"})
+        data = spark.createDataFrame(data)
     before_files, before_version, before_view = files_under(table.path), table.version, view(table)
     with pytest.raises(error, match=message):
         table.ingest(data, op_column="op", batch_id="bad", spark=spark)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -133,6 +135,61 @@ class LandTask:
         rows.append(_report(kind="check", seq=task, nulls=json.dumps(nulls), bad_ops=bad_ops,
                             bad_op_sample=bad_sample, infinite_deltas=infinite))
         return rows
+
+
+# Driver landing: a segment per task, of at least this many rows when the input's size is known (so that a
+# batch's files are not split finer than its threads need), and of this many rows from a stream.
+MIN_TASK_ROWS = 1 << 20
+STREAM_TASK_ROWS = 1 << 22
+
+
+def land_local(io: FileIO, meta: TableMetadata, part: int, has_op: bool, batches: Iterable[pa.RecordBatch],
+               rows: int | None = None, threads: int | None = None) -> tuple[list[DataFile], list[KeysFile]]:
+    """Lands conformed ``batches`` on this machine, without Spark: the input is cut, in order, into segments
+    that a pool of threads writes at once (Parquet encoding releases the GIL); at most ``threads`` segments
+    are held in memory, so a stream lands in bounded memory. ``rows`` (the input's size, when known) picks the
+    segment size that gives every thread work. Same files and checks as the Spark landing."""
+    threads = threads or min(os.cpu_count() or 1, 8)
+    if rows is None:
+        per_task = STREAM_TASK_ROWS
+    else:
+        per_task = min(max(-(-rows // threads), MIN_TASK_ROWS), rowid.MAX_OFFSET + 1)
+    # Each task is one segment, never more: a task's seq is its place in the input, so row ids follow it.
+    task = LandTask(io, meta.to_json(), part, 1, has_op)
+    reports: list[dict] = []
+    running: list[Future] = []
+    try:
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bitlake-land") as pool:
+            for seq, segment in enumerate(_cut(batches, per_task)):
+                if seq > rowid.MAX_SEQ:
+                    raise InvalidInputError("batch too large: more segments than segment_seq can number")
+                if len(running) >= threads:
+                    reports.extend(running.pop(0).result())
+                running.append(pool.submit(task.run, seq, segment))
+            for f in running:
+                reports.extend(f.result())
+    except BaseException:
+        for f in running:
+            f.cancel()
+        remove_part_files(io, part)
+        raise
+    return collect(io, meta, part, iter(reports))
+
+
+def _cut(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[list[pa.RecordBatch]]:
+    """Consecutive lists of ``batches`` (slicing one where needed) of ``rows`` rows each, the last one less."""
+    held: list[pa.RecordBatch] = []
+    n = 0
+    for b in batches:
+        while b.num_rows:
+            take = min(rows - n, b.num_rows)
+            held.append(b.slice(0, take))
+            b, n = b.slice(take), n + take
+            if n == rows:
+                yield held
+                held, n = [], 0
+    if held:
+        yield held
 
 
 def _report(**values) -> dict:

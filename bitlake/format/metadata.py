@@ -34,6 +34,9 @@ DEFAULT_PROPERTIES = {
     # "rocksdb": keep a RocksDB copy of the key store beside the writer for inline MetaGen (point
     # lookups on the driver instead of a scan); "none": no index.
     "keystore.index": "rocksdb",
+    # A Spark DataFrame that Spark's plan estimates at most this many bytes is collected as Arrow and lands on
+    # the driver, as Arrow input always does; a larger one lands in a Spark job.
+    "ingest.driver_max_bytes": "67108864",
     # Inline MetaGen (driver) runs when the pending batches hold at most this many records; larger commits
     # use the Spark MetaGen.
     "metagen.inline_max_rows": "2000000",

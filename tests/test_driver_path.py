@@ -1,0 +1,120 @@
+"""The driver path: Arrow and pandas input land and commit on this machine without Spark; input is conformed
+to the table schema batch by batch; a stream lands in segments cut in input order."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import sys
+import textwrap
+
+import pyarrow as pa
+import pytest
+
+import bitlake
+from bitlake.engine import landing
+
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("mod", pa.int64())])
+
+
+def files_under(path):
+    return sorted(os.path.relpath(os.path.join(d, n), path) for d, _, ns in os.walk(path) for n in ns)
+
+
+def test_arrow_and_pandas_input_never_start_spark(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys
+        import pandas as pd
+        import pyarrow as pa
+        import bitlake
+
+        schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("mod", pa.int64())])
+        t = bitlake.create_table({str(tmp_path / "t")!r}, schema, primary_key=["id"], delta_column="mod")
+        t.ingest(pa.table({{"id": [1, 2, 3], "name": ["a", "b", "c"], "mod": [1, 1, 1]}}))
+        t.ingest(pd.DataFrame({{"id": [2, 3], "name": ["B", None], "mod": [2, 2], "op": ["upsert", "delete"]}}),
+                 op_column="op")
+        reader = pa.RecordBatchReader.from_batches(schema, pa.table({{"id": [4], "name": ["d"], "mod": [1]}}).to_batches())
+        t.ingest(reader)
+        t.ingest(pa.table({{"id": [5], "name": ["e"], "mod": [1]}}).to_batches()[0])
+        print(sorted((r["id"], r["name"]) for r in t.to_arrow().to_pylist()))
+        print("pyspark" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "[(1, 'a'), (2, 'B'), (4, 'd'), (5, 'e')]"
+    assert out[1] == "False"
+
+
+@pytest.fixture
+def table(tmp_path):
+    schema = pa.schema([
+        ("id", pa.int64()), ("name", pa.string()), ("score", pa.float64()), ("at", pa.timestamp("us", tz="UTC")),
+        ("local", pa.timestamp("us")), ("mod", pa.int64()),
+    ])
+    return bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="mod")
+
+
+def test_arrow_representations_are_conformed(table):
+    at = dt.datetime(2026, 1, 2, 3, 4, 5, 6)
+    data = pa.table({
+        "MOD": pa.array([1, 1], pa.int32()),  # names match case-insensitively; int32 widens
+        "id": pa.array([1, 2], pa.uint16()),
+        "name": pa.array(["a", "b"], pa.large_string()),
+        "score": pa.array([0.5, None], pa.float32()),
+        "at": pa.array([at, at], pa.timestamp("ns")),  # a wall-clock time into a zoned column is UTC
+        "local": pa.array([at, at], pa.timestamp("ms")).cast(pa.timestamp("us")),
+    })
+    table.ingest(pa.table({**{n: data.column(n) for n in data.column_names if n != "score"}}))  # score: nullable
+    table.ingest(data.slice(1), batch_id="again")
+    rows = {r["id"]: r for r in table.to_arrow().to_pylist()}
+    assert rows[1]["score"] is None and rows[2]["score"] is None
+    assert rows[1]["at"] == at.replace(tzinfo=dt.UTC) and rows[1]["name"] == "a"
+    assert rows[1]["local"] == at.replace(microsecond=0)
+    categorical = pa.table({"id": [3], "name": pa.array(["c"]).dictionary_encode(), "mod": [1]})
+    table.ingest(categorical)
+    assert table.to_arrow().sort_by("id").column("name").to_pylist() == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("data, error, message", [
+    (pa.table({"id": pa.array([1], pa.uint64()), "mod": [1]}), bitlake.SchemaMismatchError, "'id' has type uint64"),
+    (pa.table({"id": [1], "mod": [1.5]}), bitlake.SchemaMismatchError, "'mod' has type double"),
+    (pa.table({"id": [1], "mod": [1], "local": pa.array([dt.datetime(2026, 1, 1)], pa.timestamp("us", tz="UTC"))}),
+     bitlake.SchemaMismatchError, "'local' has type timestamp"),
+    (pa.table({"id": [1], "mod": [1], "ID": [2]}), bitlake.SchemaMismatchError, "repeat a name"),
+    (pa.table({"id": [1], "mod": [1], "at": pa.array([1_000_000_001], pa.timestamp("ns"))}),
+     bitlake.InvalidInputError, "'at'.* do not fit"),
+    (pa.table({"id": [1], "mod": [1], "op": [1]}), bitlake.SchemaMismatchError, "must be a string column"),
+    ({"id": [1], "mod": [1]}, bitlake.InvalidInputError, "cannot ingest a dict"),
+])
+def test_input_that_does_not_conform_writes_nothing(table, data, error, message):
+    before = files_under(table.path)
+    with pytest.raises(error, match=message):
+        table.ingest(data, op_column="op" if isinstance(data, pa.Table) and "op" in data.column_names else None)
+    assert table.version == 0
+    assert [p for p in files_under(table.path) if p not in before and not p.startswith("_bitlake/parts/")] == []
+
+
+def test_a_stream_lands_in_segments_in_input_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(landing, "STREAM_TASK_ROWS", 7)
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod")
+    # Every record has key 1 and the same delta: each supersedes the one before it in the batch.
+    batches = [pa.record_batch({"id": [1] * n, "name": [f"{i}-{j}" for j in range(n)], "mod": [0] * n}, schema=SCHEMA)
+               for i, n in enumerate([5, 9, 1, 12])]
+    result = t.ingest(pa.RecordBatchReader.from_batches(SCHEMA, batches))
+    assert result.counts == {"inserted": 1, "updated": 26, "deleted": 0, "stale": 0, "ignored_deletes": 0}
+    assert t.to_arrow().to_pylist() == [{"id": 1, "name": "3-11", "mod": 0}]
+    data = [f for f in files_under(t.path) if f.startswith("data/")]
+    assert len(data) == 4  # 27 rows in segments of 7
+
+
+def test_a_stream_that_fails_midway_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(landing, "STREAM_TASK_ROWS", 2)
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod")
+    t.ingest(pa.table({"id": [1], "name": ["a"], "mod": [1]}))
+    before = files_under(t.path)
+    good = pa.record_batch({"id": [2, 3, 4], "name": ["b", "c", "d"], "mod": [1, 1, 1]}, schema=SCHEMA)
+    bad = pa.record_batch({"id": [5, None], "name": ["e", "f"], "mod": [1, 1]}, schema=SCHEMA)
+    with pytest.raises(bitlake.NullValueError, match="primary key column 'id' holds 1 null"):
+        t.ingest(pa.RecordBatchReader.from_batches(SCHEMA, [good, good, bad]))
+    assert t.version == 1 and t.to_arrow().to_pylist() == [{"id": 1, "name": "a", "mod": 1}]
+    assert [p for p in files_under(t.path) if p not in before and not p.startswith("_bitlake/parts/")] == []
