@@ -176,7 +176,7 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     """The inline MetaGen. ``index`` (an open :class:`bitlake.engine.keyindex.KeyIndex` at ``state``, or None)
     answers the batch's keys by point lookups when they are few against the key-store rows of their
     buckets; otherwise, or without an index, the driver semi-joins them with those buckets' files."""
-    from bitlake.engine.keyindex import encode_keys
+    from bitlake.engine.keyindex import encode_keys, key_codes
 
     meta = state.metadata
     pk = list(meta.primary_key)
@@ -186,20 +186,23 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     records = pa.concat_tables([datafile.read_keys(io, p, meta) for p in paths])
     if records.num_rows == 0:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
-    part_index = {b.part: i for i, b in enumerate(batches)}
+    parts = np.array([b.part for b in batches], dtype=np.int64)
     rids = records.column(keystore.ROW_ID).to_numpy()
-    bidx = np.array([part_index[p] for p in (rids >> rowid.PART_SHIFT).tolist()])
+    by_part = np.argsort(parts)
+    bidx = by_part[np.searchsorted(parts, rids >> rowid.PART_SHIFT, sorter=by_part)]
     deltas = records.column(keystore.DELTA).to_numpy()
     deleted = records.column(keystore.DELETED).to_numpy(zero_copy_only=False)
-    keys = encode_keys(records, pk)
-    # Codes number the distinct keys in order of first appearance; the index answers in code order.
-    codes = pc.dictionary_encode(pa.array(keys, pa.binary())).indices.to_numpy()
-    first = np.unique(codes, return_index=True)[1]
+    # Codes number the distinct keys; ``first`` holds a record of each, and the index answers in code order.
+    codes, first = key_codes(records, pk)
     distinct = records.take(pa.array(first))
     buckets = pc.unique(distinct.column(keystore.BUCKET)).to_pylist()
     stored_rows = sum(f.rows for b in buckets for f in state.keystore.get(b, []))
-    if index is not None and len(first) * LOOKUP_COST_IN_ROWS <= stored_rows:
-        found, prior_d, prior_rid, prior_deleted = index.lookup([keys[i] for i in first])
+    if stored_rows == 0:
+        k = len(first)
+        found, prior_d, prior_rid, prior_deleted = np.zeros(k, bool), np.zeros(k, np.int64), np.zeros(k, np.int64), \
+            np.zeros(k, bool)
+    elif index is not None and len(first) * LOOKUP_COST_IN_ROWS <= stored_rows:
+        found, prior_d, prior_rid, prior_deleted = index.lookup(encode_keys(distinct, pk))
     else:
         found, prior_d, prior_rid, prior_deleted = _scan_keystore(io, state, distinct, buckets)
 
@@ -308,6 +311,8 @@ def fold(codes, deltas, rids, deleted, batch, found, prior_d, prior_rid, prior_d
     no earlier key can reach. The previous accepted record (or the slot) is a forward fill of
     positions; it is a visible row iff it is an upsert (a missing entry counts as not visible).
     """
+    if len(codes) == len(found):
+        return _fold_one_record_a_key(codes, deltas, rids, deleted, batch, found, prior_d, prior_rid, prior_deleted)
     order = np.lexsort((rids, deltas, batch, codes))
     c, d, r, dl, b = codes[order], deltas[order], rids[order], deleted[order], batch[order]
     n, k = len(c), len(found)
@@ -339,3 +344,14 @@ def fold(codes, deltas, rids, deleted, batch, found, prior_d, prior_rid, prior_d
     final_place = final_place[~is_slot[final_place]]
     record_of_place = final_place - key_of[final_place] - 1
     return Fold(order, d, r, dl, b, accepted, until, all_rid[before], order[record_of_place])
+
+
+def _fold_one_record_a_key(codes, deltas, rids, deleted, batch, found, prior_d, prior_rid, prior_deleted) -> Fold:
+    """:func:`fold` when every key has one record (a load, most batches): no ordering among records is
+    needed, each is compared with its key's stored entry alone."""
+    order = np.arange(len(codes))
+    stored = prior_d[codes]
+    accepted = ~found[codes] | (deltas >= stored)
+    visible_before = found[codes] & ~prior_deleted[codes]
+    return Fold(order, deltas, rids, deleted, batch, accepted, accepted & visible_before, prior_rid[codes],
+                order[accepted])
