@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).parent.parent / "bitlake"
-STDLIB_AND_CORE = ("pyarrow", "numpy", "pyroaring", "bitlake.errors", "bitlake.fs", "bitlake.faults")
+STDLIB_AND_CORE = ("pyarrow", "numpy", "pyroaring", "bitlake.errors", "bitlake.fs", "bitlake.faults", "bitlake.pool")
 # What each layer may import from bitlake and beyond (the standard library is always allowed).
 ALLOWED = {
     "format": STDLIB_AND_CORE + ("bitlake.format",),

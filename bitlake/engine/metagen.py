@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
+from bitlake.pool import thread_map
 from bitlake.format import bitmap, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format.commit import BucketFile, DataFile, KeysFile, LogFile, SegmentState
 from bitlake.format.state import TableState
@@ -245,30 +246,20 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
 
 
 def _scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: list[int]):
-    """The stored entries of ``distinct`` keys (key columns and ``_bucket``), one bucket at a time: found,
-    delta, row id, deleted, in ``distinct``'s order."""
+    """The stored entries of ``distinct`` keys (key columns and ``_bucket``), from the files of their buckets
+    read at once: found, delta, row id, deleted, in ``distinct``'s order."""
     pk = list(state.metadata.primary_key)
     n = distinct.num_rows
     wanted = distinct.select(pk).append_column("_code", pa.array(np.arange(n, dtype=np.int64)))
-    in_bucket = distinct.column(keystore.BUCKET)
-    matches = []
-    for bucket in buckets:
-        files = state.keystore.get(bucket, [])
-        if not files:
-            continue
-        stored = pa.concat_tables([
-            keystore.read_file(io, f.path, state.metadata,
-                               columns=[*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.VERSION])
-            for f in files
-        ])
-        mine = wanted.filter(pc.equal(in_bucket, bucket))
-        matches.append(stored.join(mine, keys=pk, join_type="inner", use_threads=True).select(
-            ["_code", keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.VERSION]))
+    columns = [*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.VERSION]
+    paths = [f.path for bucket in buckets for f in state.keystore.get(bucket, [])]
+    stored = thread_map(lambda p: keystore.read_file(io, p, state.metadata, columns=columns), paths)
     found = np.zeros(n, dtype=bool)
     delta, rid, deleted = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, dtype=bool)
-    if matches:
-        # A key may have a row in several of its bucket's files: the highest _ks_version is its entry.
-        m = pa.concat_tables(matches)
+    if stored:
+        # A key lives in one bucket: one join of every file read with every key wanted. A key may have a
+        # row in several of its bucket's files: the highest _ks_version is its entry.
+        m = pa.concat_tables(stored).join(wanted, keys=pk, join_type="inner", use_threads=True)
         m = m.take(pc.sort_indices(m, sort_keys=[("_code", "ascending"), (keystore.VERSION, "descending")]))
         latest = np.unique(m.column("_code").to_numpy(), return_index=True)[1]
         m = m.take(pa.array(latest))

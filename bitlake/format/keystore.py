@@ -26,6 +26,7 @@ from bitlake.format import layout
 from bitlake.format.commit import BucketFile
 from bitlake.format.metadata import TableMetadata
 from bitlake.fs import FileIO
+from bitlake.pool import thread_map
 
 DELTA = "_delta"
 ROW_ID = "_row_id"
@@ -96,9 +97,14 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
     pk = list(meta.primary_key)
     added: list[BucketFile] = []
     replaced: list[str] = []
-    buckets = rows.column(BUCKET)
-    for bucket in sorted(pc.unique(buckets).to_pylist()):
-        new = rows.filter(pc.equal(buckets, bucket)).select(schema.names).cast(schema)
+    rows = rows.sort_by(BUCKET)
+    buckets = rows.column(BUCKET).to_numpy()
+    starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
+    ends = np.r_[starts[1:], len(buckets)]
+
+    def write(span: tuple[int, int]) -> tuple[BucketFile, list[str]]:
+        bucket = int(buckets[span[0]])
+        new = rows.slice(span[0], span[1] - span[0]).select(schema.names).cast(schema)
         files = bucket_files.get(bucket, [])
         merge = merge_plan(files, new.num_rows, meta.int_prop("keystore.max_increments"),
                            float(meta.prop("keystore.base_merge_ratio")))
@@ -109,6 +115,10 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
         with io.open_output(path) as out:
             pq.write_table(new, out, compression="zstd")
         # A bucket's first file, and a merge of all its files, is its new base.
-        added.append(BucketFile(bucket, path, new.num_rows, io.size(path), not files or len(merge) == len(files)))
-        replaced.extend(f.path for f in merge)
+        base = not files or len(merge) == len(files)
+        return BucketFile(bucket, path, new.num_rows, io.size(path), base), [f.path for f in merge]
+
+    for file, merged in thread_map(write, zip(starts.tolist(), ends.tolist(), strict=True)):
+        added.append(file)
+        replaced.extend(merged)
     return added, replaced

@@ -1,0 +1,25 @@
+"""Threads for the driver's IO-bound work: reading and writing many files at once (pyarrow releases the GIL
+while it decodes, encodes and compresses)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def threads() -> int:
+    return min(os.cpu_count() or 1, 8)
+
+
+def thread_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
+    """``[fn(x) for x in items]``, run on a pool of threads; the first error is raised after all finish."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=min(threads(), len(items)), thread_name_prefix="bitlake-io") as pool:
+        return list(pool.map(fn, items))
