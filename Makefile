@@ -1,12 +1,14 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 AIRFLOW_VENV ?= .venv-airflow
+PAIMON_VENV ?= .venv-paimon
+PAIMON_PYTHON ?= $(shell command -v python3.11 || command -v python3)
 SF ?= 1
 SFS ?= 0.1,1,3
 SYSTEMS ?= all
 TIMEOUT ?= 600
 
-.PHONY: help setup setup-airflow demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-triggers clean
+.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-triggers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -21,6 +23,15 @@ setup-airflow: $(AIRFLOW_VENV)/.installed  ## a separate environment with Apache
 
 $(AIRFLOW_VENV)/.installed: pyproject.toml scripts/setup-airflow.sh
 	AIRFLOW_VENV=$(AIRFLOW_VENV) bash scripts/setup-airflow.sh
+	touch $@
+
+setup-paimon: $(PAIMON_VENV)/.installed  ## a separate environment with pypaimon (it needs pyarrow < 20), for the Paimon peers of bench-peers
+
+$(PAIMON_VENV)/.installed:
+	$(PAIMON_PYTHON) -m venv $(PAIMON_VENV)
+	$(PAIMON_VENV)/bin/pip install -q --upgrade pip
+	$(PAIMON_VENV)/bin/pip install -q pypaimon pypaimon-rust
+	$(PAIMON_VENV)/bin/pip check
 	touch $@
 
 demo: setup  ## run the demo: create a table, ingest a base and changes, show the view and the history
@@ -49,7 +60,7 @@ bench: setup  ## the benchmarks on TPC-H lineitem (SF=1 by default), then the tr
 bench-timetravel: setup  ## past views (version, valid_at) and change feeds against the current-view scan
 	$(PY) benchmarks/timetravel.py --scale-factor $(SF)
 
-bench-peers: setup  ## bitlake against delta-rs, pyiceberg and plain Spark (SFS=0.1,1,3 SYSTEMS=all TIMEOUT=600 s per operation)
+bench-peers: setup setup-paimon  ## bitlake against delta-rs, pyiceberg, lance, Paimon and plain Spark (SFS=0.1,1,3 SYSTEMS=all TIMEOUT=600 s per operation)
 	$(PY) benchmarks/peers.py --scale-factors $(SFS) --systems $(SYSTEMS) --timeout $(TIMEOUT)
 
 bench-triggers: setup  ## the trigger service on PostgreSQL: events registered/s and trigger p50/p99 at 1M and 10M events, against pgbench
@@ -57,4 +68,4 @@ bench-triggers: setup  ## the trigger service on PostgreSQL: events registered/s
 	$(PY) benchmarks/triggers.py
 
 clean:  ## remove the virtual environment and caches
-	rm -rf $(VENV) $(AIRFLOW_VENV) .pytest_cache .hypothesis demo-lake
+	rm -rf $(VENV) $(AIRFLOW_VENV) $(PAIMON_VENV) .pytest_cache .hypothesis demo-lake

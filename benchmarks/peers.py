@@ -1,4 +1,4 @@
-"""bitlake against its peers: the same change workload on bitlake, delta-rs, pyiceberg and plain Spark.
+"""bitlake against its peers: the same change workload on bitlake, delta-rs, pyiceberg, lance, Paimon and Spark.
 
 TPC-H ``lineitem`` (``tpchgen-cli``) keyed by ``(l_orderkey, l_linenumber)`` with an integer delta column
 ``l_delta`` (0 for the base, ``k`` for change batch ``k``). Per scale factor the batches are generated
@@ -14,14 +14,18 @@ same file:
 
 Each system runs in its own subprocess (``--worker``), which reports one JSON line per operation; an
 operation that passes ``--timeout`` gets its process group killed and is recorded as timed out, a
-failure is recorded with its error, and the run goes on with the next system.
+failure is recorded with its error, and the run goes on with the next system. The Paimon workers run with
+the interpreter of ``.venv-paimon`` (``make setup-paimon``): pypaimon needs pyarrow < 20, bitlake's
+environment has pyarrow 26. Their process imports only this file, core.py, pyarrow and numpy (no bitlake,
+no Spark).
 
 Results go to ``benchmarks/results/peers-<date>.json`` (records of the same day's file for other
-systems or scale factors are kept) and to the section "## Peers: bitlake against delta-rs, pyiceberg and
-plain Spark" of ``docs/benchmarks.md``, with plots under ``docs/img/``.
+systems or scale factors are kept) and to the section "## Peers: bitlake against delta-rs, pyiceberg,
+lance, Paimon and plain Spark" of ``docs/benchmarks.md``, with plots under ``docs/img/``.
 
     .venv/bin/python benchmarks/peers.py --scale-factors 0.1,1,3           # what `make bench-peers` runs
     .venv/bin/python benchmarks/peers.py --scale-factors 0.1 --systems deltalake,limits
+    .venv/bin/python benchmarks/peers.py --scale-factors 1 --systems bitlake-arrow,lance,paimon
     .venv/bin/python benchmarks/peers.py --render-only benchmarks/results/peers-2026-11-23.json
 """
 
@@ -56,7 +60,9 @@ from core import CODEC, DELTA, PRIMARY_KEY, ROOT, log, sf_text  # noqa: E402
 WORK_DIR = ROOT / "benchmarks" / "work" / "peers"
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 IMG_DIR = ROOT / "docs" / "img"
-SECTION = "## Peers: bitlake against delta-rs, pyiceberg and plain Spark"
+SECTION = "## Peers: bitlake against delta-rs, pyiceberg, lance, Paimon and plain Spark"
+OLD_SECTION_PREFIX = "## Peers: bitlake against"  # the section's heading before it named lance and Paimon
+PAIMON_PYTHON = Path(os.environ.get("BITLAKE_PAIMON_PYTHON", ROOT / ".venv-paimon" / "bin" / "python"))
 
 SEED = 42
 UPSERT_FRACTIONS = (0.001, 0.01, 0.10)
@@ -64,20 +70,29 @@ DELETE_FRACTION = 0.001
 UPDATE_SHARE = 0.95
 MONTH = (dt.date(1995, 3, 1), dt.date(1995, 4, 1))  # the selective scan: l_shipdate in [start, end)
 
-# bitlake's ingestion modes. Each is the keyword arguments of Table.ingest and whether Table.metagen()
-# follows (timed with it); a new mode is one more line here.
+# bitlake's ingestion modes. Each is the keyword arguments of Table.ingest, whether Table.metagen()
+# follows (timed with it) and the input: a Spark DataFrame (`spark.read.parquet`, the default) or a pyarrow
+# Table (`pq.read_table`, "input": "arrow"); a new mode is one more line here.
 BITLAKE_MODES: dict[str, dict] = {
     "bitlake": {"ingest": {}, "then_metagen": False,
-                "doc": "`t.ingest(batch)`: landing and MetaGen in one call, MetaGen chosen by bitlake (inline on "
-                       "the driver with the RocksDB key index up to `metagen.inline_max_rows` records, 2,000,000 "
-                       "by default; a Spark job beyond)"},
+                "doc": "`t.ingest(spark.read.parquet(file))`: landing and MetaGen in one call, MetaGen chosen by "
+                       "bitlake (inline on the driver with the RocksDB key index up to `metagen.inline_max_rows` "
+                       "records, 2,000,000 by default; a Spark job beyond); a DataFrame that Spark estimates at "
+                       "most `ingest.driver_max_bytes` (64 MB) is collected as Arrow and lands on the driver"},
+    "bitlake-arrow": {"ingest": {}, "then_metagen": False, "input": "arrow",
+                      "doc": "the same call with Arrow input: `t.ingest(pq.read_table(file))` (the delete batch "
+                             "with an `op` column of `\"delete\"` appended by pyarrow, `op_column=\"op\"`); the "
+                             "batch lands on the driver without Spark, MetaGen as for bitlake; scans: "
+                             "`to_spark` (Spark) and `t.to_arrow()` (pyarrow, the whole view read into one Arrow "
+                             "table, the selective scan filtered afterwards)"},
     "bitlake-spark": {"ingest": {"inline": False}, "then_metagen": False,
                       "doc": "`t.ingest(batch, inline=False)`: MetaGen always as a Spark job (batch MetaGen)"},
     "bitlake-two-step": {"ingest": {"metagen": False}, "then_metagen": True,
                          "doc": "`t.ingest(batch, metagen=False)` then `t.metagen()`, both timed"},
 }
-PEERS = ["deltalake", "iceberg", "spark-rewrite"]
+PEERS = ["deltalake", "iceberg", "lance", "paimon", "paimon-python", "spark-rewrite"]
 COPY_ON_WRITE = {"deltalake", "iceberg", "spark-rewrite"}
+PAIMON_SYSTEMS = {"paimon", "paimon-python"}  # run by .venv-paimon's interpreter
 LIMITS = "limits"
 SYSTEMS = [*BITLAKE_MODES, LIMITS, *PEERS]  # limits reads the first bitlake mode's data files
 SYSTEM_DOC = {
@@ -92,11 +107,29 @@ SYSTEM_DOC = {
     "spark-rewrite": "plain Spark on a Parquet folder: read the current snapshot, left-anti join it with the "
                      "batch's keys, union the batch's rows (none for the delete batch), write a new snapshot "
                      "folder, switch a pointer file to it and remove the old one",
+    "lance": "lance (pylance): `lance.write_dataset(table, uri)`; `ds.merge_insert([l_orderkey, l_linenumber])"
+             ".when_matched_update_all().when_not_matched_insert_all().execute(batch)`; the delete batch "
+             "through `merge_insert(keys).when_matched_delete().execute(keys)`; scans `ds.scanner(columns, "
+             "filter)` into Arrow batches (lance's default write parameters: fragments of at most 1,048,576 rows; "
+             "updated and deleted rows are marked in deletion files, the new rows go to new fragments)",
+    "paimon": "pypaimon (Apache Paimon's Python library, in `.venv-paimon` with pyarrow < 20) with its Rust "
+              "reader and writer (`pypaimon-rust`, table options `read.native.enabled` and "
+              "`write.native.enabled`): a primary-key table on (l_orderkey, l_linenumber) with 4 buckets in a "
+              "filesystem catalog (deduplicate merge engine: the last record of a key wins). Load and upserts "
+              "are batch writes of the rows (`new_batch_write_builder()`, `write_arrow`, `prepare_commit`, "
+              "`commit`); the delete batch is the keys with `-D` as their row kind: pypaimon writes deletes to "
+              "a primary-key table only through `rowkind.field`, so the table has one more string column, `op` "
+              "(`+I` on every written row, `-D` on the delete batch, whose other columns are null). No "
+              "compaction runs (pypaimon does not compact), so reads merge the sorted runs of each bucket; "
+              "scans `new_read_builder().with_projection(columns)` (+ `with_filter` on l_shipdate for the "
+              "selective scan, the rows filtered again by pyarrow) `.to_arrow_batch_reader(splits)`",
+    "paimon-python": "the same pypaimon table and calls with pypaimon's defaults: its pure-Python writer and "
+                     "reader (no `read.native.enabled` / `write.native.enabled`)",
     LIMITS: "the change alone: read the batch file and write it again as one Parquet file (pyarrow, snappy); "
             "storage: the base and the batches as Parquet files; scans: plain Spark and plain pyarrow over "
             "bitlake's committed data files, no filtering of invalid rows",
 }
-ARROW_SYSTEMS = {"deltalake", "iceberg"}  # read through their own readers into Arrow
+ARROW_SYSTEMS = {"deltalake", "iceberg", "lance", "paimon", "paimon-python"}  # read by their own readers into Arrow
 
 
 def fraction_text(f: float | None) -> str:
@@ -298,17 +331,28 @@ class Bitlake(SparkSystem):
             phases["metagen_s"] = time.perf_counter() - t1
         return {"counts": r.counts, "phases": phases}
 
+    @property
+    def arrow_input(self) -> bool:
+        return self.mode.get("input") == "arrow"
+
+    def _read(self, path):
+        """The batch file as the mode's input: read inside the timed call, as for the peers."""
+        return pq.read_table(path) if self.arrow_input else self.spark.read.parquet(path)
+
     def load(self, path, k=0):
         import bitlake
 
         self.table = bitlake.create_table(str(self.folder / "table"), self.schema, primary_key=PRIMARY_KEY,
                                           delta_column=DELTA, num_buckets=16)
-        return self._ingest(self.spark.read.parquet(path), k, None)
+        return self._ingest(self._read(path), k, None)
 
     def upsert(self, path, k):
-        return self._ingest(self.spark.read.parquet(path), k, None)
+        return self._ingest(self._read(path), k, None)
 
     def delete(self, path, k):
+        if self.arrow_input:
+            keys = pq.read_table(path)
+            return self._ingest(keys.append_column("op", pa.array(["delete"] * keys.num_rows, pa.string())), k, "op")
         from pyspark.sql import functions as F
 
         return self._ingest(self.spark.read.parquet(path).withColumn("op", F.lit("delete")), k, "op")
@@ -316,12 +360,36 @@ class Bitlake(SparkSystem):
     def scan(self, selective):
         return self.aggregate(self.table.to_spark(self.spark), selective)
 
+    def arrow_scan(self, selective):
+        """The whole current view read on the driver (``Table.to_arrow``), aggregated by pyarrow."""
+        view = self.table.to_arrow()
+        if selective:
+            view = view.filter(month_filter_arrow())
+        return arrow_aggregate(view.to_batches(), self.schema)
+
+    def scans(self):
+        """(engine, function, plain counterpart over the same data files) of this mode's scans."""
+        out = [("spark", self.scan, self.plain_scan)]
+        if self.arrow_input:
+            out.append(("pyarrow", self.arrow_scan, self.plain_arrow_scan))
+        return out
+
+    def data_files(self) -> list[str]:
+        return [self.table.io.local_path(f.path) for f in self.table.state().data_files()]
+
+    def plain_arrow_scan(self, selective):
+        """Plain pyarrow over the table's committed data files, invalid rows and all (the limits' pyarrow scan)."""
+        import pyarrow.dataset as ds
+
+        scanner = ds.dataset(self.data_files(), format="parquet").scanner(
+            columns=self.schema.names, filter=month_filter_arrow() if selective else None)
+        return arrow_aggregate(scanner.to_batches(), self.schema)
+
     def plain_scan(self, selective):
         """Plain Spark over the table's committed data files, invalid rows and all (core.py's baseline)."""
         from bitlake.spark.schema import spark_schema
 
-        files = [self.table.io.local_path(f.path) for f in self.table.state().data_files()]
-        df = self.spark.read.schema(spark_schema(self.schema)).parquet(*files).select(self.schema.names)
+        df = self.spark.read.schema(spark_schema(self.schema)).parquet(*self.data_files()).select(self.schema.names)
         return self.aggregate(df, selective)
 
     def current_data_bytes(self):
@@ -444,6 +512,125 @@ class Iceberg(System):
         return sum(t.file.file_size_in_bytes for t in self.catalog.load_table(self.IDENT).scan().plan_files())
 
 
+class Lance(System):
+    engine = "pyarrow"
+
+    @property
+    def uri(self) -> str:
+        return str(self.folder / "table")
+
+    def dataset(self):
+        import lance
+
+        return lance.dataset(self.uri)
+
+    def load(self, path, k=0):
+        import lance
+
+        lance.write_dataset(pq.read_table(path), self.uri)
+        return {}
+
+    def upsert(self, path, k):
+        m = (self.dataset().merge_insert(PRIMARY_KEY).when_matched_update_all().when_not_matched_insert_all()
+             .execute(pq.read_table(path)))
+        return {"metrics": _jsonable(m)}
+
+    def delete(self, path, k):
+        return {"metrics": _jsonable(self.dataset().merge_insert(PRIMARY_KEY).when_matched_delete()
+                                     .execute(pq.read_table(path)))}
+
+    def scan(self, selective):
+        scanner = self.dataset().scanner(columns=self.schema.names,
+                                         filter=month_filter_arrow() if selective else None)
+        return arrow_aggregate(scanner.to_batches(), self.schema)
+
+    def current_data_bytes(self):
+        total = 0
+        for fragment in self.dataset().get_fragments():
+            for f in fragment.data_files():
+                size = f.file_size_bytes
+                total += size if size is not None else os.path.getsize(Path(self.uri) / "data" / f.path)
+        return total
+
+
+class Paimon(System):
+    """A pypaimon primary-key table; runs in .venv-paimon (see PAIMON_PYTHON)."""
+
+    engine = "pyarrow"
+    IDENT = "bench.lineitem"
+    OP = "op"  # the row-kind column (rowkind.field): pypaimon's only way to write deletes to a primary-key table
+    NATIVE = {"read.native.enabled": "true", "write.native.enabled": "true"}
+
+    def __init__(self, name, folder, schema):
+        super().__init__(name, folder, schema)
+        from pypaimon import CatalogFactory
+
+        (folder / "warehouse").mkdir(exist_ok=True)
+        self.catalog = CatalogFactory.create({"warehouse": f"file://{folder / 'warehouse'}"})
+        self.options = {"bucket": "4", "rowkind.field": self.OP, **(self.NATIVE if name == "paimon" else {})}
+
+    def table(self):
+        return self.catalog.get_table(self.IDENT)
+
+    def _with_kind(self, data: pa.Table, kind: str) -> pa.Table:
+        return data.append_column(self.OP, pa.array([kind] * data.num_rows, pa.string()))
+
+    def _write(self, data: pa.Table) -> dict:
+        builder = self.table().new_batch_write_builder()
+        write, commit = builder.new_write(), builder.new_commit()
+        try:
+            write.write_arrow(data)
+            commit.commit(write.prepare_commit())
+        finally:
+            write.close()
+            commit.close()
+        return {}
+
+    def load(self, path, k=0):
+        from pypaimon import Schema
+
+        base = self._with_kind(pq.read_table(path), "+I")
+        self.catalog.create_database("bench", True)
+        self.catalog.create_table(self.IDENT, Schema.from_pyarrow_schema(
+            base.schema, primary_keys=PRIMARY_KEY, options=self.options), False)
+        return self._write(base)
+
+    def upsert(self, path, k):
+        return self._write(self._with_kind(pq.read_table(path), "+I"))
+
+    def delete(self, path, k):
+        keys = pq.read_table(path)
+        n = keys.num_rows
+        columns = [keys.column(f.name).cast(f.type) if f.name in keys.schema.names else pa.nulls(n, f.type)
+                   for f in self.schema]
+        return self._write(self._with_kind(pa.Table.from_arrays(columns, schema=self.schema), "-D"))
+
+    def _splits(self, builder):
+        return builder.new_scan().plan().splits()
+
+    def scan(self, selective):
+        builder = self.table().new_read_builder().with_projection(self.schema.names)
+        if selective:
+            pb = builder.new_predicate_builder()
+            builder = builder.with_filter(pb.and_predicates([pb.greater_or_equal("l_shipdate", MONTH[0]),
+                                                             pb.less_than("l_shipdate", MONTH[1])]))
+        reader = builder.new_read().to_arrow_batch_reader(self._splits(builder))
+        batches = (b.filter(month_filter_arrow()) if selective else b for b in reader)
+        return arrow_aggregate(batches, self.schema)
+
+    def files(self):
+        return [f for s in self._splits(self.table().new_read_builder()) for f in s.files]
+
+    def current_data_bytes(self):
+        return sum(f.file_size for f in self.files())
+
+    def storage_details(self) -> dict:
+        levels: dict[str, int] = {}
+        for f in self.files():
+            levels[str(f.level)] = levels.get(str(f.level), 0) + 1
+        return {"data_files_by_level": dict(sorted(levels.items()))}
+
+
 class Limits(System):
     """The change alone as Parquet, and plain scans of bitlake's data files (the scan baseline)."""
 
@@ -494,7 +681,15 @@ class Limits(System):
 
 
 SYSTEM_CLASSES = {**dict.fromkeys(BITLAKE_MODES, Bitlake), "spark-rewrite": SparkRewrite,
-                  "deltalake": DeltaLake, "iceberg": Iceberg, LIMITS: Limits}
+                  "deltalake": DeltaLake, "iceberg": Iceberg, "lance": Lance, "paimon": Paimon,
+                  "paimon-python": Paimon, LIMITS: Limits}
+
+
+def scan_engines(system: str) -> list[str | None]:
+    """The engines a system's scans are recorded under when it has more than one (else [None])."""
+    if system == LIMITS or BITLAKE_MODES.get(system, {}).get("input") == "arrow":
+        return ["spark", "pyarrow"]
+    return [None]
 
 
 def _jsonable(obj):
@@ -559,23 +754,24 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
             return 1
         emit("record", record=rec)
 
+    # (engine, scan, plain counterpart): bitlake's scans alternate with a plain scan of the same data files
+    # by the same engine in the same process, so their ratio holds on a machine whose other jobs come and go.
     if isinstance(system, Limits):
         try:
-            scans = system.scans()
+            scans = [(engine, fn, None) for engine, fn in system.scans()]
         except Exception as e:  # noqa: BLE001
             emit("fatal", error=f"{type(e).__name__}: {e}")
             return 1
+    elif isinstance(system, Bitlake):
+        scans = system.scans()
     else:
-        scans = [(system.engine, system.scan)]
+        scans = [(system.engine, system.scan, None)]
     for selective in (False, True):
         op = "scan_selective" if selective else "scan_full"
-        for engine, fn in scans:
+        for engine, fn, plain in scans:
             rec = base_record(op, None, engine)
             emit("start", operation=op, batch_fraction=None, engine=engine)
             try:
-                # bitlake's scans alternate with plain Spark over the same data files in the same process,
-                # so their ratio holds on a machine whose other jobs come and go.
-                plain = system.plain_scan if isinstance(system, Bitlake) else None
                 warm = None
                 if spec["warmup"]:
                     t0 = time.perf_counter()
@@ -613,6 +809,8 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
     try:
         rec["storage_bytes"] = sum(core.snapshot(folder).values())
         rec["current_data_bytes"] = system.current_data_bytes()
+        if hasattr(system, "storage_details"):
+            rec.update(system.storage_details())
     except Exception as e:  # noqa: BLE001
         rec["error"] = f"{type(e).__name__}: {e}"
     emit("record", record=rec)
@@ -625,9 +823,8 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
 
 def expected_keys(system: str, spec: dict) -> list[tuple]:
     keys = [(op["operation"], op["batch_fraction"], None) for op in spec["ops"]]
-    engines = ["spark", "pyarrow"] if system == LIMITS else [None]
     for op in ("scan_full", "scan_selective"):
-        keys += [(op, None, e) for e in engines]
+        keys += [(op, None, e) for e in scan_engines(system)]
     return keys + [("storage", None, None)]
 
 
@@ -636,10 +833,17 @@ def run_system(system: str, spec: dict, folder: Path, timeout: float) -> list[di
     sf = spec["scale_factor"]
     events = folder.parent / f"{system}.events.jsonl"
     events.unlink(missing_ok=True)
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", system,
+    python = str(PAIMON_PYTHON) if system in PAIMON_SYSTEMS else sys.executable
+    cmd = [python, str(Path(__file__).resolve()), "--worker", system,
            "--spec", str(folder.parent / "spec.json"), "--folder", str(folder), "--events", str(events)]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    log(f"{system} at SF {sf_text(sf)}: starting its worker")
+    if system in PAIMON_SYSTEMS and not PAIMON_PYTHON.exists():
+        log(f"{system}: {PAIMON_PYTHON} is missing (make setup-paimon)")
+        return [{"system": system, "scale_factor": sf, "operation": op, "batch_fraction": fraction, "engine": engine,
+                 "wall_s": None, "bytes_written": None, "change_parquet_bytes": None,
+                 "error": f"not run: no {os.path.relpath(PAIMON_PYTHON, ROOT)} (make setup-paimon)"}
+                for op, fraction, engine in expected_keys(system, spec)]
+    log(f"{system} at SF {sf_text(sf)}: starting its worker ({os.path.relpath(python, ROOT)})")
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     records, current, fatal, seen = [], None, None, 0
     started = time.monotonic()
@@ -666,8 +870,8 @@ def run_system(system: str, spec: dict, folder: Path, timeout: float) -> list[di
             timed_out = True
             break
         time.sleep(0.5)
-    def key_of(r):  # only the limits run one scan per engine
-        return r["operation"], r["batch_fraction"], r.get("engine") if system == LIMITS else None
+    def key_of(r):  # only the limits and bitlake-arrow run one scan per engine
+        return r["operation"], r["batch_fraction"], r.get("engine") if scan_engines(system) != [None] else None
 
     have = {key_of(r) for r in records}
     for key in expected_keys(system, spec):
@@ -712,11 +916,23 @@ def check(records: list[dict], expected: dict) -> None:
 
 def versions() -> dict:
     out = {}
-    for dist in ("pyspark", "pyarrow", "deltalake", "pyiceberg", "tpchgen-cli", "pandas", "matplotlib"):
+    for dist in ("pyspark", "pyarrow", "deltalake", "pyiceberg", "pylance", "tpchgen-cli", "pandas", "matplotlib"):
         try:
             out[dist] = importlib_metadata.version(dist)
         except importlib_metadata.PackageNotFoundError:
             out[dist] = None
+    if PAIMON_PYTHON.exists():  # the Paimon workers' own environment
+        code = ("import json, importlib.metadata as m\n"
+                "def v(d):\n"
+                "    try:\n        return m.version(d)\n"
+                "    except m.PackageNotFoundError:\n        return None\n"
+                "print(json.dumps([v(d) for d in ('pypaimon', 'pypaimon-rust', 'pyarrow')]))")
+        try:
+            found = json.loads(subprocess.run([str(PAIMON_PYTHON), "-c", code], capture_output=True, text=True,
+                                              check=True, timeout=120).stdout)
+            out.update({"pypaimon": found[0], "pypaimon-rust": found[1], "pyarrow (.venv-paimon)": found[2]})
+        except (subprocess.SubprocessError, OSError, ValueError):
+            pass
     return out
 
 
@@ -730,7 +946,13 @@ def merge_results(old: dict | None, new: dict) -> dict:
         return new
     replaced = {record_key(r) for r in new["records"]}
     keep = [r for r in old["records"] if record_key(r) not in replaced]
-    return {"runs": old.get("runs", []) + new.get("runs", []), "records": keep + new["records"],
+
+    def superseded(run):  # every system and scale factor of an old run measured again: its line would mislead
+        pairs = {(s, sf) for s in run.get("systems") or [] for sf in run.get("scale_factors") or []}
+        return bool(pairs) and pairs <= replaced
+
+    runs = [r for r in old.get("runs", []) if not superseded(r)]
+    return {"runs": runs + new.get("runs", []), "records": keep + new["records"],
             "expected": {**old.get("expected", {}), **new.get("expected", {})},
             "notes": old.get("notes", []) + new.get("notes", [])}
 
@@ -797,7 +1019,7 @@ def targets(records) -> list[dict]:
         for sf in sfs:
             mine = amplification(find(records, mode, sf, "upsert", 0.001))
             worst = []
-            for p in peers:
+            for p in (p for p in peers if p in COPY_ON_WRITE):
                 theirs = amplification(find(records, p, sf, "upsert", 0.001))
                 if mine and theirs:
                     worst.append((theirs / mine, p))
@@ -894,8 +1116,9 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
         f"{UPDATE_SHARE:.0%} updates of random existing keys (`l_quantity + 1`), the rest new keys; then a "
         f"delete batch of {fraction_text(DELETE_FRACTION)} random existing keys (key and delta columns). The "
         f"batches are generated once per scale factor (seed {SEED}) and written as Parquet files; every timed "
-        "operation starts from that file (pyarrow reads it for delta-rs, pyiceberg and the limits; "
-        "`spark.read.parquet` for the Spark systems), so every system gets the same rows.",
+        "operation starts from that file, read inside the timed call (pyarrow's `pq.read_table` for delta-rs, "
+        "pyiceberg, lance, Paimon, bitlake-arrow and the limits; `spark.read.parquet` for the Spark systems), so "
+        "every system gets the same rows.",
         "",
         "Systems (each in its own process, one after the other; an operation over the time limit is killed "
         "and recorded as timed out):",
@@ -940,21 +1163,21 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
         lines += ["", "Storage after all batches (the whole folder, history included; \"current data\" = "
                       "the data files of the latest view) and scans (one warm-up, median of the timed runs; "
                       "ratio = wall time / the plain scan of bitlake's data files with the same engine: "
-                      "for a bitlake mode, plain Spark over its own table's files, run alternately with its scans in "
-                      "the same process (\"plain s\" gives that median); for the others the limits' scans: "
-                      "plain Spark for Spark systems, plain pyarrow for delta-rs and pyiceberg, whose own readers "
-                      "produce Arrow: `DeltaTable.to_pyarrow_dataset()` and pyiceberg's "
-                      "`scan(row_filter=...).to_arrow_batch_reader()`, aggregated batch by batch by the same "
-                      "pyarrow code as the plain pyarrow scan; the plain scans read all of bitlake's data files, "
-                      "invalid rows included, so a peer's ratio below 1 reflects its own file layout and "
-                      "fewer rows, not a reader faster than plain Parquet):", "",
+                      "for a bitlake mode, plain Spark (or plain pyarrow for bitlake-arrow's `to_arrow` scan) over "
+                      "its own table's files, run alternately with its scans in the same process (\"plain s\" "
+                      "gives that median); for the others the limits' scans: plain Spark for Spark systems, plain "
+                      "pyarrow for delta-rs, pyiceberg, lance and Paimon, whose own readers produce Arrow: "
+                      "`DeltaTable.to_pyarrow_dataset()`, pyiceberg's `scan(row_filter=...).to_arrow_batch_reader()`, "
+                      "lance's `scanner(columns, filter)` and pypaimon's `to_arrow_batch_reader(splits)`, aggregated "
+                      "batch by batch by the same pyarrow code as the plain pyarrow scan; the plain scans read all "
+                      "of bitlake's data files, invalid rows included, so a peer's ratio below 1 reflects its own "
+                      "file layout and fewer rows, not a reader faster than plain Parquet):", "",
                   "| system | storage | current data | scan engine | full scan s (plain s) | / plain | "
                   "selective scan s (plain s) | / plain | rows after all batches |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for s in systems:
             st = find(records, s, sf, "storage")
-            engines = ["spark", "pyarrow"] if s == LIMITS else [None]
-            for e in engines:
+            for e in scan_engines(s):
                 full = find(records, s, sf, "scan_full", None, e)
                 sel = find(records, s, sf, "scan_selective", None, e)
                 if not (st or full or sel):
@@ -974,6 +1197,9 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
                 rows = num(full.get("rows"), ",") if full and not full["error"] else "—"
                 stor = mb(st.get("storage_bytes")) if st and e in (None, "spark") else ""
                 cur = mb(st.get("current_data_bytes")) if st and e in (None, "spark") else ""
+                if st and st.get("data_files_by_level") and e is None:
+                    cur += " (data files by LSM level: " + ", ".join(
+                        f"{n} at {lvl}" for lvl, n in st["data_files_by_level"].items()) + ")"
                 lines.append(f"| {s} | {stor} | {cur} | {eng} | {fw} | {fr} | {sw} | {sr} | {rows} |")
         exp = results.get("expected", {}).get(sf_text(sf))
         if exp:
@@ -1075,6 +1301,11 @@ def plot(results: dict, img_dir: Path) -> list[str]:
 def publish(results: dict, plots: bool = True) -> str:
     links = plot(results, IMG_DIR) if plots else []
     section = render(results, links)
+    if core.DOC.exists():  # a heading that named fewer systems: the section is replaced, not added twice
+        lines = core.DOC.read_text().splitlines(keepends=True)
+        renamed = [SECTION + "\n" if line.startswith(OLD_SECTION_PREFIX) else line for line in lines]
+        if renamed != lines:
+            core.DOC.write_text("".join(renamed))
     core.write_doc(section, SECTION)
     return section
 

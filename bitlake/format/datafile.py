@@ -57,23 +57,6 @@ def data_parquet_options(schema: pa.Schema) -> dict:
     }
 
 
-def keys_parquet_options(schema: pa.Schema) -> dict:
-    """Keys files are read only by MetaGen, so they take zstd; row ids ascend and deltas and integer keys
-    are mostly close to their neighbours, which DELTA_BINARY_PACKED stores in a few bits."""
-
-    def packed(f: pa.Field) -> bool:
-        t = f.type
-        return f.name not in (keystore.DELETED, keystore.BUCKET) and (
-            pa.types.is_integer(t) or pa.types.is_date32(t) or pa.types.is_timestamp(t))
-
-    names = [f.name for f in schema if packed(f)]
-    return {
-        "compression": "zstd",
-        "use_dictionary": [n for n in schema.names if n not in names],
-        "column_encoding": dict.fromkeys(names, "DELTA_BINARY_PACKED"),
-    }
-
-
 class FileWriter:
     """One output file; buffers incoming tables into full-size row groups."""
 
@@ -126,7 +109,7 @@ def data_writer(io: FileIO, path: str, meta: TableMetadata) -> FileWriter:
 
 def keys_writer(io: FileIO, path: str, meta: TableMetadata) -> FileWriter:
     schema = keys_schema(meta)
-    return FileWriter(io, path, schema, "parquet", keys_parquet_options(schema))
+    return FileWriter(io, path, schema, "parquet", keystore.parquet_options(schema))
 
 
 def read_data(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | None = None) -> pa.Table:
