@@ -16,6 +16,7 @@ from bitlake.errors import (
     VersionNotFoundError,
 )
 from bitlake.table import IngestResult, Table, create_table, open_table
+from bitlake.bootstrap import ConvertResult, convert  # noqa: E402 - after the table API it builds on
 
 __version__ = "0.1.0"
 
@@ -35,9 +36,9 @@ def spark_session(master: str | None = None, app_name: str = "bitlake", **conf: 
 
 
 __all__ = [
-    "BitlakeError", "CommitConflictError", "CorruptTableError", "IndexUnavailableError", "IngestResult",
+    "BitlakeError", "CommitConflictError", "ConvertResult", "CorruptTableError", "IndexUnavailableError", "IngestResult",
     "InvalidInputError",
     "NotATableError", "NullValueError", "SchemaMismatchError", "Table", "TableExistsError",
     "TableNotFoundError", "UnknownOperationError", "UnsupportedFormatVersionError", "VersionNotFoundError",
-    "create_table", "open_table", "spark_session",
+    "convert", "create_table", "open_table", "spark_session",
 ]

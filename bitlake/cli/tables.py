@@ -222,6 +222,19 @@ def cmd_cleanup(args, out: Console, err: Console) -> None:
     say(out, f"{verb} {len(removed)} unreferenced file(s)")
 
 
+def cmd_convert(args, out: Console, err: Console) -> None:
+    from bitlake.bootstrap import convert
+
+    with step(err, f"converting {args.source}"):
+        r = convert(args.source, args.path, primary_key=_columns(args.primary_key), delta_column=args.delta_column,
+                    partition_by=_columns(args.partition_by), source_kind=args.source_kind, name=args.name,
+                    num_buckets=args.buckets)
+    kind = f"keyed on {', '.join(r.table.metadata.primary_key)}" if r.table.metadata.keyed else "append-only"
+    say(out, f"converted the {r.source_kind} dataset {args.source} into {r.table.path} ({kind}, version "
+             f"{r.table.version}): {r.rows} rows read, {r.duplicates} duplicate key record(s) resolved; "
+             f"{_counts(r.counts)}")
+
+
 def cmd_upgrade(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
     version = table.upgrade()
@@ -297,6 +310,17 @@ def add_parsers(sub) -> None:
                    help="keep younger files: a running job may still commit them (default 3600)")
     k.add_argument("--dry-run", action="store_true", help="list the files without removing them")
     k.set_defaults(run=cmd_cleanup)
+
+    v = sub.add_parser("convert", help="create a table from a Parquet folder, a Delta or Iceberg table or a lance dataset")
+    v.add_argument("source", help="the dataset's folder (or Parquet file, or Iceberg metadata JSON file)")
+    v.add_argument("path", help="the new table's folder (new or empty)")
+    v.add_argument("--source-kind", choices=["parquet", "delta", "iceberg", "lance"], help="default: detected")
+    v.add_argument("--primary-key", help="comma-separated key columns (then --delta-column is needed too)")
+    v.add_argument("--delta-column", help="the column ordering a key's records (timestamp, date or integer)")
+    v.add_argument("--partition-by", help="comma-separated partition columns (default: the source's)")
+    v.add_argument("--buckets", type=int, default=16, help="key-store hash buckets (default 16)")
+    v.add_argument("--name", help="the table's logical name (default: the folder's name)")
+    v.set_defaults(run=cmd_convert)
 
     u = sub.add_parser("upgrade", help="upgrade a format v1 table to format v2 (one commit)")
     u.add_argument("path", help=path_help)
