@@ -127,12 +127,19 @@ def read_input(spark, table: bitlake.Table, paths: list[str], fmt: str):
 def cmd_ingest(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
     fmt = input_format(args.inputs, args.input_format)
-    with step(err, "starting Spark"):
-        spark = bitlake.spark_session()
-    df = read_input(spark, table, args.inputs, fmt)
+    spark = None
+    if fmt == "parquet" and args.metagen_mode != "spark":
+        import pyarrow.dataset as ds
+
+        # Streamed without Spark; a folder's files starting with "_" or "." (Spark's markers) are skipped.
+        data = ds.dataset([ds.dataset(p, format="parquet") for p in args.inputs]).scanner().to_reader()
+    else:
+        with step(err, "starting Spark"):
+            spark = bitlake.spark_session()
+        data = read_input(spark, table, args.inputs, fmt)
     what = "landing" if args.no_metagen else "landing and MetaGen"
     with step(err, f"{what} of {', '.join(args.inputs)}"):
-        r = table.ingest(df, op_column=args.op_column, batch_id=args.batch_id, metagen=not args.no_metagen,
+        r = table.ingest(data, op_column=args.op_column, batch_id=args.batch_id, metagen=not args.no_metagen,
                          inline=METAGEN_MODES[args.metagen_mode], spark=spark)
     if not r.committed:
         say(out, f"batch {r.batch_id} was already committed at version {r.version}: nothing done")
@@ -152,8 +159,10 @@ def cmd_metagen(args, out: Console, err: Console) -> None:
     if not pending:
         say(out, "no pending batches: nothing to do")
         return
-    with step(err, "starting Spark"):
-        spark = bitlake.spark_session()
+    spark = None
+    if args.metagen_mode == "spark":
+        with step(err, "starting Spark"):
+            spark = bitlake.spark_session()
     with step(err, f"MetaGen of {len(pending)} pending batch(es)"):
         r = table.metagen(inline=METAGEN_MODES[args.metagen_mode], spark=spark)
     say(out, f"batches {', '.join(pending)} visible at version {r.version}: {_counts(r.counts)}")
