@@ -126,6 +126,7 @@ class Ingestion:
 
     def _metagen(self, spark, batch: Landed | None, inline: bool | None) -> IngestResult:
         index = keyindex.IndexSession(self.io)
+        outputs: dict[int, MetaGenOutput] = {}  # by version: the attempt that commits is the last of its version
 
         def build(state: TableState):
             if batch is not None:
@@ -138,6 +139,7 @@ class Ingestion:
                 out = self._run(spark, state, batches, version, inline, index)
             except keyindex.IndexAheadError:
                 raise transaction.Rebuild from None
+            outputs[version] = out
             timestamp_ms = now_ms(state.timestamp_ms)
             # Status changes of the pending batches, then the landing of the batch being ingested.
             records = [BatchRecord(b.batch_id, b.part, LIVE) for b in batches if b is not batch]
@@ -169,7 +171,7 @@ class Ingestion:
                 return done.result
             if c is None:
                 return IngestResult(None, self.refresh().version, False, True, {})
-            index.after_commit(self.refresh())
+            index.after_commit(self.refresh(), c.version, outputs[c.version].keystore_rows)
         finally:
             index.close()
         counts = c.batch_counts.get(batch.batch_id, {}) if batch else dict(c.counts)

@@ -357,14 +357,17 @@ class IndexSession:
             return None
         return self.index
 
-    def after_commit(self, state: TableState) -> None:
-        """Best effort: the commit has landed, and an index that is busy or behind only costs the next
-        writer a catch-up."""
+    def after_commit(self, state: TableState, version: int, rows: pa.Table | None = None) -> None:
+        """Brings the index to ``state`` after this writer committed ``version``, whose key-store rows are
+        ``rows`` when the writer has them (else they are read back from the key store). Best effort: the
+        commit has landed, and an index that is busy or behind only costs the next writer a catch-up."""
         if not supported(state.metadata):
             return
         try:
             if self.index is None:
                 self.index = KeyIndex(self.io, state.metadata)
+            if rows is not None and self.index.version == version - 1:
+                self.index._put([rows], version)
             self.index.catch_up(state)
         except IndexUnavailableError:
             pass

@@ -63,6 +63,9 @@ class MetaGenOutput:
     keystore_add: list[BucketFile]
     keystore_remove: list[str]
     batch_counts: dict[int, dict[str, int]]  # batch index -> counts
+    # The key-store rows this commit writes, when MetaGen ran on the driver: the key index takes them from
+    # here after the commit instead of reading them back.
+    keystore_rows: pa.Table | None = None
 
     def counts(self) -> dict[str, int]:
         return {k: sum(c[k] for c in self.batch_counts.values()) for k in COUNTS}
@@ -242,7 +245,7 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     added, replaced = keystore.write_bucket_files(
         io, meta, {b: state.keystore.get(b, []) for b in touched}, ks_rows
     ) if ks_rows.num_rows else ([], [])
-    return assemble(state, batches, seg_out, added, replaced, counts)
+    return dataclasses.replace(assemble(state, batches, seg_out, added, replaced, counts), keystore_rows=ks_rows)
 
 
 def _scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: list[int]):
