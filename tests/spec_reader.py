@@ -11,69 +11,12 @@ written without reading bitlake's code. Section names quoted below ("Commit file
 Only pyarrow, pyroaring, numpy and the standard library are used. Readability comes before speed: every
 data file of a state is read in full, and an event-time view reads every log file of the state.
 
-Spec gaps found
----------------
-Each point quotes FORMAT.md, says what was unclear and what this reader assumes.
-
-1. Envelope of a v1 commit. "Format v1 commits (bitlake 0.1) have the envelope {"crc32": N, "body": {...}}"
-   while a v2 commit "is exactly the ASCII bytes {"crc32": N ,"body": B }". The spec does not say how a
-   reader tells a v1 envelope from a damaged v2 one. Assumed: a file that starts with the exact v2 prefix
-   is checked over its exact body bytes; any other file is parsed as JSON and accepted only if its body
-   says format_version 1, its CRC matches the canonical dump, and the table is still in its v1 history
-   (no commit so far has set a protocol with min_reader_version >= 2); otherwise CorruptTableError.
-2. Which protocol a reader checks. "A reader ... refuses a table ... whose min_reader_version > R or whose
-   reader_features holds a name outside F", and "a later commit may carry a new one". It is not said
-   whether a read of an old version (whose own protocol is fine) must also look at protocols committed
-   after it. Assumed: "a table" is its latest protocol, so every protocol up to the latest version is
-   checked (the read version's replay, then the newest later checkpoint and the commits after it), plus
-   each commit body's format_version (only 1 and 2 are read). bitlake behaves the same way (checked
-   black-box: it refuses a read of an old version once a later commit needs reader version 3).
-3. v1 batch record order. The table "landed -> a batch record ...; processed (other ids) -> status
-   records live" gives no order between the landed id's record and the other ids' records, yet the order
-   of `batches` defines `batch_index` ("the index, among the batches its commit made live (in the
-   commit's order)"). Assumed: the records follow the order of `processed`; a landed id that
-   `processed` does not name (status pending) comes first.
-4. v1 `records`. The v1 -> v2 table lists `records` for the landed batch record but a v1 `landed` has no
-   record count. Assumed: the sum of the keys files' rows (keyed) or of the data files' rows (unkeyed).
-   Readers do not need it.
-5. v1 metadata after commit 0. The table maps "`metadata` (commit 0)" only; a v1 commit > 0 may carry a
-   metadata too (the fixtures' commits carry `"metadata": null`). Assumed: converted the same way, without
-   a protocol.
-6. Checkpoint shapes. "`keystore` (all key-store files, per bucket in order)" does not say whether it is a
-   JSON object keyed by bucket or a list; `segments` and `files` are not said to be lists. Readers do not
-   need the key store, so `keystore` is ignored (bitlake writes a flat list of `keystore_add` entries); `files`/`segments` are accepted as lists (or as objects,
-   whose values are then taken). Nor is it said what a checkpoint with a bad checksum means ("a checkpoint
-   is only a cache"): assumed corrupt like a commit (CorruptTableError), not silently skipped.
-7. Tombstone value file. "a Parquet file ... with one column, of the table column's type" does not name
-   the column. Assumed: the file's first (only) column, whatever its name.
-8. Tombstones in the change feed. "a new row is stale when it is not valid at v2 and no SET_VALID_UNTIL
-   event of the range targets it": whether "valid" includes the tombstone rule is not said (and the feed
-   rows of tombstones are "restatement's"). Assumed: valid = among the valid offsets at v2; tombstones
-   neither hide nor add change rows here.
-9. Which files hold a change row's data. "Change feed" does not say from which version's file list the
-   rows of new rows and event targets are read (files can be removed and rewritten; "Row ids never
-   change"). Assumed: the files of the state at the commit `c` itself, then any other file added up to
-   `end` that lists the row's segment (first one that exists on disk).
-10. Schema of the change feed. Each version has its own schema ("a version is read with the schema it had"
-   is in timetravel.md, not FORMAT.md); the feed spans several. Assumed: the schema at `end`.
-11. Order key of an unkeyed table's changes. Rows are ordered by "... delta value ..., cause ..."; an
-   unkeyed table has no delta column. Assumed: delta value 0 for every row, so they order by
-   (version, batch_index, row id).
-12. `valid_at` on an unkeyed table. "Unkeyed tables have no logs and no event time": assumed `valid_at` is
-   ignored (the view is the valid offsets alone), not an error.
-13. Two events for one row in one commit. "there is at most one per row in one commit" is stated, not
-   what a reader does if it is violated. Assumed: the later one in file / log order wins.
-14. An id's current incarnation: "its latest record whose status is not `replaced`" - latest by record
-   order, also when a later status record of an older part says e.g. `reverted`? Views do not depend on
-   it; this reader sets `current[id]` to the part of each non-`replaced` record as it is applied.
-15. Tombstones without the `tombstones` feature. "Only tables whose protocol lists the tombstones feature
-   have them": a reader's action otherwise is not said. Assumed: they are applied anyway.
-16. `batch_index` of a new row. "Rows are ordered by commit version, `batch_index`, ..." but `batch_index` is
-   defined only as a log column ("the index ... of the cause's batch"). Assumed: a new row's is the index
-   of its own batch among the batches its commit made live, in the order of the commit's `batches`.
-17. Event-time views read all log files, not only those with `max_t > t` or `resets` ("only those are
-   read" is an optimisation the spec allows); this keeps the reader independent of the writer's
-   `resets` flag.
+Spec gaps
+---------
+The 17 gaps this reader found in FORMAT.md when it was first written have been folded into FORMAT.md, which
+now answers each one as bitlake behaves, in "Protocol and features", "Bucket hash", "Segment logs", "Commit
+files", "State and replay", "Views", "Tombstones", "Change feed" and "Format v1 tables"; this reader follows
+those answers.
 """
 from __future__ import annotations
 
@@ -116,9 +59,10 @@ def unpack(row_id: int) -> tuple[int, int, int]:
 
 # ---------------------------------------------------------------------------------------------- envelope
 
-def _read_envelope(path: str, allow_v1: bool) -> dict:
-    """"Commit files": `{"crc32":` N `,"body":` B `}` with N the CRC-32 of exactly the bytes B. A v1 file
-    ("Format v1 tables") has N over `json.dumps(body, sort_keys=True, separators=(",", ":"))`."""
+def _read_envelope(path: str) -> dict:
+    """"Commit files": `{"crc32":` N `,"body":` B `}` with N the CRC-32 of exactly the bytes B. Any other
+    file must be the v1 envelope ("Format v1 tables"), N over `json.dumps(body, sort_keys=True,
+    separators=(",", ":"))`; the body's `format_version` is checked by the caller."""
     with open(path, "rb") as f:
         data = f.read()
     m = re.match(rb'\{"crc32":(\d+),"body":', data)
@@ -130,14 +74,14 @@ def _read_envelope(path: str, allow_v1: bool) -> dict:
             return json.loads(body_bytes)
         except ValueError as e:
             raise CorruptTableError(f"{path}: body is not JSON: {e}") from None
-    # Not the exact v2 form: only a format v1 commit may look like this (spec gap 1).
+    # Not the v2 form: it must be the v1 envelope ("Commit files").
     try:
         env = json.loads(data)
         body, crc = env["body"], int(env["crc32"])
     except (ValueError, KeyError, TypeError):
         raise CorruptTableError(f"{path}: not a commit envelope") from None
-    if not (allow_v1 and isinstance(body, dict) and body.get("format_version") == 1):
-        raise CorruptTableError(f"{path}: not in the exact v2 envelope form and not a format v1 commit")
+    if not isinstance(body, dict):
+        raise CorruptTableError(f"{path}: the body is not a JSON object")
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
     if zlib.crc32(canonical) != crc:
         raise CorruptTableError(f"{path}: crc32 mismatch (format v1 canonical form)")
@@ -190,10 +134,6 @@ class State:
         self.max_part = 0
         self.made_live: list[int] = []                   # parts the last applied commit made live, in order
 
-    @property
-    def in_v1_history(self) -> bool:
-        return self.protocol is None or int(self.protocol.get("min_reader_version", 0)) < 2
-
     def set_metadata(self, metadata: dict) -> None:
         """"Metadata": `schema` is an Arrow IPC schema message, base64, and authoritative."""
         self.metadata = metadata
@@ -225,6 +165,8 @@ class State:
             if inc.status != "replaced":
                 self.current[inc.id] = part
             self.max_part = max(self.max_part, part)
+        # "State and replay": the batch index orders the batches made live by landed version, then part.
+        self.made_live.sort(key=lambda p: (self.incarnations[p].landed_version, p))
         for path in body.get("remove_files") or []:
             self.files.pop(path, None)
         for entry in body.get("add_files") or []:
@@ -243,21 +185,21 @@ class State:
 
 
 def _v1_as_v2(body: dict, state: State, base: str) -> dict:
-    """"Format v1 tables": a v1 commit read as v2 actions (spec gaps 3, 4, 5)."""
+    """"Format v1 tables": a v1 commit read as v2 actions."""
     out = {k: body.get(k) for k in ("version", "operation", "timestamp_ms", "segments", "logs",
                                     "keystore_add", "keystore_remove", "counts", "batch_counts", "events")}
     out["format_version"] = 1
     if body.get("metadata"):
         md = dict(body["metadata"])
+        md.pop("format_version", None)
         props = dict(md.get("properties") or {})
-        md["name"] = props.pop("table.name", None) or os.path.basename(os.path.normpath(base))
+        md["name"] = props.pop("table.name", None) or os.path.basename(os.path.normpath(base)) or "table"
         if "keystore.max_deltas" in props:
             props["keystore.max_increments"] = props.pop("keystore.max_deltas")
         md["properties"] = props
         out["metadata"] = md
-        if int(body["version"]) == 0:
-            out["protocol"] = {"min_reader_version": 1, "min_writer_version": 1,
-                               "reader_features": [], "writer_features": []}
+        out["protocol"] = {"min_reader_version": 1, "min_writer_version": 1,
+                           "reader_features": [], "writer_features": []}
     processed = list(body.get("processed") or [])
     landed = body.get("landed")
     batches, add_files = [], []
@@ -273,12 +215,11 @@ def _v1_as_v2(body: dict, state: State, base: str) -> dict:
         landed_rec = {"id": landed["batch_id"], "part": landed["segment_part"],
                       "status": "live" if landed["batch_id"] in processed else "pending",
                       "records": sum(f["rows"] for f in (keys or data)), "keys_files": keys}
-        if landed_rec["status"] == "pending":
-            batches.append(landed_rec)
+        batches.append(landed_rec)               # the landed record first, then `processed` in order
     for bid in processed:
         if landed_rec is not None and bid == landed_rec["id"]:
-            batches.append(landed_rec)
-        elif bid in state.current:
+            continue
+        if bid in state.current:
             batches.append({"id": bid, "part": state.current[bid], "status": "live"})
         else:
             raise CorruptTableError(f"v1 commit {body['version']} processes unknown batch {bid!r}")
@@ -300,11 +241,10 @@ def table_versions(base: str) -> list[int]:
 
 
 def _read_commit(base: str, v: int, state: State) -> dict:
-    body = _read_envelope(_commit_path(base, v), allow_v1=state.in_v1_history)
+    """"Commit files": the body's `format_version` alone says how the commit is read."""
+    body = _read_envelope(_commit_path(base, v))
     fv = body.get("format_version")
     if fv == 1:
-        if not state.in_v1_history:
-            raise CorruptTableError(f"commit {v} is a format v1 commit after the table's upgrade")
         return _v1_as_v2(body, state, base)
     if fv != 2:
         raise UnsupportedFormatVersionError(f"commit {v} has format_version {fv} (this reader reads 1 and 2)")
@@ -321,11 +261,11 @@ def _load_checkpoint(base: str, target: int) -> State:
     found = [v for v in found if v <= target]
     if not found:
         return state
-    body = _read_envelope(os.path.join(folder, f"{found[-1]:020d}.json"), allow_v1=False)
+    body = _read_envelope(os.path.join(folder, f"{found[-1]:020d}.json"))
     if int(body["version"]) != found[-1]:
         raise CorruptTableError(f"checkpoint {found[-1]} states version {body['version']}")
     _check_protocol(body["protocol"])
-    values = lambda x: list(x.values()) if isinstance(x, dict) else list(x or [])  # noqa: E731 (gap 6)
+    values = lambda x: list(x.values()) if isinstance(x, dict) else list(x or [])  # noqa: E731 (lists; objects tolerated)
     state.version, state.timestamp_ms, state.protocol = int(body["version"]), body.get("timestamp_ms"), body["protocol"]
     state.set_metadata(body["metadata"])
     for rec in body.get("batches") or []:
@@ -362,25 +302,23 @@ def replay(base: str, version: int | None = None, start: int | None = None):
 
 
 def _check_later_protocols(base: str, state: State, latest: int) -> None:
-    """"Protocol and features": a reader refuses a *table* whose protocol it lacks, so a read of an older
-    version also checks the protocols committed after it (spec gap 2): from the newest checkpoint after
-    the version read, if any, then each later commit's `protocol` and `format_version`."""
-    in_v1 = state.in_v1_history
+    """"Protocol and features": a read of any version loads the latest state too, so it also checks the
+    protocols committed after it: from the newest checkpoint after the version read, if any, then each later
+    commit's `format_version` and `protocol`."""
     folder = os.path.join(base, "_bitlake", "state")
     later = [v for v in (int(m.group(1)) for m in map(_COMMIT_NAME.match, os.listdir(folder)) if m)
              if state.version < v <= latest] if os.path.isdir(folder) else []
     first = state.version + 1
     if later:
-        ck = _read_envelope(os.path.join(folder, f"{max(later):020d}.json"), allow_v1=False)
+        ck = _read_envelope(os.path.join(folder, f"{max(later):020d}.json"))
         _check_protocol(ck["protocol"])
-        in_v1, first = int(ck["protocol"].get("min_reader_version", 0)) < 2, max(later) + 1
+        first = max(later) + 1
     for v in range(first, latest + 1):
-        body = _read_envelope(_commit_path(base, v), allow_v1=in_v1)
+        body = _read_envelope(_commit_path(base, v))
         if body.get("format_version") not in (1, 2):
             raise UnsupportedFormatVersionError(f"commit {v} has format_version {body.get('format_version')}")
         if body.get("format_version") == 2 and body.get("protocol"):
             _check_protocol(body["protocol"])
-            in_v1 = int(body["protocol"].get("min_reader_version", 0)) < 2
 
 
 def state_at(base: str, version: int | None = None) -> State:
@@ -493,7 +431,8 @@ def _row_ids(tbl: pa.Table) -> list[tuple[int, int, int]]:
 
 
 def _tombstone_sets(files: _Files, state: State) -> list[tuple[int, str, set]]:
-    """"Tombstones": (version w, column, values) with the values of the file's single column (gap 7)."""
+    """"Tombstones": (version w, column, values) with the values of the file's first column, whatever its
+    name; applied whether or not the protocol lists the feature."""
     out = []
     for w, tomb in state.tombstones:
         t = pq.read_table(os.path.join(files.base, tomb["path"]))
@@ -510,14 +449,17 @@ def read_view(base: str, version: int | None = None, valid_at: int | None = None
     state = state_at(base, version)
     md, schema = state.metadata, state.schema
     delta_col = md.get("delta_column")
+    if valid_at is not None and not delta_col:
+        raise ValueError("valid_at needs a keyed table (\"Views\": unkeyed tables have no event time)")
     t = INFINITY if valid_at is None else int(valid_at)
     files = _Files(base)
-    # Latest SET_VALID_UNTIL event per row: the one of the highest version ("Segment logs"). Only needed
-    # for a finite t (for t = +infinity, `t < u` never holds); unkeyed tables have none (gap 12).
+    # Latest SET_VALID_UNTIL event per row: the one of the highest version, the first of several in one
+    # commit ("Segment logs"). Only needed for a finite t (for t = +infinity, `t < u` never holds). All log
+    # files are read, not only those with `max_t > t` or `resets` ("Views": the same view).
     latest_until: dict[int, tuple[int, int]] = {}
     if t != INFINITY and delta_col:
         for v, target, u, _cause, _bi in files.until_events(state.logs):
-            if target not in latest_until or v >= latest_until[target][0]:
+            if target not in latest_until or v > latest_until[target][0]:
                 latest_until[target] = (v, u)
     tombs = _tombstone_sets(files, state)
     bitmaps: dict = {}
@@ -556,17 +498,15 @@ def read_view(base: str, version: int | None = None, valid_at: int | None = None
 # --------------------------------------------------------------------------------------- change feed
 
 def read_changes(base: str, start: int, end: int) -> list[dict]:
-    """The change feed of versions (start, end] ("Change feed"): the table's columns (schema at `end`,
-    gap 10) plus `_change_type` and `_commit_version`, ordered by (commit version, batch_index, delta
-    value, cause, preimages/deletes before inserts/postimages)."""
+    """The change feed of versions (start, end] ("Change feed"): the table's columns (schema at `end`)
+    plus `_change_type` and `_commit_version`, ordered by (commit version, batch index, delta value, cause,
+    preimages/deletes before inserts/postimages). Row values come from the data files of the state at `end`."""
     start = max(int(start), -1)
-    per_commit = []                 # (c, parts made live in order, files at c, incarnations snapshot)
-    all_files: dict[str, dict] = {}
+    per_commit = []                 # (c, parts made live, in batch-index order)
     state = None
     for state in replay(base, end, start=start):
-        all_files.update(state.files)
         if state.version > start:
-            per_commit.append((state.version, list(state.made_live), dict(state.files)))
+            per_commit.append((state.version, list(state.made_live)))
     if state is None or state.version <= start:
         return []
     end_state, schema, md = state, state.schema, state.metadata
@@ -581,8 +521,6 @@ def read_changes(base: str, start: int, end: int) -> list[dict]:
         """Rows of `paths` whose row id satisfies `wanted`: row id -> (row dict, delta int64)."""
         found = {}
         for path in paths:
-            if not os.path.exists(os.path.join(base, path)):
-                continue
             tbl = files.conformed(path, fmt, schema)
             ids = _row_ids(tbl)
             idx = [i for i, rid in enumerate(ids) if wanted(rid) and rid not in found]
@@ -594,20 +532,19 @@ def read_changes(base: str, start: int, end: int) -> list[dict]:
                 found[rid] = (row, int(d))
         return found
 
-    def files_holding(segs: set, files_c: dict) -> list[str]:
-        """Files listing one of `segs` in their data-to-segment mapping: those live at c first (gap 9)."""
+    def files_holding(segs: set) -> list[str]:
+        """Files of the state at `end` listing one of `segs` in their data-to-segment mapping."""
         holds = lambda e: any((int(p), int(s)) in segs for p, s, _ in e.get("segments") or [])  # noqa: E731
-        first = [p for p, e in files_c.items() if holds(e)]
-        return first + [p for p, e in all_files.items() if p not in files_c and holds(e)]
+        return [p for p, e in end_state.files.items() if holds(e)]
 
     out = []
-    for c, made_live, files_c in per_commit:
+    for c, made_live in per_commit:
         batch_index = {part: i for i, part in enumerate(made_live)}
         # New rows: the rows of the segments of the batches c made live.
         segs = {seg for seg in end_state.segments if seg[0] in batch_index} | \
-               {(int(p), int(s)) for e in files_c.values() for p, s, _ in e.get("segments") or []
+               {(int(p), int(s)) for e in end_state.files.values() for p, s, _ in e.get("segments") or []
                 if int(p) in batch_index}
-        new_rows = rows_of(files_holding(segs, files_c), lambda rid: rid[0] in batch_index)  # noqa: B023 - called within the iteration
+        new_rows = rows_of(files_holding(segs), lambda rid: rid[0] in batch_index)  # noqa: B023 - called within the iteration
         c_events = [e for e in events if e[0] == c]
         causes = {e[3] for e in c_events}
         for (p, s, o), (row, d) in new_rows.items():
@@ -619,16 +556,16 @@ def read_changes(base: str, start: int, end: int) -> list[dict]:
                     continue                      # stale
                 kind = "update_postimage" if rid in causes else "insert"
             else:
-                kind = "insert"                   # unkeyed: every new row (gap 11 for the order)
+                kind = "insert"                   # unkeyed: ordered by (version, batch index, row id)
             out.append(((c, batch_index[p], d if delta_col else 0, rid, 1), row, kind, c))
         # Event targets: delete when the cause is a delete record (keys files of its batch), else preimage.
         targets = {unpack(e[1]) for e in c_events}
-        target_rows = rows_of(files_holding({(p, s) for p, s, _ in targets}, files_c),
+        target_rows = rows_of(files_holding({(p, s) for p, s, _ in targets}),
                               lambda rid: rid in targets)  # noqa: B023 - called within the iteration
         for _v, target, tt, cause, bi in c_events:
             tp = unpack(target)
             if tp not in target_rows:
-                raise CorruptTableError(f"commit {c}: event target {tp} is in no data file")
+                continue                          # in no data file of the state at `end`: no change row
             inc = end_state.incarnations.get(unpack(cause)[0])
             deletes = set().union(*(files.deleted_row_ids(k["path"]) for k in inc.keys_files)) if inc else set()
             kind = "delete" if cause in deletes else "update_preimage"
