@@ -2,7 +2,7 @@
 
 Each batch lands on the driver (Arrow input, or a small Spark DataFrame collected) or in a Spark job, and
 its MetaGen runs in Spark, or inline with the key index's point lookups, or inline with a scan of the key
-store, at random, so one table mixes them all and each must continue from what the others committed."""
+store (folding in groups of buckets), at random, so one table mixes them all and each must continue from what the others committed."""
 
 from __future__ import annotations
 
@@ -91,8 +91,10 @@ def test_random_batches_match_the_oracle(spark, kind, monkeypatch):
                         t.set_properties({"ingest.driver_max_bytes": wanted})
                         driver_max_bytes = wanted
                     data = spark.createDataFrame(data)
-                # The inline MetaGen picks lookups or a scan by cost; these tables are tiny, so force it.
+                # The inline MetaGen picks lookups or a scan by cost; these tables are tiny, so force it. The
+                # scans also fold in groups of buckets, as commits of more than GROUP_RECORDS records do.
                 monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0 if mode == "inline-lookups" else 10**12)
+                monkeypatch.setattr(metagen, "GROUP_RECORDS", 2 if mode == "inline-scan" else 8_000_000)
                 result = t.ingest(data, op_column="op", batch_id=f"b{i}", metagen=now, inline=mode != "spark",
                                   spark=spark)
                 assert result.committed

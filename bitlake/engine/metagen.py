@@ -176,20 +176,60 @@ def assemble(state: TableState, batches: list[Landed], seg_out: list[dict], adde
 LOOKUP_COST_IN_ROWS = 40
 
 
+# The inline MetaGen folds at most this many records at once: larger commits are folded in groups of
+# key-store buckets (a key lives in one bucket), so its memory is bounded by a group, not by the commit.
+GROUP_RECORDS = 8_000_000
+
+
 def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: int, index=None) -> MetaGenOutput:
     """The inline MetaGen. ``index`` (an open :class:`bitlake.engine.keyindex.KeyIndex` at ``state``, or None)
     answers the batch's keys by point lookups when they are few against the key-store rows of their
     buckets; otherwise, or without an index, the driver semi-joins them with those buckets' files."""
+    meta = state.metadata
+    paths = [f.path for b in batches for f in b.keys_files]
+    records = pa.concat_tables(thread_map(lambda p: datafile.read_keys(io, p, meta), paths)) if paths else None
+    if records is None or records.num_rows == 0:
+        return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
+    groups = min(-(-records.num_rows // GROUP_RECORDS), meta.num_buckets)
+    if groups > 1:
+        group_of = (np.arange(meta.num_buckets) * groups // meta.num_buckets)[
+            records.column(keystore.BUCKET).to_numpy()]
+        pieces = (records.filter(pa.array(group_of == g)) for g in range(groups))
+    else:
+        pieces = iter([records])
+    counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
+    events, added, replaced, ks_rows = [], [], [], []
+    for piece in pieces:
+        g = _fold_records(io, state, batches, piece, version, index)
+        counts += g.counts
+        events.append(g.events)
+        added += g.added
+        replaced += g.replaced
+        ks_rows.append(g.keystore_rows)
+    seg_out = write_segments(io, state.segments, pa.concat_tables(events))
+    batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
+    out = assemble(state, batches, seg_out, added, replaced, batch_counts)
+    # A commit folded in groups leaves its rows for the key index to read back, rather than hold them all.
+    return dataclasses.replace(out, keystore_rows=ks_rows[0] if len(ks_rows) == 1 else None)
+
+
+@dataclasses.dataclass
+class _Folded:
+    counts: np.ndarray  # per batch index, per COUNTS
+    events: pa.Table
+    added: list[BucketFile]
+    replaced: list[str]
+    keystore_rows: pa.Table
+
+
+def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records: pa.Table, version: int,
+                  index) -> _Folded:
+    """Folds ``records`` (keys-file rows of whole keys) against the stored entries of their keys, and writes
+    the key-store files of their buckets."""
     from bitlake.engine.keyindex import encode_keys, key_codes
 
     meta = state.metadata
     pk = list(meta.primary_key)
-    paths = [f.path for b in batches for f in b.keys_files]
-    if not paths:
-        return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
-    records = pa.concat_tables([datafile.read_keys(io, p, meta) for p in paths])
-    if records.num_rows == 0:
-        return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
     parts = np.array([b.part for b in batches], dtype=np.int64)
     rids = records.column(keystore.ROW_ID).to_numpy()
     by_part = np.argsort(parts)
@@ -211,22 +251,20 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
         found, prior_d, prior_rid, prior_deleted = _scan_keystore(io, state, distinct, buckets)
 
     f = fold(codes, deltas, rids, deleted, bidx, found, prior_d, prior_rid, prior_deleted)
-    counts = {}
-    for i in range(len(batches)):
-        mine = f.batch == i
-        acc, upsert, until = f.accepted & mine, ~f.deleted, f.until
-        counts[i] = {
-            "inserted": int(np.count_nonzero(acc & upsert & ~until)),
-            "updated": int(np.count_nonzero(acc & upsert & until)),
-            "deleted": int(np.count_nonzero(acc & ~upsert & until)),
-            "stale": int(np.count_nonzero(mine & ~f.accepted)),
-            "ignored_deletes": int(np.count_nonzero(acc & ~upsert & ~until)),
-        }
-    becomes_valid = f.accepted & ~f.deleted
+    upsert = ~f.deleted
+    kinds = {  # per record of the fold, in COUNTS order
+        "inserted": f.accepted & upsert & ~f.until,
+        "updated": f.accepted & upsert & f.until,
+        "deleted": f.accepted & ~upsert & f.until,
+        "stale": ~f.accepted,
+        "ignored_deletes": f.accepted & ~upsert & ~f.until,
+    }
+    counts = np.stack([np.bincount(f.batch[kinds[k]], minlength=len(batches)) for k in COUNTS], axis=1)
+    becomes_valid = f.accepted & upsert
     target = np.concatenate([f.last_rid[f.until], f.rid[becomes_valid]])
-    parts, seqs, offsets = rowid.unpack_arrays(target)
+    t_parts, t_seqs, t_offsets = rowid.unpack_arrays(target)
     events = pa.table({
-        rowid.PART_COLUMN: parts, rowid.SEQ_COLUMN: seqs, rowid.OFFSET_COLUMN: offsets,
+        rowid.PART_COLUMN: t_parts, rowid.SEQ_COLUMN: t_seqs, rowid.OFFSET_COLUMN: t_offsets,
         "event": np.concatenate([
             np.full(np.count_nonzero(f.until), segmentlog.SET_VALID_UNTIL, np.int8),
             np.full(np.count_nonzero(becomes_valid), BECOMES_VALID, np.int8),
@@ -235,8 +273,6 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
         "cause": np.concatenate([f.rid[f.until], f.rid[becomes_valid]]),
         "batch_index": np.concatenate([f.batch[f.until], f.batch[becomes_valid]]).astype(np.int32),
     })
-    seg_out = write_segments(io, state.segments, events)
-
     latest = records.take(pa.array(np.sort(f.final), pa.int64()))
     ks_rows = latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
         keystore.VERSION, pa.array(np.full(latest.num_rows, version, dtype=np.int64))
@@ -245,7 +281,7 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     added, replaced = keystore.write_bucket_files(
         io, meta, {b: state.keystore.get(b, []) for b in touched}, ks_rows
     ) if ks_rows.num_rows else ([], [])
-    return dataclasses.replace(assemble(state, batches, seg_out, added, replaced, counts), keystore_rows=ks_rows)
+    return _Folded(counts, events, added, replaced, ks_rows)
 
 
 def _scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: list[int]):
