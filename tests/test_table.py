@@ -217,7 +217,7 @@ def test_a_tombstone_hides_rows_committed_before_it_in_every_later_view(tmp_path
     t.ingest(batch([1, 2, 3], ["erase", "keep", None], [1, 1, 1]), batch_id="b1", spark=spark)
     path = layout.tombstone_path()
     with t.io.open_output(path) as out:
-        pq.write_table(pa.table({"name": ["erase", "gone"]}), out)
+        pq.write_table(pa.table({"name": ["erase", "gone", None]}), out)  # a null never matches
 
     def build(state):
         protocol = state.protocol.with_features(TOMBSTONES)

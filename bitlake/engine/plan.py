@@ -55,7 +55,9 @@ class ReadPlan:
         made_live = np.array([self.live_version.get(int(p), -1) for p in np.unique(parts)])
         live = made_live[np.searchsorted(np.unique(parts), parts)]
         for version, column, values in self.hidden:
-            hit = pc.fill_null(pc.is_in(table.column(column), value_set=values), False).to_numpy(zero_copy_only=False)
+            # A null value never matches (skip_nulls): a null in the values file hides no row.
+            hit = pc.fill_null(pc.is_in(table.column(column), value_set=values, skip_nulls=True), False).to_numpy(
+                zero_copy_only=False)
             out |= hit & (live < version)
         return out
 
