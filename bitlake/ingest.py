@@ -226,10 +226,9 @@ def _is_spark_dataframe(data: Any) -> bool:
 def _collect_if_small(df, max_bytes: int):
     """``df`` as an Arrow table when Spark's plan estimates it at most ``max_bytes`` (a local relation, a
     small file); None when it is larger or the estimate is unknown (a Spark Connect session)."""
-    try:
-        size = int(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes().toString())
-    except Exception:  # noqa: BLE001 - no JVM handle (Spark Connect) or no statistics
-        return None
-    if size > max_bytes:
+    from bitlake.spark.landing import estimated_bytes
+
+    size = estimated_bytes(df)
+    if size is None or size > max_bytes:
         return None
     return df.toArrow()

@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import bitlake
@@ -118,3 +119,39 @@ def test_a_stream_that_fails_midway_leaves_nothing(tmp_path, monkeypatch):
         t.ingest(pa.RecordBatchReader.from_batches(SCHEMA, [good, good, bad]))
     assert t.version == 1 and t.to_arrow().to_pylist() == [{"id": 1, "name": "a", "mod": 1}]
     assert [p for p in files_under(t.path) if p not in before and not p.startswith("_bitlake/parts/")] == []
+
+
+def test_a_large_spark_partition_lands_in_parallel_in_input_order(tmp_path, spark):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod",
+                             properties={"ingest.driver_max_bytes": "0"})
+    n = 3000
+    data = pa.table({"id": pa.array([i % 7 for i in range(n)], pa.int64()), "name": [f"{i:05d}" for i in range(n)],
+                     "mod": pa.array([0] * n, pa.int64())})
+    df = spark.createDataFrame(data).coalesce(1)  # one partition, as a file of one row group reads
+    previous = spark.conf.get("spark.sql.files.maxPartitionBytes")
+    spark.conf.set("spark.sql.files.maxPartitionBytes", "1k")  # so that it would fill every core
+    try:
+        t.ingest(df)
+    finally:
+        spark.conf.set("spark.sql.files.maxPartitionBytes", previous)
+    data_files = [f for f in t.state().data_files()]
+    assert len(data_files) == spark.sparkContext.defaultParallelism > 1
+    # Row ids follow the input: every key keeps its last record (equal deltas), and in (seq, offset) order
+    # the rows are the input's.
+    assert sorted((r["id"], r["name"]) for r in t.to_arrow().to_pylist()) == [
+        (k, f"{max(i for i in range(n) if i % 7 == k):05d}") for k in range(7)]
+    rows = pa.concat_tables([pq.read_table(t.io.local_path(f.path)) for f in data_files])
+    rows = rows.sort_by([("_segment_seq", "ascending"), ("_segment_offset", "ascending")])
+    assert rows.column("name").to_pylist() == [f"{i:05d}" for i in range(n)]
+
+
+@pytest.mark.parametrize("driver_max_bytes, files", [(None, 1), ("0", 2)])
+def test_a_small_spark_dataframe_is_collected_and_lands_on_the_driver(tmp_path, spark, driver_max_bytes, files):
+    properties = {"ingest.driver_max_bytes": driver_max_bytes} if driver_max_bytes else {}
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod",
+                             properties=properties)
+    df = spark.createDataFrame(pa.table({"id": [1, 2, 3, 4], "name": list("abcd"), "mod": [1, 1, 1, 1]}))
+    t.ingest(df.repartition(2))
+    # Collected, it is one segment of the driver path; in a Spark job, one per task.
+    assert len(t.state().data_files()) == files
+    assert sorted(r["id"] for r in t.to_arrow().to_pylist()) == [1, 2, 3, 4]

@@ -28,6 +28,7 @@ def land(df, io, meta: TableMetadata, part: int, has_op: bool) -> tuple[list[Dat
 
     Raises NullValueError / UnknownOperationError after removing every file the job wrote.
     """
+    df = spread(df)
     task = LandTask(io, meta.to_json(), part, max(df.rdd.getNumPartitions(), 1), has_op)
     try:
         reports = [r.asDict() for r in df.mapInArrow(_SparkLandTask(task), REPORT_DDL).collect()]
@@ -35,3 +36,46 @@ def land(df, io, meta: TableMetadata, part: int, has_op: bool) -> tuple[list[Dat
         remove_part_files(io, part)
         raise
     return collect(io, meta, part, iter(reports))
+
+
+_POSITION = "_bitlake_position"
+
+
+def spread(df):
+    """``df`` over every core when it has fewer partitions than cores but would fill them: a large file of one
+    row group is one Spark partition, which would land in one task. The rows are range-partitioned by their
+    position (``monotonically_increasing_id`` grows with partition and row order), so partition ``i`` holds
+    rows before those of partition ``i + 1`` and row ids keep following the input order."""
+    from pyspark.sql import functions as F
+
+    spark = df.sparkSession
+    cores = spark.sparkContext.defaultParallelism
+    partitions = df.rdd.getNumPartitions()
+    if partitions >= cores:
+        return df
+    split_bytes = _bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", "134217728"))
+    size = estimated_bytes(df)
+    if size is None:
+        return df
+    wanted = min(cores, size // max(split_bytes, 1))
+    if wanted <= partitions:
+        return df
+    columns = df.columns
+    return (df.withColumn(_POSITION, F.monotonically_increasing_id())
+            .repartitionByRange(int(wanted), _POSITION).sortWithinPartitions(_POSITION).select(*columns))
+
+
+def estimated_bytes(df) -> int | None:
+    """Spark's estimate of ``df``'s size (exact for local data, the files' size for a scan); None without one
+    (a Spark Connect session has no JVM handle)."""
+    try:
+        size = df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes()  # a Scala BigInt
+    except Exception:  # noqa: BLE001
+        return None
+    return size if isinstance(size, int) else int(size.toString())
+
+
+def _bytes(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    text = text.strip().lower().rstrip("b")
+    return int(float(text[:-1]) * units[text[-1]]) if text[-1:] in units else int(text)
