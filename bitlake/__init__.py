@@ -1,5 +1,6 @@
 """bitlake: mutable datasets on an immutable data lake (row ids, a key store, validity logs, bitmaps)."""
 
+from bitlake.bootstrap import ConvertResult, convert  # noqa: E402 - after the table API it builds on
 from bitlake.errors import (
     BitlakeError,
     CommitConflictError,
@@ -16,7 +17,6 @@ from bitlake.errors import (
     VersionNotFoundError,
 )
 from bitlake.table import IngestResult, Table, create_table, open_table
-from bitlake.bootstrap import ConvertResult, convert  # noqa: E402 - after the table API it builds on
 
 __version__ = "0.1.0"
 
@@ -36,8 +36,8 @@ def spark_session(master: str | None = None, app_name: str = "bitlake", **conf: 
 
 
 __all__ = [
-    "BitlakeError", "CommitConflictError", "ConvertResult", "CorruptTableError", "IndexUnavailableError", "IngestResult",
-    "InvalidInputError",
+    "BitlakeError", "CommitConflictError", "ConvertResult", "CorruptTableError", "IndexUnavailableError",
+    "IngestResult", "InvalidInputError",
     "NotATableError", "NullValueError", "SchemaMismatchError", "Table", "TableExistsError",
     "TableNotFoundError", "UnknownOperationError", "UnsupportedFormatVersionError", "VersionNotFoundError",
     "convert", "create_table", "open_table", "spark_session",

@@ -320,7 +320,8 @@ def add_parsers(sub) -> None:
     k.add_argument("--dry-run", action="store_true", help="list the files without removing them")
     k.set_defaults(run=cmd_cleanup)
 
-    v = sub.add_parser("convert", help="create a table from a Parquet folder, a Delta or Iceberg table or a lance dataset")
+    v = sub.add_parser("convert",
+                       help="create a table from a Parquet folder, a Delta or Iceberg table or a lance dataset")
     v.add_argument("source", help="the dataset's folder (or Parquet file, or Iceberg metadata JSON file)")
     v.add_argument("path", help="the new table's folder (new or empty)")
     v.add_argument("--source-kind", choices=["parquet", "delta", "iceberg", "lance"], help="default: detected")

@@ -23,11 +23,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
-from bitlake.pool import thread_map
 from bitlake.format import bitmap, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format.commit import BucketFile, DataFile, KeysFile, LogFile, SegmentState
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
+from bitlake.pool import thread_map
 
 COUNTS = ("inserted", "updated", "deleted", "stale", "ignored_deletes")
 # Rows of MetaGen's event tables with this kind are the accepted upserts: they become valid, which the data
@@ -191,12 +191,8 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     if records is None or records.num_rows == 0:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
     groups = min(-(-records.num_rows // GROUP_RECORDS), meta.num_buckets)
-    if groups > 1:
-        group_of = (np.arange(meta.num_buckets) * groups // meta.num_buckets)[
-            records.column(keystore.BUCKET).to_numpy()]
-        pieces = (records.filter(pa.array(group_of == g)) for g in range(groups))
-    else:
-        pieces = iter([records])
+    group_of = (np.arange(meta.num_buckets) * groups // meta.num_buckets)[records.column(keystore.BUCKET).to_numpy()]
+    pieces = (records.filter(pa.array(group_of == g)) if groups > 1 else records for g in range(groups))
     counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
     events, added, replaced, ks_rows = [], [], [], []
     for piece in pieces:
