@@ -105,40 +105,41 @@ SEGMENT_ARROW = pa.schema([
 SEGMENT_DDL = "kind string, path string, part int, seq int, count long, bytes long, min_t long, max_t long"
 
 
-def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], events: pa.Table) -> list[dict]:
+def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], events: pa.Table,
+                   valid: np.ndarray | None = None) -> list[dict]:
     """Writes the SET_VALID_UNTIL rows of ``events`` as one log file, and the new valid offsets of the
-    segments ``events`` name as one bitmap file (segments whose valid offsets are a prefix need none).
+    segments the events name as one bitmap file (segments whose valid offsets are a prefix need none).
 
-    ``events`` has the columns of :data:`segmentlog.FILE_SCHEMA`, with :data:`BECOMES_VALID` rows for the
-    accepted upserts; ``prior`` holds the segments' states before the commit. Returns rows of
+    ``events`` has the columns of :data:`segmentlog.FILE_SCHEMA`; its :data:`BECOMES_VALID` rows, and the
+    packed row ids ``valid``, are the accepted upserts (the inline MetaGen passes them as row ids alone: a
+    load's are every row). ``prior`` holds the segments' states before the commit. Returns rows of
     :data:`SEGMENT_ARROW`: one ``log`` row, and a ``bitmap`` row per segment (path null: no bitmap file).
     """
     table = events.cast(segmentlog.FILE_SCHEMA)
-    if table.num_rows == 0:
-        return []
     rows = []
-    until = table.filter(pc.equal(table.column("event"), segmentlog.SET_VALID_UNTIL))
+    kinds = table.column("event").to_numpy()
+    until = table.filter(pa.array(kinds == segmentlog.SET_VALID_UNTIL))
     if until.num_rows:
         f = segmentlog.write_file(io, layout.log_path(), until)
         rows.append({"kind": "log", "path": f.path, "part": None, "seq": None, "count": f.events,
                      "bytes": f.bytes, "min_t": f.min_t, "max_t": f.max_t})
-    table = table.take(pc.sort_indices(table, sort_keys=[(rowid.PART_COLUMN, "ascending"),
-                                                         (rowid.SEQ_COLUMN, "ascending")]))
+
+    def packed(t: pa.Table) -> np.ndarray:
+        return rowid.pack_arrays(*(t.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+
+    valid_ids = np.sort(np.concatenate([packed(table.filter(pa.array(kinds == BECOMES_VALID))),
+                                        valid if valid is not None else np.empty(0, np.int64)]))
+    until_ids = np.sort(packed(until))
+    segment_bits = np.int64(rowid.OFFSET_BITS)
+    valid_seg, until_seg = valid_ids >> segment_bits, until_ids >> segment_bits
     cache = bitmap.BitmapCache(io)
-    parts = table.column(rowid.PART_COLUMN).to_numpy()
-    seqs = table.column(rowid.SEQ_COLUMN).to_numpy()
-    offsets = table.column(rowid.OFFSET_COLUMN).to_numpy()
-    kinds = table.column("event").to_numpy()
-    cuts = np.flatnonzero((parts[1:] != parts[:-1]) | (seqs[1:] != seqs[:-1])) + 1
-    bounds = [0, *cuts.tolist(), table.num_rows]
     with_file: list[tuple[int, int, BitMap]] = []
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        part, seq = int(parts[start]), int(seqs[start])
-        o, k = offsets[start:end], kinds[start:end]
+    for seg in np.union1d(np.unique(valid_seg), np.unique(until_seg)).tolist():
+        part, seq = seg >> rowid.SEQ_BITS, seg & rowid.MAX_SEQ
         before = prior.get((part, seq))
         bm = cache.valid(before) if before is not None else BitMap()
-        bm |= bitmap.of(o[k == BECOMES_VALID])
-        bm.difference_update(bitmap.of(o[k == segmentlog.SET_VALID_UNTIL]))
+        bm |= bitmap.of(_run_of(valid_ids, valid_seg, seg) & rowid.MAX_OFFSET)
+        bm.difference_update(bitmap.of(_run_of(until_ids, until_seg, seg) & rowid.MAX_OFFSET))
         if bitmap.is_prefix(bm):
             rows.append({"kind": "bitmap", "path": None, "part": part, "seq": seq, "count": len(bm), "bytes": 0,
                          "min_t": None, "max_t": None})
@@ -151,6 +152,12 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
             rows.append({"kind": "bitmap", "path": path, "part": part, "seq": seq, "count": len(bm), "bytes": 0,
                          "min_t": None, "max_t": None})
     return rows
+
+
+def _run_of(sorted_ids: np.ndarray, segments: np.ndarray, segment: int) -> np.ndarray:
+    """The ids of ``segment`` in ``sorted_ids`` (whose segments are ``segments``)."""
+    lo, hi = np.searchsorted(segments, [segment, segment + 1])
+    return sorted_ids[lo:hi]
 
 
 def assemble(state: TableState, batches: list[Landed], seg_out: list[dict], added: list[BucketFile],
@@ -194,25 +201,28 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     group_of = (np.arange(meta.num_buckets) * groups // meta.num_buckets)[records.column(keystore.BUCKET).to_numpy()]
     pieces = (records.filter(pa.array(group_of == g)) if groups > 1 else records for g in range(groups))
     counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
-    events, added, replaced, ks_rows = [], [], [], []
+    until, valid, added, replaced = [], [], [], []
+    keystore_rows = None
     for piece in pieces:
         g = _fold_records(io, state, batches, piece, version, index)
         counts += g.counts
-        events.append(g.events)
+        until.append(g.until)
+        valid.append(g.valid)
         added += g.added
         replaced += g.replaced
-        ks_rows.append(g.keystore_rows)
-    seg_out = write_segments(io, state.segments, pa.concat_tables(events))
+        # A commit folded in groups leaves its rows for the key index to read back, rather than hold them all.
+        keystore_rows = g.keystore_rows if groups == 1 else None
+    seg_out = write_segments(io, state.segments, pa.concat_tables(until), np.concatenate(valid))
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
     out = assemble(state, batches, seg_out, added, replaced, batch_counts)
-    # A commit folded in groups leaves its rows for the key index to read back, rather than hold them all.
-    return dataclasses.replace(out, keystore_rows=ks_rows[0] if len(ks_rows) == 1 else None)
+    return dataclasses.replace(out, keystore_rows=keystore_rows)
 
 
 @dataclasses.dataclass
 class _Folded:
     counts: np.ndarray  # per batch index, per COUNTS
-    events: pa.Table
+    until: pa.Table  # SET_VALID_UNTIL events
+    valid: np.ndarray  # the row ids that become valid
     added: list[BucketFile]
     replaced: list[str]
     keystore_rows: pa.Table
@@ -256,18 +266,11 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
         "ignored_deletes": f.accepted & ~upsert & ~f.until,
     }
     counts = np.stack([np.bincount(f.batch[kinds[k]], minlength=len(batches)) for k in COUNTS], axis=1)
-    becomes_valid = f.accepted & upsert
-    target = np.concatenate([f.last_rid[f.until], f.rid[becomes_valid]])
-    t_parts, t_seqs, t_offsets = rowid.unpack_arrays(target)
-    events = pa.table({
+    t_parts, t_seqs, t_offsets = rowid.unpack_arrays(f.last_rid[f.until])
+    until = pa.table({
         rowid.PART_COLUMN: t_parts, rowid.SEQ_COLUMN: t_seqs, rowid.OFFSET_COLUMN: t_offsets,
-        "event": np.concatenate([
-            np.full(np.count_nonzero(f.until), segmentlog.SET_VALID_UNTIL, np.int8),
-            np.full(np.count_nonzero(becomes_valid), BECOMES_VALID, np.int8),
-        ]),
-        "t": np.concatenate([f.delta[f.until], f.delta[becomes_valid]]),
-        "cause": np.concatenate([f.rid[f.until], f.rid[becomes_valid]]),
-        "batch_index": np.concatenate([f.batch[f.until], f.batch[becomes_valid]]).astype(np.int32),
+        "event": np.full(len(t_parts), segmentlog.SET_VALID_UNTIL, np.int8),
+        "t": f.delta[f.until], "cause": f.rid[f.until], "batch_index": f.batch[f.until].astype(np.int32),
     })
     latest = records.take(pa.array(np.sort(f.final), pa.int64()))
     ks_rows = latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
@@ -277,7 +280,7 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
     added, replaced = keystore.write_bucket_files(
         io, meta, {b: state.keystore.get(b, []) for b in touched}, ks_rows
     ) if ks_rows.num_rows else ([], [])
-    return _Folded(counts, events, added, replaced, ks_rows)
+    return _Folded(counts, until, f.rid[f.accepted & upsert], added, replaced, ks_rows)
 
 
 def _scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: list[int]):
