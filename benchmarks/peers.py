@@ -77,8 +77,9 @@ BITLAKE_MODES: dict[str, dict] = {
     "bitlake": {"ingest": {}, "then_metagen": False,
                 "doc": "`t.ingest(spark.read.parquet(file))`: landing and MetaGen in one call, MetaGen chosen by "
                        "bitlake (inline on the driver with the RocksDB key index up to `metagen.inline_max_rows` "
-                       "records, 2,000,000 by default; a Spark job beyond); a DataFrame that Spark estimates at "
-                       "most `ingest.driver_max_bytes` (64 MB) is collected as Arrow and lands on the driver"},
+                       "records, a Spark job beyond; the default was 2,000,000 until commit ae2f06f and is "
+                       "100,000,000 since); a DataFrame that Spark estimates at most `ingest.driver_max_bytes` "
+                       "(64 MB) is collected as Arrow and lands on the driver"},
     "bitlake-arrow": {"ingest": {}, "then_metagen": False, "input": "arrow",
                       "doc": "the same call with Arrow input: `t.ingest(pq.read_table(file))` (the delete batch "
                              "with an `op` column of `\"delete\"` appended by pyarrow, `op_column=\"op\"`); the "
