@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -27,6 +26,7 @@ from bitlake.format import bucket, datafile, layout, rowid
 from bitlake.format.commit import DataFile, KeysFile, SegmentRows
 from bitlake.format.metadata import DELTA_INFINITY, OP_COLUMN, OPERATIONS, TableMetadata, deltas_as_int
 from bitlake.fs import FileIO
+from bitlake.pool import threads as pool_threads
 
 # A task flushes every writer once their buffers hold this much together (many partition folders).
 TASK_BUFFER_BYTES = 512 << 20
@@ -149,7 +149,7 @@ def land_local(io: FileIO, meta: TableMetadata, part: int, has_op: bool, batches
     that a pool of threads writes at once (Parquet encoding releases the GIL); at most ``threads`` segments
     are held in memory, so a stream lands in bounded memory. ``rows`` (the input's size, when known) picks the
     segment size that gives every thread work. Same files and checks as the Spark landing."""
-    threads = threads or min(os.cpu_count() or 1, 8)
+    threads = threads or pool_threads()
     if rows is None:
         per_task = STREAM_TASK_ROWS
     else:
@@ -159,13 +159,13 @@ def land_local(io: FileIO, meta: TableMetadata, part: int, has_op: bool, batches
     reports: list[dict] = []
     running: list[Future] = []
     try:
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bitlake-land") as pool:
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bitlake-land") as workers:
             for seq, segment in enumerate(_cut(batches, per_task)):
                 if seq > rowid.MAX_SEQ:
                     raise InvalidInputError("batch too large: more segments than segment_seq can number")
                 if len(running) >= threads:
                     reports.extend(running.pop(0).result())
-                running.append(pool.submit(task.run, seq, segment))
+                running.append(workers.submit(task.run, seq, segment))
             for f in running:
                 reports.extend(f.result())
     except BaseException:
