@@ -22,7 +22,7 @@ def arrow_input(data: Any) -> pa.RecordBatchReader | None:
         data = pa.Table.from_batches([data])
     if isinstance(data, pa.Table):
         return data.to_reader()
-    if type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pandas"):
+    if _is_pandas(data):
         try:
             return pa.Table.from_pandas(data, preserve_index=False).to_reader()
         except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
@@ -34,9 +34,13 @@ def row_count(data: Any) -> int | None:
     """The number of rows of in-memory Arrow or pandas input; None for a stream or other input."""
     if isinstance(data, pa.Table | pa.RecordBatch):
         return data.num_rows
-    if type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pandas"):
+    if _is_pandas(data):
         return len(data)
     return None
+
+
+def _is_pandas(data: Any) -> bool:
+    return type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pandas")
 
 
 class Conformer:
@@ -67,8 +71,7 @@ class Conformer:
         fields = [target for _, target in self.plan]
         if op_column is not None:
             op = by_name[op_column.lower()]
-            if not (pa.types.is_string(op.type) or pa.types.is_large_string(op.type)
-                    or pa.types.is_string_view(op.type) or _dictionary_of_strings(op.type)):
+            if pa.types.is_null(op.type) or not _allowed(op.type, pa.string()):
                 raise SchemaMismatchError(f"op_column {op_column!r} must be a string column, not {op.type}")
             self.plan.append((op.name, pa.field(OP_COLUMN, pa.string())))
             fields.append(pa.field(OP_COLUMN, pa.string()))
@@ -91,10 +94,6 @@ def conformed(reader: pa.RecordBatchReader, meta: TableMetadata, op_column: str 
     """The batches of ``reader`` conformed to the table; schema errors are raised before the first batch."""
     conform = Conformer(reader.schema, meta, op_column)
     return (conform(b) for b in reader if b.num_rows)
-
-
-def _dictionary_of_strings(t: pa.DataType) -> bool:
-    return pa.types.is_dictionary(t) and (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))
 
 
 def _allowed(given: pa.DataType, target: pa.DataType) -> bool:
@@ -133,8 +132,8 @@ def _check_cast(name: str, given: pa.DataType, target: pa.DataType) -> None:
 
 
 def _cast(name: str, column: pa.Array, target: pa.DataType) -> pa.Array:
-    if pa.types.is_timestamp(target) and pa.types.is_timestamp(column.type) and column.type.tz != target.tz:
-        column = column.cast(pa.timestamp(column.type.unit, tz=target.tz)) if column.type.tz is None else column
+    if pa.types.is_timestamp(column.type) and column.type.tz is None and pa.types.is_timestamp(target) and target.tz:
+        column = column.cast(pa.timestamp(column.type.unit, tz=target.tz))  # a wall-clock time read as UTC
     try:
         return pc.cast(column, target, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:

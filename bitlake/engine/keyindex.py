@@ -102,25 +102,29 @@ def encode_keys(table: pa.Table, primary_key: list[str]) -> list[bytes]:
     return [b"\x01" + b"".join(row) for row in zip(*parts, strict=True)]
 
 
-def key_order(table: pa.Table, primary_key: list[str]) -> np.ndarray:
-    """Row indices in the byte order of the rows' encoded keys (:func:`encode_keys`), ties in row order."""
-    columns = [table.column(c) for c in primary_key]
-    if all(_fixed(c.type) for c in columns):
+def fixed_width(table: pa.Table, primary_key: list[str]) -> bool:
+    """Whether every key column encodes to 8 bytes (so keys sort and compare as integer columns)."""
+    return all(_fixed(table.schema.field(c).type) for c in primary_key)
+
+
+def key_order(table: pa.Table, primary_key: list[str], keys: list[bytes] | None = None) -> np.ndarray:
+    """Row indices in the byte order of the rows' encoded keys (:func:`encode_keys`, or ``keys`` when the
+    caller has them), ties in row order."""
+    if fixed_width(table, primary_key):
         # Big-endian two's complement compares bytewise as the unsigned value with the sign bit flipped.
         flip = np.uint64(1 << 63)
-        return np.lexsort([_as_int64(c).view(np.uint64) ^ flip for c in reversed(columns)])
-    keys = encode_keys(table, primary_key)
+        return np.lexsort([_as_int64(table.column(c)).view(np.uint64) ^ flip for c in reversed(primary_key)])
+    keys = keys if keys is not None else encode_keys(table, primary_key)
     return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
 
 
 def key_codes(table: pa.Table, primary_key: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Numbers the distinct keys of ``table``'s rows: each row's code (0..k-1) and, per code, the first row
     that has it."""
-    columns = [table.column(c) for c in primary_key]
     n = table.num_rows
-    if n and all(_fixed(c.type) for c in columns):
+    if n and fixed_width(table, primary_key):
         order = key_order(table, primary_key)
-        values = [_as_int64(c)[order] for c in columns]
+        values = [_as_int64(table.column(c))[order] for c in primary_key]
         starts = np.ones(n, dtype=bool)
         starts[1:] = np.logical_or.reduce([v[1:] != v[:-1] for v in values])
         codes = np.empty(n, dtype=np.int64)
@@ -186,7 +190,7 @@ class KeyIndex:
 
         db = Rdict(self.path, self._options())
         # No write-ahead log: memtables reach disk in write order, so after a crash the index holds
-        # a prefix of its writes, and the version is written last (see _put). close() flushes.
+        # a prefix of its writes, and the version is written last (see put). close() flushes.
         write = WriteOptions()
         write.disable_wal = True
         db.set_write_options(write)
@@ -254,7 +258,7 @@ class KeyIndex:
             # A merged file also repeats older rows; only rows this commit wrote are new to the index.
             tables = [keystore.read_file(self.io, f.path, self.meta, filters=[(keystore.VERSION, "=", v)])
                       for f in commit.keystore_add]
-            self._put(tables, v)
+            self.put(tables, v)
 
     def _rebuild(self, state: TableState) -> None:
         db, self.db = self.db, None
@@ -262,9 +266,9 @@ class KeyIndex:
         shutil.rmtree(self.path, ignore_errors=True)
         self.db = self._open()
         tables = [keystore.read_bucket(self.io, files, self.meta) for files in state.keystore.values() if files]
-        self._put(tables, state.version)
+        self.put(tables, state.version)
 
-    def _put(self, tables: list[pa.Table], version: int) -> None:
+    def put(self, tables: list[pa.Table], version: int) -> None:
         """Writes the entries of ``tables`` (key-store rows, one per key), then the version."""
         from rocksdict import WriteBatch
 
@@ -294,15 +298,20 @@ class KeyIndex:
         1: 2.5 s against 10 s of puts and a full compaction)."""
         from rocksdict import SstFileWriter
 
-        order = key_order(table, list(self.meta.primary_key))
-        table = table.take(pa.array(order))
+        pk = list(self.meta.primary_key)
         path = os.path.join(self.path, "ingest.sst")
         writer = SstFileWriter(options=self._options())
         writer.open(path)
-        for start in range(0, table.num_rows, _PUT_CHUNK):
-            chunk = table.slice(start, _PUT_CHUNK)
-            for k, val in zip(encode_keys(chunk, list(self.meta.primary_key)), _encode_values(chunk), strict=True):
-                writer[k] = val
+        if fixed_width(table, pk):  # sorted by their columns, then encoded a chunk at a time
+            table = table.take(pa.array(key_order(table, pk)))
+            for start in range(0, table.num_rows, _PUT_CHUNK):
+                chunk = table.slice(start, _PUT_CHUNK)
+                for k, val in zip(encode_keys(chunk, pk), _encode_values(chunk), strict=True):
+                    writer[k] = val
+        else:  # encoded once, and sorted by their bytes
+            keys, values = encode_keys(table, pk), _encode_values(table)
+            for i in key_order(table, pk, keys).tolist():
+                writer[keys[i]] = values[i]
         writer.finish()
         self.db.ingest_external_file([path])
         if os.path.exists(path):
@@ -367,7 +376,7 @@ class IndexSession:
             if self.index is None:
                 self.index = KeyIndex(self.io, state.metadata)
             if rows is not None and self.index.version == version - 1:
-                self.index._put([rows], version)
+                self.index.put([rows], version)
             self.index.catch_up(state)
         except IndexUnavailableError:
             pass
