@@ -45,8 +45,8 @@ class ConvertResult:
 
 
 def detect(location: str) -> str:
-    """The kind of dataset at a local ``location``."""
-    path = location[len("file://"):] if location.startswith("file://") else location
+    """The kind of dataset at a local ``location`` (a path)."""
+    path = location
     if not os.path.exists(path):
         raise InvalidInputError(f"no such source: {location}")
     if os.path.isdir(os.path.join(path, "_delta_log")):
@@ -59,7 +59,8 @@ def detect(location: str) -> str:
 
 
 def open_source(location: str, kind: str | None = None) -> Source:
-    """The dataset at ``location`` (kind detected when not given)."""
+    """The dataset at ``location``, a local path or ``file://`` URI (kind detected when not given)."""
+    location = location.removeprefix("file://")  # one form for detection and every reader
     kind = kind or detect(location)
     if kind not in SOURCE_KINDS:
         raise InvalidInputError(f"unknown source kind {kind!r}; known: {list(SOURCE_KINDS)}")

@@ -86,7 +86,7 @@ def test_convert_keeps_every_key_by_the_contract(tmp_path, kind, writer):
 def test_convert_an_iceberg_metadata_file_and_an_unkeyed_table(tmp_path):
     folder = write_iceberg(str(tmp_path / "source"))
     metadata = sorted((pathlib.Path(folder) / "metadata").glob("*.metadata.json"))[-1]
-    r = bitlake.convert(str(metadata), str(tmp_path / "t"))
+    r = bitlake.convert(f"file://{metadata}", str(tmp_path / "t"))  # a file:// URI as well as a path
     assert r.source_kind == "iceberg" and not r.table.metadata.keyed and r.rows == 6 and r.duplicates == 0
     assert sorted(r.table.to_arrow().column("value").to_pylist()) == sorted(ROWS.column("value").to_pylist())
 
