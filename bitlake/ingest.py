@@ -88,7 +88,7 @@ class Ingestion:
         faults.point("after_claim")
         data_files, keys_files = land(self.io, part)
         faults.point("after_landing")
-        records = sum(f.rows for f in keys_files) if meta.keyed else sum(f.rows for f in data_files)
+        records = sum(f.rows for f in data_files) + sum(f.rows for f in keys_files)
         batch = Landed(batch_id, part, records, tuple(data_files), tuple(keys_files))
         try:
             if metagen:

@@ -155,3 +155,30 @@ def test_a_small_spark_dataframe_is_collected_and_lands_on_the_driver(tmp_path, 
     # Collected, it is one segment of the driver path; in a Spark job, one per task.
     assert len(t.state().data_files()) == files
     assert sorted(r["id"] for r in t.to_arrow().to_pylist()) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("landing", ["driver", "spark-job"])
+def test_only_delete_records_have_keys_files(tmp_path, request, landing):
+    """An upsert's key, delta and row id are in its data file: a batch writes keys files for its deletes only,
+    and its record count is both."""
+    properties = {"ingest.driver_max_bytes": "0"} if landing == "spark-job" else {}
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod",
+                             properties=properties)
+
+    def ingest(data: pa.Table, **kw):
+        if landing == "spark-job":
+            data = request.getfixturevalue("spark").createDataFrame(data).coalesce(1)
+        return t.ingest(data, **kw)
+
+    ingest(pa.table({"id": [1, 2, 3], "name": list("abc"), "mod": [1, 1, 1]}), batch_id="base")
+    base = t.state().batch("base")
+    assert (base.keys_files, base.records) == ((), 3)
+    assert not os.path.exists(tmp_path / "t" / "_bitlake" / "keys")
+    r = ingest(pa.table({"id": [2, 3, 4], "name": ["B", None, "d"], "mod": [2, 2, 2],
+                         "op": ["upsert", "delete", "upsert"]}), op_column="op", batch_id="changes")
+    assert r.counts == {"inserted": 1, "updated": 1, "deleted": 1, "stale": 0, "ignored_deletes": 0}
+    batch = t.state().batch("changes")
+    assert batch.records == 3
+    keys = pa.concat_tables([pq.read_table(t.io.local_path(f.path)) for f in batch.keys_files])
+    assert keys.column("id").to_pylist() == [3] and keys.column("_deleted").to_pylist() == [True]
+    assert sorted((x["id"], x["name"]) for x in t.to_arrow().to_pylist()) == [(1, "a"), (2, "B"), (4, "d")]

@@ -4,8 +4,8 @@ the row-id columns, and keys files, and reports what it wrote; nothing becomes v
 A task numbered ``task`` assigns ``segment_seq = task`` and ``segment_offset`` = the record's position in
 the task, so a batch's row-id order is its input order (the contract's "position in the batch"); a task
 holding more than one segment's worth of rows continues with ``seq + num_tasks``. Upserts go to data files
-(under partition folders when the table is partitioned; partition columns also stay in the file). In a keyed
-table every record, upsert or delete, also goes to the task's keys file. File names start with the batch's
+(under partition folders when the table is partitioned; partition columns also stay in the file), delete
+records of a keyed table to the task's keys file (none when it has none). File names start with the batch's
 segment part, so a failed landing can remove everything it wrote. The same task runs in a Spark executor
 (:mod:`bitlake.spark.landing`) or on the driver.
 """
@@ -103,9 +103,12 @@ class LandTask:
                             bad_sample = repr(unknown[0].as_py())
                     is_delete = pc.fill_null(pc.equal(op, "delete"), False)
                 if meta.keyed:
-                    keys, hits = _keys(chunk, offsets, self.part, seq, is_delete, meta)
-                    infinite += hits
-                    writer("keys", None).write(keys)
+                    deltas = deltas_as_int(chunk.column(meta.delta_column), meta.delta_type)
+                    infinite += int(np.count_nonzero(deltas == DELTA_INFINITY))
+                    if is_delete is not None and pc.any(is_delete).as_py():
+                        mask = is_delete.to_numpy(zero_copy_only=False)
+                        writer("keys", None).write(_deletes(chunk.filter(is_delete), offsets[mask], deltas[mask],
+                                                            self.part, seq, meta))
                 if is_delete is not None:
                     chunk = chunk.filter(pc.invert(is_delete))
                 chunk = chunk.select(datafile.data_schema(meta).names).cast(datafile.data_schema(meta))
@@ -199,17 +202,15 @@ def _report(**values) -> dict:
     return row
 
 
-def _keys(chunk: pa.Table, offsets: np.ndarray, part: int, seq: int, is_delete, meta: TableMetadata
-          ) -> tuple[pa.Table, int]:
-    """The keys-file rows of a chunk of one segment, and how many delta values were the reserved maximum."""
+def _deletes(rows: pa.Table, offsets: np.ndarray, deltas: np.ndarray, part: int, seq: int, meta: TableMetadata
+             ) -> pa.Table:
+    """The keys-file rows of delete records ``rows`` of one segment, at ``offsets``, with delta values ``deltas``."""
     packed = offsets.astype(np.int64) | np.int64(rowid.segment_key(part, seq))
-    deleted = is_delete if is_delete is not None else pa.array(np.zeros(chunk.num_rows, dtype=bool))
-    deltas = deltas_as_int(chunk.column(meta.delta_column), meta.delta_type)
-    buckets = bucket.buckets(chunk, meta.primary_key, meta.num_buckets)
-    columns = [chunk.column(c) for c in meta.primary_key] + [pa.array(deltas), pa.array(packed), deleted,
-                                                             pa.array(buckets)]
-    infinite = int(np.count_nonzero(deltas == DELTA_INFINITY))
-    return pa.Table.from_arrays(columns, schema=datafile.keys_schema(meta)), infinite
+    columns = [rows.column(c) for c in meta.primary_key] + [
+        pa.array(deltas), pa.array(packed), pa.array(np.ones(rows.num_rows, dtype=bool)),
+        pa.array(bucket.buckets(rows, meta.primary_key, meta.num_buckets)),
+    ]
+    return pa.Table.from_arrays(columns, schema=datafile.keys_schema(meta))
 
 
 def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict]

@@ -7,8 +7,9 @@ events, new segment states (bitmaps) and key-store increments, and counts. Two i
 * the Spark MetaGen (:mod:`bitlake.spark.metagen`) joins the batches with the key-store buckets they touch
   and folds each key with window functions; its cost grows with those buckets;
 * the inline MetaGen (:func:`run_inline`, Opal's "inline metadata update") runs on the driver: it reads the
-  batches' keys files, looks their keys up in the key index (:mod:`bitlake.engine.keyindex`), or for large batches
-  semi-joins them with the key store, and folds them in order with :func:`fold`.
+  batches' records (keys, delta values and row ids of their data files, and their keys files' deletes),
+  looks their keys up in the key index (:mod:`bitlake.engine.keyindex`), or for large batches semi-joins
+  them with the key store, and folds them in order with :func:`fold`.
 
 Both write their files with :func:`write_segments` and :func:`bitlake.format.keystore.write_bucket_files`,
 which the Spark MetaGen calls inside its tasks.
@@ -76,8 +77,8 @@ class MetaGenOutput:
 
 
 def new_segments(batches: list[Landed]) -> dict[tuple[int, int], SegmentState]:
-    """The segments the batches landed: offsets handed out (every record of a keyed table is in its keys
-    files; an unkeyed table has data files only) and rows in data files."""
+    """The segments the batches landed: offsets handed out (one a record: the upserts in data files, the
+    deletes in keys files) and rows in data files."""
     out: dict[tuple[int, int], SegmentState] = {}
     for b in batches:
         for k in b.keys_files:
@@ -86,8 +87,7 @@ def new_segments(batches: list[Landed]) -> dict[tuple[int, int], SegmentState]:
         for f in b.data_files:
             for r in f.segments:
                 s = out.get(r.segment) or SegmentState(r.part, r.seq, 0, 0)
-                offsets = s.offsets if b.keys_files else s.offsets + r.rows
-                out[r.segment] = dataclasses.replace(s, offsets=offsets, data_rows=s.data_rows + r.rows)
+                out[r.segment] = dataclasses.replace(s, offsets=s.offsets + r.rows, data_rows=s.data_rows + r.rows)
     return out
 
 
@@ -196,8 +196,9 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     answers the batch's keys by point lookups when they are few against the key-store rows of their
     buckets; otherwise, or without an index, the driver semi-joins them with those buckets' files."""
     meta = state.metadata
-    paths = [f.path for b in batches for f in b.keys_files]
-    records = pa.concat_tables(thread_map(lambda p: datafile.read_keys(io, p, meta), paths)) if paths else None
+    reads = [(datafile.read_upserts, f.path) for b in batches for f in b.data_files]
+    reads += [(datafile.read_deletes, f.path) for b in batches for f in b.keys_files]
+    records = pa.concat_tables(thread_map(lambda r: r[0](io, r[1], meta), reads)) if reads else None
     if records is None or records.num_rows == 0:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
     groups = min(-(-records.num_rows // GROUP_RECORDS), meta.num_buckets)

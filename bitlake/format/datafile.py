@@ -4,17 +4,20 @@ A data file holds the table's columns in schema order, then the three row-id col
 in offset order; a file may hold rows of several segments, which its entry in the commit lists. A file
 written before columns were added lacks them: readers fill them with nulls.
 
-A keys file holds, for every record a landing task wrote (upserts and deletes), in row-id order: the key
-columns, ``_delta`` (int64), ``_row_id`` (packed), ``_deleted`` and ``_bucket``. MetaGen reads only these.
+A keys file holds the delete records a landing task wrote, in row-id order: the key columns, ``_delta``
+(int64), ``_row_id`` (packed), ``_deleted`` and ``_bucket``. A batch's upserts need no such file: its data
+files hold the same facts (key, delta, row id), and :func:`read_upserts` derives the rest. MetaGen reads a
+batch's records as :func:`read_upserts` of its data files and :func:`read_deletes` of its keys files.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bitlake.format import keystore, rowid
-from bitlake.format.metadata import TableMetadata
+from bitlake.format import bucket, keystore, rowid
+from bitlake.format.metadata import TableMetadata, deltas_as_int
 from bitlake.fs import FileIO
 
 # Row groups hold up to this many rows / bytes of Arrow data: Spark hands a task 10,000-row Arrow batches,
@@ -134,3 +137,32 @@ def read_data(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | N
 
 def read_keys(io: FileIO, path: str, meta: TableMetadata) -> pa.Table:
     return pq.read_table(io.open_input(path), schema=keys_schema(meta))
+
+
+def read_deletes(io: FileIO, path: str, meta: TableMetadata) -> pa.Table:
+    """A keys file's delete records (format v1 writers put every record in keys files: the upserts among
+    them are read from the data files, like every batch's)."""
+    table = read_keys(io, path, meta)
+    return table.filter(table.column(keystore.DELETED))
+
+
+def upsert_columns(meta: TableMetadata) -> list[str]:
+    """The data-file columns an upsert's keys-file row is derived from."""
+    return [*meta.primary_key, meta.delta_column, *rowid.ROW_ID_COLUMNS]
+
+
+def keys_of(rows: pa.Table | pa.RecordBatch, meta: TableMetadata) -> pa.Table:
+    """Keys-file rows (:func:`keys_schema`) of upserts, from their :func:`upsert_columns`."""
+    packed = rowid.pack_arrays(*(rows.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+    columns = [rows.column(c) for c in meta.primary_key] + [
+        pa.array(deltas_as_int(rows.column(meta.delta_column), meta.delta_type)),
+        pa.array(packed),
+        pa.array(np.zeros(rows.num_rows, dtype=bool)),
+        pa.array(bucket.buckets(rows, meta.primary_key, meta.num_buckets)),
+    ]
+    return pa.Table.from_arrays(columns, schema=keys_schema(meta))
+
+
+def read_upserts(io: FileIO, path: str, meta: TableMetadata) -> pa.Table:
+    """The upsert records of a data file as keys-file rows."""
+    return keys_of(read_data(io, path, meta, columns=upsert_columns(meta)), meta)

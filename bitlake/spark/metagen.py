@@ -1,6 +1,7 @@
 """The Spark MetaGen: the second of Opal's two steps as one Spark job per commit.
 
-It reads the batches' keys files (key, delta, row id, delete flag, bucket), joins them with the
+It reads the batches' records (key, delta, row id, delete flag, bucket: derived from the data files' columns
+for upserts, from the keys files for deletes), joins them with the
 key-store buckets the batches touch, and applies the semantics contract per key with window functions:
 
 * records are ordered by ``(batch index, delta, row id)``; the key store's record comes first;
@@ -50,13 +51,13 @@ def run(spark, io: FileIO, state: TableState, batches: list[Landed], version: in
     pk = list(meta.primary_key)
     if not meta.keyed:
         return unkeyed_output(batches)
-    key_paths = [io.uri(f.path) for b in batches for f in b.keys_files]
-    if not key_paths:
+    records = _records(spark, io, meta, batches)
+    if records is None:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
 
     index_of = F.create_map(*[F.lit(x) for i, b in enumerate(batches) for x in (b.part, i)])
     part = F.shiftright(keystore.ROW_ID, rowid.PART_SHIFT).cast("int")
-    batch = spark.read.schema(spark_schema(datafile.keys_schema(meta))).parquet(*key_paths).select(
+    batch = records.select(
         *pk,
         F.col(keystore.DELTA).alias("_d"),
         F.col(keystore.ROW_ID).alias("_rid"),
@@ -111,6 +112,37 @@ def run(spark, io: FileIO, state: TableState, batches: list[Landed], version: in
         return _write(spark, io, state, batches, fold, touched, version)
     finally:
         fold.unpersist()
+
+
+def _records(spark, io: FileIO, meta: TableMetadata, batches: list[Landed]):
+    """The batches' records as keys-file rows: the upserts derived from their data files' columns by the
+    driver's own code (:func:`bitlake.format.datafile.keys_of`) in the tasks, and their keys files' deletes.
+    None when they have none."""
+    from pyspark.sql import functions as F
+
+    from bitlake.spark.schema import spark_schema
+
+    keys_schema = spark_schema(datafile.keys_schema(meta))
+    parts = []
+    data_paths = [io.uri(f.path) for b in batches for f in b.data_files]
+    if data_paths:
+        metadata = meta.to_json()
+
+        def derive(batches_in):
+            m = TableMetadata.from_json(metadata)
+            for rb in batches_in:
+                yield from datafile.keys_of(rb, m).to_batches()
+
+        columns = datafile.data_schema(meta)
+        read = spark.read.format(meta.file_format).schema(
+            spark_schema(pa.schema([columns.field(c) for c in datafile.upsert_columns(meta)])))
+        parts.append(read.load(data_paths).mapInArrow(derive, keys_schema))
+    key_paths = [io.uri(f.path) for b in batches for f in b.keys_files]
+    if key_paths:
+        parts.append(spark.read.schema(keys_schema).parquet(*key_paths).filter(F.col(keystore.DELETED)))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
 
 
 def _write(spark, io, state, batches, fold, touched, version) -> MetaGenOutput:
