@@ -172,3 +172,22 @@ def test_an_index_ahead_of_the_writers_state_sends_it_back_to_refresh(tmp_path, 
     # A writer whose state is behind refreshes and builds again; nothing is lost.
     r = t.ingest(batch([1], ["c"], [3]), inline=True, spark=spark)
     assert r.counts["updated"] == 1 and view(t) == [(1, "c", 3)]
+
+
+@pytest.mark.parametrize("key", [pa.int64(), pa.string()])
+def test_a_large_ingest_writes_sst_files_in_processes_that_answer_every_key(tmp_path, monkeypatch, key):
+    monkeypatch.setattr(keyindex, "_SST_MIN_ROWS", 1)
+    monkeypatch.setattr(keyindex, "_PROCESS_SST_ROWS", 1)  # one process per core, whatever the size
+    monkeypatch.setattr(keyindex, "threads", lambda: 3)
+    schema = pa.schema([("id", key), ("v", pa.string()), ("mod", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="mod")
+    ids = [i * 7919 % 1000 for i in range(1000)]
+    t.ingest(pa.table({"id": pa.array(ids).cast(key), "v": [str(i) for i in ids], "mod": [1] * 1000}))
+    with keyindex.KeyIndex(t.io, t.metadata) as index:
+        assert index.version == t.version
+        assert len([f for f in index.db.live_files() if f["start_key"].startswith(b"\x01")]) == 3  # a file a process
+        wanted = pa.table({"id": pa.array([5, 999, 1000, 0, -1]).cast(key)})
+        found, deltas, _, deleted = index.lookup(encode_keys(wanted, ["id"]))
+    assert found.tolist() == [True, True, False, True, False]
+    assert deltas[found].tolist() == [1, 1, 1] and not deleted.any()
+    assert not [p for p in (tmp_path / "t" / "_bitlake" / "index").iterdir() if p.name.startswith("ingest-")]

@@ -198,7 +198,7 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     meta = state.metadata
     reads = [(datafile.read_upserts, f.path) for b in batches for f in b.data_files]
     reads += [(datafile.read_deletes, f.path) for b in batches for f in b.keys_files]
-    records = pa.concat_tables(thread_map(lambda r: r[0](io, r[1], meta), reads)) if reads else None
+    records = pa.concat_tables(thread_map(lambda r: r[0](io, r[1], meta), reads)).combine_chunks() if reads else None
     if records is None or records.num_rows == 0:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
     groups = min(-(-records.num_rows // GROUP_RECORDS), meta.num_buckets)
@@ -248,17 +248,17 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
     deleted = records.column(keystore.DELETED).to_numpy(zero_copy_only=False)
     # Codes number the distinct keys; ``first`` holds a record of each, and the index answers in code order.
     codes, first = key_codes(records, pk)
-    distinct = records.take(pa.array(first))
-    buckets = pc.unique(distinct.column(keystore.BUCKET)).to_pylist()
-    stored_rows = sum(f.rows for b in buckets for f in state.keystore.get(b, []))
-    if stored_rows == 0:
+    buckets = np.flatnonzero(np.bincount(records.column(keystore.BUCKET).to_numpy(), minlength=meta.num_buckets))
+    stored_rows = sum(f.rows for b in buckets.tolist() for f in state.keystore.get(b, []))
+    if stored_rows == 0:  # a load: nothing to look up
         k = len(first)
         found, prior_d, prior_rid, prior_deleted = np.zeros(k, bool), np.zeros(k, np.int64), np.zeros(k, np.int64), \
             np.zeros(k, bool)
     elif index is not None and len(first) * LOOKUP_COST_IN_ROWS <= stored_rows:
-        found, prior_d, prior_rid, prior_deleted = index.lookup(encode_keys(distinct, pk))
+        found, prior_d, prior_rid, prior_deleted = index.lookup(encode_keys(records.take(pa.array(first)), pk))
     else:
-        found, prior_d, prior_rid, prior_deleted = _scan_keystore(io, state, distinct, buckets)
+        found, prior_d, prior_rid, prior_deleted = _scan_keystore(io, state, records.take(pa.array(first)),
+                                                                  buckets.tolist())
 
     f = fold(codes, deltas, rids, deleted, bidx, found, prior_d, prior_rid, prior_deleted)
     upsert = ~f.deleted
@@ -276,7 +276,9 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
         "event": np.full(len(t_parts), segmentlog.SET_VALID_UNTIL, np.int8),
         "t": f.delta[f.until], "cause": f.rid[f.until], "batch_index": f.batch[f.until].astype(np.int32),
     })
-    latest = records.take(pa.array(np.sort(f.final), pa.int64()))
+    final = np.sort(f.final)
+    # Every record its key's last accepted one (a load of distinct keys): the key-store rows are the records.
+    latest = records if len(final) == records.num_rows else records.take(pa.array(final, pa.int64()))
     ks_rows = latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
         keystore.VERSION, pa.array(np.full(latest.num_rows, version, dtype=np.int64))
     )

@@ -148,6 +148,7 @@ def read_deletes(io: FileIO, path: str, meta: TableMetadata) -> pa.Table:
 
 def upsert_columns(meta: TableMetadata) -> list[str]:
     """The data-file columns an upsert's keys-file row is derived from."""
+    assert meta.delta_column is not None  # a keyed table has one
     return [*meta.primary_key, meta.delta_column, *rowid.ROW_ID_COLUMNS]
 
 
