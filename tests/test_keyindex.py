@@ -175,10 +175,11 @@ def test_an_index_ahead_of_the_writers_state_sends_it_back_to_refresh(tmp_path, 
 
 
 @pytest.mark.parametrize("key", [pa.int64(), pa.string()])
-def test_a_large_ingest_writes_sst_files_in_processes_that_answer_every_key(tmp_path, monkeypatch, key):
+def test_a_large_ingest_writes_sst_files_in_processes_and_lookups_on_threads_answer_every_key(tmp_path, monkeypatch, key):
     monkeypatch.setattr(keyindex, "_SST_MIN_ROWS", 1)
     monkeypatch.setattr(keyindex, "_PROCESS_SST_ROWS", 1)  # one process per core, whatever the size
     monkeypatch.setattr(keyindex, "threads", lambda: 3)
+    monkeypatch.setattr(keyindex, "_LOOKUP_CHUNK", 1)  # the lookups below run as three runs on threads
     schema = pa.schema([("id", key), ("v", pa.string()), ("mod", pa.int64())])
     t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="mod")
     ids = [i * 7919 % 1000 for i in range(1000)]
