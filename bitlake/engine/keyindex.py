@@ -111,14 +111,13 @@ def fixed_width(table: pa.Table, primary_key: list[str]) -> bool:
     return all(_fixed(table.schema.field(c).type) for c in primary_key)
 
 
-def key_order(table: pa.Table, primary_key: list[str], keys: list[bytes] | None = None) -> np.ndarray:
-    """Row indices in the byte order of the rows' encoded keys (:func:`encode_keys`, or ``keys`` when the
-    caller has them), ties in row order."""
+def key_order(table: pa.Table, primary_key: list[str]) -> np.ndarray:
+    """Row indices in the byte order of the rows' encoded keys (:func:`encode_keys`), ties in row order."""
     if fixed_width(table, primary_key):
         # Big-endian two's complement compares bytewise as the unsigned value with the sign bit flipped.
         flip = np.uint64(1 << 63)
         return np.lexsort([_as_int64(table.column(c)).view(np.uint64) ^ flip for c in reversed(primary_key)])
-    keys = keys if keys is not None else encode_keys(table, primary_key)
+    keys = encode_keys(table, primary_key)
     return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
 
 
