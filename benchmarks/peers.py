@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import multiprocessing
 import os
 import shlex
 import shutil
@@ -237,6 +238,17 @@ def prepare(sf: float, folder: Path, quick: bool) -> dict:
             "expected": maker.expected(), "runs": 1 if quick else 3, "warmup": not quick}
     (folder / "spec.json").write_text(json.dumps(spec, indent=1))
     return spec
+
+
+def prepare_apart(sf: float, folder: Path, quick: bool) -> dict:
+    """:func:`prepare` in a process of its own: the tables it builds (11 GB at scale factor 10) would stay in
+    this process's memory beside every system's worker, which the kernel killed at SF 10."""
+    child = multiprocessing.get_context("spawn").Process(target=prepare, args=(sf, folder, quick))
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise RuntimeError(f"generating the batches of SF {sf_text(sf)} failed (exit code {child.exitcode})")
+    return json.loads((folder / "spec.json").read_text())
 
 
 # --------------------------------------------------------------------------------------- systems
@@ -1041,13 +1053,39 @@ def targets(records) -> list[dict]:
                     q = find(records, p, sf, "upsert", f)
                     faster.append((p, q["wall_s"] if q and not q.get("error") else None))
                 text = ", ".join(
-                    f"{p} {num(w, '.1f') if w is not None else cell_error(find(records, p, sf, 'upsert', f))}"
+                    f"{p} {num(w, '.2f') if w is not None else cell_error(find(records, p, sf, 'upsert', f))}"
                     for p, w in faster)
-                lower = all(w is None or r["wall_s"] < w for _, w in faster)
-                status = ("met" if lower else "MISSED") if sf >= 1 else "not assessed (scale factor below 1)"
-                out.append({"target": "upsert wall time lower than every peer's (scale factor 1 and above)",
-                            "system": mode, "scale_factor": sf,
-                            "figure": f"{fraction_text(f)}: {mode} {r['wall_s']:.1f} s; {text}", "status": status})
+                figure = f"{fraction_text(f)}: {mode} {r['wall_s']:.2f} s; {text}"
+                if sf >= 3:
+                    lower = all(w is None or r["wall_s"] < w for _, w in faster)
+                    out.append({"target": "upsert faster than every peer (scale factors 3 and 10)", "system": mode,
+                                "scale_factor": sf, "figure": figure, "status": "met" if lower else "MISSED"})
+                lance = dict(faster).get("lance")
+                if sf == 1 and lance:
+                    out.append({"target": "upsert within 1.5x of lance (scale factor 1)", "system": mode,
+                                "scale_factor": sf, "figure": f"{figure}: {r['wall_s'] / lance:.2f}x lance",
+                                "status": "met" if r["wall_s"] <= 1.5 * lance else "MISSED"})
+                amp = amplification(r)
+                if amp is not None:
+                    out.append({"target": "write amplification at most 1.5 on every batch", "system": mode,
+                                "scale_factor": sf, "figure": f"{fraction_text(f)}: {amp:.2f}",
+                                "status": "met" if amp <= 1.5 else "MISSED"})
+            r = find(records, mode, sf, "load")
+            loads = [(q["wall_s"], p) for p in peers
+                     if (q := find(records, p, sf, "load")) and not q.get("error") and q.get("wall_s")]
+            if r and not r.get("error") and loads:
+                best, peer = min(loads)
+                out.append({"target": "base load at most 1.5x the fastest peer's", "system": mode,
+                            "scale_factor": sf, "figure": f"{mode} {r['wall_s']:.1f} s; {peer} {best:.1f} s: "
+                                                          f"{r['wall_s'] / best:.2f}x",
+                            "status": "met" if r["wall_s"] <= 1.5 * best else "MISSED"})
+        small = [(sf, find(records, mode, sf, "upsert", UPSERT_FRACTIONS[0])) for sf in sfs]
+        small = [(sf, r["wall_s"]) for sf, r in small if r and not r.get("error")]
+        if 1 in dict(small) and 10 in dict(small):
+            w1, w10 = dict(small)[1], dict(small)[10]
+            out.append({"target": "the 0.1 % batch within 1.5x between scale factors 1 and 10", "system": mode,
+                        "scale_factor": 10, "figure": f"{w1:.2f} s at SF 1, {w10:.2f} s at SF 10: {w10 / w1:.2f}x",
+                        "status": "met" if w10 <= 1.5 * w1 else "MISSED"})
         # Same-size batches on tables of different sizes: SF a with fraction x and SF b with x * a / b.
         pairs = []
         for a in sfs:
@@ -1383,7 +1421,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         log(f"SF {sf_text(sf)}: generating the batches")
-        spec = prepare(sf, work, args.quick)
+        spec = prepare_apart(sf, work, args.quick)
         new["expected"][sf_text(sf)] = spec["expected"]
         sf_records = []
         for system in systems:

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -39,10 +40,12 @@ def main() -> None:
     import lance
     from deltalake import write_deltalake
 
-    data = pq.read_table(base)
-    write_deltalake(str(work / "delta"), data)
-    lance.write_dataset(data, str(work / "source.lance"))
-    del data
+    def stream():
+        source = pq.ParquetFile(base)
+        return pa.RecordBatchReader.from_batches(source.schema_arrow, source.iter_batches())
+
+    write_deltalake(str(work / "delta"), stream())
+    lance.write_dataset(stream(), str(work / "source.lance"))
 
     def timed(name, fn):
         t0 = time.perf_counter()
@@ -52,7 +55,9 @@ def main() -> None:
     def load():
         t = bitlake.create_table(str(work / "load"), pq.read_schema(base), primary_key=PRIMARY_KEY,
                                  delta_column=DELTA, num_buckets=NUM_BUCKETS)
-        return t.ingest(pq.read_table(base), batch_id="base").counts["inserted"]
+        inserted = t.ingest(pq.read_table(base), batch_id="base").counts["inserted"]
+        pa.default_memory_pool().release_unused()  # the file read, before the conversions
+        return inserted
 
     def convert(source, target):
         return lambda: bitlake.convert(str(source), str(work / target), primary_key=PRIMARY_KEY, delta_column=DELTA,
