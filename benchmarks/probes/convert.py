@@ -1,6 +1,6 @@
 """Probe: ``bitlake.convert`` of the peers' base batch (TPC-H lineitem with ``l_delta``) from a Parquet file, a
-Delta table and a lance dataset, against the load of the same file by ``t.ingest(pq.read_table(file))``, all
-in this process one after the other; prints each wall time and the peak RSS.
+Delta table and a lance dataset, against the load of the same file by ``t.ingest(pq.read_table(file))``, each
+in a process of its own, one after the other; prints each wall time and peak RSS.
 
 The Delta table and the lance dataset are written from the file first (not timed). Run
 ``benchmarks/peers.py`` for the scale factor first: it writes the base batch.
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import resource
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,12 +29,18 @@ import bitlake  # noqa: E402
 NUM_BUCKETS = 16  # as the peers' bitlake tables
 
 
+STEPS = ("load", "parquet", "delta", "lance")
+
+
 def main() -> None:
     sf = float(sys.argv[1])
     base = ROOT / "benchmarks" / "work" / "peers" / f"sf{sf_text(sf)}" / "batches" / "0-base.parquet"
     if not base.exists():
-        sys.exit(f"{base} is missing: run benchmarks/peers.py --scale-factors {sf_text(sf)} first")
+        sys.exit(f"{base} is missing: run benchmarks/peers.py --scale-factors {sf_text(sf)} --keep-work first")
     work = ROOT / "benchmarks" / "work" / "probes" / f"convert-sf{sf_text(sf)}"
+    if len(sys.argv) > 2:  # one step, in a process of its own (its peak RSS is its own)
+        step(sys.argv[2], base, work)
+        return
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
 
@@ -46,29 +53,25 @@ def main() -> None:
 
     write_deltalake(str(work / "delta"), stream())
     lance.write_dataset(stream(), str(work / "source.lance"))
+    for name in STEPS:
+        subprocess.run([sys.executable, __file__, sys.argv[1], name], check=True)
+    shutil.rmtree(work, ignore_errors=True)
 
-    def timed(name, fn):
-        t0 = time.perf_counter()
-        rows = fn()
-        print(f"{name}: {time.perf_counter() - t0:.1f} s, {rows} rows", flush=True)
 
-    def load():
+def step(name: str, base: Path, work: Path) -> None:
+    t0 = time.perf_counter()
+    if name == "load":
+        what = "load (t.ingest(pq.read_table(file)))"
         t = bitlake.create_table(str(work / "load"), pq.read_schema(base), primary_key=PRIMARY_KEY,
                                  delta_column=DELTA, num_buckets=NUM_BUCKETS)
-        inserted = t.ingest(pq.read_table(base), batch_id="base").counts["inserted"]
-        pa.default_memory_pool().release_unused()  # the file read, before the conversions
-        return inserted
-
-    def convert(source, target):
-        return lambda: bitlake.convert(str(source), str(work / target), primary_key=PRIMARY_KEY, delta_column=DELTA,
-                                       num_buckets=NUM_BUCKETS).rows
-
-    timed("load (t.ingest(pq.read_table(file)))", load)
-    timed("convert Parquet file", convert(base, "from-parquet"))
-    timed("convert Delta table", convert(work / "delta", "from-delta"))
-    timed("convert lance dataset", convert(work / "source.lance", "from-lance"))
-    print("peak RSS MB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)
-    shutil.rmtree(work, ignore_errors=True)
+        rows = t.ingest(pq.read_table(base), batch_id="base").counts["inserted"]
+    else:
+        source = {"parquet": base, "delta": work / "delta", "lance": work / "source.lance"}[name]
+        what = f"convert {name}"
+        rows = bitlake.convert(str(source), str(work / f"from-{name}"), primary_key=PRIMARY_KEY, delta_column=DELTA,
+                               num_buckets=NUM_BUCKETS).rows
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+    print(f"{what}: {time.perf_counter() - t0:.1f} s, {rows} rows, peak RSS {peak} MB", flush=True)
 
 
 if __name__ == "__main__":
