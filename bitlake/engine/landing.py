@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bitlake.errors import InvalidInputError, NullValueError, UnknownOperationError
-from bitlake.format import bucket, datafile, layout, rowid
+from bitlake.format import datafile, layout, rowid
 from bitlake.format.commit import DataFile, KeysFile, SegmentRows
 from bitlake.format.metadata import DELTA_INFINITY, OP_COLUMN, OPERATIONS, TableMetadata, deltas_as_int
 from bitlake.fs import FileIO
@@ -206,11 +206,7 @@ def _deletes(rows: pa.Table, offsets: np.ndarray, deltas: np.ndarray, part: int,
              ) -> pa.Table:
     """The keys-file rows of delete records ``rows`` of one segment, at ``offsets``, with delta values ``deltas``."""
     packed = offsets.astype(np.int64) | np.int64(rowid.segment_key(part, seq))
-    columns = [rows.column(c) for c in meta.primary_key] + [
-        pa.array(deltas), pa.array(packed), pa.array(np.ones(rows.num_rows, dtype=bool)),
-        pa.array(bucket.buckets(rows, meta.primary_key, meta.num_buckets)),
-    ]
-    return pa.Table.from_arrays(columns, schema=datafile.keys_schema(meta))
+    return datafile.keys_rows(rows, meta, deltas, packed, True)
 
 
 def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict]

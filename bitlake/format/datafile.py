@@ -152,16 +152,21 @@ def upsert_columns(meta: TableMetadata) -> list[str]:
     return [*meta.primary_key, meta.delta_column, *rowid.ROW_ID_COLUMNS]
 
 
-def keys_of(rows: pa.Table | pa.RecordBatch, meta: TableMetadata) -> pa.Table:
-    """Keys-file rows (:func:`keys_schema`) of upserts, from their :func:`upsert_columns`."""
-    packed = rowid.pack_arrays(*(rows.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+def keys_rows(rows: pa.Table | pa.RecordBatch, meta: TableMetadata, deltas: np.ndarray, packed: np.ndarray,
+              deleted: bool) -> pa.Table:
+    """Keys-file rows (:func:`keys_schema`) of records ``rows`` (their key columns), with their int64 delta
+    values and packed row ids; the bucket is computed from the keys."""
     columns = [rows.column(c) for c in meta.primary_key] + [
-        pa.array(deltas_as_int(rows.column(meta.delta_column), meta.delta_type)),
-        pa.array(packed),
-        pa.array(np.zeros(rows.num_rows, dtype=bool)),
+        pa.array(deltas), pa.array(packed), pa.array(np.full(rows.num_rows, deleted, dtype=bool)),
         pa.array(bucket.buckets(rows, meta.primary_key, meta.num_buckets)),
     ]
     return pa.Table.from_arrays(columns, schema=keys_schema(meta))
+
+
+def keys_of(rows: pa.Table | pa.RecordBatch, meta: TableMetadata) -> pa.Table:
+    """Keys-file rows of upserts, from their :func:`upsert_columns`."""
+    packed = rowid.pack_arrays(*(rows.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+    return keys_rows(rows, meta, deltas_as_int(rows.column(meta.delta_column), meta.delta_type), packed, False)
 
 
 def read_upserts(io: FileIO, path: str, meta: TableMetadata) -> pa.Table:
