@@ -69,14 +69,20 @@ def open_source(location: str, kind: str | None = None) -> Source:
 
 def _parquet(location: str) -> Source:
     import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
 
+    folder = os.path.isdir(location)
     try:
-        dataset = ds.dataset(location, format="parquet", partitioning="hive", exclude_invalid_files=False)
+        dataset = ds.dataset(location, format="parquet", partitioning="hive" if folder else None,
+                             exclude_invalid_files=False)
+        if not dataset.files:
+            raise InvalidInputError(f"{location} holds no Parquet files")
+        # pyarrow's Hive partitioning reports every column when no folder names one: the partition columns
+        # are the dataset's columns that the files themselves do not hold.
+        in_files = set(pq.read_schema(dataset.files[0]).names)
     except (pa.ArrowInvalid, OSError) as e:
         raise InvalidInputError(f"{location} is not a Parquet file or folder: {e}") from None
-    partition_columns = tuple(dataset.partitioning.schema.names) if dataset.partitioning is not None else ()
-    if not dataset.files:
-        raise InvalidInputError(f"{location} holds no Parquet files")
+    partition_columns = tuple(n for n in dataset.schema.names if n not in in_files) if folder else ()
     return Source("parquet", location, dataset.schema, partition_columns, lambda: dataset.scanner().to_reader())
 
 

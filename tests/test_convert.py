@@ -78,9 +78,18 @@ def test_convert_keeps_every_key_by_the_contract(tmp_path, kind, writer):
     if writer is write_hive:
         assert r.table.metadata.partition_by == ("region",)
         assert sorted(os.listdir(tmp_path / "t" / "data")) == ["region=eu", "region=us"]
+    else:  # pyarrow's Hive discovery names every column of an unpartitioned folder: none may become a partition
+        assert r.table.metadata.partition_by == (), r.table.metadata.partition_by
     # The table goes on as any other: an upsert after the conversion.
     r.table.ingest(pa.table({"id": [4], "region": ["us"], "value": [41], "mod": [5]}))
     assert current(r.table) == {**EXPECTED, 4: 41}
+
+
+def test_convert_a_single_parquet_file(tmp_path):
+    pq.write_table(ROWS, tmp_path / "rows.parquet")
+    r = bitlake.convert(str(tmp_path / "rows.parquet"), str(tmp_path / "t"), primary_key=["id"], delta_column="mod")
+    assert r.source_kind == "parquet" and r.table.metadata.partition_by == () and r.duplicates == 2
+    assert current(r.table) == EXPECTED
 
 
 def test_convert_an_iceberg_metadata_file_and_an_unkeyed_table(tmp_path):

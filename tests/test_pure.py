@@ -752,6 +752,8 @@ def test_state_does_not_skip_versions():
         (dict(num_buckets=65537), "num_buckets"),
         (dict(partition_by=("x",)), "partition column 'x'"),
         (dict(schema=SCHEMA.append(pa.field("f", pa.float64())), partition_by=("f",)), "cannot partition"),
+        (dict(partition_by=("mod",)), "delta column 'mod' cannot partition"),
+        (dict(primary_key=(), delta_column=None, partition_by=tuple(SCHEMA.names)), "leaves no column"),
         (dict(properties={"nope": "1"}), "unknown table property"),
         (dict(properties={"checkpoint.interval": "often"}), "must be a number"),
         (dict(name=""), "non-empty name"),

@@ -120,7 +120,12 @@ class TableMetadata:
                 raise InvalidInputError(
                     f"delta column {self.delta_column!r} has type {t}; it must be an integer, a date or a timestamp"
                 )
+        if self.partition_by and len(set(self.partition_by)) >= len(names):
+            raise InvalidInputError(f"partition_by {list(self.partition_by)} leaves no column in the data files")
         for col in self.partition_by:
+            if col == self.delta_column:
+                raise InvalidInputError(f"the delta column {col!r} cannot partition the table: a key's records "
+                                        "would move between partitions")
             if col not in names:
                 raise InvalidInputError(f"partition column {col!r} is not in the schema")
             t = self.schema.field(col).type
