@@ -2,8 +2,8 @@
 Delta table and a lance dataset, against the load of the same file by ``t.ingest(pq.read_table(file))``, each
 in a process of its own, one after the other; prints each wall time and peak RSS.
 
-The Delta table and the lance dataset are written from the file first (not timed). Run
-``benchmarks/peers.py`` for the scale factor first: it writes the base batch.
+The Delta table and the lance dataset are written from the file first (not timed). The base batch is the one
+``benchmarks/peers.py --keep-work`` left, or generated as it does when missing.
 
     .venv/bin/python benchmarks/probes/convert.py SF
 """
@@ -35,12 +35,12 @@ STEPS = ("load", "parquet", "delta", "lance")
 def main() -> None:
     sf = float(sys.argv[1])
     base = ROOT / "benchmarks" / "work" / "peers" / f"sf{sf_text(sf)}" / "batches" / "0-base.parquet"
-    if not base.exists():
-        sys.exit(f"{base} is missing: run benchmarks/peers.py --scale-factors {sf_text(sf)} --keep-work first")
     work = ROOT / "benchmarks" / "work" / "probes" / f"convert-sf{sf_text(sf)}"
     if len(sys.argv) > 2:  # one step, in a process of its own (its peak RSS is its own)
         step(sys.argv[2], base, work)
         return
+    if not base.exists():  # generated in a process of its own, which frees the table's memory when done
+        subprocess.run([sys.executable, __file__, sys.argv[1], "base"], check=True)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
 
@@ -59,6 +59,11 @@ def main() -> None:
 
 
 def step(name: str, base: Path, work: Path) -> None:
+    if name == "base":
+        import core
+
+        core.write_parquet(core.load_base(core.lineitem(float(sys.argv[1]))), base)
+        return
     t0 = time.perf_counter()
     if name == "load":
         what = "load (t.ingest(pq.read_table(file)))"
