@@ -14,6 +14,7 @@ POINTS = (
     "after_claim",  # a segment part is claimed, nothing landed
     "after_landing",  # data files written, no commit references them
     "after_metagen",  # logs, bitmaps and key-store files written, not committed
+    "after_compaction_write",  # a compaction's files written, not committed
     "after_commit",  # the commit file exists; the writer never returns
     "in_index_update",  # committed; the key index holds the commit's entries but not yet its version
 )

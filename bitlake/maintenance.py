@@ -22,6 +22,7 @@ def referenced(io: FileIO, latest: int) -> set[str]:
     for v in range(latest + 1):
         c = commitlog.read(io, v)
         out.update(f.path for f in c.add_files)
+        out.update(f.offsets for f in c.add_files if f.offsets)
         out.update(f.path for b in c.batches for f in b.keys_files)
         out.update(f.path for f in c.logs)
         out.update(s.bitmap for s in c.segments if s.bitmap)

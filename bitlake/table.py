@@ -275,6 +275,19 @@ class Table:
         """
         return maintenance.cleanup(self.io, self.refresh(), min_age_seconds=min_age_seconds, dry_run=dry_run)
 
+    def compact(self, *, target_file_bytes: int | None = None, dry_run: bool = False,
+                progress=None) -> Any:
+        """Minor compaction (docs/maintenance.md): rewrites the small data files and those with many superseded
+        rows into files of about ``target_file_bytes`` (default: the ``compact.target_file_bytes`` property),
+        current rows apart from superseded ones, every row keeping its row id: no view, at any version or
+        event time, and no change range changes. Returns a :class:`~bitlake.engine.compaction.CompactResult`
+        (``version`` None: nothing was worth it); with ``dry_run``, a dict of what it would rewrite.
+        ``progress`` is called with the rows of each file as it is rewritten."""
+        from bitlake.engine import compaction
+
+        return compaction.compact(self.io, self.refresh, target_file_bytes=target_file_bytes, dry_run=dry_run,
+                                  progress=progress)
+
     def upgrade(self) -> int | None:
         """Upgrades a format v1 table to format v2 in one commit; returns its version (None: already v2)."""
         c = maintenance.upgrade(self.io, self.refresh)

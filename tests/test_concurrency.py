@@ -113,3 +113,37 @@ def test_same_batch_id_from_two_writers(tmp_path, spark, procs):
     assert table.version == 2
     harness.check_view(table, {"base": base, "dup": dup}, spark)
     assert harness.orphans(table) == [], "the writer that found the batch committed removed its files"
+
+
+def test_ingest_and_compaction_at_once(tmp_path, spark, procs):
+    """Writers ingest while two others compact the same files: every batch commits once, the compactions
+    that lose the files to the other give up cleanly, and the view equals the oracle."""
+    table = harness.create(tmp_path / "t", num_buckets=2)
+    rng = random.Random(7)
+    batches: dict[str, list[list]] = {}
+    for i in range(4):  # four small files, with superseded rows: worth compacting
+        batches[f"base{i}"] = make_batch(rng, f"base{i}")
+        table.ingest(harness.batch_table(batches[f"base{i}"]), op_column="op", batch_id=f"base{i}")
+    plans = {
+        "w0": [("w0-b0", True), ("w0-b1", True)],
+        "w1": [("w1-b0", False), ("w1-b1", True)],
+    }
+    for name, plan in plans.items():
+        steps = []
+        for batch_id, metagen in plan:
+            batches[batch_id] = make_batch(rng, batch_id)
+            steps.append({"op": "ingest", "batch_id": batch_id, "rows": batches[batch_id], "metagen": metagen})
+        procs.append(Writer(tmp_path, name, table.path, steps, barrier=True))
+    for name in ("c0", "c1"):
+        procs.append(Writer(tmp_path, name, table.path, [{"op": "compact"}, {"op": "compact"}], barrier=True))
+    harness.release(tmp_path, procs)
+    harness.run_all(procs)
+
+    history = harness.check_log(table)
+    compactions = [c["version"] for c in history if c["operation"] == "COMPACT"]
+    acked = [a["version"] for w in procs if w.name.startswith("c") for a in w.acks() if a["version"] is not None]
+    assert compactions and sorted(acked) == compactions, "every committed compaction is acknowledged, once"
+    assert {b for c in history for b in c["processed"]} == set(batches)
+    expected = harness.check_view(table, batches, spark)
+    assert harness.arrow_rows(bitlake.open_table(table.path)) == expected
+    assert harness.orphans(table) == [], "a compaction that gave up removed what it wrote"

@@ -38,9 +38,13 @@ BATCHES = {"b0": B0, "b1": B1, "b2": B2}
 
 # case -> (crash point, what the writer does): "ingest" (metagen=True), "land" (metagen=False), or
 # "metagen" (b1 already landed pending; the writer runs Table.metagen()).
-CASES = {f"ingest-{p}": (p, "ingest") for p in faults.POINTS}
+INGEST_POINTS = [p for p in faults.POINTS if p != "after_compaction_write"]
+CASES = {f"ingest-{p}": (p, "ingest") for p in INGEST_POINTS}
 CASES["land-after_landing"] = ("after_landing", "land")
 CASES["metagen-after_metagen"] = ("after_metagen", "metagen")
+# "compact": b1 is committed; the writer runs Table.compact(), which rewrites both batches' files.
+CASES["compact-after_compaction_write"] = ("after_compaction_write", "compact")
+CASES["compact-after_commit"] = ("after_commit", "compact")
 PARALLEL_WRITERS = 3
 
 
@@ -71,6 +75,9 @@ def crashed(tmp_path_factory, spark):
             r = ingest(bitlake.open_table(str(path)), "b1", metagen=False, spark=spark)
             assert (r.version, r.committed, r.visible) == (2, True, False)
             steps = [{"op": "metagen"}]
+        elif mode == "compact":
+            assert ingest(bitlake.open_table(str(path)), "b1", spark=spark).version == 2
+            steps = [{"op": "compact"}]
         else:
             steps = [{"op": "ingest", "batch_id": "b1", "rows": B1, "metagen": mode == "ingest"}]
         todo.append((name, path, steps, point))
@@ -121,7 +128,7 @@ def cleanup_and_check(table, spark, expected_removed: list[str], expected_rows: 
         assert harness.check_view(reopened, BATCHES, spark) == harness.oracle([B0, B1, B2])[0]
 
 
-@pytest.mark.parametrize("point", faults.POINTS)
+@pytest.mark.parametrize("point", INGEST_POINTS)
 def test_crash_during_ingest(crashed, spark, point):
     path, writer = crashed[f"ingest-{point}"]
     check_died(writer)
@@ -198,3 +205,23 @@ def test_crash_during_metagen_of_pending_batch(crashed, spark):
     assert expected == harness.oracle([B0, B1])[0]
     assert harness.orphans(table) == left
     cleanup_and_check(table, spark, left, expected, then_ingest=True)
+
+
+@pytest.mark.parametrize("point", ["after_compaction_write", "after_commit"])
+def test_crash_during_compaction(crashed, spark, point):
+    path, writer = crashed[f"compact-{point}"]
+    check_died(writer)
+    table = bitlake.open_table(path)
+    expected = harness.oracle([B0, B1])[0]
+    assert harness.check_view(table, BATCHES, spark) == expected
+    before = {p for p in harness.orphans(table)}
+    if point == "after_compaction_write":
+        # The table is at its last commit; the dead compaction's files are leftovers, and a rerun completes it.
+        assert table.version == 2 and before and all(p.startswith(("data/c-", "_bitlake/bitmaps/")) for p in before)
+        assert table.compact().version == 3
+        cleanup_and_check(table, spark, sorted(before), expected, then_ingest=True)
+    else:
+        # The commit landed: nothing is left over, and a rerun finds nothing worth doing.
+        assert table.version == 3 and table.history()[0]["operation"] == "COMPACT" and before == set()
+        assert table.compact().version is None
+        cleanup_and_check(table, spark, [], expected, then_ingest=True)

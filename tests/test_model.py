@@ -2,7 +2,8 @@
 
 Each batch lands on the driver (Arrow input, or a small Spark DataFrame collected) or in a Spark job, and
 its MetaGen runs in Spark, or inline with the key index's point lookups, or inline with a scan of the key
-store (folding in groups of buckets), at random, so one table mixes them all and each must continue from what the others committed."""
+store (folding in groups of buckets), at random, so one table mixes them all and each must continue from what the others committed. Minor
+compactions run at random points between batches."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ batch = st.tuples(
     st.booleans(),  # retry the batch id afterwards
     st.sampled_from(["spark", "inline-lookups", "inline-scan"]),  # how MetaGen runs
     st.sampled_from(["arrow", "collected", "spark-job"]),  # how the batch lands
+    st.booleans(),  # compact afterwards
 )
 
 
@@ -83,7 +85,7 @@ def test_random_batches_match_the_oracle(spark, kind, monkeypatch):
             oracle = Oracle()
             pending = []
             driver_max_bytes = None
-            for i, (records, now, retry, mode, landing) in enumerate(batches):
+            for i, (records, now, retry, mode, landing, compact) in enumerate(batches):
                 data = _arrow(records, key_type, delta_type, to_delta)
                 if landing != "arrow":
                     wanted = "0" if landing == "spark-job" else str(1 << 30)
@@ -119,6 +121,10 @@ def test_random_batches_match_the_oracle(spark, kind, monkeypatch):
                     assert not again.committed
                     if now:
                         assert again.version == result.version
+                if compact:
+                    t.compact()
+                    if now:
+                        _check(t, oracle, spark=None)
             if pending:
                 t.metagen(spark=spark)
                 for _, recs in pending:

@@ -1,4 +1,5 @@
-"""The table commands: create, ingest, metagen, show, changes, history, describe, cleanup, upgrade."""
+"""The table commands: create, ingest, metagen, show, changes, history, describe, cleanup, compact, convert,
+upgrade."""
 
 from __future__ import annotations
 
@@ -231,6 +232,26 @@ def cmd_cleanup(args, out: Console, err: Console) -> None:
     say(out, f"{verb} {len(removed)} unreferenced file(s)")
 
 
+def cmd_compact(args, out: Console, err: Console) -> None:
+    from rich.progress import Progress
+
+    table = bitlake.open_table(args.path)
+    plan = table.compact(target_file_bytes=args.target_file_bytes, dry_run=True)
+    if args.dry_run or not plan["files"]:
+        verb = "would rewrite" if plan["files"] else "nothing to compact:"
+        say(out, f"{verb} {plan['files']} file(s), {plan['rows']} rows, {plan['bytes']} bytes in "
+                 f"{plan['partitions']} partition(s)")
+        return
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("compacting", total=plan["rows"])
+        r = table.compact(target_file_bytes=args.target_file_bytes, progress=lambda rows: bar.advance(task, rows))
+    if r.version is None:
+        say(out, "nothing compacted: another compaction replaced the files first")
+        return
+    say(out, f"version {r.version}: {r.removed_files} file(s) ({r.bytes_removed} bytes) rewritten into "
+             f"{r.added_files} ({r.bytes_written} bytes): {r.current_rows} current rows, {r.history_rows} superseded")
+
+
 def cmd_convert(args, out: Console, err: Console) -> None:
     from bitlake.bootstrap import convert
 
@@ -319,6 +340,12 @@ def add_parsers(sub) -> None:
                    help="keep younger files: a running job may still commit them (default 3600)")
     k.add_argument("--dry-run", action="store_true", help="list the files without removing them")
     k.set_defaults(run=cmd_cleanup)
+
+    m = sub.add_parser("compact", help="rewrite small data files and those with many superseded rows")
+    m.add_argument("path", help=path_help)
+    m.add_argument("--target-file-bytes", type=int, help="size of the files written (default: table property)")
+    m.add_argument("--dry-run", action="store_true", help="say what would be rewritten, rewrite nothing")
+    m.set_defaults(run=cmd_compact)
 
     v = sub.add_parser("convert",
                        help="create a table from a Parquet folder, a Delta or Iceberg table or a lance dataset")

@@ -89,20 +89,27 @@ def revived(io: FileIO, state: TableState, valid_at: int) -> dict[tuple[int, int
     return out
 
 
+def _kind(cache: bitmap.BitmapCache, state: TableState, f: DataFile, r, back) -> str:
+    """Whether the view keeps ``all``, ``none`` or ``some`` of the rows file ``f`` holds of segment ``r``."""
+    s = state.segments.get(r.segment)
+    if s is None or (s.cardinality == 0 and r.segment not in back):
+        return "none"  # pending, or nothing valid
+    if f.offsets is None:  # the file holds the segment's data rows (of its partition value)
+        return "all" if s.cardinality >= s.data_rows and r.segment not in back else "some"
+    held = cache.file(f.offsets)[r.segment]  # a compacted file: the offsets it holds, against the kept ones
+    kept = cache.valid(s)
+    if r.segment in back:
+        kept |= bitmap.of(back[r.segment])
+    return "all" if held <= kept else "none" if not held.intersection_cardinality(kept) else "some"
+
+
 def plan(io: FileIO, state: TableState, valid_at: int | None = None) -> ReadPlan:
     """The plan of the view of ``state`` (current, or at event time ``valid_at``)."""
     back = revived(io, state, valid_at) if valid_at is not None and state.metadata.keyed else {}
     whole, filtered, segments = [], [], {}
+    cache = bitmap.BitmapCache(io)
     for f in state.data_files():
-        kinds = set()
-        for r in f.segments:
-            s = state.segments.get(r.segment)
-            if s is None or (s.cardinality == 0 and r.segment not in back):
-                kinds.add("none")  # pending, or nothing valid
-            elif s.cardinality >= s.data_rows and r.segment not in back:
-                kinds.add("all")
-            else:
-                kinds.add("some")
+        kinds = {_kind(cache, state, f, r, back) for r in f.segments}
         if kinds == {"none"}:
             continue
         if kinds == {"all"}:

@@ -101,6 +101,10 @@ class BitmapCache:
         """The valid offsets of segment state ``s`` (a fresh bitmap the caller may change)."""
         if s.bitmap is None:
             return BitMap(range(s.cardinality))
-        if s.bitmap not in self._files:
-            self._files[s.bitmap] = read_file(self.io, s.bitmap)
-        return BitMap(self._files[s.bitmap][s.segment])
+        return BitMap(self.file(s.bitmap)[s.segment])
+
+    def file(self, path: str) -> dict[tuple[int, int], BitMap]:
+        """The bitmaps of a bitmap file, by segment (shared: do not change them)."""
+        if path not in self._files:
+            self._files[path] = read_file(self.io, path)
+        return self._files[path]

@@ -19,6 +19,7 @@ INGEST = "INGEST"  # a batch landed and made visible in one commit
 METAGEN = "METAGEN"  # pending batches made visible
 SET_METADATA = "SET_METADATA"  # properties changed or columns added
 UPGRADE = "UPGRADE"  # a format v1 table upgraded to v2
+COMPACT = "COMPACT"  # data files rewritten, every row kept with its row id; no view changes
 
 PENDING, LIVE, REVERTED, REPLACED = "pending", "live", "reverted", "replaced"
 BATCH_STATUSES = (PENDING, LIVE, REVERTED, REPLACED)
@@ -39,21 +40,29 @@ class SegmentRows:
 
 @dataclasses.dataclass(frozen=True)
 class DataFile:
-    """A data file: the table's columns and the row-id columns, holding rows of one or more segments."""
+    """A data file: the table's columns and the row-id columns, holding rows of one or more segments.
+
+    ``offsets`` names a bitmap file with the offsets the file holds of each of its segments (a compacted
+    file); without it the file holds every data row of its segments that its partition value selects."""
 
     path: str
     rows: int
     bytes: int
     partition: dict[str, str | None] | None
     segments: tuple[SegmentRows, ...]
+    offsets: str | None = None
 
     def to_json(self) -> dict:
-        return {"path": self.path, "rows": self.rows, "bytes": self.bytes, "partition": self.partition,
-                "segments": [[s.part, s.seq, s.rows] for s in self.segments]}
+        d = {"path": self.path, "rows": self.rows, "bytes": self.bytes, "partition": self.partition,
+             "segments": [[s.part, s.seq, s.rows] for s in self.segments]}
+        if self.offsets is not None:
+            d["offsets"] = self.offsets
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> DataFile:
-        return cls(d["path"], d["rows"], d["bytes"], d["partition"], tuple(SegmentRows(*s) for s in d["segments"]))
+        return cls(d["path"], d["rows"], d["bytes"], d["partition"], tuple(SegmentRows(*s) for s in d["segments"]),
+                   d.get("offsets"))
 
 
 @dataclasses.dataclass(frozen=True)

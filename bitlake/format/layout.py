@@ -49,6 +49,11 @@ def file_stem(part: int, seq: int) -> str:
     return f"{part:08d}-{seq:05d}-{uuid.uuid4().hex[:12]}"
 
 
+def compacted_stem() -> str:
+    """``c-<uuid>``: a compacted file holds rows of many segments, which its commit entry lists."""
+    return f"c-{uuid.uuid4().hex}"
+
+
 def data_file_path(stem: str, partition: dict[str, str | None] | None, file_format: str) -> str:
     folder = f"{DATA_DIR}/{partition_dir(partition)}" if partition else DATA_DIR
     return f"{folder}/{stem}.{file_format}"

@@ -43,6 +43,11 @@ DEFAULT_PROPERTIES = {
     "metagen.inline_max_rows": "100000000",
     # Anti-join lists longer than this are shuffled instead of broadcast at read time.
     "read.broadcast_invalid_rows": "20000000",
+    # Minor compaction (docs/maintenance.md) writes data files of about this size, rewrites files smaller than
+    # compact.small_file_bytes, and files whose superseded rows are at least compact.invalid_fraction of theirs.
+    "compact.target_file_bytes": "134217728",
+    "compact.small_file_bytes": "33554432",
+    "compact.invalid_fraction": "0.1",
     # A state checkpoint is written every this many commits, so opening a table reads at most one
     # checkpoint plus this many commit files.
     "checkpoint.interval": "20",
@@ -83,6 +88,9 @@ class TableMetadata:
 
     def int_prop(self, name: str) -> int:
         return int(self.prop(name))
+
+    def float_prop(self, name: str) -> float:
+        return float(self.prop(name))
 
     @property
     def delta_type(self) -> pa.DataType:

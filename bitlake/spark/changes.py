@@ -86,15 +86,17 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
     for v in sorted({b.live_version for b in live.values() if b.live_version is not None}):
         of_commit = sorted((b for b in live.values() if b.live_version == v), key=lambda b: (b.landed_version, b.part))
         index_of.update({b.part: i for i, b in enumerate(of_commit)})
-    new_files = [f for f in state.data_files() if f.segments[0].part in live]
+    # A compacted file may hold rows of other batches beside the range's: those are dropped by part.
+    new_files = [f for f in state.data_files() if any(r.part in live for r in f.segments)]
     part_col = F.col(rowid.PART_COLUMN)
+    of_live = part_col.isin(sorted(live))
     version_of_part = F.element_at(F.expr(_sql_map((p, b.live_version) for p, b in live.items())), part_col)
 
     if not meta.keyed:
         if not new_files or "insert" not in types:
             return empty()
         index = F.element_at(F.expr(_sql_map(index_of.items())), part_col)
-        df = scan(spark, io, meta, new_files).select(
+        df = scan(spark, io, meta, new_files).filter(of_live).select(
             *columns, F.lit("insert").alias("_change_type"), version_of_part.cast("long").alias("_commit_version"),
             index.alias("batch_index"), spark_packed().alias("_rid"))
         df = df.orderBy("_commit_version", "batch_index", "_rid")  # in order, as a keyed table's
@@ -106,7 +108,7 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
     small = events.num_rows <= BROADCAST_EVENTS
     if new_files and {"insert", "update_postimage"} & set(types):
         # Stale rows: invalid at the end of the range and never superseded within it.
-        new_segments = {r.segment for f in new_files for r in f.segments}
+        new_segments = {r.segment for f in new_files for r in f.segments if r.part in live}
         p = ReadPlan(state, None, [], [], {k: state.segments[k] for k in new_segments if k in state.segments}, {})
         cache = bitmap.BitmapCache(io)
         stale = [
@@ -114,7 +116,7 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
             for k, s in p.segments.items()
         ]
         stale_ids = np.concatenate(stale) if stale else np.empty(0, np.int64)
-        new = scan(spark, io, meta, new_files).withColumn("_rid", spark_packed())
+        new = scan(spark, io, meta, new_files).filter(of_live).withColumn("_rid", spark_packed())
         if len(stale_ids):
             drop = spark.createDataFrame(pa.table({"_stale": stale_ids}))
             new = new.join(F.broadcast(drop) if len(stale_ids) <= BROADCAST_EVENTS else drop,

@@ -1,0 +1,221 @@
+"""Minor compaction (docs/maintenance.md): data files rewritten into files of a target size, every row kept
+with its row id, so that no view, at any version or event time, and no change range reads anything else.
+
+Which files: per partition, the files smaller than ``compact.small_file_bytes`` and the files whose
+superseded rows are at least ``compact.invalid_fraction`` of their rows (a file that holds superseded rows
+only is history, not waste: it is rewritten only when small). How: the rows valid in the current view go to
+**current** files, the others to **history** files, so that the current view reads the current files whole
+and skips the history files (time travel and the change feed still read them). Each new file's commit entry
+names a bitmap file of the offsets it holds per segment; the read planner compares those with the valid
+offsets (docs/FORMAT.md, "Data files"). Files of pending batches are never taken.
+
+The commit (``COMPACT``) removes the old files and adds the new ones. It conflicts only with another
+compaction of the same files: then this one gives up and removes what it wrote. An ingest committing
+meanwhile does not conflict, since validity is by row id, whichever file holds the row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bitlake import faults, transaction
+from bitlake.format import bitmap, commitlog, datafile, layout, rowid
+from bitlake.format.commit import COMPACT, Commit, DataFile, SegmentRows
+from bitlake.format.metadata import TableMetadata
+from bitlake.format.state import TableState
+from bitlake.fs import FileIO
+
+
+@dataclasses.dataclass(frozen=True)
+class CompactResult:
+    """What a compaction did: its version (None: nothing worth doing, or another compaction took the files
+    first), the files it replaced and wrote, and the rows it wrote as current and as history."""
+
+    version: int | None
+    removed_files: int = 0
+    added_files: int = 0
+    bytes_removed: int = 0
+    bytes_written: int = 0
+    current_rows: int = 0
+    history_rows: int = 0
+
+
+@dataclasses.dataclass
+class FileMetrics:
+    """A data file as compaction judges it: its valid rows (exact for compacted files, estimated from the
+    segments' cardinality for landed ones) and why it is worth rewriting, if it is."""
+
+    file: DataFile
+    valid_rows: float
+    small: bool
+    wasteful: bool
+
+
+def metrics(cache: bitmap.BitmapCache, state: TableState) -> list[FileMetrics]:
+    """Every live data file (all its segments have a state) with its metrics; reads bitmaps, never data."""
+    meta = state.metadata
+    small_bytes = meta.int_prop("compact.small_file_bytes")
+    fraction = meta.float_prop("compact.invalid_fraction")
+    out = []
+    for f in state.data_files():
+        if any(r.segment not in state.segments for r in f.segments):
+            continue  # a pending batch's file
+        valid = 0.0
+        for r in f.segments:
+            s = state.segments[r.segment]
+            if f.offsets is not None:
+                valid += cache.file(f.offsets)[r.segment].intersection_cardinality(cache.valid(s))
+            elif s.data_rows:
+                valid += r.rows * min(1.0, s.cardinality / s.data_rows)
+        invalid = f.rows - valid
+        out.append(FileMetrics(f, valid, f.bytes < small_bytes, valid > 0 and invalid >= fraction * f.rows > 0))
+    return out
+
+
+def choose(files: list[FileMetrics]) -> list[list[DataFile]]:
+    """The groups to rewrite, one per partition: its wasteful files and its small ones, when that drops
+    superseded rows from files the current view reads or makes fewer files of a kind (current rows, history
+    rows). One small file of a kind gains nothing, so a compacted table is left as it is."""
+    by_partition: dict[tuple, list[FileMetrics]] = {}
+    for m in files:
+        by_partition.setdefault(tuple(sorted((m.file.partition or {}).items(), key=lambda kv: kv[0])), []).append(m)
+    groups = []
+    for found in by_partition.values():
+        taken = [m for m in found if m.small or m.wasteful]
+        small_current = sum(1 for m in taken if m.small and m.valid_rows > 0)
+        small_history = sum(1 for m in taken if m.small and m.valid_rows == 0)
+        if any(m.wasteful for m in taken) or small_current > 1 or small_history > 1:
+            groups.append([m.file for m in taken])
+    return groups
+
+
+class _Output:
+    """The files of one kind (current or history) of one partition, rolled over at the target size."""
+
+    def __init__(self, io: FileIO, meta: TableMetadata, partition, target_bytes: int):
+        self.io, self.meta, self.partition, self.target = io, meta, partition, target_bytes
+        self.done: list[DataFile] = []
+        self.written: list[str] = []
+        self._writer: datafile.FileWriter | None = None
+        self._ids: list[np.ndarray] = []
+        self._estimate = 0.0
+
+    def write(self, rows: pa.Table, ids: np.ndarray, bytes_per_row: float) -> None:
+        if not rows.num_rows:
+            return
+        if self._writer is None:
+            path = layout.data_file_path(layout.compacted_stem(), self.partition, self.meta.file_format)
+            self.written.append(path)
+            self._writer = datafile.data_writer(self.io, path, self.meta)
+        self._writer.write(rows)
+        self._ids.append(ids)
+        self._estimate += rows.num_rows * bytes_per_row
+        if self._estimate >= self.target:
+            self.close()
+
+    def close(self) -> None:
+        if self._writer is None:
+            return
+        writer, self._writer = self._writer, None
+        size = writer.close()
+        ids = np.sort(np.concatenate(self._ids))  # the files it was fed from hold segments in any order
+        self._ids, self._estimate = [], 0.0
+        segment = ids >> rowid.OFFSET_BITS
+        keys, starts = np.unique(segment, return_index=True)
+        rows, offsets = [], []
+        for key, chunk in zip(keys.tolist(), np.split(ids, starts[1:]), strict=True):
+            part, seq = key >> rowid.SEQ_BITS, key & rowid.MAX_SEQ
+            rows.append(SegmentRows(part, seq, len(chunk)))
+            offsets.append((part, seq, bitmap.of(chunk & rowid.MAX_OFFSET)))
+        offsets_path = layout.bitmap_path()
+        self.written.append(offsets_path)
+        bitmap.write_file(self.io, offsets_path, offsets)
+        self.done.append(DataFile(writer.path, writer.rows, size, self.partition, tuple(rows), offsets_path))
+
+
+def rewrite(io: FileIO, state: TableState, group: list[DataFile], target_bytes: int,
+            cache: bitmap.BitmapCache, progress: Callable[[int], None]) -> tuple[list[DataFile], list[str], int, int]:
+    """Writes the rows of ``group`` (one partition) into current and history files; returns the new
+    files, every path written, and the current and history row counts."""
+    meta = state.metadata
+    partition = group[0].partition
+    current, history = (_Output(io, meta, partition, target_bytes) for _ in range(2))
+    counts = [0, 0]
+    try:
+        for f in sorted(group, key=lambda f: (f.segments[0].part, f.segments[0].seq, f.path)):
+            table = datafile.read_data(io, f.path, meta)
+            ids = rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+            order = np.argsort(ids, kind="stable")
+            table, ids = table.take(pa.array(order)), ids[order]
+            valid = np.zeros(len(ids), dtype=bool)
+            for r in f.segments:
+                key = rowid.segment_key(r.part, r.seq)
+                lo, hi = np.searchsorted(ids, [key, key + rowid.MAX_OFFSET + 1])
+                valid[lo:hi] = bitmap.valid_mask(cache.valid(state.segments[r.segment]), ids[lo:hi] & rowid.MAX_OFFSET)
+            per_row = f.bytes / max(1, f.rows)
+            mask = pa.array(valid)
+            current.write(table.filter(mask), ids[valid], per_row)
+            history.write(table.filter(pc.invert(mask)), ids[~valid], per_row)
+            counts[0] += int(valid.sum())
+            counts[1] += int((~valid).sum())
+            progress(f.rows)
+        current.close()
+        history.close()
+    except BaseException:
+        for path in current.written + history.written:
+            io.delete(path)
+        raise
+    return current.done + history.done, current.written + history.written, counts[0], counts[1]
+
+
+def compact(io: FileIO, refresh: Callable[[], TableState], *, target_file_bytes: int | None = None,
+            progress: Callable[[int], None] | None = None, dry_run: bool = False) -> CompactResult | dict[str, Any]:
+    """Runs a minor compaction of the latest state (module docstring); with ``dry_run``, only says what it
+    would rewrite."""
+    state = refresh()
+    state.protocol.check_write(io.uri())
+    meta = state.metadata
+    target = target_file_bytes or meta.int_prop("compact.target_file_bytes")
+    cache = bitmap.BitmapCache(io)
+    groups = choose(metrics(cache, state))
+    if dry_run:
+        files = [f for g in groups for f in g]
+        return {"files": len(files), "bytes": sum(f.bytes for f in files), "rows": sum(f.rows for f in files),
+                "partitions": len(groups)}
+    if not groups:
+        return CompactResult(None)
+    added, written, current_rows, history_rows = [], [], 0, 0
+    try:
+        for group in groups:
+            files, paths, cur, hist = rewrite(io, state, group, target, cache, progress or (lambda rows: None))
+            added += files
+            written += paths
+            current_rows += cur
+            history_rows += hist
+        faults.point("after_compaction_write")
+    except BaseException:
+        for path in written:
+            io.delete(path)
+        raise
+    removed = [f for g in groups for f in g]
+
+    def build(latest: TableState):
+        if any(f.path not in latest.files for f in removed):
+            return None, []  # another compaction replaced some of them first
+        return Commit(latest.version + 1, COMPACT, commitlog.now_ms(latest.timestamp_ms),
+                      parameters={"files_removed": len(removed), "files_added": len(added)},
+                      add_files=tuple(added), remove_files=tuple(f.path for f in removed)), []
+
+    c, _ = transaction.commit(io, refresh, build)
+    if c is None:
+        for path in written:
+            io.delete(path)
+        return CompactResult(None)
+    return CompactResult(c.version, len(removed), len(added), sum(f.bytes for f in removed),
+                         sum(f.bytes for f in added), current_rows, history_rows)

@@ -1,0 +1,145 @@
+"""Minor compaction: files rewritten with every row and row id kept; every view at every version and event
+time, and every change range, reads the same after it; the current view reads current files whole."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+import bitlake
+from bitlake.cli import main as cli
+from bitlake.engine import plan as planner
+from bitlake.format import bitmap, datafile, rowid
+from tests.oracle import rows_key
+
+SCHEMA = pa.schema([("k", pa.int64()), ("grp", pa.string()), ("value", pa.int64()), ("mod", pa.int64())])
+COLUMNS = SCHEMA.names
+TIMES = [None, 0, 3, 6, 12, 30]
+
+
+def batch(keys, mod, value, op="upsert"):
+    return pa.table({"k": pa.array(keys, pa.int64()), "grp": [f"g{k % 2}" for k in keys],
+                     "value": pa.array([value + k for k in keys], pa.int64()), "mod": pa.array([mod] * len(keys), pa.int64()),
+                     "op": [op] * len(keys)})
+
+
+def churned(path, **options):
+    """A table of several batches: inserts, updates, deletes, a stale record and one batch left pending."""
+    t = bitlake.create_table(path, SCHEMA, primary_key=["k"], delta_column="mod", num_buckets=2, **options)
+    t.ingest(batch(range(40), 1, 0), op_column="op", batch_id="b0")
+    t.ingest(batch(range(0, 40, 3), 5, 100), op_column="op", batch_id="b1")
+    t.ingest(batch(range(1, 40, 7), 8, 0, "delete"), op_column="op", batch_id="b2")
+    t.ingest(batch([2, 3, 50], 2, 900), op_column="op", batch_id="b3")  # 2 and 3: older than b0/b1: stale
+    t.ingest(batch(range(0, 40, 5), 10, 200), op_column="op", batch_id="b4")
+    t.ingest(batch([4, 60], 20, 300), op_column="op", batch_id="pending", metagen=False)
+    return t
+
+
+def views(t, upto: int) -> dict:
+    return {(v, at): rows_key(t.to_arrow(version=v, valid_at=at).to_pylist(), COLUMNS)
+            for v in range(upto + 1) for at in TIMES}
+
+
+def changes(t, spark, start: int, end: int) -> list[tuple]:
+    df = t.changes(spark, start_version=start, end_version=end)
+    return sorted((r["_change_type"], r["_commit_version"], *(r[c] for c in COLUMNS)) for r in df.collect())
+
+
+def check_offsets(t) -> None:
+    """Each compacted file's offsets bitmap file names exactly the row ids the file holds."""
+    for f in t.state().data_files():
+        if f.offsets is None:
+            continue
+        rows = datafile.read_data(t.io, f.path, t.metadata, list(rowid.ROW_ID_COLUMNS))
+        held: dict = {}
+        for p, s, o in zip(*(rows.column(c).to_pylist() for c in rowid.ROW_ID_COLUMNS), strict=True):
+            held.setdefault((p, s), set()).add(o)
+        named = {seg: set(bm) for seg, bm in bitmap.read_file(t.io, f.offsets).items()}
+        assert named == held, f.path
+        assert {r.segment: r.rows for r in f.segments} == {seg: len(o) for seg, o in held.items()}
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("options", [{}, {"partition_by": ["grp"]}, {"file_format": "orc"}], ids=str)
+def test_compaction_keeps_every_view_and_change(tmp_path, spark, options):
+    t = churned(str(tmp_path / "t"), **options)
+    before_version = t.version
+    before = views(t, before_version)
+    feed = {(s, e): changes(t, spark, s, e) for s, e in [(0, before_version), (2, 4), (4, before_version)]}
+    files_before = len(t.state().data_files())
+
+    r = t.compact()
+    assert r.version == before_version + 1 and r.removed_files > 1
+    assert r.current_rows + r.history_rows == sum(f.rows for f in t.state(before_version).data_files()
+                                                  if f.segments[0].part != t.state().batch("pending").part)
+    assert t.history()[0]["operation"] == "COMPACT"
+    check_offsets(t)
+    assert len(t.state().data_files()) < files_before
+    assert views(t, before_version) == before, "every past view reads the same rows"
+    assert {(None if at is None else at): rows for (v, at), rows in views(t, t.version).items()
+            if v == t.version} == {at: before[(before_version, at)] for at in TIMES}
+    for (s, e), expected in feed.items():
+        assert changes(t, spark, s, e) == expected, (s, e)
+    assert changes(t, spark, before_version, t.version) == [], "a compaction changes nothing"
+    got = [r.asDict() for r in t.to_spark(spark).collect()]
+    assert rows_key(got, COLUMNS) == before[(before_version, None)]
+
+    # The current view reads the current files whole and skips the history files.
+    p = planner.plan(t.io, t.state())
+    assert not p.filtered
+    compacted = [f for f in t.state().data_files() if f.offsets]
+    assert {f.path for f in p.whole} == {f.path for f in compacted if f.rows and f.path in
+                                          {w.path for w in p.whole}}
+    assert len(p.whole) < len(compacted), "history files are not read by the current view"
+
+    # MetaGen of the pending batch and later batches go on as usual, and a second compaction takes the
+    # compacted files that now hold superseded rows.
+    t.metagen()
+    t.ingest(batch(range(0, 40, 2), 30, 500), op_column="op", batch_id="b5")
+    after = views(t, t.version)
+    r2 = t.compact()
+    assert r2.version == t.version and r2.removed_files >= 1
+    assert views(t, t.version - 1) == after
+    check_offsets(t)
+    assert t.compact().version is None, "a compacted table is left as it is"
+
+
+def test_nothing_to_compact_and_dry_run(tmp_path):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["k"], delta_column="mod")
+    t.ingest(batch(range(10), 1, 0), op_column="op")
+    assert t.compact().version is None and t.compact(dry_run=True)["files"] == 0
+    t.ingest(batch(range(10, 20), 1, 0), op_column="op")
+    plan = t.compact(dry_run=True)
+    assert plan == {"files": 2, "rows": 20, "bytes": plan["bytes"], "partitions": 1} and t.version == 2
+    assert t.compact().version == 3 and len(t.state().data_files()) == 1
+
+
+def test_unkeyed_table_compaction(tmp_path):
+    schema = pa.schema([("x", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema)
+    for i in range(4):
+        t.ingest(pa.table({"x": pa.array(range(i * 5, i * 5 + 5), pa.int64())}))
+    r = t.compact()
+    assert (r.removed_files, r.added_files, r.current_rows, r.history_rows) == (4, 1, 20, 0)
+    assert sorted(t.to_arrow().column("x").to_pylist()) == list(range(20))
+    assert sorted(t.to_arrow(version=2).column("x").to_pylist()) == list(range(10))
+
+
+def test_target_file_size_splits_the_output(tmp_path):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["k"], delta_column="mod")
+    for i in range(4):
+        t.ingest(batch(range(i * 500, i * 500 + 500), 1, 0), op_column="op")
+    per_file = t.state().data_files()[0].bytes
+    r = t.compact(target_file_bytes=2 * per_file)
+    assert r.added_files == 2
+    assert t.to_arrow().num_rows == 2000
+
+
+def test_the_compact_command(tmp_path, capsys):
+    t = churned(str(tmp_path / "t"))
+    assert cli(["compact", t.path, "--dry-run"]) == 0
+    assert "would rewrite" in capsys.readouterr().out and t.history()[0]["operation"] != "COMPACT"
+    assert cli(["compact", t.path]) == 0
+    assert "rewritten into" in capsys.readouterr().out and t.history()[0]["operation"] == "COMPACT"
+    assert cli(["compact", t.path]) == 0
+    assert "nothing to compact" in capsys.readouterr().out
