@@ -10,6 +10,7 @@ import bitlake
 from bitlake.cli import main as cli
 from bitlake.engine import plan as planner
 from bitlake.format import bitmap, datafile, rowid
+from tests import spec_reader
 from tests.oracle import rows_key
 
 SCHEMA = pa.schema([("k", pa.int64()), ("grp", pa.string()), ("value", pa.int64()), ("mod", pa.int64())])
@@ -81,6 +82,13 @@ def test_compaction_keeps_every_view_and_change(tmp_path, spark, options):
     for (s, e), expected in feed.items():
         assert changes(t, spark, s, e) == expected, (s, e)
     assert changes(t, spark, before_version, t.version) == [], "a compaction changes nothing"
+    # tests/spec_reader.py, written from docs/FORMAT.md alone (it ignores `offsets`), reads the same.
+    for v in (before_version, t.version):
+        for at in TIMES:
+            got = rows_key(spec_reader.read_view(t.path, version=v, valid_at=at), COLUMNS)
+            assert got == before[(before_version, at)], (v, at)
+    assert rows_key(spec_reader.read_changes(t.path, 0, t.version), COLUMNS + ["_change_type"]) == rows_key(
+        [r.asDict() for r in t.changes(spark, start_version=0).collect()], COLUMNS + ["_change_type"])
     got = [r.asDict() for r in t.to_spark(spark).collect()]
     assert rows_key(got, COLUMNS) == before[(before_version, None)]
 
