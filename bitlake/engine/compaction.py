@@ -1,11 +1,13 @@
 """Minor compaction (docs/maintenance.md): data files rewritten into files of a target size, every row kept
 with its row id, so that no view, at any version or event time, and no change range reads anything else.
 
-Which files: per partition, the files smaller than ``compact.small_file_bytes`` and the files whose
-superseded rows are at least ``compact.invalid_fraction`` of their rows (a file that holds superseded rows
-only is history, not waste: it is rewritten only when small). How: the rows valid in the current view go to
-**current** files, the others to **history** files, so that the current view reads the current files whole
-and skips the history files (time travel and the change feed still read them). Each new file's commit entry
+Which files: per partition, the files whose superseded rows are at least ``compact.invalid_fraction`` of
+their rows (a file that holds superseded rows only is history, not waste), and the files smaller than
+``compact.small_file_bytes`` merged by size tiers of at least ``compact.min_input_files`` files.
+
+How: the rows valid in the current view go to **current** files, the others to **history** files, so that
+the current view reads the current files whole and skips the history files (time travel and the change feed
+still read them). Each new file's commit entry
 names a bitmap file of the offsets it holds per segment; the read planner compares those with the valid
 offsets (docs/FORMAT.md, "Data files"). Files of pending batches are never taken.
 
@@ -78,21 +80,35 @@ def metrics(cache: bitmap.BitmapCache, state: TableState) -> list[FileMetrics]:
     return out
 
 
-def choose(files: list[FileMetrics]) -> list[list[DataFile]]:
-    """The groups to rewrite, one per partition: its wasteful files and its small ones, when that drops
-    superseded rows from files the current view reads or makes fewer files of a kind (current rows, history
-    rows). One small file of a kind gains nothing, so a compacted table is left as it is."""
+def choose(files: list[FileMetrics], min_files: int) -> list[list[DataFile]]:
+    """The groups to rewrite, one per partition: its wasteful files, and its small files of each kind (current
+    rows, history rows) tiered by size (:func:`tiered`). A compacted table is left as it is."""
     by_partition: dict[tuple, list[FileMetrics]] = {}
     for m in files:
         by_partition.setdefault(tuple(sorted((m.file.partition or {}).items(), key=lambda kv: kv[0])), []).append(m)
     groups = []
     for found in by_partition.values():
-        taken = [m for m in found if m.small or m.wasteful]
-        small_current = sum(1 for m in taken if m.small and m.valid_rows > 0)
-        small_history = sum(1 for m in taken if m.small and m.valid_rows == 0)
-        if any(m.wasteful for m in taken) or small_current > 1 or small_history > 1:
+        taken = [m for m in found if m.wasteful]
+        for history in (False, True):
+            taken += tiered([m for m in found if m.small and not m.wasteful and (m.valid_rows == 0) == history],
+                            min_files)
+        if taken:
             groups.append([m.file for m in taken])
     return groups
+
+
+def tiered(small: list[FileMetrics], min_files: int) -> list[FileMetrics]:
+    """Size-tiered merging: from the smallest file up, each file at most twice the size of those taken before
+    it together, when that makes at least ``min_files``. A big file is never rewritten to absorb a few tiny
+    ones, so a row is rewritten about log2(table / batch) times over a table's life, not once per batch."""
+    taken: list[FileMetrics] = []
+    total = 0
+    for m in sorted(small, key=lambda m: m.file.bytes):
+        if taken and m.file.bytes > 2 * total:
+            break
+        taken.append(m)
+        total += m.file.bytes
+    return taken if len(taken) >= min_files else []
 
 
 class _Output:
@@ -183,7 +199,7 @@ def compact(io: FileIO, refresh: Callable[[], TableState], *, target_file_bytes:
     meta = state.metadata
     target = target_file_bytes or meta.int_prop("compact.target_file_bytes")
     cache = bitmap.BitmapCache(io)
-    groups = choose(metrics(cache, state))
+    groups = choose(metrics(cache, state), meta.int_prop("compact.min_input_files"))
     if dry_run:
         files = [f for g in groups for f in g]
         return {"files": len(files), "bytes": sum(f.bytes for f in files), "rows": sum(f.rows for f in files),

@@ -43,11 +43,13 @@ DEFAULT_PROPERTIES = {
     "metagen.inline_max_rows": "100000000",
     # Anti-join lists longer than this are shuffled instead of broadcast at read time.
     "read.broadcast_invalid_rows": "20000000",
-    # Minor compaction (docs/maintenance.md) writes data files of about this size, rewrites files smaller than
-    # compact.small_file_bytes, and files whose superseded rows are at least compact.invalid_fraction of theirs.
+    # Minor compaction (docs/maintenance.md) writes data files of about this size; it rewrites files whose
+    # superseded rows are at least compact.invalid_fraction of theirs, and merges files smaller than
+    # compact.small_file_bytes by size tiers of at least compact.min_input_files files.
     "compact.target_file_bytes": "134217728",
     "compact.small_file_bytes": "33554432",
     "compact.invalid_fraction": "0.1",
+    "compact.min_input_files": "4",
     # A state checkpoint is written every this many commits, so opening a table reads at most one
     # checkpoint plus this many commit files.
     "checkpoint.interval": "20",
