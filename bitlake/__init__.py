@@ -14,6 +14,7 @@ from bitlake.errors import (
     TableNotFoundError,
     UnknownOperationError,
     UnsupportedFormatVersionError,
+    VersionExpiredError,
     VersionNotFoundError,
 )
 from bitlake.table import IngestResult, Table, create_table, open_table
@@ -39,6 +40,7 @@ __all__ = [
     "BitlakeError", "CommitConflictError", "ConvertResult", "CorruptTableError", "IndexUnavailableError",
     "IngestResult", "InvalidInputError",
     "NotATableError", "NullValueError", "SchemaMismatchError", "Table", "TableExistsError",
-    "TableNotFoundError", "UnknownOperationError", "UnsupportedFormatVersionError", "VersionNotFoundError",
+    "TableNotFoundError", "UnknownOperationError", "UnsupportedFormatVersionError", "VersionExpiredError",
+    "VersionNotFoundError",
     "convert", "create_table", "open_table", "spark_session",
 ]

@@ -49,6 +49,11 @@ class VersionNotFoundError(BitlakeError):
     """The requested version does not exist (or is outside the retained window)."""
 
 
+class VersionExpiredError(VersionNotFoundError):
+    """The requested version, event time or change range starts before the table's retention window: a major
+    compaction purged what it would read (docs/maintenance.md)."""
+
+
 class IndexUnavailableError(BitlakeError):
     """The key index cannot be opened: another process holds it, or the table's key types or its
     ``keystore.index`` property allow none. Ingestion catches it and scans the key store instead."""

@@ -9,6 +9,7 @@ import pyarrow as pa
 from bitlake import transaction
 from bitlake.errors import InvalidInputError
 from bitlake.format import bucket, commitlog, keystore, layout, v1
+from bitlake.format import state as state_mod
 from bitlake.format.commit import UPGRADE, BucketFile, Commit
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.protocol import FORMAT_VERSION, V1_HISTORY, Protocol
@@ -16,10 +17,21 @@ from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 
 
-def referenced(io: FileIO, latest: int) -> set[str]:
-    """Every file any commit up to ``latest`` names (time travel may still read them)."""
+def referenced(io: FileIO, latest: TableState) -> set[str]:
+    """Every file a version inside the retention window may read (all versions when no major compaction set
+    one): the state at the window's start, and what each later commit added. Keys files of batches made live
+    before the window are not read again (a change range cannot start before it)."""
+    start = latest.window.version if latest.window else 0
+    base = latest if start == latest.version else state_mod.load(io, start)
     out: set[str] = set()
-    for v in range(latest + 1):
+    out.update(f.path for f in base.files.values())
+    out.update(f.offsets for f in base.files.values() if f.offsets)
+    out.update(f.path for b in base.parts.values() if b.live_version is None for f in b.keys_files)
+    out.update(f.path for _, f in base.logs)
+    out.update(s.bitmap for s in base.segments.values() if s.bitmap)
+    out.update(f.path for files in base.keystore.values() for f in files)
+    out.update(t.path for _, t in base.tombstones)
+    for v in range(start + 1, latest.version + 1):
         c = commitlog.read(io, v)
         out.update(f.path for f in c.add_files)
         out.update(f.offsets for f in c.add_files if f.offsets)
@@ -32,9 +44,11 @@ def referenced(io: FileIO, latest: int) -> set[str]:
 
 
 def cleanup(io: FileIO, state: TableState, *, min_age_seconds: float, dry_run: bool) -> list[str]:
-    """Removes files that no commit names and that are older than ``min_age_seconds``: the leftovers of
-    writers that crashed, lost a race or were refused. A writer still running keeps its young files."""
-    named = referenced(io, state.version)
+    """Removes files that no version inside the retention window names and that are older than
+    ``min_age_seconds``: the leftovers of writers that crashed, lost a race or were refused, and the files
+    only expired versions read. A writer still running, or a reader of a version inside the window, keeps its
+    files."""
+    named = referenced(io, state)
     now = time.time()
 
     def old(rel: str) -> bool:

@@ -25,6 +25,7 @@ def view(io: FileIO, latest: TableState, version: int | None, as_of: Any, valid_
         if not state.metadata.keyed:
             raise InvalidInputError("valid_at needs a keyed table: an append-only table has no delta column")
         t = delta_to_int(valid_at, state.metadata.delta_type)
+    timetravel.check_window(latest.window, v, t)
     return state, t
 
 
@@ -47,6 +48,7 @@ def changes(spark, io: FileIO, latest: TableState, start_version: int, end_versi
     start = timetravel.resolve_version(io, latest.version, start_version)
     if start > end:
         raise InvalidInputError(f"start_version {start} is after end_version {end}")
+    timetravel.check_window(latest.window, start, what="start_version")
     unknown = set(change_types or []) - set(spark_changes.CHANGE_TYPES)
     if unknown:
         raise InvalidInputError(f"unknown change types {sorted(unknown)}; known: {list(spark_changes.CHANGE_TYPES)}")

@@ -257,12 +257,14 @@ class Table:
             "properties": dict(meta.properties),
             "data_files": len(files),
             "data_bytes": sum(f.bytes for f in files),
-            "stored_rows": sum(s.data_rows for s in state.segments.values()),
+            "stored_rows": sum(f.rows for f in files),
             "valid_rows": sum(s.cardinality for s in state.segments.values()),
             "segments": len(state.segments),
             "pending_batches": [b.batch_id for b in state.pending],
             "keystore_files": sum(len(v) for v in state.keystore.values()),
             "keystore_bytes": sum(f.bytes for v in state.keystore.values() for f in v),
+            "log_files": len(state.logs),
+            "window": state.window.to_json() if state.window else None,
         }
 
     # ------------------------------------------------------------------------------ maintenance
@@ -275,18 +277,24 @@ class Table:
         """
         return maintenance.cleanup(self.io, self.refresh(), min_age_seconds=min_age_seconds, dry_run=dry_run)
 
-    def compact(self, *, target_file_bytes: int | None = None, dry_run: bool = False,
-                progress=None) -> Any:
-        """Minor compaction (docs/maintenance.md): rewrites the small data files and those with many superseded
+    def compact(self, *, major: bool = False, look_back: Any = None, target_file_bytes: int | None = None,
+                dry_run: bool = False, progress=None) -> Any:
+        """Compaction (docs/maintenance.md). Minor: rewrites the small data files and those with many superseded
         rows into files of about ``target_file_bytes`` (default: the ``compact.target_file_bytes`` property),
         current rows apart from superseded ones, every row keeping its row id: no view, at any version or
-        event time, and no change range changes. Returns a :class:`~bitlake.engine.compaction.CompactResult`
-        (``version`` None: nothing was worth it); with ``dry_run``, a dict of what it would rewrite.
-        ``progress`` is called with the rows of each file as it is rewritten."""
+        event time, and no change range changes.
+
+        ``major=True`` also sets the retention window from ``look_back`` (a version, an age such as ``"7d"``,
+        or a commit time; default the ``compact.look_back`` property): reads before it raise
+        ``VersionExpiredError``, every read inside it stays as it was, and the superseded rows no view inside
+        it can see are left out of the rewritten files; ``cleanup()`` then removes what only expired versions
+        named. Returns a :class:`~bitlake.engine.compaction.CompactResult` (``version`` None: nothing was
+        worth it); with ``dry_run``, a dict of what it would rewrite. ``progress`` is called with the rows of
+        each file as it is rewritten."""
         from bitlake.engine import compaction
 
         return compaction.compact(self.io, self.refresh, target_file_bytes=target_file_bytes, dry_run=dry_run,
-                                  progress=progress)
+                                  progress=progress, major=major, look_back=look_back)
 
     def upgrade(self) -> int | None:
         """Upgrades a format v1 table to format v2 in one commit; returns its version (None: already v2)."""

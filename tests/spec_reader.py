@@ -173,6 +173,8 @@ class State:
             self.files[entry["path"]] = entry
         for seg in body.get("segments") or []:
             self.segments[(int(seg["part"]), int(seg["seq"]))] = seg
+        removed_logs = set(body.get("remove_logs") or [])  # "Commit files": log files a major compaction folded
+        self.logs = [(lv, log) for lv, log in self.logs if log["path"] not in removed_logs]
         self.logs.extend((v, log) for log in body.get("logs") or [])
         removed = set(body.get("keystore_remove") or [])
         for bucket, paths in self.keystore.items():
@@ -458,7 +460,9 @@ def read_view(base: str, version: int | None = None, valid_at: int | None = None
     # files are read, not only those with `max_t > t` or `resets` ("Views": the same view).
     latest_until: dict[int, tuple[int, int]] = {}
     if t != INFINITY and delta_col:
-        for v, target, u, _cause, _bi in files.until_events(state.logs):
+        # "Segment logs": a folded file's events are older than any other file's.
+        ordered = [(-1 if log.get("folded") else v, log) for v, log in state.logs]
+        for v, target, u, _cause, _bi in files.until_events(ordered):
             if target not in latest_until or v > latest_until[target][0]:
                 latest_until[target] = (v, u)
     tombs = _tombstone_sets(files, state)
@@ -512,7 +516,7 @@ def read_changes(base: str, start: int, end: int) -> list[dict]:
     end_state, schema, md = state, state.schema, state.metadata
     delta_col, fmt = md.get("delta_column"), md.get("file_format", "parquet")
     files = _Files(base)
-    range_logs = [(v, log) for v, log in end_state.logs if start < v <= end]
+    range_logs = [(v, log) for v, log in end_state.logs if start < v <= end and not log.get("folded")]
     events = files.until_events(range_logs) if delta_col else []
     targeted = {e[1] for e in events}
     bitmaps: dict = {}

@@ -163,6 +163,9 @@ def test_the_compact_command(tmp_path, capsys):
         t.compact()
     assert cli(["compact", t.path]) == 0
     assert "nothing to compact" in capsys.readouterr().out
+    assert cli(["compact", t.path, "--major", "--look-back", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "purged" in out and "retention window: versions from 2, event times from 5" in out
 
 
 def test_small_files_merge_by_size_tiers(tmp_path):
@@ -180,3 +183,95 @@ def test_small_files_merge_by_size_tiers(tmp_path):
     r = t.compact()
     assert r.removed_files == 4 and big in t.state().files
     assert t.to_arrow().num_rows == 2004
+
+
+def inside(window, v, at) -> bool:
+    return v >= window.version and (at is None or at >= window.watermark)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("options", [{}, {"partition_by": ["grp"]}], ids=str)
+def test_major_compaction_keeps_the_window_and_purges_the_rest(tmp_path, spark, options):
+    t = churned(str(tmp_path / "t"), **options)
+    t.metagen()
+    t.ingest(batch(range(0, 40, 2), 30, 500), op_column="op", batch_id="b5")
+    latest = t.version
+    before = views(t, latest)
+    feeds = {s: changes(t, spark, s, latest) for s in (4, 6)}
+    stored = t.describe()["stored_rows"]
+
+    r = t.compact(major=True, look_back=4)
+    window = t.state().window
+    # Version 4 made b0-b3 live; the largest delta committed by it is b2's deletes at 8.
+    assert (window.version, window.watermark) == (4, 8) and r.purged_rows > 0
+    assert t.describe()["stored_rows"] == stored - r.purged_rows
+    check_offsets(t)
+    for (v, at), rows in before.items():
+        if inside(window, v, at):
+            assert rows_key(t.to_arrow(version=v, valid_at=at).to_pylist(), COLUMNS) == rows, (v, at)
+        else:
+            with pytest.raises(bitlake.VersionExpiredError, match="before the retention window"):
+                t.to_arrow(version=v, valid_at=at)
+    with pytest.raises(bitlake.VersionNotFoundError):  # the subclass callers already catch
+        t.to_spark(spark, version=3)
+    with pytest.raises(bitlake.VersionExpiredError, match="start_version 3"):
+        t.changes(spark, start_version=3)
+    for s, expected in feeds.items():
+        assert changes(t, spark, s, latest) == expected
+        assert rows_key(spec_reader.read_changes(t.path, s, t.version), COLUMNS + ["_change_type"]) == rows_key(
+            [r.asDict() for r in t.changes(spark, start_version=s).collect()], COLUMNS + ["_change_type"])
+    for v in (4, latest, t.version):
+        for at in (12, 30, None):
+            assert rows_key(spec_reader.read_view(t.path, version=v, valid_at=at), COLUMNS) == before[
+                (min(v, latest), at)]
+
+    # Expiry: cleanup removes what only expired versions read; every read inside the window stays.
+    removed = t.cleanup(min_age_seconds=0)
+    assert any(p.startswith("_bitlake/keys/") for p in removed), "keys files of batches live before the window"
+    for (v, at), rows in before.items():
+        if inside(window, v, at):
+            assert rows_key(t.to_arrow(version=v, valid_at=at).to_pylist(), COLUMNS) == rows, (v, at)
+    assert rows_key([r.asDict() for r in t.to_spark(spark, version=5, valid_at=12).collect()], COLUMNS) == before[
+        (5, 12)]
+    for s, expected in feeds.items():
+        assert changes(t, spark, s, latest) == expected
+
+    # The contract holds for what comes next: a late record of key 1, deleted at 8 (before the window's
+    # watermark), does not bring it back; a later one does.
+    r1 = t.ingest(batch([1], 3, 7), op_column="op", batch_id="late")
+    assert r1.counts["stale"] == 1 and 1 not in {row["k"] for row in t.to_arrow().to_pylist()}
+    t.ingest(batch([1], 40, 7), op_column="op", batch_id="later")
+    assert 1 in {row["k"] for row in t.to_arrow().to_pylist()}
+
+
+def test_a_window_at_the_latest_version_releases_storage(tmp_path):
+    t = churned(str(tmp_path / "t"))
+    t.metagen()
+    current = rows_key(t.to_arrow().to_pylist(), COLUMNS)
+    data_before = sum(f.bytes for f in t.state().data_files())
+    r = t.compact(major=True, look_back="0s")
+    assert t.state().window.version == r.version, "the window starts at the compaction's own version"
+    with pytest.raises(bitlake.VersionExpiredError):
+        t.to_arrow(version=r.version - 1)
+    removed = t.cleanup(min_age_seconds=0)
+    left = [p for p in t.io.walk("data")]
+    assert sorted(left) == sorted(f.path for f in t.state().data_files()) and removed
+    assert sum(f.bytes for f in t.state().data_files()) < data_before
+    assert rows_key(t.to_arrow().to_pylist(), COLUMNS) == current
+    assert t.compact(major=True, look_back="0s").version is None, "nothing more to purge or move"
+
+
+def test_look_back_forms(tmp_path):
+    import datetime as dt
+
+    t = churned(str(tmp_path / "t"))
+    with pytest.raises(bitlake.InvalidInputError, match="look_back version 99"):
+        t.compact(major=True, look_back=99)
+    with pytest.raises(bitlake.InvalidInputError, match="look_back must be"):
+        t.compact(major=True, look_back=True)
+    assert t.compact(major=True, look_back="7d").version is not None  # every version is younger: window 0
+    assert t.state().window.version == 0
+    t.compact(major=True, look_back=dt.datetime.now(dt.UTC).isoformat())
+    assert t.state().window.version == t.version
+    t.compact(major=True, look_back=1)
+    assert t.state().window.version == t.version, "a window never moves back"

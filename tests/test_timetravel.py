@@ -1,5 +1,5 @@
-"""Time travel by version, commit time and event time, and the change feed, against the oracle; minor
-compactions at random points between batches change none of them."""
+"""Time travel by version, commit time and event time, and the change feed, against the oracle; minor and
+major compactions at random points between batches change none of them inside the retention window."""
 
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ COLUMNS = ["k", "value", "mod"]
 
 record = st.tuples(st.integers(0, 5), st.integers(0, 6), st.sampled_from(["upsert", "upsert", "delete"]),
                    st.integers(0, 99))
-# (records, run MetaGen at once, compact afterwards)
-batches = st.lists(st.tuples(st.lists(record, max_size=10), st.booleans(), st.booleans()), min_size=1, max_size=5)
+# (records, run MetaGen at once, compact afterwards: no, minor, or major with the window two versions back)
+batches = st.lists(st.tuples(st.lists(record, max_size=10), st.booleans(), st.sampled_from([None, "minor", "major"])),
+                   min_size=1, max_size=5)
 
 
 def _arrow(records):
@@ -56,8 +57,8 @@ def _build(path, spark, plan):
             for recs in pending:
                 oracle.apply(_records(recs), t.version)
             pending = []
-        if compact and compact[0]:
-            t.compact()  # a version that changes no view: the oracle has nothing to apply
+        if compact and compact[0]:  # a version that changes no view inside the window: nothing to apply
+            t.compact(major=compact[0] == "major", look_back=max(0, t.version - 2))
     if pending:
         t.metagen(spark=spark)
         for recs in pending:
@@ -76,15 +77,23 @@ def test_every_version_and_event_time_and_change_range_matches_the_oracle(spark)
         path = tempfile.mkdtemp(prefix="bitlake-tt-")
         try:
             t, oracle = _build(path, spark, plan)
+            window = t.state().window  # major compactions: reads before it are refused, all others read the same
+            first = window.version if window else 0
             times = [None, -1, *range(0, 8)]
+            inside = [(v, at) for v in range(t.version + 1) for at in times
+                      if v >= first and (at is None or window is None or at >= window.watermark)]
             for v in range(t.version + 1):
                 for at in times:
+                    if (v, at) not in inside:
+                        with pytest.raises(bitlake.VersionExpiredError):
+                            t.to_arrow(version=v, valid_at=at)
+                        continue
                     got = rows_key(t.to_arrow(version=v, valid_at=at).to_pylist(), COLUMNS)
                     assert got == rows_key(oracle.view(at, v), COLUMNS), (v, at)
-            v, at = rnd.randint(0, t.version), rnd.choice(times)
+            v, at = rnd.choice(inside)
             got = [r.asDict() for r in t.to_spark(spark, version=v, valid_at=at).collect()]
             assert rows_key(got, COLUMNS) == rows_key(oracle.view(at, v), COLUMNS)
-            start = rnd.randint(0, t.version)
+            start = rnd.randint(first, t.version)
             end = rnd.randint(start, t.version)
             expected = sorted((c, ver, tuple(row[k] for k in COLUMNS)) for c, ver, row in oracle.changes_between(start, end))
             assert _changes(t.changes(spark, start_version=start, end_version=end)) == expected

@@ -236,20 +236,27 @@ def cmd_compact(args, out: Console, err: Console) -> None:
     from rich.progress import Progress
 
     table = bitlake.open_table(args.path)
-    plan = table.compact(target_file_bytes=args.target_file_bytes, dry_run=True)
-    if args.dry_run or not plan["files"]:
+    look_back = int(args.look_back) if args.look_back and args.look_back.isdigit() else args.look_back
+    kw = {"target_file_bytes": args.target_file_bytes, "major": args.major, "look_back": look_back}
+    plan = table.compact(dry_run=True, **kw)
+    if args.dry_run or (not plan["files"] and not args.major):
         verb = "would rewrite" if plan["files"] else "nothing to compact:"
         say(out, f"{verb} {plan['files']} file(s), {plan['rows']} rows, {plan['bytes']} bytes in "
                  f"{plan['partitions']} partition(s)")
         return
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("compacting", total=plan["rows"])
-        r = table.compact(target_file_bytes=args.target_file_bytes, progress=lambda rows: bar.advance(task, rows))
+        r = table.compact(progress=lambda rows: bar.advance(task, rows), **kw)
     if r.version is None:
-        say(out, "nothing compacted: another compaction replaced the files first")
+        say(out, "nothing compacted: nothing was due, or another compaction replaced the files first")
         return
     say(out, f"version {r.version}: {r.removed_files} file(s) ({r.bytes_removed} bytes) rewritten into "
-             f"{r.added_files} ({r.bytes_written} bytes): {r.current_rows} current rows, {r.history_rows} superseded")
+             f"{r.added_files} ({r.bytes_written} bytes): {r.current_rows} current rows, {r.history_rows} superseded"
+             + (f", {r.purged_rows} purged" if args.major else ""))
+    if args.major:
+        w = table.state().window
+        assert w is not None
+        say(out, f"retention window: versions from {w.version}, event times from {w.watermark}")
 
 
 def cmd_convert(args, out: Console, err: Console) -> None:
@@ -345,6 +352,10 @@ def add_parsers(sub) -> None:
     m.add_argument("path", help=path_help)
     m.add_argument("--target-file-bytes", type=int, help="size of the files written (default: table property)")
     m.add_argument("--dry-run", action="store_true", help="say what would be rewritten, rewrite nothing")
+    m.add_argument("--major", action="store_true",
+                   help="also set the retention window and purge what no view inside it can see")
+    m.add_argument("--look-back", help="the window's start: a version, an age (7d, 12h) or a time "
+                                       "(default: the compact.look_back property)")
     m.set_defaults(run=cmd_compact)
 
     v = sub.add_parser("convert",

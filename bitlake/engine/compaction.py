@@ -24,11 +24,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from bitlake import faults, transaction
+from bitlake.engine import window
 from bitlake.format import bitmap, commitlog, datafile, layout, rowid
-from bitlake.format.commit import COMPACT, Commit, DataFile, SegmentRows
+from bitlake.format import state as state_mod
+from bitlake.format.commit import COMPACT, Commit, DataFile, LogFile, SegmentRows, Window
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
@@ -46,6 +47,7 @@ class CompactResult:
     bytes_written: int = 0
     current_rows: int = 0
     history_rows: int = 0
+    purged_rows: int = 0
 
 
 @dataclasses.dataclass
@@ -85,7 +87,7 @@ def choose(files: list[FileMetrics], min_files: int) -> list[list[DataFile]]:
     rows, history rows) tiered by size (:func:`tiered`). A compacted table is left as it is."""
     by_partition: dict[tuple, list[FileMetrics]] = {}
     for m in files:
-        by_partition.setdefault(tuple(sorted((m.file.partition or {}).items(), key=lambda kv: kv[0])), []).append(m)
+        by_partition.setdefault(_partition_key(m.file), []).append(m)
     groups = []
     for found in by_partition.values():
         taken = [m for m in found if m.wasteful]
@@ -155,10 +157,14 @@ class _Output:
         self.done.append(DataFile(writer.path, writer.rows, size, self.partition, tuple(rows), offsets_path))
 
 
-def rewrite(io: FileIO, state: TableState, group: list[DataFile], target_bytes: int,
-            cache: bitmap.BitmapCache, progress: Callable[[int], None]) -> tuple[list[DataFile], list[str], int, int]:
-    """Writes the rows of ``group`` (one partition) into current and history files; returns the new
-    files, every path written, and the current and history row counts."""
+Drop = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (row ids, valid now) -> rows to leave out
+
+
+def rewrite(io: FileIO, state: TableState, group: list[DataFile], target_bytes: int, cache: bitmap.BitmapCache,
+            progress: Callable[[int], None], drop: Drop | None = None) -> tuple[list[DataFile], list[str], int, int]:
+    """Writes the rows of ``group`` (one partition) into current and history files, leaving out the rows
+    ``drop`` names (a major compaction's); returns the new files, every path written, and the current and
+    history row counts."""
     meta = state.metadata
     partition = group[0].partition
     current, history = (_Output(io, meta, partition, target_bytes) for _ in range(2))
@@ -175,11 +181,11 @@ def rewrite(io: FileIO, state: TableState, group: list[DataFile], target_bytes: 
                 lo, hi = np.searchsorted(ids, [key, key + rowid.MAX_OFFSET + 1])
                 valid[lo:hi] = bitmap.valid_mask(cache.valid(state.segments[r.segment]), ids[lo:hi] & rowid.MAX_OFFSET)
             per_row = f.bytes / max(1, f.rows)
-            mask = pa.array(valid)
-            current.write(table.filter(mask), ids[valid], per_row)
-            history.write(table.filter(pc.invert(mask)), ids[~valid], per_row)
+            old = ~valid & ~drop(ids, valid) if drop is not None else ~valid
+            current.write(table.filter(pa.array(valid)), ids[valid], per_row)
+            history.write(table.filter(pa.array(old)), ids[old], per_row)
             counts[0] += int(valid.sum())
-            counts[1] += int((~valid).sum())
+            counts[1] += int(old.sum())
             progress(f.rows)
         current.close()
         history.close()
@@ -191,29 +197,45 @@ def rewrite(io: FileIO, state: TableState, group: list[DataFile], target_bytes: 
 
 
 def compact(io: FileIO, refresh: Callable[[], TableState], *, target_file_bytes: int | None = None,
-            progress: Callable[[int], None] | None = None, dry_run: bool = False) -> CompactResult | dict[str, Any]:
-    """Runs a minor compaction of the latest state (module docstring); with ``dry_run``, only says what it
-    would rewrite."""
+            progress: Callable[[int], None] | None = None, dry_run: bool = False, major: bool = False,
+            look_back: Any = None) -> CompactResult | dict[str, Any]:
+    """Runs a minor compaction of the latest state (module docstring), or a major one: the window from
+    ``look_back`` set, the rows no view inside it can see left out, the older log events folded
+    (:mod:`bitlake.engine.window`). With ``dry_run``, only says what it would rewrite."""
     state = refresh()
     state.protocol.check_write(io.uri())
     meta = state.metadata
     target = target_file_bytes or meta.int_prop("compact.target_file_bytes")
     cache = bitmap.BitmapCache(io)
-    groups = choose(metrics(cache, state), meta.int_prop("compact.min_input_files"))
+    found = metrics(cache, state)
+    groups = choose(found, meta.int_prop("compact.min_input_files"))
+    purge: window.Purge | None = None
+    if major:
+        start = window.start(io, state, meta.prop("compact.look_back") if look_back is None else look_back)
+        mark = window.watermark(io, state, state_mod.load(io, start))
+        purge = window.purge(io, state, start, mark)
+        groups = _with_invalid(groups, found)
     if dry_run:
         files = [f for g in groups for f in g]
         return {"files": len(files), "bytes": sum(f.bytes for f in files), "rows": sum(f.rows for f in files),
                 "partitions": len(groups)}
-    if not groups:
+    new_window = None if purge is None else Window(purge.start, purge.watermark)
+    if not groups and (new_window is None or new_window == state.window):
         return CompactResult(None)
     added, written, current_rows, history_rows = [], [], 0, 0
+    folded: LogFile | None = None
+    unlisted: list[str] = []
     try:
         for group in groups:
-            files, paths, cur, hist = rewrite(io, state, group, target, cache, progress or (lambda rows: None))
+            files, paths, cur, hist = rewrite(io, state, group, target, cache, progress or (lambda rows: None),
+                                              purge.drop if purge is not None else None)
             added += files
             written += paths
             current_rows += cur
             history_rows += hist
+        if purge is not None:
+            folded, unlisted = window.fold(io, state, purge.start, purge.dropped_ids())
+            written += [folded.path] if folded else []
         faults.point("after_compaction_write")
     except BaseException:
         for path in written:
@@ -222,11 +244,21 @@ def compact(io: FileIO, refresh: Callable[[], TableState], *, target_file_bytes:
     removed = [f for g in groups for f in g]
 
     def build(latest: TableState):
-        if any(f.path not in latest.files for f in removed):
+        listed = {f.path for _, f in latest.logs}
+        if any(f.path not in latest.files for f in removed) or any(p not in listed for p in unlisted) or (
+                new_window is not None and latest.window is not None and latest.window.version > new_window.version):
             return None, []  # another compaction replaced some of them first
-        return Commit(latest.version + 1, COMPACT, commitlog.now_ms(latest.timestamp_ms),
-                      parameters={"files_removed": len(removed), "files_added": len(added)},
-                      add_files=tuple(added), remove_files=tuple(f.path for f in removed)), []
+        w = new_window
+        if w is not None and w.version == state.version == latest.version:
+            # A window at the latest version starts at this commit, which reads the same: so the files this
+            # compaction replaces are needed by no version inside it, and cleanup can release them.
+            w = Window(latest.version + 1, w.watermark)
+        parameters: dict[str, Any] = {"files_removed": len(removed), "files_added": len(added)}
+        if new_window is not None:
+            parameters.update(major=True, purged_rows=int(len(purge.dropped_ids())) if purge else 0)
+        return Commit(latest.version + 1, COMPACT, commitlog.now_ms(latest.timestamp_ms), parameters=parameters,
+                      add_files=tuple(added), remove_files=tuple(f.path for f in removed),
+                      logs=(folded,) if folded else (), remove_logs=tuple(unlisted), window=w), []
 
     c, _ = transaction.commit(io, refresh, build)
     if c is None:
@@ -234,4 +266,23 @@ def compact(io: FileIO, refresh: Callable[[], TableState], *, target_file_bytes:
             io.delete(path)
         return CompactResult(None)
     return CompactResult(c.version, len(removed), len(added), sum(f.bytes for f in removed),
-                         sum(f.bytes for f in added), current_rows, history_rows)
+                         sum(f.bytes for f in added), current_rows, history_rows,
+                         int(len(purge.dropped_ids())) if purge is not None else 0)
+
+
+def _with_invalid(groups: list[list[DataFile]], found: list[FileMetrics]) -> list[list[DataFile]]:
+    """A major compaction's groups: the minor ones, and every file holding rows not valid now (rows the
+    window may purge), by partition."""
+    out: dict[tuple, list[DataFile]] = {}
+    for g in groups:
+        out[_partition_key(g[0])] = list(g)
+    for m in found:
+        if m.valid_rows < m.file.rows:
+            group = out.setdefault(_partition_key(m.file), [])
+            if m.file not in group:
+                group.append(m.file)
+    return list(out.values())
+
+
+def _partition_key(f: DataFile) -> tuple:
+    return tuple(sorted((f.partition or {}).items(), key=lambda kv: kv[0]))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from bitlake.errors import InvalidInputError, VersionNotFoundError
+from bitlake.errors import InvalidInputError, VersionExpiredError, VersionNotFoundError
 from bitlake.format import commitlog
+from bitlake.format.commit import Window
 from bitlake.fs import FileIO
 
 
@@ -54,3 +55,17 @@ def resolve_version(io: FileIO, latest: int, version: int | None = None, as_of: 
         else:
             hi = mid - 1
     return lo
+
+
+def check_window(window: Window | None, version: int, valid_at: int | None = None, what: str = "version") -> None:
+    """Refuses a read outside the retention window a major compaction set (``VersionExpiredError``)."""
+    if window is None:
+        return
+    span = f"the table keeps versions from {window.version}" + (
+        f" and event times from {window.watermark}" if window.watermark is not None else "")
+    if version < window.version:
+        raise VersionExpiredError(f"{what} {version} is before the retention window: {span} (a major compaction "
+                                  "purged the rest)")
+    if valid_at is not None and window.watermark is not None and valid_at < window.watermark:
+        raise VersionExpiredError(f"valid_at {valid_at} is before the retention window: {span} (a major "
+                                  "compaction purged the rest)")

@@ -139,7 +139,8 @@ class SegmentState:
 class LogFile:
     """A segment-log file; ``min_t``/``max_t`` bound its event times, so an event-time read skips files that
     cannot hold an event after its time. ``resets``: the file holds events for rows that already had one (a
-    restatement's), so a reader deciding a row's latest event never skips it."""
+    restatement's), so a reader deciding a row's latest event never skips it. ``folded``: a major compaction
+    folded events of versions up to the window's start into it: they are not changes of the commit listing it."""
 
     path: str
     events: int
@@ -147,11 +148,13 @@ class LogFile:
     min_t: int
     max_t: int
     resets: bool = False
+    folded: bool = False
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
-        if not self.resets:
-            del d["resets"]
+        for flag in ("resets", "folded"):
+            if not d[flag]:
+                del d[flag]
         return d
 
     @classmethod
@@ -195,6 +198,22 @@ class Tombstone:
 
 
 @dataclasses.dataclass(frozen=True)
+class Window:
+    """The retention window a major compaction set: every version from ``version`` on, and every event time
+    from ``watermark`` on (the largest delta value committed by that version). Reads outside it are refused."""
+
+    version: int
+    watermark: int | None  # None: an unkeyed table (no event time)
+
+    def to_json(self) -> dict:
+        return {"version": self.version, "watermark": self.watermark}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Window:
+        return cls(d["version"], d.get("watermark"))
+
+
+@dataclasses.dataclass(frozen=True)
 class Commit:
     version: int
     operation: str
@@ -207,6 +226,8 @@ class Commit:
     remove_files: tuple[str, ...] = ()
     segments: tuple[SegmentState, ...] = ()
     logs: tuple[LogFile, ...] = ()
+    remove_logs: tuple[str, ...] = ()
+    window: Window | None = None
     keystore_add: tuple[BucketFile, ...] = ()
     keystore_remove: tuple[str, ...] = ()
     tombstones: tuple[Tombstone, ...] = ()
@@ -239,6 +260,8 @@ class Commit:
             "remove_files": list(self.remove_files),
             "segments": [s.to_json() for s in self.segments],
             "logs": [f.to_json() for f in self.logs],
+            "remove_logs": list(self.remove_logs),
+            "window": self.window.to_json() if self.window else None,
             "keystore_add": [f.to_json() for f in self.keystore_add],
             "keystore_remove": list(self.keystore_remove),
             "tombstones": [t.to_json() for t in self.tombstones],
@@ -263,6 +286,8 @@ class Commit:
             remove_files=tuple(d.get("remove_files", ())),
             segments=tuple(SegmentState.from_json(s) for s in d.get("segments", ())),
             logs=tuple(LogFile.from_json(f) for f in d.get("logs", ())),
+            remove_logs=tuple(d.get("remove_logs", ())),
+            window=Window.from_json(d["window"]) if d.get("window") else None,
             keystore_add=tuple(BucketFile.from_json(f) for f in d.get("keystore_add", ())),
             keystore_remove=tuple(d.get("keystore_remove", ())),
             tombstones=tuple(Tombstone.from_json(t) for t in d.get("tombstones", ())),

@@ -50,6 +50,8 @@ DEFAULT_PROPERTIES = {
     "compact.small_file_bytes": "33554432",
     "compact.invalid_fraction": "0.1",
     "compact.min_input_files": "4",
+    # Major compaction's default window (docs/maintenance.md): a version, an age ("7d", "12h") or a time.
+    "compact.look_back": "7d",
     # A state checkpoint is written every this many commits, so opening a table reads at most one
     # checkpoint plus this many commit files.
     "checkpoint.interval": "20",

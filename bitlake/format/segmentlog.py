@@ -72,9 +72,11 @@ def read_until(io: FileIO, path: str, after: int | None = None, columns: list[st
     return pq.read_table(io.open_input(path), filters=filters, columns=columns, schema=FILE_SCHEMA)
 
 
-def latest_until(io: FileIO, files: list[tuple[int, LogFile]], after: int | None = None) -> pa.Table:
+def latest_until(io: FileIO, files: list[tuple[int, LogFile]], after: int | None = None,
+                 with_version: bool = False) -> pa.Table:
     """The latest SET_VALID_UNTIL event per row among ``(version, file)`` pairs, as columns ``_row_id``
-    (packed), ``t``; the latest is the one of the highest version (docs/FORMAT.md, "Segment logs")."""
+    (packed), ``t`` (and ``version``); the latest is the one of the highest version (docs/FORMAT.md, "Segment
+    logs")."""
     ids, ts, versions = [], [], []
     for version, f in files:
         events = read_until(io, f.path, columns=[PART_COLUMN, SEQ_COLUMN, OFFSET_COLUMN, "t"])
@@ -84,14 +86,15 @@ def latest_until(io: FileIO, files: list[tuple[int, LogFile]], after: int | None
         ts.append(events.column("t").to_numpy())
         versions.append(np.full(len(packed), version, np.int64))
     if not ids:
-        return pa.table({"_row_id": pa.array([], pa.int64()), "t": pa.array([], pa.int64())})
+        empty = {"_row_id": pa.array([], pa.int64()), "t": pa.array([], pa.int64())}
+        return pa.table({**empty, "version": pa.array([], pa.int64())} if with_version else empty)
     rid, t, v = np.concatenate(ids), np.concatenate(ts), np.concatenate(versions)
     order = np.lexsort((-v, rid))
-    rid, t = rid[order], t[order]
+    rid, t, v = rid[order], t[order], v[order]
     first = np.ones(len(rid), dtype=bool)
     first[1:] = rid[1:] != rid[:-1]
-    rid, t = rid[first], t[first]
+    rid, t, v = rid[first], t[first], v[first]
     if after is not None:
         keep = t > after
-        rid, t = rid[keep], t[keep]
-    return pa.table({"_row_id": rid, "t": t})
+        rid, t, v = rid[keep], t[keep], v[keep]
+    return pa.table({"_row_id": rid, "t": t, "version": v} if with_version else {"_row_id": rid, "t": t})

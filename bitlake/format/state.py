@@ -23,6 +23,7 @@ from bitlake.format.commit import (
     LogFile,
     SegmentState,
     Tombstone,
+    Window,
 )
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.protocol import Protocol
@@ -69,6 +70,7 @@ class TableState:
     # The last commit that carried Data Change Events: the next event's prev_snapshot_id.
     last_event_version: int = 0
     max_part: int = 0
+    window: Window | None = None  # set by major compactions: reads before it are refused
 
     def apply(self, c: Commit) -> None:
         """Replays one commit (docs/FORMAT.md, "State and replay")."""
@@ -88,8 +90,13 @@ class TableState:
             self.files[added.path] = added
         for s in c.segments:
             self.segments[s.segment] = s
+        if c.remove_logs:
+            removed_logs = set(c.remove_logs)
+            self.logs = [(v, f) for v, f in self.logs if f.path not in removed_logs]
         for f in c.logs:
             self.logs.append((c.version, f))
+        if c.window is not None:
+            self.window = c.window
         if c.keystore_remove:
             removed = set(c.keystore_remove)
             for bucket, files in self.keystore.items():
@@ -141,6 +148,7 @@ class TableState:
             "tombstones": [[v, t.to_json()] for v, t in self.tombstones],
             "last_event_version": self.last_event_version,
             "max_part": self.max_part,
+            "window": self.window.to_json() if self.window else None,
         }
 
     @classmethod
@@ -164,6 +172,7 @@ class TableState:
             tombstones=[(v, Tombstone.from_json(t)) for v, t in d["tombstones"]],
             last_event_version=d["last_event_version"],
             max_part=d["max_part"],
+            window=Window.from_json(d["window"]) if d.get("window") else None,
         )
 
 

@@ -102,7 +102,8 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
         df = df.orderBy("_commit_version", "batch_index", "_rid")  # in order, as a keyed table's
         return df.select(*columns, "_change_type", "_commit_version", commit_timestamp)
 
-    events = _events(io, [(v, f) for v, f in state.logs if start < v <= end])
+    # A folded log (major compaction) holds events of versions before the window, which no range reaches.
+    events = _events(io, [(v, f) for v, f in state.logs if start < v <= end and not f.folded])
     targets = events.column("_target").to_numpy()
     parts = []
     small = events.num_rows <= BROADCAST_EVENTS

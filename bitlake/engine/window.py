@@ -1,0 +1,149 @@
+"""The retention window of a major compaction (docs/maintenance.md): where it starts, its watermark, which
+superseded rows no view inside it can see, and the segment-log events it folds.
+
+The window keeps every version from its start ``W`` and every event time from its **watermark** ``M``, the
+largest delta value committed by version ``W``. A row no view inside it can see is one that is not valid now
+and either never had a SET_VALID_UNTIL event (a stale row, or one superseded in the commit that landed it) or
+whose latest event was committed at or before ``W`` with an event time at or below ``M``: a view at a version
+``v >= W`` and a time ``t >= M`` (or now) sees the same latest event, and ``t < u <= M`` never holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import re
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from bitlake.engine import timetravel
+from bitlake.errors import InvalidInputError, VersionNotFoundError
+from bitlake.format import datafile, keystore, layout, rowid, segmentlog
+from bitlake.format.commit import LogFile
+from bitlake.format.metadata import deltas_as_int
+from bitlake.format.state import TableState
+from bitlake.fs import FileIO
+
+NO_WATERMARK = -(1 << 63)  # nothing committed yet: every event time is inside the window
+_AGE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
+_UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def start(io: FileIO, state: TableState, look_back: Any) -> int:
+    """The version a ``look_back`` names: a version (int), an age (``"7d"``, ``"12h"``, ``"30m"``, ``"90s"``:
+    the latest version committed at least that long ago), or a commit time (datetime or ISO string: the
+    latest version committed at or before it). Never before the table's current window."""
+    current = state.window.version if state.window else 0
+    if isinstance(look_back, bool) or look_back is None:
+        raise InvalidInputError(f"look_back must be a version, an age such as '7d' or a time, not {look_back!r}")
+    if isinstance(look_back, int):
+        if not 0 <= look_back <= state.version:
+            raise InvalidInputError(f"look_back version {look_back} is not one of the table's 0 to {state.version}")
+        return max(look_back, current)
+    as_of = look_back
+    age = _AGE.match(look_back.strip()) if isinstance(look_back, str) else None
+    if age:
+        ms = dt.datetime.now(dt.UTC).timestamp() * 1000 - float(age.group(1)) * _UNIT_MS[age.group(2)]
+        as_of = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
+    try:
+        v = timetravel.resolve_version(io, state.version, as_of=as_of)
+    except VersionNotFoundError:  # every version is younger: the window cannot start yet
+        v = 0
+    return max(v, current)
+
+
+def watermark(io: FileIO, state: TableState, at: TableState) -> int | None:
+    """The largest delta value committed by the version of ``at`` (records of the batches live in it), read
+    from the data and keys files of ``state`` (the latest); None for an unkeyed table."""
+    meta = state.metadata
+    if not meta.keyed:
+        return None
+    best = state.window.watermark if state.window and state.window.watermark is not None else NO_WATERMARK
+    # Batches live by the previous window's start are within its watermark (and their keys files may be gone).
+    after = state.window.version if state.window else -1
+    batches = [b for b in at.parts.values() if b.live_version is not None and b.live_version > after]
+    parts = np.array(sorted(b.part for b in batches), dtype=np.int64)
+    for f in state.data_files():
+        if not np.isin([r.part for r in f.segments], parts).any():
+            continue
+        t = datafile.read_data(io, f.path, meta, [str(meta.delta_column), rowid.PART_COLUMN])
+        mine = np.isin(t.column(rowid.PART_COLUMN).to_numpy(), parts)
+        if mine.any():
+            best = max(best, int(deltas_as_int(t.column(str(meta.delta_column)), meta.delta_type)[mine].max()))
+    for kf in (kf for b in batches for kf in b.keys_files):
+        deletes = datafile.read_deletes(io, kf.path, meta)
+        if deletes.num_rows:
+            best = max(best, int(pc.max(deletes.column(keystore.DELTA)).as_py()))
+    return best
+
+
+@dataclasses.dataclass
+class Purge:
+    """Which rows of a major compaction's window no view can see; ``dropped`` collects the ids it drops."""
+
+    start: int
+    watermark: int | None
+    rid: np.ndarray  # rows with a SET_VALID_UNTIL event, sorted; their latest event's version and time
+    version: np.ndarray
+    t: np.ndarray
+    dropped: list[np.ndarray] = dataclasses.field(default_factory=list)
+
+    def drop(self, ids: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """A mask of the rows ``ids`` (with their validity now) that no view inside the window can see."""
+        if not len(self.rid):
+            gone = ~valid
+        else:
+            pos = np.minimum(np.searchsorted(self.rid, ids), len(self.rid) - 1)
+            has = self.rid[pos] == ids
+            late = (self.version[pos] > self.start) | (self.t[pos] > (self.watermark or NO_WATERMARK))
+            gone = ~valid & ~(has & late)
+        self.dropped.append(ids[gone])
+        return gone
+
+    def dropped_ids(self) -> np.ndarray:
+        return np.sort(np.concatenate(self.dropped)) if self.dropped else np.empty(0, np.int64)
+
+
+def _listed(v: int, f: LogFile) -> int:
+    """The version whose events a log file holds for ordering: a folded file's are older than any other's."""
+    return -1 if f.folded else v
+
+
+def purge(io: FileIO, state: TableState, start_version: int, mark: int | None) -> Purge:
+    events = segmentlog.latest_until(io, [(_listed(v, f), f) for v, f in state.logs], with_version=True)
+    return Purge(start_version, mark, events.column("_row_id").to_numpy(), events.column("version").to_numpy(),
+                 events.column("t").to_numpy())
+
+
+def fold(io: FileIO, state: TableState, start_version: int, dropped: np.ndarray
+         ) -> tuple[LogFile | None, list[str]]:
+    """Folds the log files listed at or before the window's start into one ``folded`` file: each row's latest
+    event among them, without the rows dropped and the rows with a later event elsewhere (the later one wins in
+    every view inside the window). Returns the new file (None: no event is left) and the files it replaces."""
+    old = [(v, f) for v, f in state.logs if v <= start_version]
+    if not old:
+        return None, []
+    pieces = []
+    for v, f in old:
+        e = segmentlog.read_until(io, f.path)
+        pieces.append(e.append_column("_version", pa.array(np.full(e.num_rows, _listed(v, f), np.int64))))
+    events = pa.concat_tables(pieces)
+    rid = rowid.pack_arrays(*(events.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+    order = np.lexsort((-events.column("_version").to_numpy(), rid))
+    rid = rid[order]
+    first = np.ones(len(rid), dtype=bool)
+    first[1:] = rid[1:] != rid[:-1]
+    later = [segmentlog.read_until(io, f.path, columns=list(rowid.ROW_ID_COLUMNS))
+             for v, f in state.logs if v > start_version]
+    later_ids = np.concatenate([rowid.pack_arrays(*(e.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+                                for e in later]) if later else np.empty(0, np.int64)
+    keep = first & ~np.isin(rid, dropped) & ~np.isin(rid, later_ids)
+    replaced = [f.path for _, f in old]
+    if not keep.any():
+        return None, replaced
+    kept = events.take(pa.array(order[keep])).drop_columns(["_version"])
+    written = segmentlog.write_file(io, layout.log_path(), kept)
+    return dataclasses.replace(written, folded=True), replaced
