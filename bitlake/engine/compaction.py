@@ -7,9 +7,9 @@ their rows (a file that holds superseded rows only is history, not waste), and t
 
 How: the rows valid in the current view go to **current** files, the others to **history** files, so that
 the current view reads the current files whole and skips the history files (time travel and the change feed
-still read them). Each new file's commit entry
-names a bitmap file of the offsets it holds per segment; the read planner compares those with the valid
-offsets (docs/FORMAT.md, "Data files"). Files of pending batches are never taken.
+still read them). Each new file's commit entry names a bitmap file of the offsets it holds per segment; the
+read planner compares those with the valid offsets (docs/FORMAT.md, "Data files"). Files of pending batches
+are never taken.
 
 The commit (``COMPACT``) removes the old files and adds the new ones. It conflicts only with another
 compaction of the same files: then this one gives up and removes what it wrote. An ingest committing
@@ -214,7 +214,7 @@ def compact(io: FileIO, refresh: Callable[[], TableState], *, target_file_bytes:
         start = window.start(io, state, meta.prop("compact.look_back") if look_back is None else look_back)
         mark = window.watermark(io, state, state_mod.load(io, start))
         purge = window.purge(io, state, start, mark)
-        groups = _with_invalid(groups, found)
+        groups = _with_purgeable(groups, found, purge, cache, state)
     if dry_run:
         files = [f for g in groups for f in g]
         return {"files": len(files), "bytes": sum(f.bytes for f in files), "rows": sum(f.rows for f in files),
@@ -254,8 +254,8 @@ def compact(io: FileIO, refresh: Callable[[], TableState], *, target_file_bytes:
             # compaction replaces are needed by no version inside it, and cleanup can release them.
             w = Window(latest.version + 1, w.watermark)
         parameters: dict[str, Any] = {"files_removed": len(removed), "files_added": len(added)}
-        if new_window is not None:
-            parameters.update(major=True, purged_rows=int(len(purge.dropped_ids())) if purge else 0)
+        if purge is not None:
+            parameters.update(major=True, purged_rows=int(len(purge.dropped_ids())))
         return Commit(latest.version + 1, COMPACT, commitlog.now_ms(latest.timestamp_ms), parameters=parameters,
                       add_files=tuple(added), remove_files=tuple(f.path for f in removed),
                       logs=(folded,) if folded else (), remove_logs=tuple(unlisted), window=w), []
@@ -270,17 +270,26 @@ def compact(io: FileIO, refresh: Callable[[], TableState], *, target_file_bytes:
                          int(len(purge.dropped_ids())) if purge is not None else 0)
 
 
-def _with_invalid(groups: list[list[DataFile]], found: list[FileMetrics]) -> list[list[DataFile]]:
-    """A major compaction's groups: the minor ones, and every file holding rows not valid now (rows the
-    window may purge), by partition."""
-    out: dict[tuple, list[DataFile]] = {}
-    for g in groups:
-        out[_partition_key(g[0])] = list(g)
+def _with_purgeable(groups: list[list[DataFile]], found: list[FileMetrics], purge: window.Purge,
+                    cache: bitmap.BitmapCache, state: TableState) -> list[list[DataFile]]:
+    """A major compaction's groups: the minor ones, and the files holding rows the window lets go, by
+    partition. A compacted file's offsets say which rows it holds; a landed file is taken when it holds rows
+    not valid now (it is one batch's, and the first major compaction turns it into compacted files)."""
+    out: dict[tuple, list[DataFile]] = {_partition_key(g[0]): list(g) for g in groups}
+    taken = {f.path for g in groups for f in g}
     for m in found:
-        if m.valid_rows < m.file.rows:
-            group = out.setdefault(_partition_key(m.file), [])
-            if m.file not in group:
-                group.append(m.file)
+        f = m.file
+        if f.path in taken or m.valid_rows >= f.rows:
+            continue
+        if f.offsets is not None:
+            held = cache.file(f.offsets)
+            ids = np.concatenate([bitmap.to_array(held[r.segment]) | np.int64(rowid.segment_key(r.part, r.seq))
+                                  for r in f.segments])
+            valid = np.concatenate([bitmap.valid_mask(cache.valid(state.segments[r.segment]),
+                                                      bitmap.to_array(held[r.segment])) for r in f.segments])
+            if not purge.gone(ids, valid).any():
+                continue
+        out.setdefault(_partition_key(f), []).append(f)
     return list(out.values())
 
 

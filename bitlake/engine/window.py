@@ -91,17 +91,21 @@ class Purge:
     t: np.ndarray
     dropped: list[np.ndarray] = dataclasses.field(default_factory=list)
 
-    def drop(self, ids: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    def gone(self, ids: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """A mask of the rows ``ids`` (with their validity now) that no view inside the window can see."""
         if not len(self.rid):
-            gone = ~valid
-        else:
-            pos = np.minimum(np.searchsorted(self.rid, ids), len(self.rid) - 1)
-            has = self.rid[pos] == ids
-            late = (self.version[pos] > self.start) | (self.t[pos] > (self.watermark or NO_WATERMARK))
-            gone = ~valid & ~(has & late)
-        self.dropped.append(ids[gone])
-        return gone
+            return ~valid
+        pos = np.minimum(np.searchsorted(self.rid, ids), len(self.rid) - 1)
+        has = self.rid[pos] == ids
+        mark = NO_WATERMARK if self.watermark is None else self.watermark
+        late = (self.version[pos] > self.start) | (self.t[pos] > mark)
+        return ~valid & ~(has & late)
+
+    def drop(self, ids: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """:meth:`gone`, remembering the rows it drops (their log events are folded away)."""
+        out = self.gone(ids, valid)
+        self.dropped.append(ids[out])
+        return out
 
     def dropped_ids(self) -> np.ndarray:
         return np.sort(np.concatenate(self.dropped)) if self.dropped else np.empty(0, np.int64)
