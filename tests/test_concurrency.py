@@ -116,8 +116,9 @@ def test_same_batch_id_from_two_writers(tmp_path, spark, procs):
 
 
 def test_ingest_and_compaction_at_once(tmp_path, spark, procs):
-    """Writers ingest while two others compact the same files: every batch commits once, the compactions
-    that lose the files to the other give up cleanly, and the view equals the oracle."""
+    """Writers ingest while two others compact the same files, one of them a major compaction: every batch
+    commits once, the compactions that lose the files to the other give up cleanly, and the view equals the
+    oracle (a major compaction never drops a row the current view shows)."""
     table = harness.create(tmp_path / "t", num_buckets=2)
     rng = random.Random(7)
     batches: dict[str, list[list]] = {}
@@ -134,8 +135,9 @@ def test_ingest_and_compaction_at_once(tmp_path, spark, procs):
             batches[batch_id] = make_batch(rng, batch_id)
             steps.append({"op": "ingest", "batch_id": batch_id, "rows": batches[batch_id], "metagen": metagen})
         procs.append(Writer(tmp_path, name, table.path, steps, barrier=True))
-    for name in ("c0", "c1"):
-        procs.append(Writer(tmp_path, name, table.path, [{"op": "compact"}, {"op": "compact"}], barrier=True))
+    procs.append(Writer(tmp_path, "c0", table.path, [{"op": "compact"}, {"op": "compact"}], barrier=True))
+    procs.append(Writer(tmp_path, "c1", table.path, [{"op": "compact", "major": True, "look_back": 2},
+                                                     {"op": "compact"}], barrier=True))
     harness.release(tmp_path, procs)
     harness.run_all(procs)
 

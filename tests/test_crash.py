@@ -45,6 +45,7 @@ CASES["metagen-after_metagen"] = ("after_metagen", "metagen")
 # "compact": b1 is committed; the writer runs Table.compact(), which rewrites both batches' files.
 CASES["compact-after_compaction_write"] = ("after_compaction_write", "compact")
 CASES["compact-after_commit"] = ("after_commit", "compact")
+CASES["major-after_compaction_write"] = ("after_compaction_write", "major")
 PARALLEL_WRITERS = 3
 
 
@@ -75,9 +76,9 @@ def crashed(tmp_path_factory, spark):
             r = ingest(bitlake.open_table(str(path)), "b1", metagen=False, spark=spark)
             assert (r.version, r.committed, r.visible) == (2, True, False)
             steps = [{"op": "metagen"}]
-        elif mode == "compact":
+        elif mode in ("compact", "major"):
             assert ingest(bitlake.open_table(str(path)), "b1", spark=spark).version == 2
-            steps = [{"op": "compact"}]
+            steps = [{"op": "compact", "major": mode == "major", "look_back": 2}]
         else:
             steps = [{"op": "ingest", "batch_id": "b1", "rows": B1, "metagen": mode == "ingest"}]
         todo.append((name, path, steps, point))
@@ -225,3 +226,24 @@ def test_crash_during_compaction(crashed, spark, point):
         assert table.version == 3 and table.history()[0]["operation"] == "COMPACT" and before == set()
         assert table.compact().version is None
         cleanup_and_check(table, spark, [], expected, then_ingest=True)
+
+
+def test_crash_during_major_compaction(crashed, spark):
+    """A major compaction killed before its commit: no window, no purge; the files it wrote (data, offsets,
+    the folded log) are leftovers; a rerun sets the window and purges; then b2 goes on by the contract."""
+    path, writer = crashed["major-after_compaction_write"]
+    check_died(writer)
+    table = bitlake.open_table(path)
+    expected = harness.oracle([B0, B1])[0]
+    assert table.version == 2 and table.state().window is None
+    assert harness.check_view(table, BATCHES, spark) == expected
+    before = sorted(harness.orphans(table))
+    assert before and all(p.startswith(("data/c-", "_bitlake/bitmaps/", "_bitlake/logs/")) for p in before)
+    r = table.compact(major=True, look_back=2)
+    assert r.version == 3 and r.purged_rows > 0 and table.state().window.version == 3
+    removed = table.cleanup(min_age_seconds=0)
+    assert set(before) <= set(removed), "the dead compaction's files go with the expired ones"
+    assert harness.orphans(table) == []
+    assert harness.arrow_rows(table) == expected
+    r = ingest(bitlake.open_table(path), "b2", spark=spark)
+    assert r.committed and harness.arrow_rows(bitlake.open_table(path)) == harness.oracle([B0, B1, B2])[0]

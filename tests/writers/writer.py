@@ -6,7 +6,7 @@ Usage: ``python writer.py SPEC.json``. The spec is a JSON object:
 * ``ready`` / ``go`` (optional): after its SparkSession is up the writer creates ``ready`` and waits
   for ``go`` to exist, so that several writers start committing at the same moment;
 * ``steps``: ``{"op": "ingest", "batch_id": ..., "rows": [[id, v, mod, op], ...], "metagen": bool}``
-  or ``{"op": "metagen", "expect_visible": [batch ids]}`` or ``{"op": "compact", "target_file_bytes": n}``.
+  or ``{"op": "metagen", "expect_visible": [batch ids]}`` or ``{"op": "compact", "target_file_bytes": n, "major": bool, "look_back": ...}``.
 
 An ack line is written (and fsynced) only after the step returned, so a writer killed by a crash
 point never acknowledges the step it died in.
@@ -73,7 +73,8 @@ def main(spec_path: str) -> None:
                 r = table.ingest(batch_table(step["rows"]), op_column="op", batch_id=step["batch_id"],
                                  metagen=step["metagen"], spark=spark)
             elif step["op"] == "compact":
-                c = table.compact(target_file_bytes=step.get("target_file_bytes"))
+                c = table.compact(target_file_bytes=step.get("target_file_bytes"), major=step.get("major", False),
+                                  look_back=step.get("look_back"))
                 ack.write(json.dumps({"step": i, "op": "compact", "version": c.version,
                                       "removed_files": c.removed_files, "lost_races": LOST_RACES[0]}) + "\n")
                 ack.flush()
