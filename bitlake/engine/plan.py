@@ -69,6 +69,23 @@ class ReadPlan:
             bm |= bitmap.of(self.revived[segment])
         return bm
 
+    def dropped(self, cache: bitmap.BitmapCache) -> dict[tuple[int, int], BitMap]:
+        """Per segment, the offsets of the rows the filtered files hold and the view drops: for a compacted
+        file the offsets it holds that are not kept (its offsets file says which), for a landed one every
+        offset of its segment not kept. A filter on these reads what filtering on the kept offsets reads."""
+        out: dict[tuple[int, int], BitMap] = {}
+        for f in self.filtered:
+            for r in f.segments:
+                s = self.segments.get(r.segment)
+                if s is None:
+                    continue
+                if f.offsets is not None:
+                    drop = cache.file(f.offsets)[r.segment] - self.kept(cache, r.segment)
+                else:
+                    drop = BitMap(range(s.offsets)) - self.kept(cache, r.segment)
+                out[r.segment] = out[r.segment] | drop if r.segment in out else drop
+        return out
+
     def invalid_rows(self) -> int:
         """An upper bound of the rows the filter drops."""
         return sum(s.offsets - s.cardinality for s in self.segments.values())

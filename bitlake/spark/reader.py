@@ -24,13 +24,12 @@ DRIVER_EXPANSION_ROWS = 2_000_000
 _DROP_IN = "segment string, revived binary"
 
 
-def _dropped(cache: bitmap.BitmapCache, p: ReadPlan, segments) -> Iterator[pa.RecordBatch]:
-    """Packed row ids of the rows the plan drops from ``segments``."""
-    for key in segments:
-        s = p.segments[key]
-        offsets = bitmap.invalid_offsets(p.kept(cache, key), s.offsets)
+def _dropped(cache: bitmap.BitmapCache, p: ReadPlan) -> Iterator[pa.RecordBatch]:
+    """Packed row ids of the rows the plan drops from its filtered files (a compacted file's own, not its
+    segments': the rows compaction moved to history files are not in the join)."""
+    for key, offsets in sorted(p.dropped(cache).items()):
         if len(offsets):
-            ids = offsets | np.int64(rowid.segment_key(*key))
+            ids = bitmap.to_array(offsets) | np.int64(rowid.segment_key(*key))
             yield pa.RecordBatch.from_arrays([pa.array(ids, pa.int64())], ["_invalid"])
 
 
@@ -81,7 +80,7 @@ def read(spark, io: FileIO, p: ReadPlan, include_row_ids: bool = False):
         if invalid <= DRIVER_EXPANSION_ROWS:
             # One Arrow transfer instead of a Spark job with a Python worker: at a few MB it is the cheaper
             # way, and this fixed cost is most of what a read of a small table pays.
-            batches = list(_dropped(bitmap.BitmapCache(io), p, segments))
+            batches = list(_dropped(bitmap.BitmapCache(io), p))
             ids = spark.createDataFrame(pa.Table.from_batches(batches, schema=pa.schema([("_invalid", pa.int64())])))
         else:
             import json
