@@ -1,8 +1,10 @@
-"""Table upkeep: removing the leftovers of writers that never committed, and upgrading format v1 tables."""
+"""Table upkeep: compaction's commit, cleanup of leftovers and expired files, and upgrading format v1 tables."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from typing import Any
 
 import pyarrow as pa
 
@@ -71,6 +73,22 @@ def cleanup(io: FileIO, state: TableState, *, min_age_seconds: float, dry_run: b
             io.delete(rel)
         io.remove_empty_dirs(layout.DATA_DIR)
     return sorted(removable)
+
+
+def compact(io: FileIO, refresh, **options) -> Any:
+    """A compaction (:mod:`bitlake.engine.compaction`) planned and written on the latest state, then committed;
+    a compaction that another one beat to its files removes what it wrote and returns ``version=None``."""
+    from bitlake.engine import compaction
+
+    prepared = compaction.prepare(io, refresh(), **options)
+    if not isinstance(prepared, compaction.Prepared):
+        return prepared if prepared is not None else compaction.CompactResult(None)
+    c, _ = transaction.commit(io, refresh, lambda latest: (prepared.commit(latest), []))
+    if c is None:
+        for path in prepared.written:
+            io.delete(path)
+        return compaction.CompactResult(None)
+    return dataclasses.replace(prepared.result, version=c.version)
 
 
 def upgrade(io: FileIO, refresh) -> Commit | None:

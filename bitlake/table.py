@@ -291,10 +291,8 @@ class Table:
         named. Returns a :class:`~bitlake.engine.compaction.CompactResult` (``version`` None: nothing was
         worth it); with ``dry_run``, a dict of what it would rewrite. ``progress`` is called with the rows of
         each file as it is rewritten."""
-        from bitlake.engine import compaction
-
-        return compaction.compact(self.io, self.refresh, target_file_bytes=target_file_bytes, dry_run=dry_run,
-                                  progress=progress, major=major, look_back=look_back)
+        return maintenance.compact(self.io, self.refresh, target_file_bytes=target_file_bytes, dry_run=dry_run,
+                                   progress=progress, major=major, look_back=look_back)
 
     def upgrade(self) -> int | None:
         """Upgrades a format v1 table to format v2 in one commit; returns its version (None: already v2)."""

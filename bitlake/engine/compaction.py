@@ -11,8 +11,9 @@ still read them). Each new file's commit entry names a bitmap file of the offset
 read planner compares those with the valid offsets (docs/FORMAT.md, "Data files"). Files of pending batches
 are never taken.
 
-The commit (``COMPACT``) removes the old files and adds the new ones. It conflicts only with another
-compaction of the same files: then this one gives up and removes what it wrote. An ingest committing
+The commit (``COMPACT``, built by :meth:`Prepared.commit`, committed by :func:`bitlake.maintenance.compact`)
+removes the old files and adds the new ones. It conflicts only with another compaction of the same files:
+then this one gives up and removes what it wrote. An ingest committing
 meanwhile does not conflict, since validity is by row id, whichever file holds the row.
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bitlake import faults, transaction
+from bitlake import faults
 from bitlake.engine import window
 from bitlake.format import bitmap, commitlog, datafile, layout, rowid
 from bitlake.format import state as state_mod
@@ -196,13 +197,47 @@ def rewrite(io: FileIO, state: TableState, group: list[DataFile], target_bytes: 
     return current.done + history.done, current.written + history.written, counts[0], counts[1]
 
 
-def compact(io: FileIO, refresh: Callable[[], TableState], *, target_file_bytes: int | None = None,
+@dataclasses.dataclass
+class Prepared:
+    """A compaction written and not yet committed: the files it replaces and wrote, the folded log and the
+    log files it replaces, the window it sets; :meth:`commit` builds its commit against the latest state."""
+
+    planned_on: int  # the version it was planned on
+    removed: list[DataFile]
+    added: list[DataFile]
+    written: list[str]
+    folded: LogFile | None
+    unlisted: list[str]
+    window: Window | None
+    result: CompactResult
+
+    def commit(self, latest: TableState) -> Commit | None:
+        """The ``COMPACT`` commit on ``latest``, or None when another compaction took its files first."""
+        listed = {f.path for _, f in latest.logs}
+        if any(f.path not in latest.files for f in self.removed) or any(p not in listed for p in self.unlisted) or (
+                self.window is not None and latest.window is not None
+                and latest.window.version > self.window.version):
+            return None
+        w = self.window
+        if w is not None and w.version == self.planned_on == latest.version:
+            # A window at the latest version starts at this commit, which reads the same: so the files this
+            # compaction replaces are needed by no version inside it, and cleanup can release them.
+            w = Window(latest.version + 1, w.watermark)
+        parameters: dict[str, Any] = {"files_removed": len(self.removed), "files_added": len(self.added)}
+        if self.window is not None:
+            parameters.update(major=True, purged_rows=self.result.purged_rows)
+        return Commit(latest.version + 1, COMPACT, commitlog.now_ms(latest.timestamp_ms), parameters=parameters,
+                      add_files=tuple(self.added), remove_files=tuple(f.path for f in self.removed),
+                      logs=(self.folded,) if self.folded else (), remove_logs=tuple(self.unlisted), window=w)
+
+
+def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = None,
             progress: Callable[[int], None] | None = None, dry_run: bool = False, major: bool = False,
-            look_back: Any = None) -> CompactResult | dict[str, Any]:
-    """Runs a minor compaction of the latest state (module docstring), or a major one: the window from
+            look_back: Any = None) -> Prepared | dict[str, Any] | None:
+    """Plans a minor compaction of ``state`` (module docstring), or a major one: the window from
     ``look_back`` set, the rows no view inside it can see left out, the older log events folded
-    (:mod:`bitlake.engine.window`). With ``dry_run``, only says what it would rewrite."""
-    state = refresh()
+    (:mod:`bitlake.engine.window`); writes its files. Returns None when nothing is due; with ``dry_run``,
+    only says what it would rewrite."""
     state.protocol.check_write(io.uri())
     meta = state.metadata
     target = target_file_bytes or meta.int_prop("compact.target_file_bytes")
@@ -221,8 +256,10 @@ def compact(io: FileIO, refresh: Callable[[], TableState], *, target_file_bytes:
                 "partitions": len(groups)}
     new_window = None if purge is None else Window(purge.start, purge.watermark)
     if not groups and (new_window is None or new_window == state.window):
-        return CompactResult(None)
-    added, written, current_rows, history_rows = [], [], 0, 0
+        return None
+    added: list[DataFile] = []
+    written: list[str] = []
+    current_rows = history_rows = 0
     folded: LogFile | None = None
     unlisted: list[str] = []
     try:
@@ -242,32 +279,10 @@ def compact(io: FileIO, refresh: Callable[[], TableState], *, target_file_bytes:
             io.delete(path)
         raise
     removed = [f for g in groups for f in g]
-
-    def build(latest: TableState):
-        listed = {f.path for _, f in latest.logs}
-        if any(f.path not in latest.files for f in removed) or any(p not in listed for p in unlisted) or (
-                new_window is not None and latest.window is not None and latest.window.version > new_window.version):
-            return None, []  # another compaction replaced some of them first
-        w = new_window
-        if w is not None and w.version == state.version == latest.version:
-            # A window at the latest version starts at this commit, which reads the same: so the files this
-            # compaction replaces are needed by no version inside it, and cleanup can release them.
-            w = Window(latest.version + 1, w.watermark)
-        parameters: dict[str, Any] = {"files_removed": len(removed), "files_added": len(added)}
-        if purge is not None:
-            parameters.update(major=True, purged_rows=int(len(purge.dropped_ids())))
-        return Commit(latest.version + 1, COMPACT, commitlog.now_ms(latest.timestamp_ms), parameters=parameters,
-                      add_files=tuple(added), remove_files=tuple(f.path for f in removed),
-                      logs=(folded,) if folded else (), remove_logs=tuple(unlisted), window=w), []
-
-    c, _ = transaction.commit(io, refresh, build)
-    if c is None:
-        for path in written:
-            io.delete(path)
-        return CompactResult(None)
-    return CompactResult(c.version, len(removed), len(added), sum(f.bytes for f in removed),
-                         sum(f.bytes for f in added), current_rows, history_rows,
-                         int(len(purge.dropped_ids())) if purge is not None else 0)
+    purged = int(len(purge.dropped_ids())) if purge is not None else 0
+    result = CompactResult(None, len(removed), len(added), sum(f.bytes for f in removed),
+                           sum(f.bytes for f in added), current_rows, history_rows, purged)
+    return Prepared(state.version, removed, added, written, folded, unlisted, new_window, result)
 
 
 def _with_purgeable(groups: list[list[DataFile]], found: list[FileMetrics], purge: window.Purge,
