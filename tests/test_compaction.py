@@ -281,3 +281,7 @@ def test_look_back_forms(tmp_path):
     assert t.state().window.version == t.version
     t.compact(major=True, look_back=1)
     assert t.state().window.version == t.version, "a window never moves back"
+    other = churned(str(tmp_path / "other"))
+    other.set_properties({"compact.look_back": "3"})  # the default window, as a version
+    other.compact(major=True)
+    assert other.state().window.version == 3

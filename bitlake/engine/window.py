@@ -39,6 +39,8 @@ def start(io: FileIO, state: TableState, look_back: Any) -> int:
     current = state.window.version if state.window else 0
     if isinstance(look_back, bool) or look_back is None:
         raise InvalidInputError(f"look_back must be a version, an age such as '7d' or a time, not {look_back!r}")
+    if isinstance(look_back, str) and look_back.strip().isdigit():  # a version, as a property holds it
+        look_back = int(look_back)
     if isinstance(look_back, int):
         if not 0 <= look_back <= state.version:
             raise InvalidInputError(f"look_back version {look_back} is not one of the table's 0 to {state.version}")
