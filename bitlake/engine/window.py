@@ -137,19 +137,15 @@ def fold(io: FileIO, state: TableState, start_version: int, dropped: np.ndarray
         e = segmentlog.read_until(io, f.path)
         pieces.append(e.append_column("_version", pa.array(np.full(e.num_rows, _listed(v, f), np.int64))))
     events = pa.concat_tables(pieces)
-    rid = rowid.pack_arrays(*(events.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
-    order = np.lexsort((-events.column("_version").to_numpy(), rid))
-    rid = rid[order]
-    first = np.ones(len(rid), dtype=bool)
-    first[1:] = rid[1:] != rid[:-1]
-    later = [segmentlog.read_until(io, f.path, columns=list(rowid.ROW_ID_COLUMNS))
+    rid = segmentlog.row_ids(events)
+    pick = segmentlog.latest(rid, events.column("_version").to_numpy())
+    later = [segmentlog.row_ids(segmentlog.read_until(io, f.path, columns=list(rowid.ROW_ID_COLUMNS)))
              for v, f in state.logs if v > start_version]
-    later_ids = np.concatenate([rowid.pack_arrays(*(e.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
-                                for e in later]) if later else np.empty(0, np.int64)
-    keep = first & ~np.isin(rid, dropped) & ~np.isin(rid, later_ids)
+    later_ids = np.concatenate(later) if later else np.empty(0, np.int64)
+    pick = pick[~np.isin(rid[pick], dropped) & ~np.isin(rid[pick], later_ids)]
     replaced = [f.path for _, f in old]
-    if not keep.any():
+    if not len(pick):
         return None, replaced
-    kept = events.take(pa.array(order[keep])).drop_columns(["_version"])
+    kept = events.take(pa.array(pick)).drop_columns(["_version"])
     written = segmentlog.write_file(io, layout.log_path(), kept)
     return dataclasses.replace(written, folded=True), replaced

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from bitlake.format import rowid
 from bitlake.format.commit import LogFile
 from bitlake.format.rowid import OFFSET_COLUMN, PART_COLUMN, SEQ_COLUMN
 from bitlake.fs import FileIO
@@ -72,6 +73,19 @@ def read_until(io: FileIO, path: str, after: int | None = None, columns: list[st
     return pq.read_table(io.open_input(path), filters=filters, columns=columns, schema=FILE_SCHEMA)
 
 
+def row_ids(events: pa.Table) -> np.ndarray:
+    """The packed row ids of the rows a table of events is about."""
+    return rowid.pack_arrays(*(events.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+
+
+def latest(rid: np.ndarray, versions: np.ndarray) -> np.ndarray:
+    """Indices of each row's latest event (the one of the highest version; the first of a tie), in row-id order."""
+    order = np.lexsort((-versions, rid))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = rid[order][1:] != rid[order][:-1]
+    return order[first]
+
+
 def latest_until(io: FileIO, files: list[tuple[int, LogFile]], after: int | None = None,
                  with_version: bool = False) -> pa.Table:
     """The latest SET_VALID_UNTIL event per row among ``(version, file)`` pairs, as columns ``_row_id``
@@ -80,8 +94,7 @@ def latest_until(io: FileIO, files: list[tuple[int, LogFile]], after: int | None
     ids, ts, versions = [], [], []
     for version, f in files:
         events = read_until(io, f.path, columns=[PART_COLUMN, SEQ_COLUMN, OFFSET_COLUMN, "t"])
-        packed = (events.column(PART_COLUMN).to_numpy().astype(np.int64) << 39) | (
-            events.column(SEQ_COLUMN).to_numpy().astype(np.int64) << 23) | events.column(OFFSET_COLUMN).to_numpy()
+        packed = row_ids(events)
         ids.append(packed)
         ts.append(events.column("t").to_numpy())
         versions.append(np.full(len(packed), version, np.int64))
@@ -89,11 +102,8 @@ def latest_until(io: FileIO, files: list[tuple[int, LogFile]], after: int | None
         empty = {"_row_id": pa.array([], pa.int64()), "t": pa.array([], pa.int64())}
         return pa.table({**empty, "version": pa.array([], pa.int64())} if with_version else empty)
     rid, t, v = np.concatenate(ids), np.concatenate(ts), np.concatenate(versions)
-    order = np.lexsort((-v, rid))
-    rid, t, v = rid[order], t[order], v[order]
-    first = np.ones(len(rid), dtype=bool)
-    first[1:] = rid[1:] != rid[:-1]
-    rid, t, v = rid[first], t[first], v[first]
+    pick = latest(rid, v)
+    rid, t, v = rid[pick], t[pick], v[pick]
     if after is not None:
         keep = t > after
         rid, t, v = rid[keep], t[keep], v[keep]

@@ -48,7 +48,7 @@ def _events(io: FileIO, logs) -> pa.Table:
     pieces = []
     for v, f in logs:
         e = segmentlog.read_until(io, f.path)
-        target = rowid.pack_arrays(*(e.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+        target = segmentlog.row_ids(e)
         pieces.append(pa.table({
             "_target": target, "t": e.column("t"), "cause": e.column("cause"), "batch_index": e.column("batch_index"),
             "_commit_version": pa.array(np.full(len(target), v, np.int64)),
