@@ -289,8 +289,8 @@ class Table:
         ``VersionExpiredError``, every read inside it stays as it was, and the superseded rows no view inside
         it can see are left out of the rewritten files; ``cleanup()`` then removes what only expired versions
         named. Returns a :class:`~bitlake.engine.compaction.CompactResult` (``version`` None: nothing was
-        worth it); with ``dry_run``, a dict of what it would rewrite. ``progress`` is called with the rows of
-        each file as it is rewritten."""
+        worth it); with ``dry_run``, a dict of what it would rewrite. ``progress(rows, total)`` is called once with
+        the total rows it will rewrite (``rows`` 0), then with the rows of each file as it is rewritten."""
         return maintenance.compact(self.io, self.refresh, target_file_bytes=target_file_bytes, dry_run=dry_run,
                                    progress=progress, major=major, look_back=look_back)
 

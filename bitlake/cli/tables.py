@@ -236,19 +236,25 @@ def cmd_compact(args, out: Console, err: Console) -> None:
     from rich.progress import Progress
 
     table = bitlake.open_table(args.path)
-    look_back = int(args.look_back) if args.look_back and args.look_back.isdigit() else args.look_back
-    kw = {"target_file_bytes": args.target_file_bytes, "major": args.major, "look_back": look_back}
-    plan = table.compact(dry_run=True, **kw)
-    if args.dry_run or (not plan["files"] and not args.major):
+    # A look-back of digits is a version (bitlake.engine.window.start), anything else an age or a time.
+    kw = {"target_file_bytes": args.target_file_bytes, "major": args.major, "look_back": args.look_back}
+    if args.dry_run:
+        plan = table.compact(dry_run=True, **kw)
         verb = "would rewrite" if plan["files"] else "nothing to compact:"
         say(out, f"{verb} {plan['files']} file(s), {plan['rows']} rows, {plan['bytes']} bytes in "
                  f"{plan['partitions']} partition(s)")
         return
     with Progress(console=err, transient=True) as bar:
-        task = bar.add_task("compacting", total=plan["rows"])
-        r = table.compact(progress=lambda rows: bar.advance(task, rows), **kw)
+        task = bar.add_task("compacting", total=None)
+
+        def advance(rows: int, total: int) -> None:
+            if total:
+                bar.update(task, total=total)
+            bar.advance(task, rows)
+
+        r = table.compact(progress=advance, **kw)
     if r.version is None:
-        say(out, "nothing compacted: nothing was due, or another compaction replaced the files first")
+        say(out, "nothing to compact: nothing was due, or another compaction replaced the files first")
         return
     say(out, f"version {r.version}: {r.removed_files} file(s) ({r.bytes_removed} bytes) rewritten into "
              f"{r.added_files} ({r.bytes_written} bytes): {r.current_rows} current rows, {r.history_rows} superseded"

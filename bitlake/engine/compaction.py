@@ -159,10 +159,11 @@ class _Output:
 
 
 Drop = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (row ids, valid now) -> rows to leave out
+Progress = Callable[[int, int], None]  # (rows rewritten since the last call, total rows: given once, first)
 
 
 def rewrite(io: FileIO, state: TableState, group: list[DataFile], target_bytes: int, cache: bitmap.BitmapCache,
-            progress: Callable[[int], None], drop: Drop | None = None) -> tuple[list[DataFile], list[str], int, int]:
+            progress: Progress, drop: Drop | None = None) -> tuple[list[DataFile], list[str], int, int]:
     """Writes the rows of ``group`` (one partition) into current and history files, leaving out the rows
     ``drop`` names (a major compaction's); returns the new files, every path written, and the current and
     history row counts."""
@@ -187,7 +188,7 @@ def rewrite(io: FileIO, state: TableState, group: list[DataFile], target_bytes: 
             history.write(table.filter(pa.array(old)), ids[old], per_row)
             counts[0] += int(valid.sum())
             counts[1] += int(old.sum())
-            progress(f.rows)
+            progress(f.rows, 0)
         current.close()
         history.close()
     except BaseException:
@@ -232,7 +233,7 @@ class Prepared:
 
 
 def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = None,
-            progress: Callable[[int], None] | None = None, dry_run: bool = False, major: bool = False,
+            progress: Progress | None = None, dry_run: bool = False, major: bool = False,
             look_back: Any = None) -> Prepared | dict[str, Any] | None:
     """Plans a minor compaction of ``state`` (module docstring), or a major one: the window from
     ``look_back`` set, the rows no view inside it can see left out, the older log events folded
@@ -257,6 +258,8 @@ def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = No
     new_window = None if purge is None else Window(purge.start, purge.watermark)
     if not groups and (new_window is None or new_window == state.window):
         return None
+    progress = progress or (lambda rows, total: None)
+    progress(0, sum(f.rows for g in groups for f in g))  # the rows it is about to rewrite
     added: list[DataFile] = []
     written: list[str] = []
     current_rows = history_rows = 0
@@ -264,7 +267,7 @@ def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = No
     unlisted: list[str] = []
     try:
         for group in groups:
-            files, paths, cur, hist = rewrite(io, state, group, target, cache, progress or (lambda rows: None),
+            files, paths, cur, hist = rewrite(io, state, group, target, cache, progress,
                                               purge.drop if purge is not None else None)
             added += files
             written += paths
