@@ -153,6 +153,23 @@ def test_target_file_size_splits_the_output(tmp_path):
     assert t.to_arrow().num_rows == 2000
 
 
+def test_output_files_are_balanced_by_the_bytes_written(tmp_path, monkeypatch):
+    """The output is split into files of equal size measured on the row groups written: 1.5 targets of rows
+    make two files of about 0.75, not a full one and a half one."""
+    monkeypatch.setattr(datafile, "ROW_GROUP_ROWS", 400)
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["k"], delta_column="mod")
+    for i in range(6):
+        t.ingest(batch(range(i * 1000, i * 1000 + 1000), 1, 0), op_column="op")
+    assert t.compact(target_file_bytes=1 << 40).added_files == 1
+    whole = t.state().data_files()[0].bytes  # the 6000 rows in one file
+    for i in range(6):  # the same keys again: six small files of current rows, 1.5 targets together
+        t.ingest(batch(range(i * 1000, i * 1000 + 1000), 2, 0), op_column="op")
+    r = t.compact(target_file_bytes=int(whole / 1.5))
+    new = [f for f in t.state().data_files() if f.path not in t.state(t.version - 1).files]
+    assert r.current_rows == 6000 and len(new) == 2
+    assert all(0.4 * whole <= f.bytes <= 0.6 * whole for f in new), ([f.bytes for f in new], whole)
+
+
 def test_the_compact_command(tmp_path, capsys):
     t = churned(str(tmp_path / "t"))
     assert cli(["compact", t.path, "--dry-run"]) == 0

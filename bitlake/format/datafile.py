@@ -70,6 +70,7 @@ class FileWriter:
         self.io = io
         self.path = path
         self.rows = 0
+        self.flushed_rows = 0
         self._buffer: list[pa.Table] = []
         self._buffered_rows = 0
         self.buffered_bytes = 0
@@ -94,10 +95,15 @@ class FileWriter:
             return
         table = pa.concat_tables(self._buffer)
         self._buffer, self._buffered_rows, self.buffered_bytes = [], 0, 0
+        self.flushed_rows += table.num_rows
         if self._pq is not None:
             self._pq.write_table(table, row_group_size=ROW_GROUP_ROWS)
         else:
             self._orc.write(table)
+
+    def flushed_bytes(self) -> int:
+        """The bytes of the row groups written so far (those of :attr:`flushed_rows`)."""
+        return self._out.tell()
 
     def close(self) -> int:
         """Closes the file; returns its size in bytes."""
