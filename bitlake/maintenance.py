@@ -1,22 +1,27 @@
-"""Table upkeep: compaction's commit, cleanup of leftovers and expired files, and upgrading format v1 tables."""
+"""Table upkeep: compaction's commit, cleanup of leftovers and expired files, the automatic upkeep that runs
+them when due, and upgrading format v1 tables."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from typing import Any
 
 import pyarrow as pa
 
 from bitlake import transaction
+from bitlake.engine import upkeep
 from bitlake.errors import InvalidInputError
 from bitlake.format import bucket, commitlog, keystore, layout, v1
 from bitlake.format import state as state_mod
-from bitlake.format.commit import UPGRADE, BucketFile, Commit
+from bitlake.format.commit import LIVE, UPGRADE, BucketFile, Commit
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.protocol import FORMAT_VERSION, V1_HISTORY, Protocol
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
+
+log = logging.getLogger(__name__)
 
 
 def referenced(io: FileIO, latest: TableState) -> set[str]:
@@ -89,6 +94,59 @@ def compact(io: FileIO, refresh, **options) -> Any:
             io.delete(path)
         return compaction.CompactResult(None)
     return dataclasses.replace(prepared.result, version=c.version)
+
+
+@dataclasses.dataclass(frozen=True)
+class MaintainResult:
+    """What ``maintain()`` found and did: the metrics, the jobs due (with their reasons and expected gains),
+    the compaction's result (None: none ran) and the files cleanup removed (with ``dry_run``: would remove)."""
+
+    metrics: upkeep.Metrics
+    tasks: list[upkeep.Task]
+    compaction: Any = None
+    removed: list[str] = dataclasses.field(default_factory=list)
+    dry_run: bool = False
+
+
+def maintain(io: FileIO, refresh, *, dry_run: bool = False, min_age_seconds: float = 3600.0,
+             progress=None) -> MaintainResult:
+    """Runs the upkeep the table's metrics call for (:func:`bitlake.engine.upkeep.due`): a major or a minor
+    compaction, then cleanup. A table that needs nothing costs its metrics: the commit log, the bitmaps and a
+    listing, no data."""
+    state = refresh()
+    found = upkeep.metrics(io, state)
+    tasks = upkeep.due(io, state, found)
+    if dry_run:
+        return MaintainResult(found, tasks, None, cleanup(io, state, min_age_seconds=min_age_seconds, dry_run=True),
+                              True)
+    result = None
+    removed: list[str] = []
+    for task in tasks:
+        if task.name in (upkeep.MAJOR, upkeep.MINOR):
+            result = compact(io, refresh, major=task.name == upkeep.MAJOR, progress=progress)
+        else:
+            removed = cleanup(io, refresh(), min_age_seconds=min_age_seconds, dry_run=False)
+    return MaintainResult(found, tasks, result, removed)
+
+
+def after_commit(io: FileIO, refresh, version: int) -> Any:
+    """The upkeep a table with ``maintain.auto`` runs after an ingest or MetaGen commit: a minor compaction of
+    at most ``maintain.auto_budget`` times the bytes of the batches that commit made visible, so a small batch
+    never pays for a large compaction (the rest waits for ``maintain()``). The commit it follows stands
+    whatever happens here: a failure is logged, not raised. Returns the compaction's result, or None."""
+    state = refresh()
+    if not state.metadata.bool_prop("maintain.auto"):
+        return None
+    parts = {b.part for b in commitlog.read(io, version).batches if b.status == LIVE}
+    added = sum(f.bytes for f in state.files.values() if any(r.part in parts for r in f.segments))
+    budget = int(state.metadata.float_prop("maintain.auto_budget") * added)
+    if budget <= 0:
+        return None
+    try:
+        return compact(io, refresh, budget=budget)
+    except Exception:
+        log.exception("the upkeep after version %d of %s failed; the commit stands", version, io.uri())
+        return None
 
 
 def upgrade(io: FileIO, refresh) -> Commit | None:

@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 import pyarrow as pa
 
 from bitlake import maintenance, read, transaction
+from bitlake.engine import upkeep
 from bitlake.errors import NotATableError, TableExistsError, TableNotFoundError
 from bitlake.format import commitlog
 from bitlake.format import state as state_mod
@@ -165,12 +166,17 @@ class Table:
             spark: the SparkSession for the Spark MetaGen; default ``bitlake.spark_session()``, started
                 only when a Spark MetaGen runs.
         """
-        return self._writes.ingest(data, op_column=op_column, batch_id=batch_id, metagen=metagen, inline=inline,
-                                   spark=spark)
+        return self._upkeep(self._writes.ingest(data, op_column=op_column, batch_id=batch_id, metagen=metagen,
+                                                inline=inline, spark=spark))
 
     def metagen(self, *, inline: bool | None = None, spark: Any = None) -> IngestResult:
         """Runs MetaGen over every pending (landed, not yet visible) batch and commits them at once."""
-        return self._writes.metagen(inline=inline, spark=spark)
+        return self._upkeep(self._writes.metagen(inline=inline, spark=spark))
+
+    def _upkeep(self, result: IngestResult) -> IngestResult:
+        if result.committed and result.visible:
+            maintenance.after_commit(self.io, self.refresh, result.version)
+        return result
 
     def set_properties(self, properties: dict[str, str]) -> int:
         """Sets table properties (an empty value resets one to its default) in one commit; returns its version."""
@@ -265,6 +271,7 @@ class Table:
             "keystore_bytes": sum(f.bytes for v in state.keystore.values() for f in v),
             "log_files": len(state.logs),
             "window": state.window.to_json() if state.window else None,
+            "maintenance": upkeep.metrics(self.io, state).to_json(),
         }
 
     # ------------------------------------------------------------------------------ maintenance
@@ -293,6 +300,17 @@ class Table:
         the total rows it will rewrite (``rows`` 0), then with the rows of each file as it is rewritten."""
         return maintenance.compact(self.io, self.refresh, target_file_bytes=target_file_bytes, dry_run=dry_run,
                                    progress=progress, major=major, look_back=look_back)
+
+    def maintain(self, *, dry_run: bool = False, min_age_seconds: float = 3600.0,
+                 progress=None) -> maintenance.MaintainResult:
+        """Automatic upkeep (docs/maintenance.md): reads the table's metrics (file sizes, superseded rows per
+        file, log files, the age of the oldest version) and runs what is due under the ``maintain.*`` and
+        ``compact.*`` properties: a major compaction when the ``compact.look_back`` window has moved by
+        ``maintain.major_interval``, else a minor one when files are worth rewriting; then :meth:`cleanup`.
+        With ``dry_run`` it only returns the plan (each task's reason and expected gain) and the files cleanup
+        would remove. ``progress`` as for :meth:`compact`."""
+        return maintenance.maintain(self.io, self.refresh, dry_run=dry_run, min_age_seconds=min_age_seconds,
+                                    progress=progress)
 
     def upgrade(self) -> int | None:
         """Upgrades a format v1 table to format v2 in one commit; returns its version (None: already v2)."""

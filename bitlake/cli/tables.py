@@ -1,4 +1,4 @@
-"""The table commands: create, ingest, metagen, show, changes, history, describe, cleanup, compact, convert,
+"""The table commands: create, ingest, metagen, show, changes, history, describe, cleanup, compact, maintain, convert,
 upgrade."""
 
 from __future__ import annotations
@@ -265,6 +265,35 @@ def cmd_compact(args, out: Console, err: Console) -> None:
         say(out, f"retention window: versions from {w.version}, event times from {w.watermark}")
 
 
+def cmd_maintain(args, out: Console, err: Console) -> None:
+    from rich.progress import Progress
+
+    table = bitlake.open_table(args.path)
+    if args.dry_run:
+        r = table.maintain(dry_run=True, min_age_seconds=args.min_age_seconds)
+    else:
+        with Progress(console=err, transient=True) as bar:
+            task = bar.add_task("compacting", total=None)
+
+            def advance(rows: int, total: int) -> None:
+                if total:
+                    bar.update(task, total=total)
+                bar.advance(task, rows)
+
+            r = table.maintain(min_age_seconds=args.min_age_seconds, progress=advance)
+    m = r.metrics
+    say(out, f"{m.data_files} data files ({m.small_files} small, {m.wasteful_files} with many superseded rows), "
+             f"{m.valid_rows} valid of {m.stored_rows} stored rows, {m.log_files} log files, oldest version "
+             f"{m.oldest_version} (committed {m.oldest_version_committed})")
+    for t in r.tasks:
+        say(out, f"{'would run' if args.dry_run else 'ran'} {t.name}: {t.reason}; expected: {t.gain}")
+    c = r.compaction
+    if c is not None and c.version is not None:
+        say(out, f"version {c.version}: {c.removed_files} file(s) rewritten into {c.added_files}, "
+                 f"{c.purged_rows} rows purged")
+    say(out, f"{'would remove' if args.dry_run else 'removed'} {len(r.removed)} unreferenced file(s)")
+
+
 def cmd_convert(args, out: Console, err: Console) -> None:
     from bitlake.bootstrap import convert
 
@@ -363,6 +392,13 @@ def add_parsers(sub) -> None:
     m.add_argument("--look-back", help="the window's start: a version, an age (7d, 12h) or a time "
                                        "(default: the compact.look_back property)")
     m.set_defaults(run=cmd_compact)
+
+    mt = sub.add_parser("maintain", help="run the compactions and cleanup the table's metrics call for")
+    mt.add_argument("path", help=path_help)
+    mt.add_argument("--dry-run", action="store_true", help="print the plan and its expected gain, change nothing")
+    mt.add_argument("--min-age-seconds", type=float, default=3600.0,
+                    help="cleanup keeps younger files (default 3600)")
+    mt.set_defaults(run=cmd_maintain)
 
     v = sub.add_parser("convert",
                        help="create a table from a Parquet folder, a Delta or Iceberg table or a lance dataset")

@@ -83,31 +83,41 @@ def metrics(cache: bitmap.BitmapCache, state: TableState) -> list[FileMetrics]:
     return out
 
 
-def choose(files: list[FileMetrics], min_files: int) -> list[list[FileMetrics]]:
+def choose(files: list[FileMetrics], min_files: int, budget: int | None = None) -> list[list[FileMetrics]]:
     """The groups to rewrite, one per partition: its wasteful files, and its small files of each kind (current
-    rows, history rows) tiered by size (:func:`tiered`). A compacted table is left as it is."""
+    rows, history rows) tiered by size (:func:`tiered`). A compacted table is left as it is. With a ``budget``
+    (bytes to rewrite at most: the upkeep after a commit) only what fits is taken, smallest first."""
     by_partition: dict[tuple, list[FileMetrics]] = {}
     for m in files:
         by_partition.setdefault(_partition_key(m.file), []).append(m)
     groups = []
+    left = float("inf") if budget is None else budget
     for found in by_partition.values():
-        taken = [m for m in found if m.wasteful]
+        taken = []
+        for m in sorted((m for m in found if m.wasteful), key=lambda m: m.file.bytes):
+            if m.file.bytes > left:
+                break
+            taken.append(m)
+            left -= m.file.bytes
         for history in (False, True):
-            taken += tiered([m for m in found if m.small and not m.wasteful and (m.valid_rows == 0) == history],
-                            min_files)
+            tier = tiered([m for m in found if m.small and not m.wasteful and (m.valid_rows == 0) == history],
+                          min_files, left)
+            taken += tier
+            left -= sum(m.file.bytes for m in tier)
         if taken:
             groups.append(taken)
     return groups
 
 
-def tiered(small: list[FileMetrics], min_files: int) -> list[FileMetrics]:
+def tiered(small: list[FileMetrics], min_files: int, budget: float = float("inf")) -> list[FileMetrics]:
     """Size-tiered merging: from the smallest file up, each file at most twice the size of those taken before
-    it together, when that makes at least ``min_files``. A big file is never rewritten to absorb a few tiny
-    ones, so a row is rewritten about log2(table / batch) times over a table's life, not once per batch."""
+    it together (and all of them within ``budget``), when that makes at least ``min_files``. A big file is
+    never rewritten to absorb a few tiny ones, so a row is rewritten about log2(table / batch) times over a
+    table's life, not once per batch."""
     taken: list[FileMetrics] = []
     total = 0
     for m in sorted(small, key=lambda m: m.file.bytes):
-        if taken and m.file.bytes > 2 * total:
+        if taken and m.file.bytes > 2 * total or total + m.file.bytes > budget:
             break
         taken.append(m)
         total += m.file.bytes
@@ -249,17 +259,17 @@ class Prepared:
 
 def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = None,
             progress: Progress | None = None, dry_run: bool = False, major: bool = False,
-            look_back: Any = None) -> Prepared | dict[str, Any] | None:
+            look_back: Any = None, budget: int | None = None) -> Prepared | dict[str, Any] | None:
     """Plans a minor compaction of ``state`` (module docstring), or a major one: the window from
     ``look_back`` set, the rows no view inside it can see left out, the older log events folded
-    (:mod:`bitlake.engine.window`); writes its files. Returns None when nothing is due; with ``dry_run``,
-    only says what it would rewrite."""
+    (:mod:`bitlake.engine.window`); writes its files. ``budget`` bounds a minor compaction's input bytes
+    (:func:`choose`). Returns None when nothing is due; with ``dry_run``, only says what it would rewrite."""
     state.protocol.check_write(io.uri())
     meta = state.metadata
     target = target_file_bytes or meta.int_prop("compact.target_file_bytes")
     cache = bitmap.BitmapCache(io)
     found = metrics(cache, state)
-    groups = choose(found, meta.int_prop("compact.min_input_files"))
+    groups = choose(found, meta.int_prop("compact.min_input_files"), budget)
     purge: window.Purge | None = None
     if major:
         start = window.start(io, state, meta.prop("compact.look_back") if look_back is None else look_back)

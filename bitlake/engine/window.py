@@ -46,15 +46,22 @@ def start(io: FileIO, state: TableState, look_back: Any) -> int:
             raise InvalidInputError(f"look_back version {look_back} is not one of the table's 0 to {state.version}")
         return max(look_back, current)
     as_of = look_back
-    age = _AGE.match(look_back.strip()) if isinstance(look_back, str) else None
-    if age:
-        ms = dt.datetime.now(dt.UTC).timestamp() * 1000 - float(age.group(1)) * _UNIT_MS[age.group(2)]
+    if isinstance(look_back, str) and _AGE.match(look_back.strip()):
+        ms = dt.datetime.now(dt.UTC).timestamp() * 1000 - age_ms(look_back)
         as_of = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
     try:
         v = timetravel.resolve_version(io, state.version, as_of=as_of)
     except VersionNotFoundError:  # every version is younger: the window cannot start yet
         v = 0
     return max(v, current)
+
+
+def age_ms(text: str) -> float:
+    """An age (``"7d"``, ``"12h"``, ``"30m"``, ``"90s"``) in milliseconds."""
+    age = _AGE.match(text.strip())
+    if not age:
+        raise InvalidInputError(f"{text!r} is not an age such as '7d', '12h', '30m' or '90s'")
+    return float(age.group(1)) * _UNIT_MS[age.group(2)]
 
 
 def watermark(io: FileIO, state: TableState, at: TableState) -> int | None:

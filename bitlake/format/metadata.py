@@ -52,6 +52,13 @@ DEFAULT_PROPERTIES = {
     "compact.min_input_files": "4",
     # Major compaction's default window (docs/maintenance.md): a version, an age ("7d", "12h") or a time.
     "compact.look_back": "7d",
+    # Upkeep (docs/maintenance.md, "Automatic upkeep"): maintain() runs a major compaction when the look-back
+    # moves the window by at least this much commit time (an age), else a minor one when files are due.
+    "maintain.major_interval": "1d",
+    # "true": every ingest or MetaGen commit is followed by a minor compaction bounded to rewrite at most
+    # maintain.auto_budget times the bytes that commit added (a small batch never pays for a large one).
+    "maintain.auto": "false",
+    "maintain.auto_budget": "10",
     # A state checkpoint is written every this many commits, so opening a table reads at most one
     # checkpoint plus this many commit files.
     "checkpoint.interval": "20",
@@ -95,6 +102,9 @@ class TableMetadata:
 
     def float_prop(self, name: str) -> float:
         return float(self.prop(name))
+
+    def bool_prop(self, name: str) -> bool:
+        return self.prop(name).lower() == "true"
 
     @property
     def delta_type(self) -> pa.DataType:
@@ -204,6 +214,8 @@ def _check_properties(properties: dict[str, str]) -> None:
                 float(value)
             except (TypeError, ValueError):
                 raise InvalidInputError(f"table property {name!r} must be a number, not {value!r}") from None
+        if DEFAULT_PROPERTIES[name] in ("true", "false") and str(value).lower() not in ("true", "false"):
+            raise InvalidInputError(f"table property {name!r} must be true or false, not {value!r}")
 
 
 def normalize_schema(schema: pa.Schema) -> pa.Schema:
