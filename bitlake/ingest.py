@@ -61,6 +61,8 @@ def already_committed(io: FileIO, state: TableState, batch_id: str) -> IngestRes
     if b is None:
         return None
     version = b.live_version if b.live_version is not None else b.landed_version
+    if state.window is not None and version < state.window.version:  # its commit may be gone with the window
+        return IngestResult(batch_id, version, False, b.status != PENDING, {}, ())
     c = commitlog.read(io, version)
     return IngestResult(batch_id, version, False, b.status != PENDING, c.batch_counts.get(batch_id, {}), c.made_live)
 

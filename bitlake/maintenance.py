@@ -65,6 +65,7 @@ def cleanup(io: FileIO, state: TableState, *, min_age_seconds: float, dry_run: b
             return False
 
     removable = [rel for folder in layout.REFERENCED_DIRS for rel in io.walk(folder) if rel not in named and old(rel)]
+    removable += expired_log(io, state, old, dry_run)
     for folder in (layout.COMMITS_DIR, layout.CHECKPOINTS_DIR, layout.PARTS_DIR):
         removable += [rel for rel in io.walk(folder)
                       if rel.rsplit("/", 1)[-1].startswith(layout.TMP_PREFIX) and old(rel)]
@@ -78,6 +79,21 @@ def cleanup(io: FileIO, state: TableState, *, min_age_seconds: float, dry_run: b
             io.delete(rel)
         io.remove_empty_dirs(layout.DATA_DIR)
     return sorted(removable)
+
+
+def expired_log(io: FileIO, state: TableState, old, dry_run: bool) -> list[str]:
+    """The commits and checkpoints before the retention window's start ``W`` (old enough by ``old``), once a
+    checkpoint holds the state at ``W``: cleanup writes it first, so the log stays loadable from ``W`` on."""
+    if state.window is None or state.window.version == 0:
+        return []
+    start = state.window.version
+    commits = [layout.commit_path(v) for v in commitlog.list_versions(io) if v < start]
+    checkpoints = [layout.checkpoint_path(v) for v in state_mod.checkpoint_versions(io) if v < start]
+    expired = [rel for rel in commits + checkpoints if old(rel)]
+    if expired and start not in state_mod.checkpoint_versions(io) and not dry_run:
+        state_mod.write_checkpoint(io, state_mod.load(io, start))
+    # Oldest first: a crash part-way leaves a log that still starts at a loadable version.
+    return sorted(expired, key=lambda rel: (rel.startswith(layout.CHECKPOINTS_DIR), rel))
 
 
 def compact(io: FileIO, refresh, **options) -> Any:

@@ -230,9 +230,10 @@ class Table:
         return read.changes(spark or _session(), self.io, self.refresh(), start_version, end_version, change_types)
 
     def history(self) -> list[dict[str, Any]]:
-        """One entry per commit, newest first."""
+        """One entry per commit, newest first (from the retention window's start, once cleanup dropped the
+        commits before it)."""
         out = []
-        for v in range(self.version, -1, -1):
+        for v in range(self.version, state_mod.earliest_version(self.io) - 1, -1):
             c = commitlog.read(self.io, v)
             out.append({
                 "version": c.version,

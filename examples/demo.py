@@ -129,7 +129,19 @@ def main(path: str = "demo-lake") -> bitlake.Table:
     say(f"  stored rows {d['stored_rows']}, valid rows {d['valid_rows']}, in {d['data_files']} data files: "
         "superseded rows stay in their files, hidden by the bitmaps, until compaction")
 
-    explain("7. history", "Every commit, newest first: the batch it carried and what it did.")
+    explain("7. upkeep", "maintain() reads the table's metrics and runs what is due: here a minor compaction "
+            "that merges the small files, current rows apart from superseded ones (every view stays as it was).")
+    plan = table.maintain(dry_run=True)
+    for task in plan.tasks:
+        say(f"  due: {task.name}: {task.reason}")
+    done = table.maintain()
+    if done.compaction is not None and done.compaction.version is not None:
+        c = done.compaction
+        say(f"  version {c.version}: {c.removed_files} files rewritten into {c.added_files}")
+    if table.to_spark(spark).count() != total:
+        raise SystemExit("the view changed with the compaction")
+
+    explain("8. history", "Every commit, newest first: the batch it carried and what it did.")
     console.print(render_history(table.history()))
     say(f"\ndone in {time.monotonic() - started:.0f} s; the table is in {os.path.abspath(path)}")
     if total != expected:

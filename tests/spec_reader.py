@@ -385,18 +385,22 @@ class _Files:
         return self._deletes[path]
 
     def until_events(self, logs) -> list[tuple[int, int, int, int, int]]:
-        """"Segment logs": the SET_VALID_UNTIL events (event = 2) of `logs` ((version, entry) pairs) as
-        (version, target packed row id, t, cause, batch_index); `event = 1` (v1 only) is ignored."""
+        """"Segment logs": the SET_VALID_UNTIL events (event = 2) of `logs` ((listing version, entry) pairs) as
+        (version, target packed row id, t, cause, batch_index); `event = 1` (v1 only) is ignored. An event's
+        version is its file's `version` column where the file has one (a regrouped or folded file), else -1
+        in a folded file (older than any other), else the version that lists the file."""
         out = []
         for v, log in logs:
             t = pq.read_table(os.path.join(self.base, log["path"]))
             n = t.num_rows
             bidx = t["batch_index"].to_pylist() if "batch_index" in t.column_names else [0] * n
-            for p, s, o, ev, tt, cause, bi in zip(*(t[c].to_pylist() for c in ROW_ID_COLUMNS),
-                                                    t["event"].to_pylist(), t["t"].to_pylist(),
-                                                    t["cause"].to_pylist(), bidx, strict=False):
+            listed = -1 if log.get("folded") else v
+            versions = t["version"].to_pylist() if "version" in t.column_names else [listed] * n
+            for p, s, o, ev, tt, cause, bi, ver in zip(*(t[c].to_pylist() for c in ROW_ID_COLUMNS),
+                                                         t["event"].to_pylist(), t["t"].to_pylist(),
+                                                         t["cause"].to_pylist(), bidx, versions, strict=False):
                 if ev == SET_VALID_UNTIL:
-                    out.append((v, pack(p, s, o), tt, cause, bi))
+                    out.append((ver, pack(p, s, o), tt, cause, bi))
         return out
 
 
@@ -460,9 +464,7 @@ def read_view(base: str, version: int | None = None, valid_at: int | None = None
     # files are read, not only those with `max_t > t` or `resets` ("Views": the same view).
     latest_until: dict[int, tuple[int, int]] = {}
     if t != INFINITY and delta_col:
-        # "Segment logs": a folded file's events are older than any other file's.
-        ordered = [(-1 if log.get("folded") else v, log) for v, log in state.logs]
-        for v, target, u, _cause, _bi in files.until_events(ordered):
+        for v, target, u, _cause, _bi in files.until_events(state.logs):
             if target not in latest_until or v > latest_until[target][0]:
                 latest_until[target] = (v, u)
     tombs = _tombstone_sets(files, state)
@@ -516,8 +518,10 @@ def read_changes(base: str, start: int, end: int) -> list[dict]:
     end_state, schema, md = state, state.schema, state.metadata
     delta_col, fmt = md.get("delta_column"), md.get("file_format", "parquet")
     files = _Files(base)
-    range_logs = [(v, log) for v, log in end_state.logs if start < v <= end and not log.get("folded")]
-    events = files.until_events(range_logs) if delta_col else []
+    # Every log file of the state at `end` but folded ones (which hold no event of a range inside the window);
+    # only the events of versions in (start, end] are changes of the range.
+    range_logs = [(v, log) for v, log in end_state.logs if not log.get("folded")]
+    events = [e for e in files.until_events(range_logs) if start < e[0] <= end] if delta_col else []
     targeted = {e[1] for e in events}
     bitmaps: dict = {}
 

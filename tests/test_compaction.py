@@ -128,7 +128,7 @@ def test_nothing_to_compact_and_dry_run(tmp_path):
     assert t.compact().version is None and t.compact(dry_run=True)["files"] == 0
     t.ingest(batch(range(10, 20), 1, 0), op_column="op")
     plan = t.compact(dry_run=True)
-    assert plan == {"files": 2, "rows": 20, "bytes": plan["bytes"], "partitions": 1} and t.version == 2
+    assert plan == {"files": 2, "rows": 20, "bytes": plan["bytes"], "partitions": 1, "log_files": 0} and t.version == 2
     assert t.compact().version == 3 and len(t.state().data_files()) == 1
 
 
@@ -302,3 +302,44 @@ def test_look_back_forms(tmp_path):
     other.set_properties({"compact.look_back": "3"})  # the default window, as a version
     other.compact(major=True)
     assert other.state().window.version == 3
+
+
+@pytest.mark.spark
+def test_log_files_are_regrouped_keeping_every_view_and_change(tmp_path, spark):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["k"], delta_column="mod", num_buckets=2,
+                             properties={"compact.min_log_files": "3", "compact.min_input_files": "100",
+                                         "compact.invalid_fraction": "1"})
+    t.ingest(batch(range(40), 1, 0), op_column="op", batch_id="b0")
+    for i in range(1, 7):
+        t.ingest(batch(range(i, 40, 5), 2 * i + 1, 10 * i), op_column="op", batch_id=f"u{i}")
+        t.ingest(batch([30 + i], 2 * i + 2, 0, "delete"), op_column="op", batch_id=f"d{i}")
+    latest = t.version
+    before = views(t, latest)
+    feed = {(s, e): changes(t, spark, s, e) for s, e in [(0, latest), (3, 8), (6, latest)]}
+    logs_before = len(t.state().logs)
+
+    assert t.compact(dry_run=True)["log_files"] >= 3
+    r = t.compact()
+    assert r.version == latest + 1 and r.removed_files == 0, "no data file was worth rewriting: logs only"
+    regrouped = [f for _, f in t.state().logs if f.versions is not None]
+    assert len(regrouped) == 1 and len(t.state().logs) < logs_before
+    assert views(t, latest) == before
+    assert {(v, at): rows_key(t.to_arrow(valid_at=at).to_pylist(), COLUMNS) for v in [latest] for at in TIMES} == {
+        (latest, at): before[(latest, at)] for at in TIMES}
+    for (s, e), rows in feed.items():
+        assert changes(t, spark, s, e) == rows
+    assert changes(t, spark, 0, t.version) == feed[(0, latest)], "the compaction itself changes nothing"
+    for at in TIMES:
+        assert rows_key(spec_reader.read_view(t.path, valid_at=at), COLUMNS) == before[(latest, at)]
+    for s in (0, 3):
+        assert rows_key(spec_reader.read_changes(t.path, s, t.version), COLUMNS + ["_change_type"]) == rows_key(
+            [r.asDict() for r in t.changes(spark, start_version=s).collect()], COLUMNS + ["_change_type"])
+
+    # A major compaction whose window starts inside the regrouped versions keeps every read inside it.
+    m = t.compact(major=True, look_back=6)
+    assert m.version == t.version
+    for (v, at), rows in before.items():
+        if inside(t.state().window, v, at):
+            assert rows_key(t.to_arrow(version=v, valid_at=at).to_pylist(), COLUMNS) == rows, (v, at)
+            assert rows_key(t.to_arrow(valid_at=at).to_pylist(), COLUMNS) == before[(latest, at)], at
+    assert changes(t, spark, 6, t.version) == feed[(6, latest)]

@@ -94,3 +94,45 @@ def test_the_maintain_command_and_bad_properties(tmp_path, capsys):
     t.set_properties({"maintain.major_interval": "often", "compact.look_back": "3"})
     with pytest.raises(bitlake.InvalidInputError, match="'often' is not an age"):
         t.maintain()
+
+
+def test_cleanup_drops_the_commits_before_the_window(tmp_path):
+    import datetime as dt
+
+    from bitlake.format import commitlog
+    from bitlake.triggers.publisher import publish
+    from bitlake.triggers.store import TriggerStore
+    from tests import spec_reader
+
+    t = churned(str(tmp_path / "t"))
+    t.metagen()
+    opened_at = dt.datetime.now(dt.UTC)
+    with TriggerStore(f"sqlite:///{tmp_path}/triggers.db") as store:
+        publish(t, store)  # the cursor is at the latest version: nothing is lost below
+        r = t.compact(major=True, look_back=t.version - 2)
+        t.ingest(batch(range(100, 110), 40, 0), op_column="op", batch_id="after")
+        w = t.state().window.version
+        current = rows_key(t.to_arrow().to_pylist(), COLUMNS)
+        removed = t.cleanup(min_age_seconds=0)
+        assert sorted(commitlog.list_versions(t.io))[0] == w and f"_bitlake/commits/{0:020d}.json" in removed
+        assert [h["version"] for h in t.history()][-1] == w and r.version in [h["version"] for h in t.history()]
+
+        again = bitlake.open_table(t.path)  # loads from the checkpoint at the window's start
+        assert rows_key(again.to_arrow().to_pylist(), COLUMNS) == current
+        assert rows_key(again.to_arrow(version=w).to_pylist(), COLUMNS) == rows_key(
+            spec_reader.read_view(t.path, w), COLUMNS)
+        with pytest.raises(bitlake.VersionExpiredError):
+            again.to_arrow(as_of=opened_at - dt.timedelta(hours=1))
+        with pytest.raises(bitlake.VersionExpiredError):
+            again.state(w - 1)
+        # Writers and the key index go on from the new start; a retried batch id stays a no-op.
+        assert again.ingest(batch([100, 200], 50, 1), op_column="op", batch_id="later").counts["inserted"] == 1
+        assert not again.ingest(batch([1], 60, 1), op_column="op", batch_id="b0").committed
+        assert rows_key(again.to_arrow().to_pylist(), COLUMNS) == rows_key(spec_reader.read_view(t.path), COLUMNS)
+        assert publish(again, store)  # the cursor was inside the window
+
+    with TriggerStore(f"sqlite:///{tmp_path}/fresh.db") as fresh:
+        with pytest.raises(bitlake.VersionExpiredError, match="skip_expired"):
+            publish(again, fresh)
+        assert {int(x.event.snapshot_id) for x in publish(again, fresh, skip_expired=True)} <= set(
+            range(w, again.version + 1))

@@ -80,7 +80,7 @@ def test_random_batches_match_the_oracle(spark, kind, monkeypatch):
         try:
             t = bitlake.create_table(
                 path, schema, primary_key=["k"], delta_column="mod", num_buckets=3,
-                properties={"keystore.max_increments": "2"}, **options,
+                properties={"keystore.max_increments": "2", "compact.min_log_files": "2"}, **options,
             )
             oracle = Oracle()
             pending = []

@@ -48,7 +48,8 @@ def _records(records):
 def _build(path, spark, plan):
     """Ingests the plan; returns the table and the oracle with the versions each batch became visible at."""
     t = bitlake.create_table(path, SCHEMA, primary_key=["k"], delta_column="mod", num_buckets=2,
-                             properties={"keystore.max_increments": "2", "checkpoint.interval": "3"})
+                             properties={"keystore.max_increments": "2", "checkpoint.interval": "3",
+                                         "compact.min_log_files": "2"})  # compactions regroup logs too
     oracle, pending = Oracle(), []
     for i, (records, now, *compact) in enumerate(plan):
         t.ingest(_arrow(records), op_column="op", batch_id=f"b{i}", metagen=now, spark=spark)

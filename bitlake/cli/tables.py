@@ -240,9 +240,9 @@ def cmd_compact(args, out: Console, err: Console) -> None:
     kw = {"target_file_bytes": args.target_file_bytes, "major": args.major, "look_back": args.look_back}
     if args.dry_run:
         plan = table.compact(dry_run=True, **kw)
-        verb = "would rewrite" if plan["files"] else "nothing to compact:"
+        verb = "would rewrite" if plan["files"] or plan["log_files"] else "nothing to compact:"
         say(out, f"{verb} {plan['files']} file(s), {plan['rows']} rows, {plan['bytes']} bytes in "
-                 f"{plan['partitions']} partition(s)")
+                 f"{plan['partitions']} partition(s); regroup {plan['log_files']} log file(s)")
         return
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("compacting", total=None)
@@ -258,7 +258,9 @@ def cmd_compact(args, out: Console, err: Console) -> None:
         return
     say(out, f"version {r.version}: {r.removed_files} file(s) ({r.bytes_removed} bytes) rewritten into "
              f"{r.added_files} ({r.bytes_written} bytes): {r.current_rows} current rows, {r.history_rows} superseded"
-             + (f", {r.purged_rows} purged" if args.major else ""))
+             + (f", {r.purged_rows} purged" if args.major else "")
+             + (f"; {r.log_files_removed} log file(s) {'folded' if args.major else 'regrouped'}"
+                if r.log_files_removed else ""))
     if args.major:
         w = table.state().window
         assert w is not None

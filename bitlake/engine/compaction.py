@@ -21,19 +21,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
 from bitlake import faults
 from bitlake.engine import window
-from bitlake.format import bitmap, commitlog, datafile, layout, rowid
+from bitlake.format import bitmap, commitlog, datafile, layout, rowid, segmentlog
 from bitlake.format import state as state_mod
 from bitlake.format.commit import COMPACT, Commit, DataFile, LogFile, SegmentRows, Window
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +51,7 @@ class CompactResult:
     current_rows: int = 0
     history_rows: int = 0
     purged_rows: int = 0
+    log_files_removed: int = 0  # regrouped or folded into one
 
 
 @dataclasses.dataclass
@@ -101,7 +104,7 @@ def choose(files: list[FileMetrics], min_files: int, budget: int | None = None) 
             left -= m.file.bytes
         for history in (False, True):
             tier = tiered([m for m in found if m.small and not m.wasteful and (m.valid_rows == 0) == history],
-                          min_files, left)
+                          min_files, _file_bytes, left)
             taken += tier
             left -= sum(m.file.bytes for m in tier)
         if taken:
@@ -109,19 +112,38 @@ def choose(files: list[FileMetrics], min_files: int, budget: int | None = None) 
     return groups
 
 
-def tiered(small: list[FileMetrics], min_files: int, budget: float = float("inf")) -> list[FileMetrics]:
+def tiered(small: list[T], min_files: int, size: Callable[[T], int], budget: float = float("inf")) -> list[T]:
     """Size-tiered merging: from the smallest file up, each file at most twice the size of those taken before
     it together (and all of them within ``budget``), when that makes at least ``min_files``. A big file is
     never rewritten to absorb a few tiny ones, so a row is rewritten about log2(table / batch) times over a
-    table's life, not once per batch."""
-    taken: list[FileMetrics] = []
+    table's life, not once per batch. ``size`` gives an item's bytes."""
+    taken: list[T] = []
     total = 0
-    for m in sorted(small, key=lambda m: m.file.bytes):
-        if taken and m.file.bytes > 2 * total or total + m.file.bytes > budget:
+    for m in sorted(small, key=size):
+        if taken and size(m) > 2 * total or total + size(m) > budget:
             break
         taken.append(m)
-        total += m.file.bytes
+        total += size(m)
     return taken if len(taken) >= min_files else []
+
+
+def regroupable(state: TableState) -> list[tuple[int, LogFile]]:
+    """The segment-log files (other than folded ones) a minor compaction regroups: a size tier of at least
+    ``compact.min_log_files`` (:func:`tiered`)."""
+    logs = [(v, f) for v, f in state.logs if not f.folded]
+    return tiered(logs, state.metadata.int_prop("compact.min_log_files"), lambda vf: vf[1].bytes)
+
+
+def regroup(io: FileIO, taken: list[tuple[int, LogFile]]) -> LogFile:
+    """One log file of the events of ``taken`` (``(listing version, file)`` pairs), sorted by row id, so the
+    events of a segment that many commits wrote are read together; each event keeps its commit version in the
+    new file's ``version`` column (docs/FORMAT.md, "Segment logs")."""
+    pieces = []
+    for v, f in taken:
+        events, versions = segmentlog.read_events(io, v, f)
+        pieces.append(events.append_column(segmentlog.VERSION, pa.array(versions)))
+    written = segmentlog.write_file(io, layout.log_path(), pa.concat_tables(pieces))
+    return dataclasses.replace(written, resets=any(f.resets for _, f in taken))
 
 
 class _Output:
@@ -225,14 +247,15 @@ def rewrite(io: FileIO, state: TableState, group: list[FileMetrics], target_byte
 
 @dataclasses.dataclass
 class Prepared:
-    """A compaction written and not yet committed: the files it replaces and wrote, the folded log and the
-    log files it replaces, the window it sets; :meth:`commit` builds its commit against the latest state."""
+    """A compaction written and not yet committed: the files it replaces and wrote, the log file it wrote
+    (folded or regrouped) and the log files that replaces, the window it sets; :meth:`commit` builds its
+    commit against the latest state."""
 
     planned_on: int  # the version it was planned on
     removed: list[DataFile]
     added: list[DataFile]
     written: list[str]
-    folded: LogFile | None
+    log: LogFile | None
     unlisted: list[str]
     window: Window | None
     result: CompactResult
@@ -249,12 +272,13 @@ class Prepared:
             # A window at the latest version starts at this commit, which reads the same: so the files this
             # compaction replaces are needed by no version inside it, and cleanup can release them.
             w = Window(latest.version + 1, w.watermark)
-        parameters: dict[str, Any] = {"files_removed": len(self.removed), "files_added": len(self.added)}
+        parameters: dict[str, Any] = {"files_removed": len(self.removed), "files_added": len(self.added),
+                                      "logs_removed": len(self.unlisted)}
         if self.window is not None:
             parameters.update(major=True, purged_rows=self.result.purged_rows)
         return Commit(latest.version + 1, COMPACT, commitlog.now_ms(latest.timestamp_ms), parameters=parameters,
                       add_files=tuple(self.added), remove_files=tuple(f.path for f in self.removed),
-                      logs=(self.folded,) if self.folded else (), remove_logs=tuple(self.unlisted), window=w)
+                      logs=(self.log,) if self.log else (), remove_logs=tuple(self.unlisted), window=w)
 
 
 def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = None,
@@ -262,8 +286,9 @@ def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = No
             look_back: Any = None, budget: int | None = None) -> Prepared | dict[str, Any] | None:
     """Plans a minor compaction of ``state`` (module docstring), or a major one: the window from
     ``look_back`` set, the rows no view inside it can see left out, the older log events folded
-    (:mod:`bitlake.engine.window`); writes its files. ``budget`` bounds a minor compaction's input bytes
-    (:func:`choose`). Returns None when nothing is due; with ``dry_run``, only says what it would rewrite."""
+    (:mod:`bitlake.engine.window`); a minor one also regroups small log files (:func:`regroupable`); writes
+    its files. ``budget`` bounds a minor compaction's input bytes (:func:`choose`). Returns None when nothing
+    is due; with ``dry_run``, only says what it would rewrite."""
     state.protocol.check_write(io.uri())
     meta = state.metadata
     target = target_file_bytes or meta.int_prop("compact.target_file_bytes")
@@ -276,19 +301,20 @@ def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = No
         mark = window.watermark(io, state, state_mod.load(io, start))
         purge = window.purge(io, state, start, mark)
         groups = _with_purgeable(groups, found, purge, cache, state)
+    logs = regroupable(state) if purge is None and budget is None else []  # a major compaction folds instead
     if dry_run:
         files = [m.file for g in groups for m in g]
         return {"files": len(files), "bytes": sum(f.bytes for f in files), "rows": sum(f.rows for f in files),
-                "partitions": len(groups)}
+                "partitions": len(groups), "log_files": len(logs)}
     new_window = None if purge is None else Window(purge.start, purge.watermark)
-    if not groups and (new_window is None or new_window == state.window):
+    if not groups and not logs and (new_window is None or new_window == state.window):
         return None
     progress = progress or (lambda rows, total: None)
     progress(0, sum(m.file.rows for g in groups for m in g))  # the rows it is about to rewrite
     added: list[DataFile] = []
     written: list[str] = []
     current_rows = history_rows = 0
-    folded: LogFile | None = None
+    log: LogFile | None = None
     unlisted: list[str] = []
     try:
         for group in groups:
@@ -299,8 +325,10 @@ def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = No
             current_rows += cur
             history_rows += hist
         if purge is not None:
-            folded, unlisted = window.fold(io, state, purge.start, purge.dropped_ids())
-            written += [folded.path] if folded else []
+            log, unlisted = window.fold(io, state, purge.start, purge.dropped_ids())
+        elif logs:
+            log, unlisted = regroup(io, logs), [f.path for _, f in logs]
+        written += [log.path] if log else []
         faults.point("after_compaction_write")
     except BaseException:
         for path in written:
@@ -309,8 +337,8 @@ def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = No
     removed = [m.file for g in groups for m in g]
     purged = int(len(purge.dropped_ids())) if purge is not None else 0
     result = CompactResult(None, len(removed), len(added), sum(f.bytes for f in removed),
-                           sum(f.bytes for f in added), current_rows, history_rows, purged)
-    return Prepared(state.version, removed, added, written, folded, unlisted, new_window, result)
+                           sum(f.bytes for f in added), current_rows, history_rows, purged, len(unlisted))
+    return Prepared(state.version, removed, added, written, log, unlisted, new_window, result)
 
 
 def _with_purgeable(groups: list[list[FileMetrics]], found: list[FileMetrics], purge: window.Purge,
@@ -334,6 +362,10 @@ def _with_purgeable(groups: list[list[FileMetrics]], found: list[FileMetrics], p
                 continue
         out.setdefault(_partition_key(f), []).append(m)
     return list(out.values())
+
+
+def _file_bytes(m: FileMetrics) -> int:
+    return m.file.bytes
 
 
 def _partition_key(f: DataFile) -> tuple:

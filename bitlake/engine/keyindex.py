@@ -253,8 +253,8 @@ class KeyIndex:
         have = self.version
         if have > state.version:
             raise IndexAheadError(f"the key index is at version {have}, past the state read ({state.version})")
-        if have < 0:
-            self._rebuild(state)
+        if have < 0 or (state.window is not None and have < state.window.version):
+            self._rebuild(state)  # the commits after ``have`` may be gone with the retention window
             return
         for v in range(have + 1, state.version + 1):
             commit = commitlog.read(self.io, v)

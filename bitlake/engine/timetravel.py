@@ -7,6 +7,7 @@ from typing import Any
 
 from bitlake.errors import InvalidInputError, VersionExpiredError, VersionNotFoundError
 from bitlake.format import commitlog
+from bitlake.format import state as state_mod
 from bitlake.format.commit import Window
 from bitlake.fs import FileIO
 
@@ -40,14 +41,16 @@ def resolve_version(io: FileIO, latest: int, version: int | None = None, as_of: 
     if as_of is None:
         return latest
     target = timestamp_ms(as_of)
-    first = commitlog.read(io, 0).timestamp_ms
+    earliest = state_mod.earliest_version(io)
+    first = commitlog.read(io, earliest).timestamp_ms
     if target < first:
-        raise VersionNotFoundError(
-            f"as_of {as_of} is before the table's first commit at "
-            f"{dt.datetime.fromtimestamp(first / 1000, dt.UTC).isoformat()}"
-        )
+        when = dt.datetime.fromtimestamp(first / 1000, dt.UTC).isoformat()
+        if earliest:
+            raise VersionExpiredError(f"as_of {as_of} is before the retention window: the table keeps versions "
+                                      f"from {earliest}, committed at {when}")
+        raise VersionNotFoundError(f"as_of {as_of} is before the table's first commit at {when}")
     # Commit timestamps strictly increase, so the answer is a binary search over the versions.
-    lo, hi = 0, latest
+    lo, hi = earliest, latest
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if commitlog.read(io, mid).timestamp_ms <= target:

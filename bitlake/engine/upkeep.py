@@ -34,6 +34,7 @@ class Metrics:
     oldest_version_committed: str
     compactable_files: int  # what a minor compaction would rewrite now
     compactable_bytes: int
+    regroupable_log_files: int
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -64,7 +65,7 @@ def metrics(io: FileIO, state: TableState, cache: bitmap.BitmapCache | None = No
         valid_rows=sum(s.cardinality for s in state.segments.values()),
         superseded_rows_read=round(sum(m.file.rows - m.valid_rows for m in files if m.valid_rows > 0)),
         log_files=len(state.logs),
-        log_files_before_window=sum(1 for v, f in state.logs if v <= start and not f.folded),
+        log_files_before_window=sum(1 for v, f in state.logs if f.version_range(v)[1] <= start and not f.folded),
         keystore_max_increments=max((len(v) for v in state.keystore.values()), default=0),
         pending_batches=len(state.pending),
         oldest_version=start,
@@ -72,6 +73,7 @@ def metrics(io: FileIO, state: TableState, cache: bitmap.BitmapCache | None = No
                                                            dt.UTC).isoformat(),
         compactable_files=sum(len(g) for g in groups),
         compactable_bytes=sum(m.file.bytes for g in groups for m in g),
+        regroupable_log_files=len(compaction.regroupable(state)),
     )
 
 
@@ -90,13 +92,14 @@ def due(io: FileIO, state: TableState, m: Metrics) -> list[Task]:
         tasks.append(Task(MAJOR, f"the look-back {meta.prop('compact.look_back')!r} moves the window from version "
                                  f"{current} to {start}",
                           f"up to {m.stored_rows - m.valid_rows} superseded rows purged, "
-                          f"{m.log_files_before_window + sum(1 for v, _ in state.logs if current < v <= start)} "
+                          f"{sum(1 for v, f in state.logs if f.version_range(v)[1] <= start and not f.folded)} "
                           f"log files folded; {m.compactable_files} files ({m.compactable_bytes} bytes) compacted"))
-    elif m.compactable_files:
+    elif m.compactable_files or m.regroupable_log_files:
         tasks.append(Task(MINOR, f"{m.small_files} small files, {m.wasteful_files} with superseded rows at least "
-                                 f"{meta.prop('compact.invalid_fraction')} of theirs",
-                          f"{m.compactable_files} files ({m.compactable_bytes} bytes) rewritten; the current view "
-                          f"stops reading {m.superseded_rows_read} superseded rows"))
+                                 f"{meta.prop('compact.invalid_fraction')} of theirs, {m.log_files} log files",
+                          f"{m.compactable_files} files ({m.compactable_bytes} bytes) rewritten, the current view "
+                          f"reading up to {m.superseded_rows_read} fewer superseded rows; "
+                          f"{m.regroupable_log_files} log files regrouped into one"))
     tasks.append(Task(CLEANUP, "files no version inside the window reads", "their bytes, once older than the "
                                                                             "grace period"))
     return tasks

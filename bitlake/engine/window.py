@@ -120,39 +120,32 @@ class Purge:
         return np.sort(np.concatenate(self.dropped)) if self.dropped else np.empty(0, np.int64)
 
 
-def _listed(v: int, f: LogFile) -> int:
-    """The version whose events a log file holds for ordering: a folded file's are older than any other's."""
-    return -1 if f.folded else v
-
-
 def purge(io: FileIO, state: TableState, start_version: int, mark: int | None) -> Purge:
-    events = segmentlog.latest_until(io, [(_listed(v, f), f) for v, f in state.logs], with_version=True)
+    events = segmentlog.latest_until(io, state.logs, with_version=True)
     return Purge(start_version, mark, events.column("_row_id").to_numpy(), events.column("version").to_numpy(),
                  events.column("t").to_numpy())
 
 
 def fold(io: FileIO, state: TableState, start_version: int, dropped: np.ndarray
          ) -> tuple[LogFile | None, list[str]]:
-    """Folds the log files listed at or before the window's start into one ``folded`` file: each row's latest
-    event among them, without the rows dropped and the rows with a later event elsewhere (the later one wins in
-    every view inside the window). Returns the new file (None: no event is left) and the files it replaces."""
-    old = [(v, f) for v, f in state.logs if v <= start_version]
+    """Folds the log files whose events all are of versions at or before the window's start into one
+    ``folded`` file: each row's latest event among them, with its version, without the rows dropped. (A row
+    with a later event elsewhere keeps its folded one: the versions still order them, and no change range
+    inside the window reads a folded file.) Returns the new file (None: no event is left) and the files it
+    replaces."""
+    old = [(v, f) for v, f in state.logs if f.version_range(v)[1] <= start_version]
     if not old:
         return None, []
     pieces = []
     for v, f in old:
-        e = segmentlog.read_until(io, f.path)
-        pieces.append(e.append_column("_version", pa.array(np.full(e.num_rows, _listed(v, f), np.int64))))
+        e, versions = segmentlog.read_events(io, v, f)
+        pieces.append(e.append_column(segmentlog.VERSION, pa.array(versions)))
     events = pa.concat_tables(pieces)
     rid = segmentlog.row_ids(events)
-    pick = segmentlog.latest(rid, events.column("_version").to_numpy())
-    later = [segmentlog.row_ids(segmentlog.read_until(io, f.path, columns=list(rowid.ROW_ID_COLUMNS)))
-             for v, f in state.logs if v > start_version]
-    later_ids = np.concatenate(later) if later else np.empty(0, np.int64)
-    pick = pick[~np.isin(rid[pick], dropped) & ~np.isin(rid[pick], later_ids)]
+    pick = segmentlog.latest(rid, events.column(segmentlog.VERSION).to_numpy())
+    pick = pick[~np.isin(rid[pick], dropped)]
     replaced = [f.path for _, f in old]
     if not len(pick):
         return None, replaced
-    kept = events.take(pa.array(pick)).drop_columns(["_version"])
-    written = segmentlog.write_file(io, layout.log_path(), kept)
+    written = segmentlog.write_file(io, layout.log_path(), events.take(pa.array(pick)))
     return dataclasses.replace(written, folded=True), replaced

@@ -140,7 +140,9 @@ class LogFile:
     """A segment-log file; ``min_t``/``max_t`` bound its event times, so an event-time read skips files that
     cannot hold an event after its time. ``resets``: the file holds events for rows that already had one (a
     restatement's), so a reader deciding a row's latest event never skips it. ``folded``: a major compaction
-    folded events of versions up to the window's start into it: they are not changes of the commit listing it."""
+    folded events of versions up to the window's start into it: they are not changes of the commit listing it.
+    ``versions``: a compaction regrouped events of several commits into it, each with its commit version in a
+    ``version`` column; the pair bounds them."""
 
     path: str
     events: int
@@ -149,17 +151,28 @@ class LogFile:
     max_t: int
     resets: bool = False
     folded: bool = False
+    versions: tuple[int, int] | None = None
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
-        for flag in ("resets", "folded"):
+        for flag in ("resets", "folded", "versions"):
             if not d[flag]:
                 del d[flag]
+        if self.versions is not None:
+            d["versions"] = list(self.versions)
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> LogFile:
-        return cls(**d)
+        versions = d.get("versions")
+        return cls(**{**d, "versions": tuple(versions) if versions else None})
+
+    def version_range(self, listed: int) -> tuple[int, int]:
+        """The commit versions of its events, for a file listed at version ``listed``: a regrouped file's own
+        range; a folded file's events are older than any commit's (-1)."""
+        if self.versions is not None:
+            return self.versions
+        return (-1, -1) if self.folded else (listed, listed)
 
 
 @dataclasses.dataclass(frozen=True)

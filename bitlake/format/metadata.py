@@ -50,6 +50,8 @@ DEFAULT_PROPERTIES = {
     "compact.small_file_bytes": "33554432",
     "compact.invalid_fraction": "0.1",
     "compact.min_input_files": "4",
+    # ... and regroups segment-log files (other than folded ones) by size tiers of at least this many files.
+    "compact.min_log_files": "16",
     # Major compaction's default window (docs/maintenance.md): a version, an age ("7d", "12h") or a time.
     "compact.look_back": "7d",
     # Upkeep (docs/maintenance.md, "Automatic upkeep"): maintain() runs a major compaction when the look-back

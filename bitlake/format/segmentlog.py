@@ -10,7 +10,8 @@ Columns: the row id of the row the event is about; ``event``; ``t``, the delta v
 caused it; ``cause``, that record's packed row id (an update is an UNTIL whose cause is a data row of the
 same commit, a delete one whose cause is a delete record); ``batch_index``, the position among the batches
 the commit made visible of the cause's batch. Within a file, events are sorted by row id, UNTIL events in
-their own row groups. The commit that lists a file gives its events their version.
+their own row groups. The commit that lists a file gives its events their version, except in a file a
+compaction **regrouped** from several: it has a ``version`` column, each event's own commit version.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ FILE_SCHEMA = pa.schema(
         pa.field("batch_index", pa.int32(), False),
     ]
 )
+VERSION = "version"
+VERSIONED_SCHEMA = FILE_SCHEMA.append(pa.field(VERSION, pa.int64(), False))  # a regrouped file's
 
 
 # Offsets ascend within a segment, and causes within a batch often do: DELTA_BINARY_PACKED stores them in a few
@@ -47,30 +50,52 @@ FILE_SCHEMA = pa.schema(
 _DELTA_PACKED = (OFFSET_COLUMN, "t", "cause")
 _PARQUET_OPTIONS = {
     "compression": "zstd",
-    "use_dictionary": [n for n in FILE_SCHEMA.names if n not in _DELTA_PACKED],
+    "use_dictionary": [n for n in VERSIONED_SCHEMA.names if n not in _DELTA_PACKED],
     "column_encoding": dict.fromkeys(_DELTA_PACKED, "DELTA_BINARY_PACKED"),
 }
 
 
 def write_file(io: FileIO, path: str, events: pa.Table) -> LogFile:
-    """Writes ``events`` (columns of :data:`FILE_SCHEMA`) sorted by row id; returns the file's entry."""
-    table = events.cast(FILE_SCHEMA)
-    table = table.take(pc.sort_indices(table, sort_keys=[
-        (PART_COLUMN, "ascending"), (SEQ_COLUMN, "ascending"), (OFFSET_COLUMN, "ascending"),
-    ]))
-    with io.open_output(path) as out, pq.ParquetWriter(out, FILE_SCHEMA, **_PARQUET_OPTIONS) as writer:
+    """Writes ``events`` (columns of :data:`FILE_SCHEMA`, or :data:`VERSIONED_SCHEMA` for a regrouped file)
+    sorted by row id (then version); returns the file's entry."""
+    schema = VERSIONED_SCHEMA if VERSION in events.column_names else FILE_SCHEMA
+    table = events.select(schema.names).cast(schema)
+    order = [(PART_COLUMN, "ascending"), (SEQ_COLUMN, "ascending"), (OFFSET_COLUMN, "ascending")]
+    if schema is VERSIONED_SCHEMA:
+        order.append((VERSION, "ascending"))
+    table = table.take(pc.sort_indices(table, sort_keys=order))
+    with io.open_output(path) as out, pq.ParquetWriter(out, schema, **_PARQUET_OPTIONS) as writer:
         for kind in (SET_VALID_UNTIL, SET_VALID_FROM):
             of_kind = table.filter(pc.equal(table.column("event"), kind))
             if of_kind.num_rows:
                 writer.write_table(of_kind)
     t = table.column("t")
-    return LogFile(path, table.num_rows, io.size(path), pc.min(t).as_py(), pc.max(t).as_py())
+    versions = None
+    if schema is VERSIONED_SCHEMA:
+        v = table.column(VERSION)
+        versions = (pc.min(v).as_py(), pc.max(v).as_py())
+    return LogFile(path, table.num_rows, io.size(path), pc.min(t).as_py(), pc.max(t).as_py(), versions=versions)
 
 
-def read_until(io: FileIO, path: str, after: int | None = None, columns: list[str] | None = None) -> pa.Table:
-    """The SET_VALID_UNTIL events of a log file (with ``t > after`` when given)."""
+def read_until(io: FileIO, path: str, after: int | None = None, columns: list[str] | None = None,
+               versioned: bool = False) -> pa.Table:
+    """The SET_VALID_UNTIL events of a log file (with ``t > after`` when given); ``versioned``: a regrouped
+    file, whose ``version`` column is read too."""
     filters = [("event", "=", SET_VALID_UNTIL)] + ([("t", ">", after)] if after is not None else [])
-    return pq.read_table(io.open_input(path), filters=filters, columns=columns, schema=FILE_SCHEMA)
+    return pq.read_table(io.open_input(path), filters=filters, columns=columns,
+                         schema=VERSIONED_SCHEMA if versioned else FILE_SCHEMA)
+
+
+def read_events(io: FileIO, listed: int, f: LogFile, after: int | None = None,
+                columns: list[str] | None = None) -> tuple[pa.Table, np.ndarray]:
+    """The SET_VALID_UNTIL events of log file ``f`` listed at version ``listed`` (``columns`` of them), and
+    each one's commit version: the listing version, a regrouped file's own column, -1 in a folded file."""
+    versioned = f.versions is not None
+    wanted = None if columns is None else columns + [VERSION] * versioned
+    events = read_until(io, f.path, after, wanted, versioned)
+    if versioned:
+        return events.drop_columns([VERSION]), events.column(VERSION).to_numpy()
+    return events, np.full(events.num_rows, f.version_range(listed)[0], np.int64)
 
 
 def row_ids(events: pa.Table) -> np.ndarray:
@@ -88,16 +113,15 @@ def latest(rid: np.ndarray, versions: np.ndarray) -> np.ndarray:
 
 def latest_until(io: FileIO, files: list[tuple[int, LogFile]], after: int | None = None,
                  with_version: bool = False) -> pa.Table:
-    """The latest SET_VALID_UNTIL event per row among ``(version, file)`` pairs, as columns ``_row_id``
+    """The latest SET_VALID_UNTIL event per row among ``(listing version, file)`` pairs, as columns ``_row_id``
     (packed), ``t`` (and ``version``); the latest is the one of the highest version (docs/FORMAT.md, "Segment
     logs")."""
     ids, ts, versions = [], [], []
-    for version, f in files:
-        events = read_until(io, f.path, columns=[PART_COLUMN, SEQ_COLUMN, OFFSET_COLUMN, "t"])
-        packed = row_ids(events)
-        ids.append(packed)
+    for listed, f in files:
+        events, of_events = read_events(io, listed, f, columns=[PART_COLUMN, SEQ_COLUMN, OFFSET_COLUMN, "t"])
+        ids.append(row_ids(events))
         ts.append(events.column("t").to_numpy())
-        versions.append(np.full(len(packed), version, np.int64))
+        versions.append(of_events)
     if not ids:
         empty = {"_row_id": pa.array([], pa.int64()), "t": pa.array([], pa.int64())}
         return pa.table({**empty, "version": pa.array([], pa.int64())} if with_version else empty)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bitlake.errors import NotATableError, TableNotFoundError, VersionNotFoundError
+from bitlake.errors import NotATableError, TableNotFoundError, VersionExpiredError, VersionNotFoundError
 from bitlake.format import commitlog, layout
 from bitlake.format.commit import (
     LIVE,
@@ -188,13 +188,26 @@ def write_checkpoint(io: FileIO, state: TableState) -> None:
     io.write_atomic(layout.checkpoint_path(state.version), commitlog.encode(state.to_json()))
 
 
+def checkpoint_versions(io: FileIO) -> list[int]:
+    return sorted(int(n[:-5]) for n in io.listdir(layout.CHECKPOINTS_DIR) if n.endswith(".json") and n[:-5].isdigit())
+
+
+def earliest_version(io: FileIO) -> int:
+    """The oldest version whose state can be loaded: 0, or, once cleanup dropped the commits before a
+    retention window, the window's start (a checkpoint holds its state)."""
+    versions = commitlog.list_versions(io)
+    return min(versions) if versions else 0
+
+
 def latest_version(io: FileIO) -> int:
     """The latest version: listed once, then probed forwards (a listing may lag behind a fresh commit)."""
-    versions = commitlog.list_versions(io)
-    if not versions or versions[0] != 0:
+    versions = sorted(commitlog.list_versions(io))
+    # After cleanup dropped the commits before a retention window, a checkpoint holds the state they replayed to.
+    if not versions or (versions[0] != 0 and not any(v >= versions[0] for v in checkpoint_versions(io))):
         if not io.exists():
             raise TableNotFoundError(f"no such table: {io.uri()} does not exist")
-        raise NotATableError(f"{io.uri()} is not a bitlake table (no commit log under {layout.COMMITS_DIR})")
+        what = "no commit log" if not versions else f"its commit log starts at {versions[0]} without a checkpoint"
+        raise NotATableError(f"{io.uri()} is not a bitlake table ({what} under {layout.COMMITS_DIR})")
     latest = versions[-1]
     while commitlog.exists(io, latest + 1):
         latest += 1
@@ -209,13 +222,16 @@ def load(io: FileIO, version: int | None = None) -> TableState:
     if not 0 <= version <= latest:
         raise VersionNotFoundError(f"version {version} does not exist; the table has versions 0 to {latest}")
     state = None
-    checkpoints = [int(n[:-5]) for n in io.listdir(layout.CHECKPOINTS_DIR) if n.endswith(".json") and n[:-5].isdigit()]
-    usable = [v for v in checkpoints if v <= version]
+    usable = [v for v in checkpoint_versions(io) if v <= version]
     if usable:
         path = layout.checkpoint_path(usable[-1])
         state = TableState.from_json(commitlog.decode(io.read_bytes(path), path))
         state.protocol.check_read(io.uri())
     if state is None:
+        if not commitlog.exists(io, 0):
+            raise VersionExpiredError(f"version {version} of {io.uri()} has expired: the table keeps versions from "
+                                      f"{earliest_version(io)} (cleanup removed the commits before its retention "
+                                      "window)")
         state = initial(io, commitlog.read(io, 0))
     for v in range(state.version + 1, version + 1):
         state.apply(commitlog.read(io, v))  # each commit's protocol is checked as it is read

@@ -42,16 +42,22 @@ def _sql_map(pairs) -> str:
     return "map(" + ", ".join(f"{int(k)}, {int(v)}" for k, v in pairs) + ")"
 
 
-def _events(io: FileIO, logs) -> pa.Table:
-    """The SET_VALID_UNTIL events of ``(version, file)`` pairs, read on the driver: packed target, t, cause,
-    batch index, version."""
+def _events(io: FileIO, logs, start: int, end: int) -> pa.Table:
+    """The SET_VALID_UNTIL events of commits ``(start, end]`` in the ``(listing version, file)`` pairs, read
+    on the driver: packed target, t, cause, batch index, version. A folded log (major compaction) holds events
+    of versions up to the window's start, which no range reaches; a regrouped one, events of several commits."""
     pieces = []
-    for v, f in logs:
-        e = segmentlog.read_until(io, f.path)
-        target = segmentlog.row_ids(e)
+    for listed, f in logs:
+        first, last = f.version_range(listed)
+        if f.folded or last <= start or first > end:
+            continue
+        e, versions = segmentlog.read_events(io, listed, f)
+        keep = (versions > start) & (versions <= end)
+        if not keep.all():
+            e, versions = e.filter(pa.array(keep)), versions[keep]
         pieces.append(pa.table({
-            "_target": target, "t": e.column("t"), "cause": e.column("cause"), "batch_index": e.column("batch_index"),
-            "_commit_version": pa.array(np.full(len(target), v, np.int64)),
+            "_target": segmentlog.row_ids(e), "t": e.column("t"), "cause": e.column("cause"),
+            "batch_index": e.column("batch_index"), "_commit_version": pa.array(versions),
         }))
     if not pieces:
         return pa.table({"_target": pa.array([], pa.int64()), "t": pa.array([], pa.int64()),
@@ -102,8 +108,7 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
         df = df.orderBy("_commit_version", "batch_index", "_rid")  # in order, as a keyed table's
         return df.select(*columns, "_change_type", "_commit_version", commit_timestamp)
 
-    # A folded log (major compaction) holds events of versions before the window, which no range reaches.
-    events = _events(io, [(v, f) for v, f in state.logs if start < v <= end and not f.folded])
+    events = _events(io, state.logs, start, end)
     targets = events.column("_target").to_numpy()
     parts = []
     small = events.num_rows <= BROADCAST_EVENTS

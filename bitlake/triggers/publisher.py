@@ -20,7 +20,9 @@ import hashlib
 import json
 from typing import TYPE_CHECKING
 
+from bitlake.errors import VersionExpiredError
 from bitlake.format import commitlog
+from bitlake.format import state as state_mod
 from bitlake.table import Table, open_table
 from bitlake.triggers.client import Client
 from bitlake.triggers.event import MAX_EVENTS_PER_REQUEST
@@ -69,14 +71,16 @@ def _write_cursor(table: Table, target: str, version: int) -> None:
     table.io.write_atomic(cursor_path(target), body)
 
 
-def publish(table: Table | str, target: TriggerStore | Client, *, batch_events: int = MAX_EVENTS_PER_REQUEST
-            ) -> list[Registration]:
+def publish(table: Table | str, target: TriggerStore | Client, *, batch_events: int = MAX_EVENTS_PER_REQUEST,
+            skip_expired: bool = False) -> list[Registration]:
     """Registers the events of every commit of ``table`` after the target's publish cursor.
 
     Args:
         table: a :class:`bitlake.Table` or its path.
         target: a :class:`TriggerStore` or a producer :class:`Client` of the service.
         batch_events: events per registration call; the cursor moves after each call.
+        skip_expired: when cleanup dropped commits the cursor has not reached (docs/maintenance.md), go on
+            from the oldest commit left instead of raising ``VersionExpiredError``.
 
     Returns:
         One :class:`Registration` per event, in commit order; ``created`` is False for events that were
@@ -91,7 +95,16 @@ def publish(table: Table | str, target: TriggerStore | Client, *, batch_events: 
     # Commits carry the table's logical name; where the table lives is the publisher's knowledge, sent
     # as the events' ``location`` tag so that incremental readers find it.
     location = table.io.uri()
-    for version in range(published_version(table, name) + 1, latest + 1):
+    cursor = published_version(table, name)
+    earliest = state_mod.earliest_version(table.io)
+    if cursor + 1 < earliest:
+        if not skip_expired:
+            raise VersionExpiredError(
+                f"the publish cursor of {name!r} on {location} is at version {cursor}, but cleanup dropped the "
+                f"commits before {earliest} (the retention window): their events are gone; publish with "
+                "skip_expired=True to go on from there")
+        cursor = earliest - 1
+    for version in range(cursor + 1, latest + 1):
         pending.extend({**e, "tags": {**e.get("tags", {}), "location": location}}
                        for e in commitlog.read(table.io, version).events)
         # Register whole commits at a time, so that the cursor only ever passes fully registered commits.

@@ -91,8 +91,16 @@ def check_log(table: bitlake.Table) -> list[dict]:
 
 
 def orphans(table: bitlake.Table) -> list[str]:
-    """Unreferenced files other than segment-part claims (cleanup's dry run)."""
-    return [p for p in table.cleanup(min_age_seconds=0, dry_run=True) if not p.startswith("_bitlake/parts/")]
+    """Unreferenced files other than segment-part claims, and other than the commits and checkpoints before a
+    retention window (cleanup's dry run)."""
+    from bitlake.format import layout
+
+    def expired_log(p: str) -> bool:
+        folder, name = p.rsplit("/", 1)
+        return folder in (layout.COMMITS_DIR, layout.CHECKPOINTS_DIR) and not name.startswith(layout.TMP_PREFIX)
+
+    return [p for p in table.cleanup(min_age_seconds=0, dry_run=True)
+            if not p.startswith("_bitlake/parts/") and not expired_log(p)]
 
 
 # ---------------------------------------------------------------------------------- writer processes
