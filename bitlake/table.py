@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 
-from bitlake import maintenance, read, transaction
+from bitlake import maintenance, read, restatement, transaction
 from bitlake.engine import upkeep
 from bitlake.errors import NotATableError, TableExistsError, TableNotFoundError
 from bitlake.format import commitlog
@@ -198,6 +198,13 @@ class Table:
         assert c is not None
         return c.version
 
+    def tombstone(self, column: str, values: Any) -> int:
+        """Hides, in every view at versions from this commit on, the rows committed before it whose ``column``
+        holds one of ``values`` (an erased user id, a bad source's id); rows committed later with those values
+        are visible as usual, and views at earlier versions are unchanged. Costs metadata only: no data file
+        is read or written (docs/restatement.md). Returns the commit's version."""
+        return restatement.tombstone(self.io, self.refresh, column, values).version
+
     # ------------------------------------------------------------------------------------ reads
 
     def to_spark(self, spark: Any = None, *, version: int | None = None, as_of: Any = None, valid_at: Any = None,
@@ -272,6 +279,7 @@ class Table:
             "keystore_bytes": sum(f.bytes for v in state.keystore.values() for f in v),
             "log_files": len(state.logs),
             "window": state.window.to_json() if state.window else None,
+            "tombstones": [{"version": v, "column": t.column, "values": t.count} for v, t in state.tombstones],
             "maintenance": upkeep.metrics(self.io, state).to_json(),
         }
 

@@ -1,5 +1,5 @@
-"""The table commands: create, ingest, metagen, show, changes, history, describe, cleanup, compact, maintain, convert,
-upgrade."""
+"""The table commands: create, ingest, metagen, show, changes, history, describe, cleanup, compact, maintain,
+tombstone, convert, upgrade."""
 
 from __future__ import annotations
 
@@ -296,6 +296,14 @@ def cmd_maintain(args, out: Console, err: Console) -> None:
     say(out, f"{'would remove' if args.dry_run else 'removed'} {len(r.removed)} unreferenced file(s)")
 
 
+def cmd_tombstone(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    values = [v for v in args.values.split(",") if v != ""]
+    version = table.tombstone(args.column, values)
+    say(out, f"version {version}: rows committed before it with {args.column} in {len(set(values))} value(s) "
+             "are hidden from now on")
+
+
 def cmd_convert(args, out: Console, err: Console) -> None:
     from bitlake.bootstrap import convert
 
@@ -401,6 +409,12 @@ def add_parsers(sub) -> None:
     mt.add_argument("--min-age-seconds", type=float, default=3600.0,
                     help="cleanup keeps younger files (default 3600)")
     mt.set_defaults(run=cmd_maintain)
+
+    tb = sub.add_parser("tombstone", help="hide the rows committed so far whose column holds one of the values")
+    tb.add_argument("path", help=path_help)
+    tb.add_argument("--column", required=True, help="the column the values are of")
+    tb.add_argument("--values", required=True, help="comma-separated values (read as the column's type)")
+    tb.set_defaults(run=cmd_tombstone)
 
     v = sub.add_parser("convert",
                        help="create a table from a Parquet folder, a Delta or Iceberg table or a lance dataset")

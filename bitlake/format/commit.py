@@ -20,6 +20,7 @@ METAGEN = "METAGEN"  # pending batches made visible
 SET_METADATA = "SET_METADATA"  # properties changed or columns added
 UPGRADE = "UPGRADE"  # a format v1 table upgraded to v2
 COMPACT = "COMPACT"  # data files rewritten, every row kept with its row id; no view changes
+TOMBSTONE = "TOMBSTONE"  # rows committed before it hidden by the value of a column
 
 PENDING, LIVE, REVERTED, REPLACED = "pending", "live", "reverted", "replaced"
 BATCH_STATUSES = (PENDING, LIVE, REVERTED, REPLACED)

@@ -1,0 +1,97 @@
+"""Value tombstones: rows committed before the tombstone are hidden from its version on, in the Arrow and the
+Spark readers and in the spec reader; later rows and earlier versions are unaffected; no data file is read or
+written; bad input is refused with nothing committed."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+import bitlake
+from bitlake.cli import main as cli
+from bitlake.format import protocol
+from tests import spec_reader
+from tests.oracle import rows_key
+from tests.test_compaction import COLUMNS, SCHEMA, TIMES, batch
+
+
+def table(path, **options):
+    t = bitlake.create_table(path, SCHEMA, primary_key=["k"], delta_column="mod", num_buckets=2, **options)
+    t.ingest(batch(range(20), 1, 0), op_column="op", batch_id="b0")  # grp g0 / g1 alternate; value = k
+    t.ingest(batch(range(0, 20, 4), 5, 100), op_column="op", batch_id="b1")
+    t.ingest(batch([21, 22], 2, 0), op_column="op", batch_id="pending", metagen=False)
+    return t
+
+
+def expected(rows: list[dict], hidden_values: set, column: str) -> list[tuple]:
+    return rows_key([r for r in rows if r[column] not in hidden_values], COLUMNS)
+
+
+@pytest.mark.spark
+def test_a_tombstone_hides_what_was_committed_before_it(tmp_path, spark, monkeypatch):
+    t = table(str(tmp_path / "t"))
+    before = t.version
+    views = {at: t.to_arrow(valid_at=at).to_pylist() for at in TIMES}
+    files = sorted(t.io.walk("data"))
+    opened: list[str] = []
+    open_input = t.io.open_input
+    monkeypatch.setattr(t.io, "open_input", lambda rel: (opened.append(rel), open_input(rel))[1])
+
+    w = t.tombstone("value", [104, 5, 5, 999, None])  # 104: key 4 of b1; 5: key 5 of b0; 999: no row
+    assert not [p for p in opened if p.startswith("data/")] and sorted(t.io.walk("data")) == files
+    monkeypatch.undo()
+    c = t.history()[0]
+    assert (c["version"], c["operation"]) == (w, "TOMBSTONE")
+    params = bitlake.format.commitlog.read(t.io, w).parameters
+    assert params == {"column": "value", "tombstones_added": 3, "tombstones_removed": 0, "tombstones_total": 3}
+    assert protocol.TOMBSTONES in t.state().protocol.reader_features
+
+    for at in TIMES:
+        want = expected(views[at], {104, 5}, "value")
+        assert rows_key(t.to_arrow(valid_at=at).to_pylist(), COLUMNS) == want, at
+        assert rows_key(spec_reader.read_view(t.path, valid_at=at), COLUMNS) == want, at
+        assert rows_key(t.to_arrow(version=before, valid_at=at).to_pylist(), COLUMNS) == rows_key(views[at], COLUMNS)
+    assert rows_key([r.asDict() for r in t.to_spark(spark).collect()], COLUMNS) == expected(views[None], {104, 5},
+                                                                                             "value")
+    # Rows committed later with a tombstoned value are visible, including a batch landed before the tombstone
+    # and made live after it; a second tombstone on another column adds to the first.
+    t.ingest(batch([5], 9, 0), op_column="op", batch_id="later")  # value 5 + 0 = 5 again
+    t.metagen()
+    rows = t.to_arrow().to_pylist()
+    assert {r["k"] for r in rows} >= {5, 21, 22} and 4 not in {r["k"] for r in rows}
+    t.tombstone("grp", ["g1"])
+    left = t.to_arrow().to_pylist()
+    assert {r["grp"] for r in left} == {"g0"} and bitlake.format.commitlog.read(t.io, t.version).parameters[
+        "tombstones_total"] == 4
+    assert rows_key([r.asDict() for r in t.to_spark(spark).collect()], COLUMNS) == rows_key(left, COLUMNS)
+    assert rows_key(spec_reader.read_view(t.path), COLUMNS) == rows_key(left, COLUMNS)
+    # Compaction keeps tombstoned rows hidden (a row keeps its batch's part, whichever file holds it).
+    t.set_properties({"compact.min_input_files": "2"})
+    assert t.compact().version is not None
+    assert rows_key(t.to_arrow().to_pylist(), COLUMNS) == rows_key(left, COLUMNS)
+
+
+def test_bad_tombstones_are_refused_with_nothing_committed(tmp_path):
+    t = table(str(tmp_path / "t"))
+    version = t.version
+    with pytest.raises(bitlake.InvalidInputError, match="no column 'nope'"):
+        t.tombstone("nope", [1])
+    with pytest.raises(bitlake.InvalidInputError, match="not 'value' values"):
+        t.tombstone("value", ["not a number"])
+    with pytest.raises(bitlake.InvalidInputError, match="at least one non-null value"):
+        t.tombstone("value", [None])
+    with pytest.raises(bitlake.InvalidInputError, match="must be a list"):
+        t.tombstone("grp", "g1")
+    assert t.version == version and t.io.walk("_bitlake/tombstones") == []
+
+
+def test_tombstones_on_an_unkeyed_table_and_the_command(tmp_path, capsys):
+    schema = pa.schema([("user", pa.string()), ("n", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "events"), schema)
+    t.ingest(pa.table({"user": ["ann", "bob", "ann", "cy"], "n": [1, 2, 3, 4]}))
+    assert cli(["tombstone", t.path, "--column", "user", "--values", "ann,cy"]) == 0
+    assert "hidden" in capsys.readouterr().out
+    t.ingest(pa.table({"user": ["ann"], "n": [5]}))
+    assert sorted((r["user"], r["n"]) for r in t.to_arrow().to_pylist()) == [("ann", 5), ("bob", 2)]
+    assert len(t.to_arrow(version=1).to_pylist()) == 4
+    assert t.describe()["tombstones"] == [{"version": 2, "column": "user", "values": 2}]
