@@ -3,6 +3,7 @@ tombstone, convert, upgrade."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -232,9 +233,23 @@ def cmd_cleanup(args, out: Console, err: Console) -> None:
     say(out, f"{verb} {len(removed)} unreferenced file(s)")
 
 
-def cmd_compact(args, out: Console, err: Console) -> None:
+@contextlib.contextmanager
+def compaction_progress(err: Console):
+    """A transient rich progress bar of the rows a compaction rewrites; yields its ``progress(rows, total)``."""
     from rich.progress import Progress
 
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("compacting", total=None)
+
+        def advance(rows: int, total: int) -> None:
+            if total:
+                bar.update(task, total=total)
+            bar.advance(task, rows)
+
+        yield advance
+
+
+def cmd_compact(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
     # A look-back of digits is a version (bitlake.engine.window.start), anything else an age or a time.
     kw = {"target_file_bytes": args.target_file_bytes, "major": args.major, "look_back": args.look_back}
@@ -244,14 +259,7 @@ def cmd_compact(args, out: Console, err: Console) -> None:
         say(out, f"{verb} {plan['files']} file(s), {plan['rows']} rows, {plan['bytes']} bytes in "
                  f"{plan['partitions']} partition(s); regroup {plan['log_files']} log file(s)")
         return
-    with Progress(console=err, transient=True) as bar:
-        task = bar.add_task("compacting", total=None)
-
-        def advance(rows: int, total: int) -> None:
-            if total:
-                bar.update(task, total=total)
-            bar.advance(task, rows)
-
+    with compaction_progress(err) as advance:
         r = table.compact(progress=advance, **kw)
     if r.version is None:
         say(out, "nothing to compact: nothing was due, or another compaction replaced the files first")
@@ -268,20 +276,11 @@ def cmd_compact(args, out: Console, err: Console) -> None:
 
 
 def cmd_maintain(args, out: Console, err: Console) -> None:
-    from rich.progress import Progress
-
     table = bitlake.open_table(args.path)
     if args.dry_run:
         r = table.maintain(dry_run=True, min_age_seconds=args.min_age_seconds)
     else:
-        with Progress(console=err, transient=True) as bar:
-            task = bar.add_task("compacting", total=None)
-
-            def advance(rows: int, total: int) -> None:
-                if total:
-                    bar.update(task, total=total)
-                bar.advance(task, rows)
-
+        with compaction_progress(err) as advance:
             r = table.maintain(min_age_seconds=args.min_age_seconds, progress=advance)
     m = r.metrics
     say(out, f"{m.data_files} data files ({m.small_files} small, {m.wasteful_files} with many superseded rows), "
