@@ -52,8 +52,8 @@ class Task:
         return dataclasses.asdict(self)
 
 
-def metrics(io: FileIO, state: TableState, cache: bitmap.BitmapCache | None = None) -> Metrics:
-    files = compaction.metrics(cache or bitmap.BitmapCache(io), state)
+def metrics(io: FileIO, state: TableState) -> Metrics:
+    files = compaction.metrics(bitmap.BitmapCache(io), state)
     meta = state.metadata
     groups = compaction.choose(files, meta.int_prop("compact.min_input_files"))
     start = state.window.version if state.window else 0
