@@ -85,7 +85,7 @@ class Ingestion:
         done = already_committed(self.io, state, batch_id)
         if done is not None:
             return done
-        land = _landing(data, meta, op_column)  # checks the input before anything is written
+        land = landing_of(data, meta, op_column)  # checks the input before anything is written
         part = transaction.claim_part(self.io, state)
         faults.point("after_claim")
         data_files, keys_files = land(self.io, part)
@@ -198,7 +198,7 @@ def _session():
     return spark_session()
 
 
-def _landing(data: Any, meta: TableMetadata, op_column: str | None):
+def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
     """How ``data`` lands: Arrow and pandas input (and a Spark DataFrame small enough to collect) on this
     machine without Spark, any other Spark DataFrame by a Spark job. Returns ``land(io, part)``."""
     reader = conform.arrow_input(data)

@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 def referenced(io: FileIO, latest: TableState) -> set[str]:
     """Every file a version inside the retention window may read (all versions when no major compaction set
     one): the state at the window's start, and what each later commit added. Keys files of batches made live
-    before the window are not read again (a change range cannot start before it)."""
+    before the window are not read again (a change range cannot start before it), nor are the change files of
+    commits up to the window's start."""
     start = latest.window.version if latest.window else 0
     base = latest if start == latest.version else state_mod.load(io, start)
     out: set[str] = set()
@@ -47,6 +48,7 @@ def referenced(io: FileIO, latest: TableState) -> set[str]:
         out.update(s.bitmap for s in c.segments if s.bitmap)
         out.update(f.path for f in c.keystore_add)
         out.update(t.path for t in c.tombstones)
+        out.update(f.path for f in c.change_files)
     return out
 
 

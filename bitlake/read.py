@@ -53,5 +53,5 @@ def changes(spark, io: FileIO, latest: TableState, start_version: int, end_versi
     if unknown:
         raise InvalidInputError(f"unknown change types {sorted(unknown)}; known: {list(spark_changes.CHANGE_TYPES)}")
     state = latest if end == latest.version else state_mod.load(io, end)
-    timestamps = {v: commitlog.read(io, v).timestamp_ms for v in range(start + 1, end + 1)}
-    return spark_changes.read_changes(spark, io, state, start, end, timestamps, change_types)
+    commits = {v: commitlog.read(io, v) for v in range(start + 1, end + 1)}
+    return spark_changes.read_changes(spark, io, state, start, end, commits, change_types)

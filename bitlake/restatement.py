@@ -1,5 +1,6 @@
-"""Restatement (docs/restatement.md): value tombstones, which hide rows committed before them by the value of a
-column (an erased user id, a bad source), at the cost of metadata only."""
+"""Restatement (docs/restatement.md): reverting and replacing a batch, and value tombstones, which hide rows
+committed before them by the value of a column (an erased user id, a bad source). Each is one commit of
+metadata: no data file is rewritten."""
 
 from __future__ import annotations
 
@@ -9,11 +10,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bitlake import transaction
+from bitlake import changeevent, faults, ingest, transaction
+from bitlake.engine import keyindex, landing
+from bitlake.engine import restate as engine_restate
+from bitlake.engine.metagen import Landed
 from bitlake.errors import InvalidInputError
-from bitlake.format import commitlog, layout
-from bitlake.format.commit import TOMBSTONE, Commit, Tombstone
-from bitlake.format.protocol import TOMBSTONES
+from bitlake.format import changefile, commitlog, layout
+from bitlake.format.commit import (
+    LIVE,
+    PENDING,
+    REPLACE,
+    REPLACED,
+    REVERT,
+    REVERTED,
+    TOMBSTONE,
+    BatchRecord,
+    Commit,
+    Tombstone,
+)
+from bitlake.format.protocol import RESTATEMENTS, TOMBSTONES
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 
@@ -62,3 +77,93 @@ def tombstone(io: FileIO, refresh, column: str, values: Any) -> Commit:
     c, _ = transaction.commit(io, refresh, build)
     assert c is not None
     return c
+
+
+class _Done(Exception):
+    def __init__(self, result: ingest.IngestResult):
+        self.result = result
+
+
+def revert_batch(io: FileIO, refresh, batch_id: str) -> ingest.IngestResult:
+    """One ``REVERT`` commit after which every view is as if ``batch_id``'s current incarnation had never been
+    ingested; a batch already reverted is a no-op (``committed`` False)."""
+    return _restate(io, refresh, batch_id, None)
+
+
+def replace_batch(io: FileIO, refresh, batch_id: str, data: Any, op_column: str | None) -> ingest.IngestResult:
+    """One ``REPLACE`` commit that reverts ``batch_id`` and makes ``data`` live under the same id."""
+    state = refresh()
+    state.protocol.check_write(io.uri())
+    _restatable(state, batch_id)
+    if op_column is not None and not state.metadata.keyed:
+        raise InvalidInputError("an unkeyed (append-only) table takes no op_column: it has no deletes")
+    land = ingest.landing_of(data, state.metadata, op_column)  # checks the input before anything is written
+    part = transaction.claim_part(io, state)
+    faults.point("after_claim")
+    data_files, keys_files = land(io, part)
+    faults.point("after_landing")
+    records = sum(f.rows for f in data_files) + sum(f.rows for f in keys_files)
+    new = Landed(batch_id, part, records, tuple(data_files), tuple(keys_files))
+    try:
+        return _restate(io, refresh, batch_id, new)
+    except BaseException:
+        if refresh().parts.get(part) is None:
+            landing.remove_part_files(io, part)
+        raise
+
+
+def _restatable(state: TableState, batch_id: str):
+    if not isinstance(batch_id, str) or not batch_id:
+        raise InvalidInputError(f"batch_id must be a non-empty string, not {batch_id!r}")
+    b = state.batch(batch_id)
+    if b is None:
+        raise InvalidInputError(f"no batch {batch_id!r} was ever ingested into this table")
+    if b.status == PENDING:
+        raise InvalidInputError(f"batch {batch_id!r} is landed but pending MetaGen: run metagen() first, then "
+                                "restate it")
+    return b
+
+
+def _restate(io: FileIO, refresh, batch_id: str, new: Landed | None) -> ingest.IngestResult:
+    index = keyindex.IndexSession(io)
+    outputs: dict[int, engine_restate.Restatement] = {}
+
+    def build(state: TableState):
+        state.protocol.check_write(io.uri())
+        b = _restatable(state, batch_id)
+        removed = b.part if b.status == LIVE else None
+        if new is None and removed is None:  # reverted already: a retry
+            raise _Done(ingest.IngestResult(batch_id, b.restated_version or state.version, False, True, {}))
+        version = state.version + 1
+        r = engine_restate.restate(io, state, removed, new, version)
+        outputs[version] = r
+        changes = changefile.write(io, r.changes)
+        records = [BatchRecord(batch_id, removed, REVERTED if new is None else REPLACED)] if removed is not None else []
+        if new is not None:
+            records.append(BatchRecord(batch_id, new.part, LIVE, new.records, new.keys_files))
+        timestamp_ms = commitlog.now_ms(state.timestamp_ms)
+        events = changeevent.commit_events(state.metadata.name, state, version, timestamp_ms,
+                                           [new] if new is not None else [], r.output.segments, r.counts)
+        for e in events:
+            e["tags"] = {"batch_ids": batch_id, "restatement": "replace" if new is not None else "revert"}
+        protocol = None if RESTATEMENTS in state.protocol.reader_features \
+            else state.protocol.with_features(RESTATEMENTS)
+        c = Commit(
+            version, REVERT if new is None else REPLACE, timestamp_ms, parameters={"batch_id": batch_id},
+            protocol=protocol, batches=tuple(records), add_files=new.data_files if new is not None else (),
+            segments=tuple(r.output.segments), logs=tuple(r.output.logs), keystore_add=tuple(r.output.keystore_add),
+            keystore_remove=tuple(r.output.keystore_remove), change_files=(changes,), counts=r.counts,
+            batch_counts={batch_id: r.counts}, events=tuple(events),
+        )
+        return c, [*r.output.written(), changes.path]
+
+    try:
+        try:
+            c, _ = transaction.commit(io, refresh, build)
+        except _Done as done:
+            return done.result
+        assert c is not None
+        index.after_commit(refresh(), c.version, outputs[c.version].output.keystore_rows)
+    finally:
+        index.close()
+    return ingest.IngestResult(batch_id, c.version, True, True, dict(c.counts), c.made_live)

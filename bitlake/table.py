@@ -205,6 +205,19 @@ class Table:
         is read or written (docs/restatement.md). Returns the commit's version."""
         return restatement.tombstone(self.io, self.refresh, column, values).version
 
+    def revert_batch(self, batch_id: str) -> IngestResult:
+        """Reverts a batch in one commit: every view from it on is as if the batch had never been ingested
+        (keys it inserted disappear, keys it updated or deleted show their previous record, records of later
+        batches that were stale only because of it are accepted); views at earlier versions are unchanged.
+        No data file is rewritten. A batch reverted already is a no-op (``committed`` False); an unknown or
+        pending batch id is an ``InvalidInputError``. ``counts`` are the change rows' (docs/restatement.md)."""
+        return restatement.revert_batch(self.io, self.refresh, batch_id)
+
+    def replace_batch(self, batch_id: str, data: Any, *, op_column: str | None = None) -> IngestResult:
+        """Reverts ``batch_id`` and ingests ``data`` under the same id in one atomic commit (its records arrive at
+        that commit); a reader never sees one without the other. ``data`` is what :meth:`ingest` takes."""
+        return restatement.replace_batch(self.io, self.refresh, batch_id, data, op_column)
+
     # ------------------------------------------------------------------------------------ reads
 
     def to_spark(self, spark: Any = None, *, version: int | None = None, as_of: Any = None, valid_at: Any = None,

@@ -1,4 +1,8 @@
-"""The semantics contract of docs/semantics.md as a small pure-Python model, independent of bitlake's code."""
+"""The semantics contract of docs/semantics.md as a small pure-Python model, independent of bitlake's code.
+
+The model keeps every incarnation of every batch (its records, the version that made it live, the version that
+reverted or replaced it) and folds the ones a version sees, in the order they were applied, whenever a view
+is asked for: a restatement is then simply an incarnation left out from its version on."""
 
 from __future__ import annotations
 
@@ -22,46 +26,88 @@ class Accepted:
     version: int = 0
 
 
+@dataclasses.dataclass
+class Incarnation:
+    batch_id: str | None
+    records: list[Record]
+    version: int  # made live at
+    restated: int | None = None  # reverted or replaced at
+
+
+COUNTS = ("inserted", "updated", "deleted", "stale", "ignored_deletes")
+
+
 class Oracle:
     def __init__(self):
-        self.history: dict[tuple, list[Accepted]] = {}  # key -> accepted records, in acceptance order
+        self.incarnations: list[Incarnation] = []  # in the order applied
         self.changes: list[tuple[str, int, dict]] = []
 
-    def apply(self, records: list[Record], version: int = 0) -> dict[str, int]:
+    # -- writes --------------------------------------------------------------------------------------------
+
+    def apply(self, records: list[Record], version: int = 0, batch_id: str | None = None) -> dict[str, int]:
         """Applies one batch, committed at ``version``; returns its counts. Its changes are appended
         to ``self.changes`` as ``(change_type, version, row)``."""
-        counts = dict.fromkeys(("inserted", "updated", "deleted", "stale", "ignored_deletes"), 0)
-        order = sorted(range(len(records)), key=lambda i: (records[i].delta, i))
-        for i in order:
-            r = records[i]
-            accepted = self.history.setdefault(r.key, [])
-            last = accepted[-1] if accepted else None
-            if last is not None and r.delta < last.delta:
-                counts["stale"] += 1
-                continue
-            visible = last is not None and last.op == "upsert"
-            if r.op == "upsert":
-                counts["updated" if visible else "inserted"] += 1
-                if visible:
-                    self.changes.append(("update_preimage", version, last.row))
-                    self.changes.append(("update_postimage", version, r.row))
-                else:
-                    self.changes.append(("insert", version, r.row))
-            else:
-                counts["deleted" if visible else "ignored_deletes"] += 1
-                if visible:
-                    self.changes.append(("delete", version, last.row))
-            accepted.append(Accepted(r.delta, r.op, r.row, version))
+        history = self.history()
+        counts = _fold(history, records, version, self.changes)
+        self.incarnations.append(Incarnation(batch_id, records, version))
         return counts
+
+    def revert(self, batch_id: str, version: int) -> None:
+        """Reverts the current incarnation of ``batch_id`` at ``version``: its change rows are the difference
+        between the current views before and after."""
+        before = self._current()
+        for inc in self.incarnations:
+            if inc.batch_id == batch_id and inc.restated is None:
+                inc.restated = version
+        self._diff(before, version)
+
+    def replace(self, batch_id: str, records: list[Record], version: int) -> None:
+        """Reverts ``batch_id`` and applies ``records`` under it, atomically at ``version``; the change rows
+        are the difference between the current views before and after."""
+        before = self._current()
+        for inc in self.incarnations:
+            if inc.batch_id == batch_id and inc.restated is None:
+                inc.restated = version
+        self.incarnations.append(Incarnation(batch_id, records, version))
+        self._diff(before, version)
+
+    def _current(self) -> dict[tuple, dict]:
+        return {k: rs[-1].row for k, rs in self.history().items() if rs and rs[-1].op == "upsert"}
+
+    def _diff(self, before: dict[tuple, dict], version: int) -> None:
+        """Change rows per key whose current record changed: another record, even with equal values, is an
+        update (records are compared by identity, as the table compares row ids)."""
+        after = self._current()
+        for k in sorted(set(before) | set(after), key=repr):
+            old, new = before.get(k), after.get(k)
+            if old is new:
+                continue
+            if old is not None and new is not None:
+                self.changes += [("update_preimage", version, old), ("update_postimage", version, new)]
+            elif old is not None:
+                self.changes.append(("delete", version, old))
+            else:
+                self.changes.append(("insert", version, new))
+
+    # -- reads ---------------------------------------------------------------------------------------------
+
+    def history(self, version: int | None = None) -> dict[tuple, list[Accepted]]:
+        """Per key, the accepted records a version sees (default: the latest), in acceptance order."""
+        history: dict[tuple, list[Accepted]] = {}
+        for inc in self.incarnations:
+            if version is not None and inc.version > version:
+                continue
+            if inc.restated is not None and (version is None or inc.restated <= version):
+                continue
+            _fold(history, inc.records, inc.version, None)
+        return history
 
     def view(self, valid_at: Any = None, version: int | None = None) -> list[dict]:
         """The rows valid at event time ``valid_at`` (default: +infinity) as of ``version`` (default: all)."""
         out = []
-        for records in self.history.values():
+        for records in self.history(version).values():
             chosen = None
             for a in records:
-                if version is not None and a.version > version:
-                    break
                 if valid_at is None or a.delta <= valid_at:
                     chosen = a
             if chosen is not None and chosen.op == "upsert":
@@ -70,6 +116,35 @@ class Oracle:
 
     def changes_between(self, start: int, end: int) -> list[tuple]:
         return [c for c in self.changes if start < c[1] <= end]
+
+
+def _fold(history: dict[tuple, list[Accepted]], records: list[Record], version: int, changes: list | None
+          ) -> dict[str, int]:
+    """Applies one batch's records to ``history`` in contract order; appends its change rows to ``changes``."""
+    counts = dict.fromkeys(COUNTS, 0)
+    out = changes if changes is not None else []
+    order = sorted(range(len(records)), key=lambda i: (records[i].delta, i))
+    for i in order:
+        r = records[i]
+        accepted = history.setdefault(r.key, [])
+        last = accepted[-1] if accepted else None
+        if last is not None and r.delta < last.delta:
+            counts["stale"] += 1
+            continue
+        visible = last is not None and last.op == "upsert"
+        if r.op == "upsert":
+            counts["updated" if visible else "inserted"] += 1
+            if visible:
+                out.append(("update_preimage", version, last.row))
+                out.append(("update_postimage", version, r.row))
+            else:
+                out.append(("insert", version, r.row))
+        else:
+            counts["deleted" if visible else "ignored_deletes"] += 1
+            if visible:
+                out.append(("delete", version, last.row))
+        accepted.append(Accepted(r.delta, r.op, r.row, version))
+    return counts
 
 
 def rows_key(rows: list[dict], columns: list[str]) -> list[tuple]:

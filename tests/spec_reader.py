@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from pyroaring import BitMap
 
 READER_VERSION = 2                          # "Protocol and features": R
-READER_FEATURES = {"v1History", "tombstones"}  # "Protocol and features": F
+READER_FEATURES = {"v1History", "tombstones", "restatements"}  # "Protocol and features": F
 INFINITY = 2**63 - 1                        # "Delta values": the largest int64 means +infinity
 SET_VALID_UNTIL = 2                         # "Segment logs": event = 2
 ROW_ID_COLUMNS = ("_segment_part", "_segment_seq", "_segment_offset")
@@ -133,6 +133,7 @@ class State:
         self.last_event_version = None
         self.max_part = 0
         self.made_live: list[int] = []                   # parts the last applied commit made live, in order
+        self.body: dict = {}                             # the last applied commit
 
     def set_metadata(self, metadata: dict) -> None:
         """"Metadata": `schema` is an Arrow IPC schema message, base64, and authoritative."""
@@ -184,6 +185,7 @@ class State:
         self.tombstones.extend((v, tomb) for tomb in body.get("tombstones") or [])
         if body.get("events"):
             self.last_event_version = v
+        self.body = body
 
 
 def _v1_as_v2(body: dict, state: State, base: str) -> dict:
@@ -508,11 +510,11 @@ def read_changes(base: str, start: int, end: int) -> list[dict]:
     plus `_change_type` and `_commit_version`, ordered by (commit version, batch index, delta value, cause,
     preimages/deletes before inserts/postimages). Row values come from the data files of the state at `end`."""
     start = max(int(start), -1)
-    per_commit = []                 # (c, parts made live, in batch-index order)
+    per_commit = []                 # (c, parts made live, in batch-index order, c's body)
     state = None
     for state in replay(base, end, start=start):
         if state.version > start:
-            per_commit.append((state.version, list(state.made_live)))
+            per_commit.append((state.version, list(state.made_live), state.body))
     if state is None or state.version <= start:
         return []
     end_state, schema, md = state, state.schema, state.metadata
@@ -522,7 +524,6 @@ def read_changes(base: str, start: int, end: int) -> list[dict]:
     # only the events of versions in (start, end] are changes of the range.
     range_logs = [(v, log) for v, log in end_state.logs if not log.get("folded")]
     events = [e for e in files.until_events(range_logs) if start < e[0] <= end] if delta_col else []
-    targeted = {e[1] for e in events}
     bitmaps: dict = {}
 
     def rows_of(paths: list[str], wanted) -> dict[tuple, tuple[dict, int]]:
@@ -546,7 +547,21 @@ def read_changes(base: str, start: int, end: int) -> list[dict]:
         return [p for p, e in end_state.files.items() if holds(e)]
 
     out = []
-    for c, made_live in per_commit:
+    for c, made_live, body in per_commit:
+        if body.get("change_files"):
+            # A restatement: its change rows are its change files' rows, in their `_order`.
+            for cf in body["change_files"]:
+                t = pq.read_table(os.path.join(base, cf["path"]))
+                wanted = {unpack(r): (kind, order) for r, kind, order in
+                          zip(t["_row_id"].to_pylist(), t["_change_type"].to_pylist(), t["_order"].to_pylist(),
+                              strict=True)}
+                found = rows_of(files_holding({(p, s) for p, s, _ in wanted}), lambda rid: rid in wanted)  # noqa: B023
+                for rid, (kind, order) in wanted.items():
+                    if rid in found:
+                        first = 0 if kind in ("update_preimage", "delete") else 1
+                        out.append(((c, 0, order, 0, first), found[rid][0], kind, c))
+            continue
+        own_segments = {(int(x["part"]), int(x["seq"])): x for x in body.get("segments") or []}
         batch_index = {part: i for i, part in enumerate(made_live)}
         # New rows: the rows of the segments of the batches c made live.
         segs = {seg for seg in end_state.segments if seg[0] in batch_index} | \
@@ -555,12 +570,14 @@ def read_changes(base: str, start: int, end: int) -> list[dict]:
         new_rows = rows_of(files_holding(segs), lambda rid: rid[0] in batch_index)  # noqa: B023 - called within the iteration
         c_events = [e for e in events if e[0] == c]
         causes = {e[3] for e in c_events}
+        targeted = {e[1] for e in c_events}
         for (p, s, o), (row, d) in new_rows.items():
             rid = pack(p, s, o)
             if delta_col:
-                seg = end_state.segments.get((p, s))
-                valid_now = seg is not None and _is_valid(files, seg, o, bitmaps)
-                if not valid_now and rid not in targeted:
+                # Valid in the segment state c wrote, or superseded by an event of c: accepted.
+                seg = own_segments.get((p, s)) or end_state.segments.get((p, s))
+                valid_then = seg is not None and _is_valid(files, seg, o, bitmaps)
+                if not valid_then and rid not in targeted:
                     continue                      # stale
                 kind = "update_postimage" if rid in causes else "insert"
             else:

@@ -95,3 +95,82 @@ def test_tombstones_on_an_unkeyed_table_and_the_command(tmp_path, capsys):
     assert sorted((r["user"], r["n"]) for r in t.to_arrow().to_pylist()) == [("ann", 5), ("bob", 2)]
     assert len(t.to_arrow(version=1).to_pylist()) == 4
     assert t.describe()["tombstones"] == [{"version": 2, "column": "user", "values": 2}]
+
+
+# ------------------------------------------------------------------------------------- revert and replace
+
+
+def test_a_revert_rewrites_no_data_file_and_brings_back_what_the_batch_hid(tmp_path, monkeypatch):
+    t = table(str(tmp_path / "t"))  # b0: keys 0..19 at mod 1; b1: keys 0, 4, .., 16 at mod 5; pending: 21, 22
+    t.ingest(batch([4, 30], 3, 200), op_column="op", batch_id="late")  # key 4 at mod 3: stale behind b1
+    before = t.version
+    at_before = rows_key(t.to_arrow().to_pylist(), COLUMNS)
+    files = sorted(t.io.walk("data"))
+    r = t.revert_batch("b1")
+    assert r.committed and r.version == before + 1 and sorted(t.io.walk("data")) == files
+    assert r.counts == {"inserted": 0, "updated": 5, "deleted": 0, "stale": 0, "ignored_deletes": 0}
+    rows = {x["k"]: x["value"] for x in t.to_arrow().to_pylist()}
+    assert rows[0] == 0 and rows[8] == 8 and rows[4] == 204 and rows[30] == 230  # b0's, and late's key 4
+    assert rows_key(t.to_arrow(version=before).to_pylist(), COLUMNS) == at_before
+    assert rows_key(spec_reader.read_view(t.path), COLUMNS) == rows_key(t.to_arrow().to_pylist(), COLUMNS)
+    c = bitlake.format.commitlog.read(t.io, r.version)
+    assert c.operation == "REVERT" and protocol.RESTATEMENTS in t.state().protocol.reader_features
+    assert t.state().batch("b1").status == "reverted"
+    # A retry is a no-op; the id stays taken; the pending batch is refused; an unknown id is refused.
+    again = t.revert_batch("b1")
+    assert not again.committed and t.version == r.version
+    assert not t.ingest(batch([1], 9, 0), op_column="op", batch_id="b1").committed
+    t.ingest(batch([40], 1, 0), op_column="op", batch_id="landed", metagen=False)
+    with pytest.raises(bitlake.InvalidInputError, match="pending MetaGen"):
+        t.revert_batch("landed")
+    with pytest.raises(bitlake.InvalidInputError, match="no batch 'nope'"):
+        t.revert_batch("nope")
+    assert t.version == r.version + 1
+
+
+def test_replace_is_one_commit_and_bad_input_leaves_nothing(tmp_path):
+    t = table(str(tmp_path / "t"))
+    version = t.version
+    with pytest.raises(bitlake.SchemaMismatchError):
+        t.replace_batch("b1", pa.table({"k": [1]}))
+    assert t.version == version and t.cleanup(min_age_seconds=0, dry_run=True) == [
+        p for p in t.cleanup(min_age_seconds=0, dry_run=True) if p.startswith("_bitlake/parts/")]
+    r = t.replace_batch("b1", batch([0, 99], 7, 500), op_column="op")
+    assert r.committed and r.version == version + 1 and r.processed == ("b1",)
+    rows = {x["k"]: x["value"] for x in t.to_arrow().to_pylist()}
+    assert rows[0] == 500 and rows[99] == 599 and rows[4] == 4  # b1's other keys are back to b0's
+    assert t.state().batch("b1").status == "live" and len(
+        [b for b in t.state().parts.values() if b.batch_id == "b1"]) == 2
+    r2 = t.replace_batch("b1", batch([0], 8, 700), op_column="op")  # replaces the current content
+    rows = {x["k"]: x["value"] for x in t.to_arrow().to_pylist()}
+    assert r2.committed and rows[0] == 700 and 99 not in rows
+
+
+@pytest.mark.spark
+def test_unkeyed_revert_and_the_commands(tmp_path, spark, capsys):
+    schema = pa.schema([("user", pa.string()), ("n", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "events"), schema)
+    t.ingest(pa.table({"user": ["ann", "bob"], "n": [1, 2]}), batch_id="a")
+    t.ingest(pa.table({"user": ["cy"], "n": [3]}), batch_id="b")
+    assert cli(["revert", t.path, "a"]) == 0
+    assert "reverted" in capsys.readouterr().out
+    assert [r["user"] for r in t.to_arrow().to_pylist()] == ["cy"]
+    changes = t.changes(spark, start_version=0).collect()
+    assert sorted((r["_change_type"], r["_commit_version"], r["user"]) for r in changes) == [
+        ("delete", 3, "ann"), ("delete", 3, "bob"), ("insert", 1, "ann"), ("insert", 1, "bob"), ("insert", 2, "cy")]
+    path = tmp_path / "fix.parquet"
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"user": ["dee"], "n": [4]}), path)
+    assert cli(["replace", t.path, "b", str(path)]) == 0
+    assert "replaced" in capsys.readouterr().out
+    assert [r["user"] for r in t.to_arrow().to_pylist()] == ["dee"]
+    assert sorted((r["_change_type"], r["user"]) for r in t.changes(spark, start_version=3).collect()) == [
+        ("delete", "cy"), ("insert", "dee")]
+
+
+def test_a_batch_older_than_the_retention_window_is_not_reverted(tmp_path):
+    t = table(str(tmp_path / "t"))
+    t.compact(major=True, look_back=t.version)
+    with pytest.raises(bitlake.VersionExpiredError, match="retention window"):
+        t.revert_batch("b1")

@@ -1,5 +1,5 @@
 """The table commands: create, ingest, metagen, show, changes, history, describe, cleanup, compact, maintain,
-tombstone, convert, upgrade."""
+tombstone, revert, replace, convert, upgrade."""
 
 from __future__ import annotations
 
@@ -126,19 +126,22 @@ def read_input(spark, table: bitlake.Table, paths: list[str], fmt: str):
                        for c in df.columns])
 
 
-def cmd_ingest(args, out: Console, err: Console) -> None:
-    table = bitlake.open_table(args.path)
+def _batch_input(args, table, err: Console, spark_wanted: bool):
+    """The records of ``args.inputs``: Parquet streamed without Spark, other formats read by Spark."""
     fmt = input_format(args.inputs, args.input_format)
-    spark = None
-    if fmt == "parquet" and args.metagen_mode != "spark":
+    if fmt == "parquet" and not spark_wanted:
         import pyarrow.dataset as ds
 
         # Streamed without Spark; a folder's files starting with "_" or "." (Spark's markers) are skipped.
-        data = ds.dataset([ds.dataset(p, format="parquet") for p in args.inputs]).scanner().to_reader()
-    else:
-        with step(err, "starting Spark"):
-            spark = bitlake.spark_session()
-        data = read_input(spark, table, args.inputs, fmt)
+        return ds.dataset([ds.dataset(p, format="parquet") for p in args.inputs]).scanner().to_reader(), None
+    with step(err, "starting Spark"):
+        spark = bitlake.spark_session()
+    return read_input(spark, table, args.inputs, fmt), spark
+
+
+def cmd_ingest(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    data, spark = _batch_input(args, table, err, args.metagen_mode == "spark")
     what = "landing" if args.no_metagen else "landing and MetaGen"
     with step(err, f"{what} of {', '.join(args.inputs)}"):
         r = table.ingest(data, op_column=args.op_column, batch_id=args.batch_id, metagen=not args.no_metagen,
@@ -303,6 +306,22 @@ def cmd_tombstone(args, out: Console, err: Console) -> None:
              "are hidden from now on")
 
 
+def cmd_revert(args, out: Console, err: Console) -> None:
+    r = bitlake.open_table(args.path).revert_batch(args.batch_id)
+    if not r.committed:
+        say(out, f"batch {args.batch_id} is reverted already: nothing done")
+    else:
+        say(out, f"version {r.version}: batch {args.batch_id} reverted; {_counts(r.counts)}")
+
+
+def cmd_replace(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    data, _ = _batch_input(args, table, err, False)
+    with step(err, f"replacing batch {args.batch_id} by {', '.join(args.inputs)}"):
+        r = table.replace_batch(args.batch_id, data, op_column=args.op_column)
+    say(out, f"version {r.version}: batch {args.batch_id} replaced; {_counts(r.counts)}")
+
+
 def cmd_convert(args, out: Console, err: Console) -> None:
     from bitlake.bootstrap import convert
 
@@ -414,6 +433,20 @@ def add_parsers(sub) -> None:
     tb.add_argument("--column", required=True, help="the column the values are of")
     tb.add_argument("--values", required=True, help="comma-separated values (read as the column's type)")
     tb.set_defaults(run=cmd_tombstone)
+
+    rv = sub.add_parser("revert", help="revert a batch: every view from now on as if it had never been ingested")
+    rv.add_argument("path", help=path_help)
+    rv.add_argument("batch_id", help="the batch id to revert")
+    rv.set_defaults(run=cmd_revert)
+
+    rp = sub.add_parser("replace", help="revert a batch and ingest new records under its id, in one commit")
+    rp.add_argument("path", help=path_help)
+    rp.add_argument("batch_id", help="the batch id to replace")
+    rp.add_argument("inputs", nargs="+", metavar="INPUT", help="files (or folders) of the new records, all one format")
+    rp.add_argument("--input-format", choices=["parquet", "csv", "json"],
+                    help="default: from the first input's extension")
+    rp.add_argument("--op-column", help='string column saying "upsert" or "delete" per record')
+    rp.set_defaults(run=cmd_replace)
 
     v = sub.add_parser("convert",
                        help="create a table from a Parquet folder, a Delta or Iceberg table or a lance dataset")

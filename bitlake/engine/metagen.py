@@ -257,7 +257,7 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
     elif index is not None and len(first) * LOOKUP_COST_IN_ROWS <= stored_rows:
         found, prior_d, prior_rid, prior_deleted = index.lookup(encode_keys(records.take(pa.array(first)), pk))
     else:
-        found, prior_d, prior_rid, prior_deleted = _scan_keystore(io, state, records.take(pa.array(first)),
+        found, prior_d, prior_rid, prior_deleted = scan_keystore(io, state, records.take(pa.array(first)),
                                                                   buckets.tolist())
 
     f = fold(codes, deltas, rids, deleted, bidx, found, prior_d, prior_rid, prior_deleted)
@@ -289,7 +289,7 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
     return _Folded(counts, until, f.rid[f.accepted & upsert], added, replaced, ks_rows)
 
 
-def _scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: list[int]):
+def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: list[int]):
     """The stored entries of ``distinct`` keys (key columns and ``_bucket``), from the files of their buckets:
     found, delta, row id, deleted, in ``distinct``'s order. Each bucket's files are read and joined with the
     keys wanted there on a thread of their own, so memory holds a few buckets, never the whole key store."""

@@ -91,24 +91,28 @@ def watermark(io: FileIO, state: TableState, at: TableState) -> int | None:
 
 @dataclasses.dataclass
 class Purge:
-    """Which rows of a major compaction's window no view can see; ``dropped`` collects the ids it drops."""
+    """Which rows of a major compaction's window no view can see; ``dropped`` collects the ids it drops.
+    Rows of batches made live after the window's start are kept whatever their validity: a revert of a batch
+    inside the window may make a stale one accepted (docs/restatement.md)."""
 
     start: int
     watermark: int | None
     rid: np.ndarray  # rows with a SET_VALID_UNTIL event, sorted; their latest event's version and time
     version: np.ndarray
     t: np.ndarray
+    recent: np.ndarray  # the segment parts made live after ``start``, sorted
     dropped: list[np.ndarray] = dataclasses.field(default_factory=list)
 
     def gone(self, ids: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """A mask of the rows ``ids`` (with their validity now) that no view inside the window can see."""
+        old = ~np.isin(ids >> rowid.PART_SHIFT, self.recent)
         if not len(self.rid):
-            return ~valid
+            return ~valid & old
         pos = np.minimum(np.searchsorted(self.rid, ids), len(self.rid) - 1)
         has = self.rid[pos] == ids
         mark = NO_WATERMARK if self.watermark is None else self.watermark
         late = (self.version[pos] > self.start) | (self.t[pos] > mark)
-        return ~valid & ~(has & late)
+        return ~valid & ~(has & late) & old
 
     def drop(self, ids: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """:meth:`gone`, remembering the rows it drops (their log events are folded away)."""
@@ -122,8 +126,10 @@ class Purge:
 
 def purge(io: FileIO, state: TableState, start_version: int, mark: int | None) -> Purge:
     events = segmentlog.latest_until(io, state.logs, with_version=True)
+    recent = np.array(sorted(b.part for b in state.parts.values()
+                             if b.live_version is not None and b.live_version > start_version), dtype=np.int64)
     return Purge(start_version, mark, events.column("_row_id").to_numpy(), events.column("version").to_numpy(),
-                 events.column("t").to_numpy())
+                 events.column("t").to_numpy(), recent)
 
 
 def fold(io: FileIO, state: TableState, start_version: int, dropped: np.ndarray

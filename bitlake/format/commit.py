@@ -21,6 +21,8 @@ SET_METADATA = "SET_METADATA"  # properties changed or columns added
 UPGRADE = "UPGRADE"  # a format v1 table upgraded to v2
 COMPACT = "COMPACT"  # data files rewritten, every row kept with its row id; no view changes
 TOMBSTONE = "TOMBSTONE"  # rows committed before it hidden by the value of a column
+REVERT = "REVERT"  # a batch reverted: every view from here on as if it had never been ingested
+REPLACE = "REPLACE"  # a batch reverted and new records ingested under its id, atomically
 
 PENDING, LIVE, REVERTED, REPLACED = "pending", "live", "reverted", "replaced"
 BATCH_STATUSES = (PENDING, LIVE, REVERTED, REPLACED)
@@ -212,6 +214,22 @@ class Tombstone:
 
 
 @dataclasses.dataclass(frozen=True)
+class ChangeFile:
+    """The change rows of a restatement commit: a Parquet file of ``rows`` row ids, each with its change type
+    and its place among them (docs/FORMAT.md, "Change feed")."""
+
+    path: str
+    rows: int
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> ChangeFile:
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
 class Window:
     """The retention window a major compaction set: every version from ``version`` on, and every event time
     from ``watermark`` on (the largest delta value committed by that version). Reads outside it are refused."""
@@ -245,6 +263,7 @@ class Commit:
     keystore_add: tuple[BucketFile, ...] = ()
     keystore_remove: tuple[str, ...] = ()
     tombstones: tuple[Tombstone, ...] = ()
+    change_files: tuple[ChangeFile, ...] = ()  # a restatement's change rows
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     batch_counts: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     events: tuple[dict, ...] = ()  # Data Change Events (bitlake.changeevent)
@@ -279,6 +298,7 @@ class Commit:
             "keystore_add": [f.to_json() for f in self.keystore_add],
             "keystore_remove": list(self.keystore_remove),
             "tombstones": [t.to_json() for t in self.tombstones],
+            "change_files": [f.to_json() for f in self.change_files],
             "counts": self.counts,
             "batch_counts": self.batch_counts,
             "events": list(self.events),
@@ -305,6 +325,7 @@ class Commit:
             keystore_add=tuple(BucketFile.from_json(f) for f in d.get("keystore_add", ())),
             keystore_remove=tuple(d.get("keystore_remove", ())),
             tombstones=tuple(Tombstone.from_json(t) for t in d.get("tombstones", ())),
+            change_files=tuple(ChangeFile.from_json(f) for f in d.get("change_files", ())),
             counts=dict(d.get("counts", {})),
             batch_counts=dict(d.get("batch_counts", {})),
             events=tuple(d.get("events", ())),

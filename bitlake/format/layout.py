@@ -19,13 +19,14 @@ LOGS_DIR = "_bitlake/logs"
 BITMAPS_DIR = "_bitlake/bitmaps"
 KEYSTORE_DIR = "_bitlake/keystore"
 TOMBSTONES_DIR = "_bitlake/tombstones"
+CHANGES_DIR = "_bitlake/changes"
 PUBLISHED_DIR = "_bitlake/published"
 INDEX_DIR = "_bitlake/index"
 INDEX_LOCK = "_bitlake/index.lock"
 TMP_PREFIX = ".tmp-"
 
 # Folders of files that commits name; anything in them that no commit names is a leftover.
-REFERENCED_DIRS = (DATA_DIR, KEYS_DIR, LOGS_DIR, BITMAPS_DIR, KEYSTORE_DIR, TOMBSTONES_DIR)
+REFERENCED_DIRS = (DATA_DIR, KEYS_DIR, LOGS_DIR, BITMAPS_DIR, KEYSTORE_DIR, TOMBSTONES_DIR, CHANGES_DIR)
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 # Bytes that stay as they are in partition folder names; every other byte of the UTF-8 text is %XX.
@@ -73,6 +74,10 @@ def bitmap_path() -> str:
 
 def tombstone_path() -> str:
     return f"{TOMBSTONES_DIR}/{uuid.uuid4().hex}.parquet"
+
+
+def change_path() -> str:
+    return f"{CHANGES_DIR}/{uuid.uuid4().hex}.parquet"
 
 
 def bucket_dir(bucket: int) -> str:

@@ -17,8 +17,9 @@ FORMAT_VERSION = 2
 # Features this library implements (docs/FORMAT.md, "Protocol and features").
 V1_HISTORY = "v1History"  # the table was upgraded from format v1: its earlier commits are v1 files
 TOMBSTONES = "tombstones"  # commits may hide rows by value (docs/FORMAT.md, "Tombstones")
-READER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES})
-WRITER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES})
+RESTATEMENTS = "restatements"  # commits may revert or replace batches (docs/FORMAT.md, "Restatements")
+READER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES, RESTATEMENTS})
+WRITER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES, RESTATEMENTS})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,7 @@ from bitlake.format.commit import (
     LIVE,
     PENDING,
     REPLACED,
+    REVERTED,
     BatchRecord,
     BucketFile,
     Commit,
@@ -42,16 +43,20 @@ class BatchState:
     keys_files: tuple[KeysFile, ...]
     landed_version: int
     live_version: int | None = None
+    restated_version: int | None = None  # the version that reverted or replaced it
 
     def to_json(self) -> dict:
-        return {"id": self.batch_id, "part": self.part, "status": self.status, "records": self.records,
-                "keys_files": [f.to_json() for f in self.keys_files], "landed_version": self.landed_version,
-                "live_version": self.live_version}
+        d = {"id": self.batch_id, "part": self.part, "status": self.status, "records": self.records,
+             "keys_files": [f.to_json() for f in self.keys_files], "landed_version": self.landed_version,
+             "live_version": self.live_version}
+        if self.restated_version is not None:
+            d["restated_version"] = self.restated_version
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> BatchState:
         return cls(d["id"], d["part"], d["status"], d["records"], tuple(KeysFile.from_json(f) for f in d["keys_files"]),
-                   d["landed_version"], d["live_version"])
+                   d["landed_version"], d["live_version"], d.get("restated_version"))
 
 
 @dataclasses.dataclass
@@ -114,6 +119,8 @@ class TableState:
             known = BatchState(b.batch_id, b.part, b.status, b.records or 0, b.keys_files, version)
             self.parts[b.part] = known
             self.max_part = max(self.max_part, b.part)
+        if b.status in (REVERTED, REPLACED) and known.restated_version is None:
+            known.restated_version = version
         known.status = b.status
         if b.status == LIVE and known.live_version is None:
             known.live_version = version

@@ -5,12 +5,14 @@ It is read from what the range's commits added, never from a diff of two views (
 feed"). For a keyed table:
 
 * the rows of the batches a commit made live are its new records; a new row is accepted unless it is stale,
-  i.e. unless it is invalid at the end of the range without a SET_VALID_UNTIL event in the range (a row
-  superseded later in the range was accepted first);
+  i.e. unless it is invalid in the segment state its commit wrote without a SET_VALID_UNTIL event of that
+  commit (a row superseded in its own commit was accepted first);
 * an accepted new row that is the cause of a SET_VALID_UNTIL event of its commit is an ``update_postimage``,
   any other an ``insert``;
 * the target of a SET_VALID_UNTIL event is an ``update_preimage`` when the event's cause is one of those new
-  rows, a ``delete`` when it is a delete record.
+  rows, a ``delete`` when it is a delete record;
+* a restatement commit (a revert or a replace) has its change rows in its change files instead: none of the
+  above applies to it.
 
 Only the range's log files, the data files of its batches and the data files of the segments its events
 name are read: the cost follows the change. Rows come out in commit order, then batch, delta value and cause.
@@ -23,7 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bitlake.engine.plan import ReadPlan
-from bitlake.format import bitmap, datafile, keystore, rowid, segmentlog
+from bitlake.format import bitmap, changefile, datafile, keystore, rowid, segmentlog
+from bitlake.format.commit import Commit
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.spark.reader import scan
@@ -66,17 +69,19 @@ def _events(io: FileIO, logs, start: int, end: int) -> pa.Table:
     return pa.concat_tables(pieces)
 
 
-def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, timestamps: dict[int, int],
+def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, commits: dict[int, Commit],
                  change_types: list[str] | None = None):
-    """Changes of commits ``(start, end]``; ``state`` is the state at ``end``; ``timestamps`` maps each
-    version of the range to its commit time in milliseconds."""
+    """Changes of commits ``(start, end]``; ``state`` is the state at ``end``; ``commits`` holds each commit
+    of the range."""
     from pyspark.sql import functions as F
 
-    from bitlake.spark.schema import spark_delta_as_long, spark_packed, spark_schema
+    from bitlake.spark.schema import spark_packed, spark_schema
 
     meta = state.metadata
     types = list(change_types or CHANGE_TYPES)
     columns = meta.column_names
+    timestamps = {v: c.timestamp_ms for v, c in commits.items()}
+    restated = {v for v, c in commits.items() if c.change_files}
     commit_timestamp = (F.element_at(F.expr(_sql_map(sorted(timestamps.items()))), F.col("_commit_version"))
                         / 1000).cast("timestamp").alias("_commit_timestamp")
 
@@ -86,7 +91,8 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
             F.lit(None).cast("long").alias("_commit_version"), F.lit(None).cast("timestamp").alias("_commit_timestamp"),
         )
 
-    live = {b.part: b for b in state.parts.values() if b.live_version is not None and start < b.live_version <= end}
+    live = {b.part: b for b in state.parts.values() if b.live_version is not None and start < b.live_version <= end
+            and b.live_version not in restated}
     # A batch's index among the batches its commit made live, in the order they were applied.
     index_of = {}
     for v in sorted({b.live_version for b in live.values() if b.live_version is not None}):
@@ -94,31 +100,66 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
         index_of.update({b.part: i for i, b in enumerate(of_commit)})
     # A compacted file may hold rows of other batches beside the range's: those are dropped by part.
     new_files = [f for f in state.data_files() if any(r.part in live for r in f.segments)]
+
+    parts = []
+    rows = sum(b.records for b in live.values())
+    if not meta.keyed:
+        if new_files and "insert" in types:
+            part_col = F.col(rowid.PART_COLUMN)
+            version_of_part = F.element_at(F.expr(_sql_map((p, b.live_version) for p, b in live.items())), part_col)
+            index = F.element_at(F.expr(_sql_map(index_of.items())), part_col)
+            parts.append(scan(spark, io, meta, new_files).filter(part_col.isin(sorted(live))).select(
+                *columns, F.lit("insert").alias("_change_type"), version_of_part.cast("long").alias("_commit_version"),
+                index.cast("int").alias("batch_index"), F.lit(0).cast("long").alias("t"),
+                spark_packed().alias("cause")))
+        events = _events(io, [], start, end)
+    else:
+        events = _events(io, state.logs, start, end)
+        if restated:
+            events = events.filter(pa.array(~np.isin(events.column("_commit_version").to_numpy(), sorted(restated))))
+        parts += _keyed(spark, io, state, commits, live, index_of, new_files, events, types)
+    parts += _restated(spark, io, state, commits, restated, types)
+    if not parts:
+        return empty()
+    df = parts[0]
+    for more in parts[1:]:
+        df = df.unionByName(more)
+    df = df.filter(F.col("_change_type").isin(types))
+    order = F.element_at(F.create_map(*[F.lit(x) for kv in _ORDER.items() for x in kv]), F.col("_change_type"))
+    keys = ["_commit_version", "batch_index", "t", "cause", order]
+    rows += events.num_rows + sum(f.rows for v in restated for f in commits[v].change_files)
+    if rows <= SORT_IN_ONE_TASK_ROWS:
+        df = df.repartition(1).sortWithinPartitions(*keys)
+    else:
+        df = df.repartition("_commit_version", "cause").orderBy(*keys)
+    return df.select(*columns, "_change_type", "_commit_version", commit_timestamp)
+
+
+def _keyed(spark, io: FileIO, state: TableState, commits: dict[int, Commit], live: dict, index_of: dict,
+           new_files: list, events: pa.Table, types: list[str]) -> list:
+    """The change rows a keyed table's commits derive from their new rows and their events."""
+    from pyspark.sql import functions as F
+
+    from bitlake.spark.schema import spark_delta_as_long, spark_packed
+
+    meta = state.metadata
+    columns = meta.column_names
     part_col = F.col(rowid.PART_COLUMN)
     of_live = part_col.isin(sorted(live))
     version_of_part = F.element_at(F.expr(_sql_map((p, b.live_version) for p, b in live.items())), part_col)
-
-    if not meta.keyed:
-        if not new_files or "insert" not in types:
-            return empty()
-        index = F.element_at(F.expr(_sql_map(index_of.items())), part_col)
-        df = scan(spark, io, meta, new_files).filter(of_live).select(
-            *columns, F.lit("insert").alias("_change_type"), version_of_part.cast("long").alias("_commit_version"),
-            index.alias("batch_index"), spark_packed().alias("_rid"))
-        df = df.orderBy("_commit_version", "batch_index", "_rid")  # in order, as a keyed table's
-        return df.select(*columns, "_change_type", "_commit_version", commit_timestamp)
-
-    events = _events(io, state.logs, start, end)
     targets = events.column("_target").to_numpy()
     parts = []
     small = events.num_rows <= BROADCAST_EVENTS
     if new_files and {"insert", "update_postimage"} & set(types):
-        # Stale rows: invalid at the end of the range and never superseded within it.
+        # Stale rows: invalid in the segment state their own commit wrote, and not superseded in that commit.
+        of_own = _of_own_commit(events, live)
         new_segments = {r.segment for f in new_files for r in f.segments if r.part in live}
-        p = ReadPlan(state, None, [], [], {k: state.segments[k] for k in new_segments if k in state.segments}, {})
+        own = _own_segments(state, commits, live, new_segments)
+        p = ReadPlan(state, None, [], [], own, {})
         cache = bitmap.BitmapCache(io)
         stale = [
-            np.setdiff1d(bitmap.invalid_offsets(p.kept(cache, k), s.offsets) | np.int64(rowid.segment_key(*k)), targets)
+            np.setdiff1d(bitmap.invalid_offsets(p.kept(cache, k), s.offsets) | np.int64(rowid.segment_key(*k)),
+                         targets[of_own])
             for k, s in p.segments.items()
         ]
         stale_ids = np.concatenate(stale) if stale else np.empty(0, np.int64)
@@ -146,23 +187,65 @@ def read_changes(spark, io: FileIO, state: TableState, start: int, end: int, tim
                             if deletes else np.empty(0, np.int64))
         kinds = pa.array(np.where(is_delete, "delete", "update_preimage"))
         ev = events.append_column("_change_type", kinds).filter(pc.is_in(kinds, pa.array(types)))
-        wanted = {(s >> rowid.SEQ_BITS, s & rowid.MAX_SEQ)
-                  for s in np.unique(ev.column("_target").to_numpy() >> rowid.OFFSET_BITS).tolist()}
-        files = [f for f in state.data_files() if any(r.segment in wanted for r in f.segments)]
-        if files and ev.num_rows:
-            ev_df = spark.createDataFrame(ev)
-            old = scan(spark, io, meta, files).withColumn("_target", spark_packed())
-            parts.append(old.join(F.broadcast(ev_df) if small else ev_df, "_target").select(
-                *columns, "_change_type", "_commit_version", "batch_index", "t", "cause"))
-    if not parts:
-        return empty()
-    df = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-    df = df.filter(F.col("_change_type").isin(types))
-    order = F.element_at(F.create_map(*[F.lit(x) for kv in _ORDER.items() for x in kv]), F.col("_change_type"))
-    keys = ["_commit_version", "batch_index", "t", "cause", order]
-    rows = events.num_rows + sum(b.records for b in live.values())
-    if rows <= SORT_IN_ONE_TASK_ROWS:
-        df = df.repartition(1).sortWithinPartitions(*keys)
-    else:
-        df = df.repartition("_commit_version", "cause").orderBy(*keys)
-    return df.select(*columns, "_change_type", "_commit_version", commit_timestamp)
+        if ev.num_rows:
+            parts += _rows_of(spark, io, state, ev.select(["_target", "_change_type", "_commit_version", "batch_index",
+                                                           "t", "cause"]), small)
+    return parts
+
+
+def _of_own_commit(events: pa.Table, live: dict) -> np.ndarray:
+    """A mask of the events committed with the batch of the row they end (a row superseded in its own commit)."""
+    if not events.num_rows or not live:
+        return np.zeros(events.num_rows, dtype=bool)
+    parts = np.array(sorted(live), dtype=np.int64)
+    versions = np.array([live[p].live_version for p in parts.tolist()], dtype=np.int64)
+    target_part = events.column("_target").to_numpy() >> rowid.PART_SHIFT
+    pos = np.minimum(np.searchsorted(parts, target_part), len(parts) - 1)
+    return (parts[pos] == target_part) & (versions[pos] == events.column("_commit_version").to_numpy())
+
+
+def _own_segments(state: TableState, commits: dict[int, Commit], live: dict, segments: set) -> dict:
+    """The states of ``segments`` as the commits that made their batches live wrote them (a later restatement
+    may have changed them since); the state's where a commit does not list one (a translated v1 commit)."""
+    out = {}
+    for v in sorted({live[k[0]].live_version for k in segments}):
+        out.update({s.segment: s for s in commits[v].segments if s.segment in segments
+                    and live[s.part].live_version == v})
+    return {k: out.get(k) or state.segments[k] for k in segments if k in out or k in state.segments}
+
+
+def _restated(spark, io: FileIO, state: TableState, commits: dict[int, Commit], restated: set[int],
+              types: list[str]) -> list:
+    """The change rows of restatement commits, from their change files."""
+    pieces = []
+    for v in sorted(restated):
+        for f in commits[v].change_files:
+            rows = changefile.read(io, f)
+            pieces.append(pa.table({
+                "_target": rows.column(changefile.ROW_ID), "_change_type": rows.column(changefile.CHANGE_TYPE),
+                "_commit_version": pa.array(np.full(rows.num_rows, v, np.int64)),
+                "batch_index": pa.array(np.zeros(rows.num_rows, np.int32)), "t": rows.column(changefile.ORDER),
+                "cause": pa.array(np.zeros(rows.num_rows, np.int64)),
+            }))
+    if not pieces:
+        return []
+    rows = pa.concat_tables(pieces)
+    rows = rows.filter(pc.is_in(rows.column("_change_type"), pa.array(types)))
+    return _rows_of(spark, io, state, rows, rows.num_rows <= BROADCAST_EVENTS) if rows.num_rows else []
+
+
+def _rows_of(spark, io: FileIO, state: TableState, wanted: pa.Table, small: bool) -> list:
+    """The change rows ``wanted`` (``_target`` row ids and the change columns) with the values of their rows."""
+    from pyspark.sql import functions as F
+
+    from bitlake.spark.schema import spark_packed
+
+    segments = {(s >> rowid.SEQ_BITS, s & rowid.MAX_SEQ)
+                for s in np.unique(wanted.column("_target").to_numpy() >> rowid.OFFSET_BITS).tolist()}
+    files = [f for f in state.data_files() if any(r.segment in segments for r in f.segments)]
+    if not files:
+        return []
+    df = spark.createDataFrame(wanted)
+    old = scan(spark, io, state.metadata, files).withColumn("_target", spark_packed())
+    return [old.join(F.broadcast(df) if small else df, "_target").select(
+        *state.metadata.column_names, "_change_type", "_commit_version", "batch_index", "t", "cause")]

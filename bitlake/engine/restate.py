@@ -1,0 +1,246 @@
+"""Batch restatement on the driver: the metadata of a commit that reverts a batch, or replaces it with new
+records, without rewriting a data file (docs/restatement.md, docs/FORMAT.md "Restatements").
+
+A revert changes the history of the keys the batch touched, and of those only. For each such key the
+history is folded again by the semantics contract, without the batch, from the key's key-store entry just
+before the **fold start** (the version that made the batch live, or earlier when a restatement committed
+since then removed a batch made live before it: that key-store version still holds the removed batch) over
+the records of every batch made live since, in the order they were applied, and the records of the
+replacement last. The fold says, for every row of those keys, whether it is valid now or until which event
+time; the commit writes that as SET_VALID_UNTIL events (``t`` = the row's own delta value for a row no
+view may show any more), new bitmaps, and key-store rows. Its change rows, the difference between the
+current views before and after, go to a change file (:mod:`bitlake.format.changefile`).
+
+The cost follows the keys the batch touched and the batches made live since the fold start: the key-store
+buckets of those keys at one version, and the key columns of those batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+
+from bitlake.engine import metagen
+from bitlake.engine.keyindex import key_codes
+from bitlake.engine.metagen import COUNTS, Landed, MetaGenOutput
+from bitlake.errors import VersionExpiredError
+from bitlake.format import bitmap, changefile, datafile, keystore, rowid, segmentlog
+from bitlake.format import state as state_mod
+from bitlake.format.commit import LIVE, REPLACED, REVERTED, DataFile, KeysFile
+from bitlake.format.metadata import TableMetadata
+from bitlake.format.state import BatchState, TableState
+from bitlake.fs import FileIO
+from bitlake.pool import thread_map
+
+# The key-store entry of a key that no batch holds any more: a delete older than any record, so that every
+# later record of the key is accepted and none sees a visible row before it.
+ABSENT_DELTA = -(1 << 63)
+NO_ROW = -1
+
+
+@dataclasses.dataclass
+class Restatement:
+    output: MetaGenOutput  # segments, logs, key-store files and rows, as a MetaGen's
+    changes: pa.Table  # change rows: _row_id, _change_type, _order (changefile.SCHEMA)
+    counts: dict[str, int]
+
+
+def fold_start(state: TableState, part: int) -> int:
+    """The version whose key store the fold of ``part``'s keys starts after: the version that made it live,
+    or the earliest one that made live a batch which a restatement committed at or after the start removed."""
+    start = state.parts[part].live_version
+    assert start is not None
+    while True:
+        earlier = [b.live_version for b in state.parts.values()
+                   if b.status in (REVERTED, REPLACED) and b.live_version is not None and b.live_version < start
+                   and (b.restated_version is None or b.restated_version >= start)]
+        if not earlier:
+            return start
+        start = min(earlier)
+
+
+def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | None, version: int) -> Restatement:
+    """The restatement at ``version`` on top of ``state`` that removes the live batch of part ``removed``
+    (None: none) and makes ``new`` live (None: a revert)."""
+    meta = state.metadata
+    if not meta.keyed:
+        return _unkeyed(io, state, removed, new)
+    start = fold_start(state, removed) if removed is not None else version
+    if state.window is not None and start - 1 < state.window.version:
+        raise VersionExpiredError(
+            f"the batch was made live at version {start}, before the retention window (versions from "
+            f"{state.window.version}): a major compaction purged the history a revert needs")
+    later = sorted((b for b in state.parts.values() if b.status == LIVE and b.live_version is not None
+                    and b.live_version >= start and b.part != removed),
+                   key=lambda b: (b.live_version, b.landed_version, b.part))
+    gone = _records(io, meta, *_files_of(state, [state.parts[removed]]), [removed]) if removed is not None \
+        else datafile.keys_schema(meta).empty_table()
+    added = _records(io, meta, list(new.data_files), list(new.keys_files), [new.part]) if new is not None \
+        else datafile.keys_schema(meta).empty_table()
+    pk = list(meta.primary_key)
+    touched = pa.concat_tables([gone, added])
+    if touched.num_rows == 0:
+        return _empty(state, new)
+    distinct = touched.take(pa.array(key_codes(touched, pk)[1]))
+    history = _records(io, meta, *_files_of(state, later), [b.part for b in later])
+    if history.num_rows:
+        schema = datafile.keys_schema(meta)
+        history = history.join(distinct.select(pk), keys=pk, join_type="left semi").select(schema.names).cast(schema)
+    records = pa.concat_tables([history, added]).combine_chunks()
+    n_hist = history.num_rows
+
+    # One numbering of the keys: key_codes numbers the distinct ones 0..nd-1, which the records and the gone
+    # batch's rows share; distinct row i is then put at code i.
+    codes, _ = key_codes(pa.concat_tables([distinct.select(pk), records.select(pk), gone.select(pk)]), pk)
+    nd = distinct.num_rows
+    distinct = distinct.take(pa.array(np.argsort(codes[:nd])))
+    r_codes, g_codes = codes[nd:nd + records.num_rows], codes[nd + records.num_rows:]
+
+    # Each key's entry just before the fold start.
+    at = state if start - 1 == state.version else state_mod.load(io, start - 1)
+    buckets = np.unique(distinct.column(keystore.BUCKET).to_numpy()).tolist()
+    found, prior_d, prior_rid, prior_deleted = metagen.scan_keystore(io, at, distinct, buckets)
+
+    # Fold the keys that have records; each key's last accepted record, else its entry, is its new entry.
+    final_d, final_rid, final_deleted = prior_d.copy(), prior_rid.copy(), prior_deleted | ~found
+    final_d[~found], final_rid[~found] = ABSENT_DELTA, NO_ROW
+    events = []
+    if records.num_rows:
+        present, sub = np.unique(r_codes, return_inverse=True)
+        order_of = {b.part: i for i, b in enumerate(later)}
+        if new is not None:
+            order_of[new.part] = len(later)
+        rids = records.column(keystore.ROW_ID).to_numpy()
+        parts = rids >> rowid.PART_SHIFT
+        known = np.array(sorted(order_of), dtype=np.int64)
+        batch = np.array([order_of[p] for p in known.tolist()], dtype=np.int64)[np.searchsorted(known, parts)]
+        deltas = records.column(keystore.DELTA).to_numpy()
+        deleted = records.column(keystore.DELETED).to_numpy(zero_copy_only=False)
+        f = metagen.fold(sub.reshape(-1), deltas, rids, deleted, batch, found[present], prior_d[present],
+                         prior_rid[present], prior_deleted[present])
+        events.append((f.last_rid[f.until], f.delta[f.until], f.rid[f.until]))
+        last = f.final
+        key = r_codes[last]
+        final_d[key], final_rid[key], final_deleted[key] = deltas[last], rids[last], deleted[last]
+    gone_upserts = ~gone.column(keystore.DELETED).to_numpy(zero_copy_only=False)
+    gone_rids = gone.column(keystore.ROW_ID).to_numpy()[gone_upserts]
+    events.append((gone_rids, gone.column(keystore.DELTA).to_numpy()[gone_upserts], gone_rids))  # never valid
+    target, t, cause = (np.concatenate(x) for x in zip(*events, strict=True))
+    after = np.where(final_deleted, NO_ROW, final_rid)
+
+    # The row of each key valid now: among its entry's, the history's, the gone batch's.
+    candidates = np.concatenate([prior_rid[found & ~prior_deleted], rids_of(history)[_upserts(history)],
+                                 gone_rids])
+    cand_codes = np.concatenate([np.flatnonzero(found & ~prior_deleted), r_codes[:n_hist][_upserts(history)],
+                                 g_codes[gone_upserts]])
+    now = valid_now(io, state, candidates)
+    before = np.full(nd, NO_ROW, np.int64)
+    before[cand_codes[now]] = candidates[now]
+
+    parts, seqs, offsets = rowid.unpack_arrays(target)
+    until = pa.table({
+        rowid.PART_COLUMN: parts, rowid.SEQ_COLUMN: seqs, rowid.OFFSET_COLUMN: offsets,
+        "event": np.full(len(target), segmentlog.SET_VALID_UNTIL, np.int8), "t": t, "cause": cause,
+        "batch_index": np.zeros(len(target), np.int32),
+    })
+    seg_out = metagen.write_segments(io, state.segments, until, after[after != NO_ROW])
+    ks_rows = distinct.select(pk).append_column(keystore.DELTA, pa.array(final_d)).append_column(
+        keystore.ROW_ID, pa.array(final_rid)).append_column(keystore.DELETED, pa.array(final_deleted)).append_column(
+        keystore.BUCKET, distinct.column(keystore.BUCKET)).append_column(
+        keystore.VERSION, pa.array(np.full(nd, version, np.int64)))
+    files, replaced = keystore.write_bucket_files(io, meta, {b: state.keystore.get(b, []) for b in buckets}, ks_rows)
+    changes, counts = diff(before, after)
+    out = metagen.assemble(state, [new] if new is not None else [], seg_out, files, replaced, {0: counts})
+    out.logs = [dataclasses.replace(f, resets=True) for f in out.logs]
+    out.keystore_rows = ks_rows
+    return Restatement(out, changes, counts)
+
+
+def rids_of(records: pa.Table) -> np.ndarray:
+    return records.column(keystore.ROW_ID).to_numpy()
+
+
+def _upserts(records: pa.Table) -> np.ndarray:
+    return ~records.column(keystore.DELETED).to_numpy(zero_copy_only=False)
+
+
+def diff(before: np.ndarray, after: np.ndarray) -> tuple[pa.Table, dict[str, int]]:
+    """The change rows between each key's row before and after (``NO_ROW``: none), in key order, and counts."""
+    changed = before != after
+    both = changed & (before != NO_ROW) & (after != NO_ROW)
+    only_before = changed & (before != NO_ROW) & (after == NO_ROW)
+    only_after = changed & (before == NO_ROW) & (after != NO_ROW)
+    keys = np.arange(len(before), dtype=np.int64)
+    pieces = [
+        (before[both], "update_preimage", keys[both] * 2),
+        (after[both], "update_postimage", keys[both] * 2 + 1),
+        (before[only_before], "delete", keys[only_before] * 2),
+        (after[only_after], "insert", keys[only_after] * 2 + 1),
+    ]
+    counts = {**dict.fromkeys(COUNTS, 0), "updated": int(both.sum()), "deleted": int(only_before.sum()),
+              "inserted": int(only_after.sum())}
+    return changefile.table(*pieces), counts
+
+
+def valid_now(io: FileIO, state: TableState, rids: np.ndarray) -> np.ndarray:
+    """A mask of the rows ``rids`` (packed) valid in ``state``."""
+    out = np.zeros(len(rids), dtype=bool)
+    if not len(rids):
+        return out
+    cache = bitmap.BitmapCache(io)
+    segment = rids >> rowid.OFFSET_BITS
+    for seg in np.unique(segment).tolist():
+        s = state.segments.get((seg >> rowid.SEQ_BITS, seg & rowid.MAX_SEQ))
+        if s is None:
+            continue
+        mine = segment == seg
+        out[mine] = bitmap.valid_mask(cache.valid(s), rids[mine] & rowid.MAX_OFFSET)
+    return out
+
+
+def _files_of(state: TableState, batches: list[BatchState]) -> tuple[list[DataFile], list[KeysFile]]:
+    parts = {b.part for b in batches}
+    files = [f for f in state.data_files() if any(r.part in parts for r in f.segments)]
+    return files, [k for b in batches for k in b.keys_files]
+
+
+def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files: list[KeysFile],
+             parts: list[int]) -> pa.Table:
+    """The records of the batches of ``parts`` (keys-file rows): upserts from the data files holding them, deletes
+    from their keys files."""
+    reads = [(datafile.read_upserts, f.path) for f in files] + [(datafile.read_deletes, k.path) for k in keys_files]
+    tables = thread_map(lambda r: r[0](io, r[1], meta), reads)
+    if not tables:
+        return datafile.keys_schema(meta).empty_table()
+    table = pa.concat_tables(tables).combine_chunks()
+    mine = np.isin(rids_of(table) >> rowid.PART_SHIFT, np.array(parts, dtype=np.int64))
+    return table if mine.all() else table.filter(pa.array(mine))
+
+
+def _empty(state: TableState, new: Landed | None) -> Restatement:
+    """A restatement of batches without a record: only their new segments (empty) change."""
+    out = metagen.assemble(state, [new] if new is not None else [], [], [], [], {})
+    return Restatement(out, changefile.table(), dict.fromkeys(COUNTS, 0))
+
+
+def _unkeyed(io: FileIO, state: TableState, removed: int | None, new: Landed | None) -> Restatement:
+    """Append-only: the removed batch's rows all become invalid (deletes), the new ones all valid (inserts)."""
+    cache = bitmap.BitmapCache(io)
+    segments, gone = [], []
+    for s in state.segments.values():
+        if s.part == removed:
+            valid = bitmap.to_array(cache.valid(s))
+            gone.append(valid | np.int64(rowid.segment_key(s.part, s.seq)))
+            segments.append(dataclasses.replace(s, bitmap=None, cardinality=0))
+    out = metagen.unkeyed_output([new]) if new is not None else MetaGenOutput([], [], [], [], {})
+    out.segments = segments + out.segments
+    came = [np.arange(s.data_rows, dtype=np.int64) | np.int64(rowid.segment_key(s.part, s.seq))
+            for s in out.segments if s.part != removed]
+    before = np.concatenate(gone) if gone else np.empty(0, np.int64)
+    after = np.concatenate(came) if came else np.empty(0, np.int64)
+    counts = {**dict.fromkeys(COUNTS, 0), "deleted": len(before), "inserted": len(after)}
+    changes = changefile.table((before, "delete", np.arange(len(before), dtype=np.int64)),
+                               (after, "insert", np.arange(len(after), dtype=np.int64) + len(before)))
+    return Restatement(out, changes, counts)
