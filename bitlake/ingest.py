@@ -75,7 +75,7 @@ class Ingestion:
         self.refresh = refresh
 
     def ingest(self, data: Any, *, op_column: str | None, batch_id: str | None, metagen: bool,
-               inline: bool | None, spark: Any) -> IngestResult:
+               inline: bool | None, spark: Any, operation: str = INGEST) -> IngestResult:
         state = self.refresh()
         state.protocol.check_write(self.io.uri())
         meta = state.metadata
@@ -94,7 +94,7 @@ class Ingestion:
         batch = Landed(batch_id, part, records, tuple(data_files), tuple(keys_files))
         try:
             if metagen:
-                return self._metagen(spark, batch, inline)
+                return self._metagen(spark, batch, inline, operation)
             return self._land(batch)
         except BaseException:
             if self.refresh().parts.get(part) is None:
@@ -126,7 +126,7 @@ class Ingestion:
         assert c is not None
         return IngestResult(batch.batch_id, c.version, True, False, {})
 
-    def _metagen(self, spark, batch: Landed | None, inline: bool | None) -> IngestResult:
+    def _metagen(self, spark, batch: Landed | None, inline: bool | None, operation: str = INGEST) -> IngestResult:
         index = keyindex.IndexSession(self.io)
         outputs: dict[int, MetaGenOutput] = {}  # by version: the attempt that commits is the last of its version
 
@@ -149,7 +149,7 @@ class Ingestion:
                 records.append(BatchRecord(batch.batch_id, batch.part, LIVE, batch.records, batch.keys_files))
             c = Commit(
                 version=version,
-                operation=INGEST if batch else METAGEN,
+                operation=operation if batch else METAGEN,
                 timestamp_ms=timestamp_ms,
                 parameters={"batch_id": batch.batch_id} if batch else {},
                 batches=tuple(records),

@@ -79,11 +79,6 @@ def tombstone(io: FileIO, refresh, column: str, values: Any) -> Commit:
     return c
 
 
-class _Done(Exception):
-    def __init__(self, result: ingest.IngestResult):
-        self.result = result
-
-
 def revert_batch(io: FileIO, refresh, batch_id: str) -> ingest.IngestResult:
     """One ``REVERT`` commit after which every view is as if ``batch_id``'s current incarnation had never been
     ingested; a batch already reverted is a no-op (``committed`` False)."""
@@ -125,45 +120,67 @@ def _restatable(state: TableState, batch_id: str):
 
 
 def _restate(io: FileIO, refresh, batch_id: str, new: Landed | None) -> ingest.IngestResult:
+    def plan(state: TableState, version: int):
+        b = _restatable(state, batch_id)
+        removed = b.part if b.status == LIVE else None
+        if new is None and removed is None:  # reverted already: a retry
+            raise Done(ingest.IngestResult(batch_id, b.restated_version or state.version, False, True, {}))
+        r = engine_restate.restate(io, state, removed, new, version)
+        records = [BatchRecord(batch_id, removed, REVERTED if new is None else REPLACED)] if removed is not None else []
+        return r, records, {"batch_id": batch_id}
+
+    c = commit(io, refresh, REVERT if new is None else REPLACE, new, plan)
+    if isinstance(c, ingest.IngestResult):
+        return c
+    return ingest.IngestResult(batch_id, c.version, True, True, dict(c.counts), c.made_live)
+
+
+class Done(Exception):
+    """Raised by a restatement's plan that finds nothing to do: ``result`` is the call's answer."""
+
+    def __init__(self, result: Any):
+        self.result = result
+
+
+def commit(io: FileIO, refresh, operation: str, new: Landed | None, plan) -> Commit | Any:
+    """Commits a restatement: ``plan(state, version)`` returns its :class:`engine_restate.Restatement`, the batch
+    records it changes and its parameters, or raises :class:`Done`; ``new`` is the batch it makes live (its
+    record is added). Returns the commit, or the ``Done`` result."""
     index = keyindex.IndexSession(io)
     outputs: dict[int, engine_restate.Restatement] = {}
 
     def build(state: TableState):
         state.protocol.check_write(io.uri())
-        b = _restatable(state, batch_id)
-        removed = b.part if b.status == LIVE else None
-        if new is None and removed is None:  # reverted already: a retry
-            raise _Done(ingest.IngestResult(batch_id, b.restated_version or state.version, False, True, {}))
         version = state.version + 1
-        r = engine_restate.restate(io, state, removed, new, version)
+        r, records, parameters = plan(state, version)
         outputs[version] = r
         changes = changefile.write(io, r.changes)
-        records = [BatchRecord(batch_id, removed, REVERTED if new is None else REPLACED)] if removed is not None else []
         if new is not None:
-            records.append(BatchRecord(batch_id, new.part, LIVE, new.records, new.keys_files))
+            records = [*records, BatchRecord(new.batch_id, new.part, LIVE, new.records, new.keys_files)]
         timestamp_ms = commitlog.now_ms(state.timestamp_ms)
         events = changeevent.commit_events(state.metadata.name, state, version, timestamp_ms,
                                            [new] if new is not None else [], r.output.segments, r.counts)
         for e in events:
-            e["tags"] = {"batch_ids": batch_id, "restatement": "replace" if new is not None else "revert"}
+            e["tags"] = {**e["tags"], **{k: str(v) for k, v in parameters.items()}, "operation": operation}
         protocol = None if RESTATEMENTS in state.protocol.reader_features \
             else state.protocol.with_features(RESTATEMENTS)
         c = Commit(
-            version, REVERT if new is None else REPLACE, timestamp_ms, parameters={"batch_id": batch_id},
-            protocol=protocol, batches=tuple(records), add_files=new.data_files if new is not None else (),
-            segments=tuple(r.output.segments), logs=tuple(r.output.logs), keystore_add=tuple(r.output.keystore_add),
+            version, operation, timestamp_ms, parameters=parameters, protocol=protocol, batches=tuple(records),
+            add_files=new.data_files if new is not None else (), segments=tuple(r.output.segments),
+            logs=tuple(r.output.logs), keystore_add=tuple(r.output.keystore_add),
             keystore_remove=tuple(r.output.keystore_remove), change_files=(changes,), counts=r.counts,
-            batch_counts={batch_id: r.counts}, events=tuple(events),
+            batch_counts={new.batch_id: r.counts} if new is not None else {}, events=tuple(events),
         )
         return c, [*r.output.written(), changes.path]
 
     try:
         try:
             c, _ = transaction.commit(io, refresh, build)
-        except _Done as done:
+        except Done as done:
             return done.result
         assert c is not None
-        index.after_commit(refresh(), c.version, outputs[c.version].output.keystore_rows)
+        if outputs[c.version].output.keystore_rows is not None:
+            index.after_commit(refresh(), c.version, outputs[c.version].output.keystore_rows)
     finally:
         index.close()
-    return ingest.IngestResult(batch_id, c.version, True, True, dict(c.counts), c.made_live)
+    return c

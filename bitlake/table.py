@@ -10,7 +10,7 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 
-from bitlake import maintenance, read, restatement, transaction
+from bitlake import dml, maintenance, read, restatement, transaction
 from bitlake.engine import upkeep
 from bitlake.errors import NotATableError, TableExistsError, TableNotFoundError
 from bitlake.format import commitlog
@@ -217,6 +217,19 @@ class Table:
         """Reverts ``batch_id`` and ingests ``data`` under the same id in one atomic commit (its records arrive at
         that commit); a reader never sees one without the other. ``data`` is what :meth:`ingest` takes."""
         return restatement.replace_batch(self.io, self.refresh, batch_id, data, op_column)
+
+    def delete(self, where: Any, *, spark: Any = None) -> dml.DmlResult:
+        """Deletes the current view's rows ``where`` holds for: a Spark SQL condition (``"region = 'EU' and
+        amount < 0"``) or a pyarrow compute expression (read on the driver, no Spark). A keyed table ingests a
+        delete record per row; an unkeyed one invalidates the rows' ids. No data file is rewritten
+        (docs/dml.md)."""
+        return dml.delete(self.io, self.refresh, self._writes, where, spark)
+
+    def update(self, where: Any, set: dict[str, Any], *, spark: Any = None) -> dml.DmlResult:  # noqa: A002
+        """Sets, in the current view's rows ``where`` holds for, each column of ``set`` to its expression: Spark
+        SQL strings with a Spark SQL condition, pyarrow compute expressions (or constants) with a pyarrow
+        one. Keys cannot be set. The updated rows are ingested as new records (docs/dml.md)."""
+        return dml.update(self.io, self.refresh, self._writes, where, set, spark)
 
     # ------------------------------------------------------------------------------------ reads
 

@@ -1,5 +1,5 @@
 """The table commands: create, ingest, metagen, show, changes, history, describe, cleanup, compact, maintain,
-tombstone, revert, replace, convert, upgrade."""
+tombstone, revert, replace, delete, update, convert, upgrade."""
 
 from __future__ import annotations
 
@@ -322,6 +322,37 @@ def cmd_replace(args, out: Console, err: Console) -> None:
     say(out, f"version {r.version}: batch {args.batch_id} replaced; {_counts(r.counts)}")
 
 
+def cmd_delete(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    with step(err, "starting Spark"):
+        spark = bitlake.spark_session()
+    with step(err, f"deleting where {args.where}"):
+        r = table.delete(args.where, spark=spark)
+    _say_dml(out, r, "deleted")
+
+
+def cmd_update(args, out: Console, err: Console) -> None:
+    table = bitlake.open_table(args.path)
+    assignments = {}
+    for a in args.set:
+        column, eq, expr = a.partition("=")
+        if not eq or not column.strip():
+            raise InvalidInputError(f"--set {a!r}: write COLUMN=EXPRESSION (a Spark SQL expression)")
+        assignments[column.strip()] = expr
+    with step(err, "starting Spark"):
+        spark = bitlake.spark_session()
+    with step(err, f"updating where {args.where}"):
+        r = table.update(args.where, assignments, spark=spark)
+    _say_dml(out, r, "updated")
+
+
+def _say_dml(out: Console, r, what: str) -> None:
+    if r.version is None:
+        say(out, "no row matched: nothing committed")
+    else:
+        say(out, f"version {r.version}: {r.matched} row(s) {what}; {_counts(r.counts)}")
+
+
 def cmd_convert(args, out: Console, err: Console) -> None:
     from bitlake.bootstrap import convert
 
@@ -447,6 +478,18 @@ def add_parsers(sub) -> None:
                     help="default: from the first input's extension")
     rp.add_argument("--op-column", help='string column saying "upsert" or "delete" per record')
     rp.set_defaults(run=cmd_replace)
+
+    de = sub.add_parser("delete", help="delete the current rows a Spark SQL condition holds for")
+    de.add_argument("path", help=path_help)
+    de.add_argument("--where", required=True, help="a Spark SQL condition, e.g. \"region = 'EU'\"")
+    de.set_defaults(run=cmd_delete)
+
+    up = sub.add_parser("update", help="set columns of the current rows a Spark SQL condition holds for")
+    up.add_argument("path", help=path_help)
+    up.add_argument("--where", required=True, help="a Spark SQL condition")
+    up.add_argument("--set", action="append", required=True, metavar="COLUMN=EXPRESSION",
+                    help="a column and its new value as a Spark SQL expression (repeatable)")
+    up.set_defaults(run=cmd_update)
 
     v = sub.add_parser("convert",
                        help="create a table from a Parquet folder, a Delta or Iceberg table or a lance dataset")

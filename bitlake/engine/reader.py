@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from bitlake.engine.plan import ReadPlan
 from bitlake.format import bitmap, datafile, rowid
@@ -11,7 +12,8 @@ from bitlake.format.metadata import deltas_as_int
 from bitlake.fs import FileIO
 
 
-def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False) -> pa.Table:
+def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None) -> pa.Table:
+    """The rows of the plan (and, with ``where``, those of them it holds true for)."""
     meta = p.state.metadata
     columns = meta.column_names + (list(rowid.ROW_ID_COLUMNS) if include_row_ids else [])
     read_columns = meta.column_names + list(rowid.ROW_ID_COLUMNS)
@@ -32,6 +34,8 @@ def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False) -> pa.Table:
             table = table.filter(pa.array(deltas <= p.valid_at))
         if p.hidden:
             table = table.filter(pa.array(~p.tombstoned(table)))
+        if where is not None:
+            table = table.filter(where)
         pieces.append(table.select(columns))
     if not pieces:
         return datafile.data_schema(meta).empty_table().select(columns)

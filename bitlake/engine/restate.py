@@ -26,7 +26,7 @@ from bitlake.engine import metagen
 from bitlake.engine.keyindex import key_codes
 from bitlake.engine.metagen import COUNTS, Landed, MetaGenOutput
 from bitlake.errors import VersionExpiredError
-from bitlake.format import bitmap, changefile, datafile, keystore, rowid, segmentlog
+from bitlake.format import bitmap, changefile, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format import state as state_mod
 from bitlake.format.commit import LIVE, REPLACED, REVERTED, DataFile, KeysFile
 from bitlake.format.metadata import TableMetadata
@@ -228,19 +228,44 @@ def _empty(state: TableState, new: Landed | None) -> Restatement:
 def _unkeyed(io: FileIO, state: TableState, removed: int | None, new: Landed | None) -> Restatement:
     """Append-only: the removed batch's rows all become invalid (deletes), the new ones all valid (inserts)."""
     cache = bitmap.BitmapCache(io)
-    segments, gone = [], []
-    for s in state.segments.values():
-        if s.part == removed:
-            valid = bitmap.to_array(cache.valid(s))
-            gone.append(valid | np.int64(rowid.segment_key(s.part, s.seq)))
-            segments.append(dataclasses.replace(s, bitmap=None, cardinality=0))
+    gone = [bitmap.to_array(cache.valid(s)) | np.int64(rowid.segment_key(s.part, s.seq))
+            for s in state.segments.values() if s.part == removed]
+    return remove_rows(io, state, np.concatenate(gone) if gone else np.empty(0, np.int64), new)
+
+
+def remove_rows(io: FileIO, state: TableState, rids: np.ndarray, new: Landed | None,
+                pair: bool = False) -> Restatement:
+    """An unkeyed table's rows ``rids`` (packed, valid now) become invalid, and ``new``'s rows valid. The change
+    rows are deletes and inserts, or with ``pair`` (an update), preimages and postimages paired in order."""
+    cache = bitmap.BitmapCache(io)
+    rids = np.sort(rids)
+    segment = rids >> rowid.OFFSET_BITS
+    segments, with_file = [], []
+    for seg in np.unique(segment).tolist():
+        s = state.segments[(seg >> rowid.SEQ_BITS, seg & rowid.MAX_SEQ)]
+        bm = cache.valid(s)
+        bm.difference_update(bitmap.of(rids[segment == seg] & rowid.MAX_OFFSET))
+        if bitmap.is_prefix(bm):
+            segments.append(dataclasses.replace(s, bitmap=None, cardinality=len(bm)))
+        else:
+            with_file.append((s, bm))
+    if with_file:
+        path = layout.bitmap_path()
+        bitmap.write_file(io, path, [(s.part, s.seq, bm) for s, bm in with_file])
+        segments += [dataclasses.replace(s, bitmap=path, cardinality=len(bm)) for s, bm in with_file]
     out = metagen.unkeyed_output([new]) if new is not None else MetaGenOutput([], [], [], [], {})
+    came = [np.arange(s.data_rows, dtype=np.int64) | np.int64(rowid.segment_key(s.part, s.seq)) for s in out.segments]
+    after = np.sort(np.concatenate(came)) if came else np.empty(0, np.int64)
     out.segments = segments + out.segments
-    came = [np.arange(s.data_rows, dtype=np.int64) | np.int64(rowid.segment_key(s.part, s.seq))
-            for s in out.segments if s.part != removed]
-    before = np.concatenate(gone) if gone else np.empty(0, np.int64)
-    after = np.concatenate(came) if came else np.empty(0, np.int64)
-    counts = {**dict.fromkeys(COUNTS, 0), "deleted": len(before), "inserted": len(after)}
-    changes = changefile.table((before, "delete", np.arange(len(before), dtype=np.int64)),
-                               (after, "insert", np.arange(len(after), dtype=np.int64) + len(before)))
+    if pair:
+        n = min(len(rids), len(after))
+        places = np.arange(n, dtype=np.int64) * 2
+        changes = changefile.table((rids[:n], "update_preimage", places), (after[:n], "update_postimage", places + 1),
+                                   (rids[n:], "delete", np.arange(len(rids) - n, dtype=np.int64) + 2 * n),
+                                   (after[n:], "insert", np.arange(len(after) - n, dtype=np.int64) + 2 * n))
+        counts = {**dict.fromkeys(COUNTS, 0), "updated": n, "deleted": len(rids) - n, "inserted": len(after) - n}
+    else:
+        changes = changefile.table((rids, "delete", np.arange(len(rids), dtype=np.int64)),
+                                   (after, "insert", np.arange(len(after), dtype=np.int64) + len(rids)))
+        counts = {**dict.fromkeys(COUNTS, 0), "deleted": len(rids), "inserted": len(after)}
     return Restatement(out, changes, counts)

@@ -23,6 +23,8 @@ COMPACT = "COMPACT"  # data files rewritten, every row kept with its row id; no 
 TOMBSTONE = "TOMBSTONE"  # rows committed before it hidden by the value of a column
 REVERT = "REVERT"  # a batch reverted: every view from here on as if it had never been ingested
 REPLACE = "REPLACE"  # a batch reverted and new records ingested under its id, atomically
+DELETE = "DELETE"  # rows matching a condition deleted (a keyed table: an ingest of delete records)
+UPDATE = "UPDATE"  # rows matching a condition updated (a keyed table: an ingest of upserts)
 
 PENDING, LIVE, REVERTED, REPLACED = "pending", "live", "reverted", "replaced"
 BATCH_STATUSES = (PENDING, LIVE, REVERTED, REPLACED)
