@@ -138,10 +138,9 @@ def _matched(io: FileIO, state: TableState, where: Any, assignments: dict[str, A
         return rows
     projection = {}
     for name in rows.column_names:
-        e = assignments.get(name, pc.field(name))
-        if not isinstance(e, pc.Expression):
-            e = pc.scalar(e)  # a constant
-        projection[name] = e.cast(meta.schema.field(name).type) if name in meta.schema.names else e
+        value = assignments.get(name, pc.field(name))
+        expr = value if isinstance(value, pc.Expression) else pc.scalar(value)  # a constant
+        projection[name] = expr.cast(meta.schema.field(name).type) if name in meta.schema.names else expr
     try:
         return ds.dataset(rows).to_table(columns=projection)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
