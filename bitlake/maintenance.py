@@ -31,6 +31,7 @@ def referenced(io: FileIO, latest: TableState) -> set[str]:
     commits up to the window's start."""
     start = latest.window.version if latest.window else 0
     base = latest if start == latest.version else state_mod.load(io, start)
+    base.read_through(latest.rewritten)  # a vacuum's rewritten files are read by no version
     out: set[str] = set()
     out.update(f.path for f in base.files.values())
     out.update(f.offsets for f in base.files.values() if f.offsets)
@@ -49,6 +50,8 @@ def referenced(io: FileIO, latest: TableState) -> set[str]:
         out.update(f.path for f in c.keystore_add)
         out.update(t.path for t in c.tombstones)
         out.update(f.path for f in c.change_files)
+        out.update(p for r in c.rewrites if r.to for p in (r.to.path, r.to.offsets) if p)
+    out.difference_update(latest.rewritten)
     return out
 
 

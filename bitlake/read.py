@@ -19,7 +19,7 @@ def view(io: FileIO, latest: TableState, version: int | None, as_of: Any, valid_
          ) -> tuple[TableState, int | None]:
     """The state of the version a read asks for, and its event time as an int64 (None: current)."""
     v = timetravel.resolve_version(io, latest.version, version, as_of)
-    state = latest if v == latest.version else state_mod.load(io, v)
+    state = latest if v == latest.version else _older(io, latest, v)
     t = None
     if valid_at is not None:
         if not state.metadata.keyed:
@@ -52,6 +52,13 @@ def changes(spark, io: FileIO, latest: TableState, start_version: int, end_versi
     unknown = set(change_types or []) - set(spark_changes.CHANGE_TYPES)
     if unknown:
         raise InvalidInputError(f"unknown change types {sorted(unknown)}; known: {list(spark_changes.CHANGE_TYPES)}")
-    state = latest if end == latest.version else state_mod.load(io, end)
+    state = latest if end == latest.version else _older(io, latest, end)
     commits = {v: commitlog.read(io, v) for v in range(start + 1, end + 1)}
     return spark_changes.read_changes(spark, io, state, start, end, commits, change_types)
+
+
+def _older(io: FileIO, latest: TableState, version: int) -> TableState:
+    """The state at an older ``version``, reading what a later vacuum left of the files it names."""
+    state = state_mod.load(io, version)
+    state.read_through(latest.rewritten)
+    return state

@@ -4,6 +4,8 @@ metadata: no data file is rewritten."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Any
 
 import pyarrow as pa
@@ -14,9 +16,10 @@ from bitlake import changeevent, faults, ingest, transaction
 from bitlake.engine import keyindex, landing
 from bitlake.engine import restate as engine_restate
 from bitlake.engine.metagen import Landed
-from bitlake.errors import InvalidInputError
+from bitlake.errors import CommitConflictError, InvalidInputError
 from bitlake.format import changefile, commitlog, layout
 from bitlake.format.commit import (
+    COMPACT,
     LIVE,
     PENDING,
     REPLACE,
@@ -24,6 +27,7 @@ from bitlake.format.commit import (
     REVERT,
     REVERTED,
     TOMBSTONE,
+    VACUUM,
     BatchRecord,
     Commit,
     Tombstone,
@@ -184,3 +188,79 @@ def commit(io: FileIO, refresh, operation: str, new: Landed | None, plan) -> Com
     finally:
         index.close()
     return c
+
+
+@dataclasses.dataclass(frozen=True)
+class VacuumResult:
+    """What a vacuum did: its version (None: no tombstone to apply), the data files of the retention window it
+    considered, read (their statistics admitted a tombstoned value) and rewrote or dropped, the rows it purged
+    and the tombstones it retired."""
+
+    version: int | None
+    files_considered: int = 0
+    files_read: int = 0
+    files_rewritten: int = 0
+    rows_purged: int = 0
+    tombstones_retired: int = 0
+
+
+VACUUM_ATTEMPTS = 3
+
+
+def vacuum(io: FileIO, refresh) -> VacuumResult:
+    """One ``VACUUM`` commit after which no data file holds a row the table's tombstones hide, and those
+    tombstones are retired; the rewritten files are deleted at once. A compaction or vacuum committed while it
+    ran makes it start over (it may have copied tombstoned rows into new files)."""
+    from bitlake.engine import vacuum as engine_vacuum
+
+    _delete_rewritten(io, refresh())  # what an earlier vacuum killed after its commit left
+    for _ in range(VACUUM_ATTEMPTS):
+        state = refresh()
+        state.protocol.check_write(io.uri())
+        if not state.tombstones:
+            return VacuumResult(None)
+        prepared = engine_vacuum.prepare(io, state)
+        try:
+            c, _ = transaction.commit(io, refresh, functools.partial(_vacuum_build, io, prepared))
+        except _Moved:
+            for path in prepared.written:
+                io.delete(path)
+            continue
+        except BaseException:
+            if refresh().version == state.version:  # nothing of it committed
+                for path in prepared.written:
+                    io.delete(path)
+            raise
+        assert c is not None
+        _delete_rewritten(io, refresh())
+        return VacuumResult(c.version, prepared.files_considered, prepared.files_read, len(prepared.rewrites),
+                            prepared.rows_purged, len(prepared.tombstones))
+    raise CommitConflictError(f"vacuum gave up after {VACUUM_ATTEMPTS} attempts: compactions of {io.uri()} kept "
+                              "committing first")
+
+
+def _delete_rewritten(io: FileIO, state: TableState) -> None:
+    for path in state.rewritten:
+        if io.exists(path):
+            io.delete(path)
+
+
+class _Moved(Exception):
+    """Rows moved between files since the vacuum was planned."""
+
+
+def _vacuum_build(io: FileIO, prepared, latest: TableState) -> tuple[Commit, list[str]]:
+    return _vacuum_commit(io, latest, prepared), []
+
+
+def _vacuum_commit(io: FileIO, latest: TableState, prepared) -> Commit:
+    for v in range(prepared.planned_on + 1, latest.version + 1):
+        if commitlog.read(io, v).operation in (COMPACT, VACUUM):
+            raise _Moved
+    retired = set(prepared.tombstones)
+    removed = sum(t.count for _, t in latest.tombstones if t.path in retired)
+    total = sum(t.count for _, t in latest.tombstones) - removed
+    parameters = {"files_rewritten": len(prepared.rewrites), "rows_purged": prepared.rows_purged,
+                  "tombstones_added": 0, "tombstones_removed": removed, "tombstones_total": total}
+    return Commit(latest.version + 1, VACUUM, commitlog.now_ms(latest.timestamp_ms), parameters=parameters,
+                  rewrites=tuple(prepared.rewrites), remove_tombstones=tuple(prepared.tombstones))

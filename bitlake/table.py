@@ -205,6 +205,13 @@ class Table:
         is read or written (docs/restatement.md). Returns the commit's version."""
         return restatement.tombstone(self.io, self.refresh, column, values).version
 
+    def vacuum(self) -> restatement.VacuumResult:
+        """Removes the rows the table's tombstones hide from every data file that holds them, in any version
+        of the retention window, and retires those tombstones, in one commit; the rewritten files are deleted
+        at once, so from then on no file under the table holds those rows and no view, at any version,
+        returns them. Only files whose statistics admit a tombstoned value are read (docs/restatement.md)."""
+        return restatement.vacuum(self.io, self.refresh)
+
     def revert_batch(self, batch_id: str) -> IngestResult:
         """Reverts a batch in one commit: every view from it on is as if the batch had never been ingested
         (keys it inserted disappear, keys it updated or deleted show their previous record, records of later

@@ -41,6 +41,24 @@ class Oracle:
     def __init__(self):
         self.incarnations: list[Incarnation] = []  # in the order applied
         self.changes: list[tuple[str, int, dict]] = []
+        self.tombstones: list[tuple[int, str, set]] = []  # (version, column, values)
+        self.purged: set[int] = set()  # id() of the rows a vacuum removed
+
+    def tombstone(self, column: str, values, version: int) -> None:
+        """From ``version`` on, views hide the rows of batches made live before it whose column holds a value."""
+        self.tombstones.append((version, column, set(values)))
+
+    def vacuum(self) -> None:
+        """Removes, from every version, the rows the tombstones hide; retires them."""
+        for inc in self.incarnations:
+            for r in inc.records:
+                if r.row is not None and self._hidden(r.row, inc.version, None):
+                    self.purged.add(id(r.row))
+        self.tombstones = []
+
+    def _hidden(self, row: dict, made_live: int, version: int | None) -> bool:
+        return any(made_live < w and (version is None or w <= version) and row.get(column) in values
+                   for w, column, values in self.tombstones)
 
     # -- writes --------------------------------------------------------------------------------------------
 
@@ -103,19 +121,22 @@ class Oracle:
         return history
 
     def view(self, valid_at: Any = None, version: int | None = None) -> list[dict]:
-        """The rows valid at event time ``valid_at`` (default: +infinity) as of ``version`` (default: all)."""
+        """The rows valid at event time ``valid_at`` (default: +infinity) as of ``version`` (default: all),
+        without those tombstones hide or a vacuum removed."""
         out = []
         for records in self.history(version).values():
             chosen = None
             for a in records:
                 if valid_at is None or a.delta <= valid_at:
                     chosen = a
-            if chosen is not None and chosen.op == "upsert":
+            if chosen is not None and chosen.op == "upsert" and id(chosen.row) not in self.purged and \
+                    not self._hidden(chosen.row, chosen.version, version):
                 out.append(chosen.row)
         return out
 
     def changes_between(self, start: int, end: int) -> list[tuple]:
-        return [c for c in self.changes if start < c[1] <= end]
+        """The change rows of commits ``(start, end]``; a row a vacuum removed gives none."""
+        return [c for c in self.changes if start < c[1] <= end and id(c[2]) not in self.purged]
 
 
 def _fold(history: dict[tuple, list[Accepted]], records: list[Record], version: int, changes: list | None

@@ -134,6 +134,16 @@ class State:
         self.max_part = 0
         self.made_live: list[int] = []                   # parts the last applied commit made live, in order
         self.body: dict = {}                             # the last applied commit
+        self.rewritten: dict[str, dict | None] = {}      # "Vacuum": data file path -> its rewrite
+
+    def read_through(self, rewritten: dict) -> None:
+        """"Vacuum": every version reads, in place of a data file a vacuum rewrote, the rewrite (or nothing)."""
+        for path in [p for p in self.files if p in rewritten]:
+            entry = self.files.pop(path)
+            while entry is not None and entry["path"] in rewritten:
+                entry = rewritten[entry["path"]]
+            if entry is not None:
+                self.files[entry["path"]] = entry
 
     def set_metadata(self, metadata: dict) -> None:
         """"Metadata": `schema` is an Arrow IPC schema message, base64, and authoritative."""
@@ -183,6 +193,11 @@ class State:
         for ks in body.get("keystore_add") or []:
             self.keystore.setdefault(int(ks["bucket"]), []).append(ks["path"])
         self.tombstones.extend((v, tomb) for tomb in body.get("tombstones") or [])
+        retired = set(body.get("remove_tombstones") or [])   # "Vacuum": tombstones a vacuum applied
+        self.tombstones = [(tv, tomb) for tv, tomb in self.tombstones if tomb["path"] not in retired]
+        for r in body.get("rewrites") or []:                  # "Vacuum": a file is read as its rewrite
+            self.rewritten[r["path"]] = r.get("to")
+        self.read_through({r["path"]: r.get("to") for r in body.get("rewrites") or []})
         if body.get("events"):
             self.last_event_version = v
         self.body = body
@@ -279,6 +294,7 @@ def _load_checkpoint(base: str, target: int) -> State:
     state.segments = {(int(s["part"]), int(s["seq"])): s for s in values(body.get("segments"))}
     state.logs = [(int(v), log) for v, log in body.get("logs") or []]
     state.tombstones = [(int(v), t) for v, t in body.get("tombstones") or []]
+    state.rewritten = {path: f for path, f in body.get("rewritten") or []}
     state.last_event_version = body.get("last_event_version")
     state.max_part = int(body.get("max_part") or 0)
     return state
@@ -329,6 +345,8 @@ def state_at(base: str, version: int | None = None) -> State:
     state = None
     for state in replay(base, version):  # noqa: B007 - the last state is the one wanted
         pass
+    if version is not None and int(version) < table_versions(base)[-1]:
+        state.read_through(state_at(base).rewritten)  # "Vacuum": the latest state's rewrites
     return state
 
 
@@ -517,6 +535,8 @@ def read_changes(base: str, start: int, end: int) -> list[dict]:
             per_commit.append((state.version, list(state.made_live), state.body))
     if state is None or state.version <= start:
         return []
+    if end < table_versions(base)[-1]:
+        state.read_through(state_at(base).rewritten)  # "Vacuum": the latest state's rewrites
     end_state, schema, md = state, state.schema, state.metadata
     delta_col, fmt = md.get("delta_column"), md.get("file_format", "parquet")
     files = _Files(base)

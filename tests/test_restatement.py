@@ -174,3 +174,95 @@ def test_a_batch_older_than_the_retention_window_is_not_reverted(tmp_path):
     t.compact(major=True, look_back=t.version)
     with pytest.raises(bitlake.VersionExpiredError, match="retention window"):
         t.revert_batch("b1")
+
+
+# ------------------------------------------------------------------------------------------------- vacuum
+
+SECRET_SCHEMA = pa.schema([("k", pa.int64()), ("user", pa.string()), ("secret", pa.string()), ("mod", pa.int64())])
+
+
+def secret_batch(keys, users, mod):
+    return pa.table({"k": pa.array(keys, pa.int64()), "user": users,
+                     "secret": [f"SECRET-{u}-{k}#" for k, u in zip(keys, users, strict=True)],
+                     "mod": pa.array([mod] * len(keys), pa.int64())})
+
+
+def files_holding(path, marker: str) -> list[str]:
+    """Every file under ``path`` whose raw bytes, or whose decoded Parquet columns, contain ``marker``."""
+    import os
+
+    import pyarrow.parquet as pq
+
+    out = []
+    for root, _, names in os.walk(path):
+        for name in names:
+            full = os.path.join(root, name)
+            with open(full, "rb") as f:
+                if marker.encode() in f.read():
+                    out.append(full)
+                    continue
+            if name.endswith(".parquet"):
+                t = pq.read_table(full)
+                text = [str(v) for c in t.columns for v in c.to_pylist()]
+                if any(marker in v for v in text):
+                    out.append(full)
+    return out
+
+
+def test_vacuum_leaves_no_byte_of_a_purged_row_and_time_travel_follows(tmp_path, capsys):
+    path = str(tmp_path / "t")
+    t = bitlake.create_table(path, SECRET_SCHEMA, primary_key=["k"], delta_column="mod", num_buckets=2,
+                             properties={"compact.min_input_files": "2"})
+    t.ingest(secret_batch(list(range(10)), ["ann", "bob"] * 5, 1))
+    t.ingest(secret_batch([0, 1, 20], ["ann", "zed", "ann"], 2))  # ann's key 0 updated; key 1 becomes zed's
+    t.compact()  # older versions now read the landed files, later ones the compacted files: both hold ann's rows
+    t.ingest(secret_batch([40], ["ann"], 1), batch_id="pending", metagen=False)
+    w = t.tombstone("user", ["ann"])
+    t.metagen()  # made live after the tombstone: not hidden, not purged
+    t.ingest(secret_batch([30], ["ann"], 3))  # after the tombstone too
+    views = {v: rows_key(t.to_arrow(version=v).to_pylist(), SECRET_SCHEMA.names) for v in range(t.version + 1)}
+    assert files_holding(path, "SECRET-ann-2#")  # the control: before the vacuum, files hold ann's rows
+    r = t.vacuum()
+    assert r.version == t.version and r.tombstones_retired == 1 and r.rows_purged > 0
+    assert r.files_read <= r.files_considered and r.files_rewritten >= 2
+    for k in (0, 2, 4, 6, 8, 20):
+        assert files_holding(path, f"SECRET-ann-{k}#") == [], k
+    assert files_holding(path, "SECRET-ann-40#") and files_holding(path, "SECRET-ann-30#")
+    purged = {0, 2, 4, 6, 8, 20}
+    for v, rows in views.items():
+        # Every version now lacks the purged rows: those the tombstone hid, and, before it, ann's rows of the
+        # batches made live before it.
+        want = [row for row in rows if not (row[1] == "ann" and row[0] in purged)]
+        assert rows_key(t.to_arrow(version=v).to_pylist(), SECRET_SCHEMA.names) == want, v
+        assert rows_key(spec_reader.read_view(path, version=v), SECRET_SCHEMA.names) == want, v
+    assert t.state().tombstones == [] and t.describe()["tombstones"] == []
+    params = bitlake.format.commitlog.read(t.io, r.version).parameters
+    assert (params["tombstones_removed"], params["tombstones_total"]) == (1, 0)
+    assert {x["k"] for x in t.to_arrow().to_pylist()} == {1, 3, 5, 7, 9, 30, 40}
+    assert not [p for p in t.cleanup(min_age_seconds=0) if p.startswith("data/")]  # the vacuum deleted them
+    assert w < r.version and cli(["vacuum", path]) == 0 and "nothing done" in capsys.readouterr().out
+
+
+def test_vacuum_reads_only_the_files_whose_statistics_admit_a_value(tmp_path):
+    t = bitlake.create_table(str(tmp_path / "t"), SECRET_SCHEMA, primary_key=["k"], delta_column="mod", num_buckets=2)
+    for i, users in enumerate((["a1", "a2"], ["m1", "m2"], ["z1", "z2"])):
+        t.ingest(secret_batch([2 * i, 2 * i + 1], users, 1))
+    t.tombstone("user", ["m2"])
+    r = t.vacuum()
+    assert (r.files_considered, r.files_read, r.files_rewritten, r.rows_purged) == (3, 1, 1, 1)
+    assert sorted(x["user"] for x in t.to_arrow().to_pylist()) == ["a1", "a2", "m1", "z1", "z2"]
+
+
+def test_a_vacuum_killed_after_its_commit_leaves_its_files_to_the_next_one(tmp_path, monkeypatch):
+    t = bitlake.create_table(str(tmp_path / "t"), SECRET_SCHEMA, primary_key=["k"], delta_column="mod", num_buckets=2)
+    t.ingest(secret_batch([1, 2], ["ann", "bob"], 1))
+    t.tombstone("user", ["ann"])
+    delete = t.io.delete
+    monkeypatch.setattr(t.io, "delete", lambda rel: (_ for _ in ()).throw(OSError("killed")) if rel.startswith(
+        "data/") else delete(rel))
+    with pytest.raises(OSError, match="killed"):
+        t.vacuum()
+    monkeypatch.undo()
+    assert t.state().tombstones == [] and files_holding(t.path, "SECRET-ann-1#")  # committed, files left
+    assert t.vacuum().version is None and files_holding(t.path, "SECRET-ann-1#") == []
+    assert [x["user"] for x in t.to_arrow().to_pylist()] == ["bob"]

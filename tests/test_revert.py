@@ -1,5 +1,6 @@
-"""Batch restatement against the oracle: random ingests, reverts and replaces, with minor and major compactions
-between them; every version, every event time and change ranges (Spark, and the spec reader) match it."""
+"""Restatement against the oracle: random ingests, reverts, replaces, tombstones, vacuums and DML (delete and
+update by a pyarrow expression or a Spark SQL condition), with minor and major compactions between them; every
+version, every event time and change ranges (Spark, and the spec reader) match it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shutil
 import tempfile
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -25,13 +27,16 @@ COLUMNS = ["k", "value", "mod"]
 TIMES = [None, -1, *range(0, 8)]
 
 record = st.tuples(st.integers(0, 5), st.integers(0, 6), st.sampled_from(["upsert", "upsert", "delete"]),
-                   st.integers(0, 99))
+                   st.integers(0, 19))
 records = st.lists(record, max_size=8)
 step = st.one_of(
     st.tuples(st.just("ingest"), records, st.booleans()),  # the records, MetaGen at once
     st.tuples(st.just("revert"), st.integers(0, 20)),  # which earlier batch id
     st.tuples(st.just("replace"), st.integers(0, 20), records),
     st.tuples(st.just("compact"), st.sampled_from(["minor", "major"])),
+    st.tuples(st.just("tombstone"), st.lists(st.integers(0, 19), min_size=1, max_size=4)),
+    st.tuples(st.just("vacuum")),
+    st.tuples(st.sampled_from(["delete", "update"]), st.integers(0, 19), st.integers(0, 8), st.booleans()),
 )
 
 
@@ -65,6 +70,34 @@ def _run(t: bitlake.Table, oracle: Oracle, steps) -> None:
             continue
         if s[0] == "compact":
             t.compact(major=s[1] == "major", look_back=max(0, t.version - 2))
+            continue
+        if s[0] == "tombstone":
+            oracle.tombstone("value", s[1], t.tombstone("value", s[1]))
+            continue
+        if s[0] == "vacuum":
+            if t.vacuum().version is not None:
+                oracle.vacuum()
+            continue
+        if s[0] in ("delete", "update"):
+            lo, hi = s[1], s[1] + s[2]
+            if s[3]:
+                where = (pc.field("value") >= lo) & (pc.field("value") <= hi)
+                change = {"value": pc.field("value") + 100}
+            else:
+                where, change = f"value between {lo} and {hi}", {"value": "value + 100"}
+            matched = [r for r in oracle.view() if lo <= r["value"] <= hi]
+            before = t.version
+            r = t.delete(where) if s[0] == "delete" else t.update(where, change)
+            assert r.matched == len(matched)
+            if not matched:
+                assert r.version is None and t.version == before
+                continue
+            for b, recs in pending:  # the DML batch's commit makes the pending batches live first
+                oracle.apply(_records(recs), t.version, b)
+            pending = []
+            op = "delete" if s[0] == "delete" else "upsert"
+            oracle.apply([Record((m["k"],), m["mod"], op, None if op == "delete" else {**m, "value": m["value"] + 100})
+                          for m in matched], t.version, f"dml{n}")
             continue
         if not ids:
             continue

@@ -1,5 +1,5 @@
 """The table commands: create, ingest, metagen, show, changes, history, describe, cleanup, compact, maintain,
-tombstone, revert, replace, delete, update, convert, upgrade."""
+tombstone, vacuum, revert, replace, delete, update, convert, upgrade."""
 
 from __future__ import annotations
 
@@ -306,6 +306,16 @@ def cmd_tombstone(args, out: Console, err: Console) -> None:
              "are hidden from now on")
 
 
+def cmd_vacuum(args, out: Console, err: Console) -> None:
+    with step(err, "vacuuming"):
+        r = bitlake.open_table(args.path).vacuum()
+    if r.version is None:
+        say(out, "no tombstone to apply: nothing done")
+    else:
+        say(out, f"version {r.version}: {r.rows_purged} row(s) purged; {r.files_rewritten} of {r.files_considered} "
+                 f"data file(s) rewritten ({r.files_read} read); {r.tombstones_retired} tombstone(s) retired")
+
+
 def cmd_revert(args, out: Console, err: Console) -> None:
     r = bitlake.open_table(args.path).revert_batch(args.batch_id)
     if not r.committed:
@@ -464,6 +474,10 @@ def add_parsers(sub) -> None:
     tb.add_argument("--column", required=True, help="the column the values are of")
     tb.add_argument("--values", required=True, help="comma-separated values (read as the column's type)")
     tb.set_defaults(run=cmd_tombstone)
+
+    va = sub.add_parser("vacuum", help="remove the rows tombstones hide from every file, and retire the tombstones")
+    va.add_argument("path", help=path_help)
+    va.set_defaults(run=cmd_vacuum)
 
     rv = sub.add_parser("revert", help="revert a batch: every view from now on as if it had never been ingested")
     rv.add_argument("path", help=path_help)

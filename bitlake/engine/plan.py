@@ -136,9 +136,12 @@ def plan(io: FileIO, state: TableState, valid_at: int | None = None) -> ReadPlan
         for r in f.segments:
             if r.segment in state.segments:
                 segments[r.segment] = state.segments[r.segment]
-    hidden = []
-    for version, t in state.tombstones:
-        values = pq.read_table(io.open_input(t.path)).column(0).combine_chunks()
-        hidden.append((version, t.column, values))
+    hidden = tombstones(io, state)
     live = {b.part: b.live_version for b in state.parts.values() if b.live_version is not None} if hidden else {}
     return ReadPlan(state, valid_at, whole, filtered, segments, back, hidden, live)
+
+
+def tombstones(io: FileIO, state: TableState) -> list[tuple[int, str, pa.Array]]:
+    """The state's tombstones as (version, column, values)."""
+    return [(version, t.column, pq.read_table(io.open_input(t.path)).column(0).combine_chunks())
+            for version, t in state.tombstones]

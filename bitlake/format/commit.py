@@ -25,6 +25,7 @@ REVERT = "REVERT"  # a batch reverted: every view from here on as if it had neve
 REPLACE = "REPLACE"  # a batch reverted and new records ingested under its id, atomically
 DELETE = "DELETE"  # rows matching a condition deleted (a keyed table: an ingest of delete records)
 UPDATE = "UPDATE"  # rows matching a condition updated (a keyed table: an ingest of upserts)
+VACUUM = "VACUUM"  # tombstoned rows removed from every data file that held them; the tombstones retired
 
 PENDING, LIVE, REVERTED, REPLACED = "pending", "live", "reverted", "replaced"
 BATCH_STATUSES = (PENDING, LIVE, REVERTED, REPLACED)
@@ -216,6 +217,22 @@ class Tombstone:
 
 
 @dataclasses.dataclass(frozen=True)
+class Rewrite:
+    """A vacuum's rewrite of data file ``path`` (of the latest version or an older one): every version reads
+    ``to`` in its place (None: nothing of it is left)."""
+
+    path: str
+    to: DataFile | None
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "to": self.to.to_json() if self.to else None}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Rewrite:
+        return cls(d["path"], DataFile.from_json(d["to"]) if d.get("to") else None)
+
+
+@dataclasses.dataclass(frozen=True)
 class ChangeFile:
     """The change rows of a restatement commit: a Parquet file of ``rows`` row ids, each with its change type
     and its place among them (docs/FORMAT.md, "Change feed")."""
@@ -266,6 +283,8 @@ class Commit:
     keystore_remove: tuple[str, ...] = ()
     tombstones: tuple[Tombstone, ...] = ()
     change_files: tuple[ChangeFile, ...] = ()  # a restatement's change rows
+    rewrites: tuple[Rewrite, ...] = ()  # a vacuum's
+    remove_tombstones: tuple[str, ...] = ()  # paths of the tombstones a vacuum retired
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     batch_counts: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     events: tuple[dict, ...] = ()  # Data Change Events (bitlake.changeevent)
@@ -301,6 +320,8 @@ class Commit:
             "keystore_remove": list(self.keystore_remove),
             "tombstones": [t.to_json() for t in self.tombstones],
             "change_files": [f.to_json() for f in self.change_files],
+            "rewrites": [r.to_json() for r in self.rewrites],
+            "remove_tombstones": list(self.remove_tombstones),
             "counts": self.counts,
             "batch_counts": self.batch_counts,
             "events": list(self.events),
@@ -328,6 +349,8 @@ class Commit:
             keystore_remove=tuple(d.get("keystore_remove", ())),
             tombstones=tuple(Tombstone.from_json(t) for t in d.get("tombstones", ())),
             change_files=tuple(ChangeFile.from_json(f) for f in d.get("change_files", ())),
+            rewrites=tuple(Rewrite.from_json(r) for r in d.get("rewrites", ())),
+            remove_tombstones=tuple(d.get("remove_tombstones", ())),
             counts=dict(d.get("counts", {})),
             batch_counts=dict(d.get("batch_counts", {})),
             events=tuple(d.get("events", ())),

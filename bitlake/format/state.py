@@ -76,6 +76,8 @@ class TableState:
     last_event_version: int = 0
     max_part: int = 0
     window: Window | None = None  # set by major compactions: reads before it are refused
+    # Data files a vacuum rewrote, by path: what every version reads in their place (None: nothing).
+    rewritten: dict[str, DataFile | None] = dataclasses.field(default_factory=dict)
 
     def apply(self, c: Commit) -> None:
         """Replays one commit (docs/FORMAT.md, "State and replay")."""
@@ -110,6 +112,13 @@ class TableState:
             self.keystore.setdefault(bf.bucket, []).append(bf)
         for t in c.tombstones:
             self.tombstones.append((c.version, t))
+        if c.remove_tombstones:
+            retired = set(c.remove_tombstones)
+            self.tombstones = [(v, t) for v, t in self.tombstones if t.path not in retired]
+        if c.rewrites:
+            rewrites = {r.path: r.to for r in c.rewrites}
+            self.rewritten.update(rewrites)
+            self.read_through(rewrites)
         if c.events:
             self.last_event_version = c.version
 
@@ -140,6 +149,16 @@ class TableState:
     def data_files(self) -> list[DataFile]:
         return list(self.files.values())
 
+    def read_through(self, rewritten: dict[str, DataFile | None]) -> None:
+        """Makes this (older) state read, in place of each data file a later vacuum rewrote, its rewrite
+        (``rewritten``: the latest state's): the files it names are gone (docs/FORMAT.md, "Vacuum")."""
+        for path in [p for p in self.files if p in rewritten]:
+            f: DataFile | None = self.files.pop(path)
+            while f is not None and f.path in rewritten:
+                f = rewritten[f.path]
+            if f is not None:
+                self.files[f.path] = f
+
     def to_json(self) -> dict:
         return {
             "protocol": self.protocol.to_json(),
@@ -156,6 +175,7 @@ class TableState:
             "last_event_version": self.last_event_version,
             "max_part": self.max_part,
             "window": self.window.to_json() if self.window else None,
+            "rewritten": [[p, f.to_json() if f else None] for p, f in self.rewritten.items()],
         }
 
     @classmethod
@@ -180,6 +200,7 @@ class TableState:
             last_event_version=d["last_event_version"],
             max_part=d["max_part"],
             window=Window.from_json(d["window"]) if d.get("window") else None,
+            rewritten={p: DataFile.from_json(f) if f else None for p, f in d.get("rewritten", [])},
         )
 
 

@@ -1,0 +1,120 @@
+"""The vacuum (docs/restatement.md): tombstoned rows removed physically from every data file that holds them.
+
+A tombstone hides rows at read time; the vacuum rewrites, file by file, each data file that any version of the
+retention window reads and that can hold a row the table's tombstones hide: the file's Parquet statistics
+(each row group's minimum and maximum of the tombstone's column) and its segments (a batch made live before
+the tombstone) say which can. Each rewrite keeps the other rows with their row ids, as a compacted file whose
+offsets file says which rows it holds; a file with nothing left has no rewrite. Every version then reads the
+rewrite in the file's place (docs/FORMAT.md, "Vacuum"), and the files are deleted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from bitlake.engine import compaction, plan
+from bitlake.format import commitlog, datafile, rowid
+from bitlake.format import state as state_mod
+from bitlake.format.commit import DataFile, Rewrite
+from bitlake.format.state import TableState
+from bitlake.fs import FileIO
+from bitlake.pool import thread_map
+
+_ONE_FILE = 1 << 62  # a rewrite is one file, whatever its size
+
+
+@dataclasses.dataclass
+class Prepared:
+    """A vacuum written and not yet committed."""
+
+    planned_on: int
+    rewrites: list[Rewrite]
+    written: list[str]
+    tombstones: list[str]  # paths of the tombstones it applied
+    files_considered: int
+    files_read: int
+    rows_purged: int
+
+
+def window_files(io: FileIO, latest: TableState) -> dict[str, DataFile]:
+    """Every data file a version inside the retention window reads: those of the window's first version and
+    those later commits added, each read through the vacuums since."""
+    start = latest.window.version if latest.window else state_mod.earliest_version(io)
+    base = latest if start == latest.version else state_mod.load(io, start)
+    files = dict(base.files)
+    for v in range(start + 1, latest.version + 1):
+        files.update({f.path: f for f in commitlog.read(io, v).add_files})
+    view = TableState(latest.protocol, latest.metadata, files=files)
+    view.read_through(latest.rewritten)
+    return view.files
+
+
+def prepare(io: FileIO, state: TableState) -> Prepared:
+    """Finds and rewrites the files that hold rows the tombstones of ``state`` hide."""
+    meta = state.metadata
+    hidden = plan.tombstones(io, state)
+    live = {b.part: b.live_version for b in state.parts.values() if b.live_version is not None}
+    rule = plan.ReadPlan(state, None, [], [], {}, {}, hidden, live)
+    files = window_files(io, state)
+
+    def may_hold(f: DataFile) -> bool:
+        made_live = [live.get(r.part) for r in f.segments]
+        wanted = [(c, values) for w, c, values in hidden if any(v is not None and v < w for v in made_live)]
+        return bool(wanted) and _in_ranges(io, f, meta.file_format, wanted)
+
+    candidates = [f for f in files.values() if may_hold(f)]
+
+    def rewrite(f: DataFile) -> tuple[Rewrite | None, list[str], int]:
+        table = datafile.read_data(io, f.path, meta)
+        parts = table.column(rowid.PART_COLUMN).to_numpy()
+        gone = rule.tombstoned(table) & np.isin(parts, list(live))  # a pending batch is made live later
+        if not gone.any():
+            return None, [], 0
+        kept = table.filter(pa.array(~gone))
+        if not kept.num_rows:
+            return Rewrite(f.path, None), [], int(gone.sum())
+        out = compaction._Output(io, meta, f.partition, _ONE_FILE, kept.num_rows)
+        try:
+            ids = rowid.pack_arrays(*(kept.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+            out.write(kept, ids, f.bytes / max(1, f.rows))
+            out.close()
+        except BaseException:
+            for path in out.written:
+                io.delete(path)
+            raise
+        return Rewrite(f.path, out.done[0]), out.written, int(gone.sum())
+
+    done = thread_map(rewrite, candidates)
+    rewrites = [r for r, _, _ in done if r is not None]
+    written = [p for _, paths, _ in done for p in paths]
+    return Prepared(state.version, rewrites, written, [t.path for _, t in state.tombstones], len(files),
+                    len(candidates), sum(n for _, _, n in done))
+
+
+def _in_ranges(io: FileIO, f: DataFile, file_format: str, wanted: list[tuple[str, pa.Array]]) -> bool:
+    """Whether a row group's statistics of a tombstone's column admit one of its values (no statistics: yes)."""
+    if file_format != "parquet":
+        return True
+    md = pq.ParquetFile(io.open_input(f.path)).metadata
+    names = [md.schema.column(i).path for i in range(md.num_columns)]
+    for column, values in wanted:
+        if column not in names:
+            continue  # a file written before the column was added holds nulls there: never a value
+        i = names.index(column)
+        for g in range(md.num_row_groups):
+            stats = md.row_group(g).column(i).statistics
+            if stats is None or not stats.has_min_max:
+                return True
+            try:
+                lo, hi = pa.scalar(stats.min).cast(values.type), pa.scalar(stats.max).cast(values.type)
+                inside = pc.and_(pc.greater_equal(values, lo), pc.less_equal(values, hi))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                return True
+            if pc.any(inside).as_py():
+                return True
+    return False
