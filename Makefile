@@ -8,7 +8,7 @@ SFS ?= 0.1,1,3
 SYSTEMS ?= all
 TIMEOUT ?= 600
 
-.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-maintenance bench-triggers clean
+.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-maintenance bench-restatement bench-triggers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -62,6 +62,9 @@ bench-timetravel: setup  ## past views (version, valid_at) and change feeds agai
 
 bench-maintenance: setup  ## compaction: current-view scans and storage over a churning table against plain Spark (SF=1)
 	$(PY) benchmarks/maintenance.py --scale-factor $(SF)
+
+bench-restatement: setup  ## revert, replace, tombstone, vacuum and DML against the batches' ingestion, delta-rs and lance (SF=1)
+	$(PY) benchmarks/restatement.py --scale-factor $(SF)
 
 bench-peers: setup setup-paimon  ## bitlake against delta-rs, pyiceberg, lance, Paimon and plain Spark (SFS=0.1,1,3 SYSTEMS=all TIMEOUT=600 s per operation)
 	$(PY) benchmarks/peers.py --scale-factors $(SFS) --systems $(SYSTEMS) --timeout $(TIMEOUT)

@@ -152,3 +152,61 @@ def test_ingest_and_compaction_at_once(tmp_path, spark, procs):
     expired = {f.path for b in state.parts.values() for f in b.keys_files  # keys files the window let go
                if state.window and b.live_version is not None and b.live_version <= state.window.version}
     assert [p for p in harness.orphans(table) if p not in expired] == [], "a compaction that gave up removed what it wrote"
+
+
+def test_restatements_and_ingest_at_once(tmp_path, spark, procs):
+    """While one writer ingests, others revert a batch (then retry the revert), replace another and tombstone a
+    key, all at once: every one commits exactly once (a lost race is rebuilt on the new state), the retried
+    revert is a no-op, and the view equals the oracle applied in the commit log's order: the revert, the
+    replace and the tombstone take effect where they committed, the tombstone hiding the key's rows of batches
+    made visible before it and not those after."""
+    table = harness.create(tmp_path / "t", num_buckets=2)
+    rng = random.Random(31)
+    batches: dict[str, list[list]] = {}
+    for i in range(3):
+        batches[f"base{i}"] = make_batch(rng, f"base{i}")
+        table.ingest(harness.batch_table(batches[f"base{i}"]), op_column="op", batch_id=f"base{i}", spark=spark)
+    start = table.version
+    key = batches["base0"][0][0]  # the tombstoned key: base0 has it, and so does the ingesting writer's w-b1
+    for name in ("w-b0", "w-b1"):
+        batches[name] = make_batch(rng, name)
+    batches["w-b1"].append([key, "w-b1#key", 20, "upsert"])
+    replacement = make_batch(rng, "r-base2")
+    plans = {
+        "ingest": [{"op": "ingest", "batch_id": b, "rows": batches[b], "metagen": True} for b in ("w-b0", "w-b1")],
+        "revert": [{"op": "revert", "batch_id": "base1"}, {"op": "revert", "batch_id": "base1"}],
+        "replace": [{"op": "replace", "batch_id": "base2", "rows": replacement}],
+        "tombstone": [{"op": "tombstone", "column": "id", "values": [key]}],
+    }
+    procs.extend(Writer(tmp_path, name, table.path, steps, barrier=True) for name, steps in plans.items())
+    harness.release(tmp_path, procs)
+    harness.run_all(procs)
+
+    acks = {w.name: w.acks() for w in procs}
+    for w in procs:
+        assert [a["step"] for a in acks[w.name]] == list(range(len(plans[w.name]))), w.output()
+    history = harness.check_log(table)
+    by_version = {c["version"]: c for c in history}
+    done = {  # version -> (operation, batch id) of each acknowledged commit
+        acks["ingest"][0]["version"]: ("INGEST", "w-b0"),
+        acks["ingest"][1]["version"]: ("INGEST", "w-b1"),
+        acks["revert"][0]["version"]: ("REVERT", "base1"),
+        acks["replace"][0]["version"]: ("REPLACE", "base2"),
+        acks["tombstone"][0]["version"]: ("TOMBSTONE", None),
+    }
+    assert sorted(done) == list(range(start + 1, table.version + 1)), "every write committed once, none lost"
+    assert {v: (by_version[v]["operation"], by_version[v]["batch_id"]) for v in done} == done
+    assert all(a["committed"] for name in ("ingest", "replace") for a in acks[name])
+    first, retry = acks["revert"]
+    assert first["committed"] and not retry["committed"] and retry["version"] == first["version"], acks["revert"]
+    assert table.state().batch("base1").status == "reverted"
+    assert table.state().batch("base2").live_version == acks["replace"][0]["version"]
+
+    tombstone_at = acks["tombstone"][0]["version"]
+    expected = harness.check_view(table, batches, spark, replacements={"base2": replacement},
+                                  tombstones=[("id", [key])])
+    assert expected, "the oracle keeps some rows (the test data is not degenerate)"
+    # The key's row is w-b1's (delta 20, above every other record of it): hidden only by a tombstone after w-b1.
+    assert (key in [r[0] for r in expected]) is (tombstone_at < acks["ingest"][1]["version"])
+    assert harness.arrow_rows(bitlake.open_table(table.path)) == expected
+    assert harness.orphans(table) == [], "losers of a commit race delete what they wrote"

@@ -1,10 +1,11 @@
 """A writer killed (SIGKILL) at each crash point leaves the table readable and exactly as it was
 committed; the batch can be retried and commits exactly once; cleanup removes what the dead writer
-left behind without changing the view.
+left behind without changing the view. The same for a restatement: a revert or a replace killed at each
+crash point it passes.
 
-Each case crashes a writer process on its own copy of a table that holds one committed batch. The
-crashing processes run up front, a few at a time (each needs its own SparkSession), and the tests
-then check and repair one table each in the test process.
+Each case crashes a writer process on its own copy of a table that holds one committed batch (two for
+compactions and restatements). The crashing processes run up front, a few at a time (an ingesting one
+needs its own SparkSession), and the tests then check and repair one table each in the test process.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import shutil
 import time
 
 import pytest
+from oracle import Oracle, rows_key
 from writers import harness
 from writers.harness import Writer
 
@@ -35,6 +37,16 @@ B1 = [
 ]
 B2 = [[1, "b2#0", 13, "upsert"], [3, "b2#1", 10, "upsert"], [3, "b2#2", 12, "upsert"], [7, "b2#3", 9, "delete"]]
 BATCHES = {"b0": B0, "b1": B1, "b2": B2}
+# The new records of b1 in the replace cases.
+R1 = [
+    [1, "r1#0", 14, "upsert"],  # update (b1's record of key 1 has delta 12)
+    [2, "r1#1", 9, "upsert"],  # stale: older than b0's record
+    [6, "r1#2", 12, "delete"],  # delete of a key of b0's
+    [10, "r1#3", 2, "upsert"],  # insert of a new key
+    [3, "r1#4", 10, "upsert"],  # same delta as b0's record: the later arrival wins (b1's delete of key 3 is gone)
+    [9, "r1#5", 4, "delete"],  # b1's insert of key 9 is gone: a delete of a key not in the view, ignored
+]
+REPLACEMENTS = {"b1": R1}
 
 # case -> (crash point, what the writer does): "ingest" (metagen=True), "land" (metagen=False), or
 # "metagen" (b1 already landed pending; the writer runs Table.metagen()).
@@ -46,6 +58,12 @@ CASES["metagen-after_metagen"] = ("after_metagen", "metagen")
 CASES["compact-after_compaction_write"] = ("after_compaction_write", "compact")
 CASES["compact-after_commit"] = ("after_commit", "compact")
 CASES["major-after_compaction_write"] = ("after_compaction_write", "major")
+# "revert" / "replace": b1 is committed; the writer reverts b0 (b1's records stale against b0 become
+# accepted) or replaces b1 by R1. Restating writers start no SparkSession.
+REVERT_POINTS = ["after_metagen", "after_commit"]
+REPLACE_POINTS = ["after_claim", "after_landing", "after_metagen", "after_commit"]
+RESTATE_CASES = [("revert", p) for p in REVERT_POINTS] + [("replace", p) for p in REPLACE_POINTS]
+CASES.update({f"{mode}-{p}": (p, mode) for mode, p in RESTATE_CASES})
 PARALLEL_WRITERS = 3
 
 
@@ -79,6 +97,10 @@ def crashed(tmp_path_factory, spark):
         elif mode in ("compact", "major"):
             assert ingest(bitlake.open_table(str(path)), "b1", spark=spark).version == 2
             steps = [{"op": "compact", "major": mode == "major", "look_back": 2}]
+        elif mode in ("revert", "replace"):
+            assert ingest(bitlake.open_table(str(path)), "b1", spark=spark).version == 2
+            steps = [{"op": "revert", "batch_id": "b0"} if mode == "revert" else
+                     {"op": "replace", "batch_id": "b1", "rows": R1}]
         else:
             steps = [{"op": "ingest", "batch_id": "b1", "rows": B1, "metagen": mode == "ingest"}]
         todo.append((name, path, steps, point))
@@ -113,20 +135,22 @@ def landed_once(table, batch_id) -> int:
 
 
 def cleanup_and_check(table, spark, expected_removed: list[str], expected_rows: list[tuple], *,
-                      then_ingest: bool = False) -> None:
+                      then_ingest: bool = False, after_b2: list[tuple] | None = None) -> None:
     """Cleanup removes exactly the dead writer's files (and segment-part claims); the view stays.
-    With ``then_ingest``, a further batch is ingested: MetaGen still finds every key-store file it needs."""
+    With ``then_ingest``, a further batch is ingested: MetaGen still finds every key-store file it needs,
+    and the view is then ``after_b2`` (default: b0, b1 and b2 applied)."""
     removed = table.cleanup(min_age_seconds=0)
     assert [p for p in removed if not p.startswith("_bitlake/parts/")] == expected_removed
     assert harness.orphans(table) == []
-    assert harness.check_view(table, BATCHES, spark) == expected_rows
+    assert harness.check_view(table, BATCHES, spark, replacements=REPLACEMENTS) == expected_rows
     reopened = bitlake.open_table(table.path)
     assert harness.arrow_rows(reopened) == expected_rows
     assert harness.spark_rows(reopened, spark) == expected_rows
     if then_ingest:
         r = ingest(reopened, "b2", spark=spark)
         assert r.committed and r.visible
-        assert harness.check_view(reopened, BATCHES, spark) == harness.oracle([B0, B1, B2])[0]
+        want = after_b2 if after_b2 is not None else harness.oracle([B0, B1, B2])[0]
+        assert harness.check_view(reopened, BATCHES, spark, replacements=REPLACEMENTS) == want
 
 
 @pytest.mark.parametrize("point", INGEST_POINTS)
@@ -247,3 +271,68 @@ def test_crash_during_major_compaction(crashed, spark):
     assert harness.arrow_rows(table) == expected
     r = ingest(bitlake.open_table(path), "b2", spark=spark)
     assert r.committed and harness.arrow_rows(bitlake.open_table(path)) == harness.oracle([B0, B1, B2])[0]
+
+
+def restated_oracle(mode: str, *later: list[list]) -> list[tuple]:
+    """The current view, by the oracle directly: b0 (version 1), b1 (2), the revert of b0 or the replace of b1
+    by R1 (3), then ``later`` batches (4, ...)."""
+    model = Oracle()
+    model.apply(harness.records(B0), 1, "b0")
+    model.apply(harness.records(B1), 2, "b1")
+    if mode == "revert":
+        model.revert("b0", 3)
+    else:
+        model.replace("b1", harness.records(R1), 3)
+    for v, rows in enumerate(later, start=4):
+        model.apply(harness.records(rows), v)
+    return rows_key(model.view(), harness.TABLE_SCHEMA.names)
+
+
+@pytest.mark.parametrize(("mode", "point"), RESTATE_CASES)
+def test_crash_during_restatement(crashed, spark, mode, point):
+    """A revert of b0 or a replace of b1 killed at a crash point: the table is at its last commit (the
+    restatement committed once, or not at all); a retry of the revert is a no-op once it committed, a retry
+    otherwise commits it; cleanup removes only the dead writer's files; a later batch goes on by the contract
+    (after a kill at ``after_commit`` the key index never heard of the restatement)."""
+    path, writer = crashed[f"{mode}-{point}"]
+    check_died(writer)
+    table = bitlake.open_table(path)
+    operation, target = ("REVERT", "b0") if mode == "revert" else ("REPLACE", "b1")
+    committed = point == "after_commit"
+    history = harness.check_log(table)
+    assert [c["version"] for c in history if c["operation"] == operation] == ([3] if committed else [])
+    assert table.version == (3 if committed else 2)
+    b = table.state().batch(target)
+    if not committed:
+        assert (b.status, b.live_version, b.restated_version) == ("live", 2 if mode == "replace" else 1, None)
+        assert harness.check_view(table, BATCHES, spark) == harness.oracle([B0, B1])[0]
+    elif mode == "revert":
+        assert (b.status, b.restated_version) == ("reverted", 3)
+    else:
+        assert (b.status, b.live_version) == ("live", 3), "the new incarnation of b1"
+    if committed:
+        assert harness.check_view(table, BATCHES, spark, replacements=REPLACEMENTS) == restated_oracle(mode)
+
+    left = harness.orphans(table)
+    if point == "after_landing":
+        assert data_files(left) and not metadata_files(left), left
+    elif point == "after_metagen":
+        assert metadata_files(left) and bool(data_files(left)) is (mode == "replace"), left
+        assert any(p.startswith("_bitlake/changes/") for p in left), left
+    else:
+        assert left == [], left
+
+    if mode == "revert":
+        r = table.revert_batch("b0")
+        assert r.committed is not committed, "a retry of a committed revert is a no-op"
+        assert r.version == 3
+    elif not committed:
+        r = table.replace_batch("b1", harness.batch_table(R1), op_column="op")
+        assert r.committed and r.version == 3
+    # (A replace is not idempotent: a retry of one that committed would replace b1 again, in a new commit.)
+    history = harness.check_log(table)
+    assert table.version == 3 and [c["version"] for c in history if c["operation"] == operation] == [3]
+    expected = harness.check_view(table, BATCHES, spark, replacements=REPLACEMENTS)
+    assert expected == restated_oracle(mode)
+    assert harness.orphans(table) == left, "the retry leaves nothing behind"
+    cleanup_and_check(table, spark, left, expected, then_ingest=True, after_b2=restated_oracle(mode, B2))

@@ -34,23 +34,29 @@ def batch_table(rows: list[list]) -> pa.Table:
     return pa.Table.from_pylist(records, schema=INPUT_SCHEMA)
 
 
+def records(rows: list[list]) -> list[Record]:
+    """Rows ``[id, v, mod, op]`` as the oracle's records."""
+    return [Record((k,), d, op, {"id": k, "v": v, "mod": d} if op == "upsert" else None) for k, v, d, op in rows]
+
+
 def oracle(batches: list[list[list]]) -> tuple[list[tuple], list[dict[str, int]]]:
     """The current view after applying ``batches`` (each a list of ``[id, v, mod, op]``) in order, as
     sorted ``(id, v, mod)`` tuples, and each batch's counts, by the project's model (tests/oracle.py)."""
     model = Oracle()
-    counts = [
-        model.apply([Record((k,), d, op, {"id": k, "v": v, "mod": d} if op == "upsert" else None)
-                     for k, v, d, op in rows])
-        for rows in batches
-    ]
+    counts = [model.apply(records(rows)) for rows in batches]
     return rows_key(model.view(), TABLE_SCHEMA.names), counts
 
 
+RESTATEMENTS = ("REVERT", "REPLACE")
+
+
 def applied_order(table: bitlake.Table) -> list[tuple[int, str]]:
-    """(version, batch id) of every batch made visible, in the order the commit log applied them."""
+    """(version, batch id) of every batch made visible by an ingest or a MetaGen, in the order the commit
+    log applied them (the new incarnations of REPLACE commits left out)."""
     out = []
     for c in reversed(table.history()):
-        out.extend((c["version"], b) for b in c["processed"])
+        if c["operation"] not in RESTATEMENTS:
+            out.extend((c["version"], b) for b in c["processed"])
     return out
 
 
@@ -63,30 +69,87 @@ def spark_rows(table: bitlake.Table, spark) -> list[tuple]:
     return sorted(tuple(r) for r in table.to_spark(spark).select(*TABLE_SCHEMA.names).collect())
 
 
-def check_view(table: bitlake.Table, batches: dict[str, list[list]], spark) -> list[tuple]:
+def change_counts(changes: list[tuple]) -> dict[str, int]:
+    """The counts of a restatement (its change rows) from the oracle's change rows of its version."""
+    kinds = [c[0] for c in changes]
+    return {"inserted": kinds.count("insert"), "updated": kinds.count("update_preimage"),
+            "deleted": kinds.count("delete"), "stale": 0, "ignored_deletes": 0}
+
+
+def expected_view(table: bitlake.Table, batches: dict[str, list[list]], *,
+                  replacements: dict[str, list[list]] | None = None,
+                  tombstones: list[tuple[str, list]] | None = None) -> tuple[list[tuple], dict[tuple, dict]]:
+    """The oracle applied in the commit log's order: every batch an ingest or a MetaGen made visible (its
+    rows in ``batches``), every REVERT, every REPLACE (the new rows of a batch id in ``replacements``) and
+    every TOMBSTONE (``tombstones``, ``(column, values)`` in commit order: it hides the rows of incarnations
+    made live before its version whose column holds one of the values). Returns the sorted ``(id, v, mod)``
+    rows of the current view, and the expected counts by ``(version, batch id)``: an applied batch's
+    (``batch_counts``), a restatement's change rows (its commit's ``counts``)."""
+    model = Oracle()
+    hidden: list[tuple[int, str, list]] = []
+    counts: dict[tuple, dict] = {}
+    stones = list(tombstones or [])
+    for c in reversed(table.history()):
+        v, op, batch_id = c["version"], c["operation"], c["batch_id"]
+        if op in RESTATEMENTS:
+            seen = len(model.changes)
+            if op == "REVERT":
+                model.revert(batch_id, v)
+            else:
+                model.replace(batch_id, records((replacements or {})[batch_id]), v)
+            counts[(v, batch_id)] = change_counts(model.changes[seen:])
+        elif op == "TOMBSTONE":
+            assert stones, f"an unexpected tombstone at version {v}"
+            column, values = stones.pop(0)
+            assert commitlog.read(table.io, v).parameters["column"] == column
+            hidden.append((v, column, list(values)))
+        else:
+            for b in c["processed"]:
+                counts[(v, b)] = model.apply(records(batches[b]), v, b)
+    assert not stones, f"tombstones never committed: {stones}"
+    live_at = {id(r.row): inc.version for inc in model.incarnations for r in inc.records if r.row is not None}
+    rows = [r for r in model.view()
+            if not any(live_at[id(r)] < w and r[column] in values for w, column, values in hidden)]
+    return rows_key(rows, TABLE_SCHEMA.names), counts
+
+
+def check_view(table: bitlake.Table, batches: dict[str, list[list]], spark, *,
+               replacements: dict[str, list[list]] | None = None,
+               tombstones: list[tuple[str, list]] | None = None) -> list[tuple]:
     """Asserts the table's current view (Arrow and Spark) and its per-batch counts match the oracle
-    applied to the batches in the commit log's order; returns the expected rows."""
-    order = applied_order(table)
-    expected, counts = oracle([batches[b] for _, b in order])
+    applied in the commit log's order (:func:`expected_view`); returns the expected rows."""
+    expected, counts = expected_view(table, batches, replacements=replacements, tombstones=tombstones)
     assert arrow_rows(table) == expected
     assert spark_rows(table, spark) == expected
-    for (version, batch_id), want in zip(order, counts, strict=True):
-        got = commitlog.read(table.io, version).batch_counts[batch_id]
+    restated = {c["version"]: c for c in table.history() if c["operation"] in RESTATEMENTS}
+    for (version, batch_id), want in counts.items():
+        if version in restated:
+            got = restated[version]["counts"]
+        else:
+            got = commitlog.read(table.io, version).batch_counts[batch_id]
         assert got == want, f"counts of batch {batch_id} at version {version}"
     return expected
 
 
 def check_log(table: bitlake.Table) -> list[dict]:
-    """Asserts the commit log is gap-free from 0, and no batch landed or became visible twice;
-    returns the history oldest first."""
+    """Asserts the commit log is gap-free from 0, no batch landed or became visible twice (a REPLACE's new
+    incarnation aside), and every REVERT and REPLACE names a batch visible before it; returns the history
+    oldest first."""
     history = list(reversed(table.history()))
     assert [c["version"] for c in history] == list(range(len(history)))
     assert table.version == len(history) - 1
-    landed = [c["batch_id"] for c in history if c["batch_id"] is not None]
-    processed = [b for c in history for b in c["processed"]]
+    writes = [c for c in history if c["operation"] not in RESTATEMENTS]
+    landed = [c["batch_id"] for c in writes if c["batch_id"] is not None]
+    processed = [b for c in writes for b in c["processed"]]
     assert len(landed) == len(set(landed)), f"a batch landed twice: {landed}"
     assert len(processed) == len(set(processed)), f"a batch was applied twice: {processed}"
     assert set(processed) <= set(landed)
+    for c in history:
+        if c["operation"] in RESTATEMENTS:
+            visible_before = {b for e in history[:c["version"]] for b in e["processed"]}
+            assert c["batch_id"] in visible_before, f"version {c['version']} restates a batch never visible"
+            want = [c["batch_id"]] if c["operation"] == "REPLACE" else []
+            assert c["processed"] == want, c
     return history
 
 
