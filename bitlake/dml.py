@@ -50,10 +50,14 @@ class DmlResult:
 def delete(io: FileIO, refresh, writes: ingest.Ingestion, where: Any, spark: Any) -> DmlResult:
     state = refresh()
     state.protocol.check_write(io.uri())
-    rows = _matched(io, state, where, None, spark)
+    meta = state.metadata
+    # A delete record needs its key and delta value (and any column that takes no null); an unkeyed row its id.
+    wanted = [f.name for f in meta.schema if f.name in meta.primary_key or f.name == meta.delta_column
+              or not f.nullable] if meta.keyed else []
+    rows = _matched(io, state, where, None, spark, wanted)
     if not rows.num_rows:
         return DmlResult(0, None, {})
-    if state.metadata.keyed:
+    if meta.keyed:
         data = rows.drop_columns(list(rowid.ROW_ID_COLUMNS)).append_column(
             OP_COLUMN, pa.array(["delete"] * rows.num_rows, pa.string()))
         r = writes.ingest(data, op_column=OP_COLUMN, batch_id=None, metagen=True, inline=None, spark=spark,
@@ -119,19 +123,20 @@ def _rids(rows: pa.Table) -> np.ndarray:
     return rowid.pack_arrays(*(rows.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
 
 
-def _matched(io: FileIO, state: TableState, where: Any, assignments: dict[str, Any] | None, spark: Any) -> pa.Table:
-    """The current view's rows ``where`` holds for, with their row ids; with ``assignments``, their columns
-    set to the assigned expressions."""
+def _matched(io: FileIO, state: TableState, where: Any, assignments: dict[str, Any] | None, spark: Any,
+             columns: list[str] | None = None) -> pa.Table:
+    """The current view's rows ``where`` holds for (``columns`` of them, default all), with their row ids; with
+    ``assignments``, their columns set to the assigned expressions."""
     meta = state.metadata
     if isinstance(where, str):
         if assignments and not all(isinstance(e, str) for e in assignments.values()):
             raise InvalidInputError("update: with a Spark SQL condition, set the columns to Spark SQL expressions")
-        return _spark_matched(io, state, where, assignments, spark)
+        return _spark_matched(io, state, where, assignments, spark, columns)
     if not isinstance(where, pc.Expression):
         raise InvalidInputError(f"where must be a Spark SQL condition (a string) or a pyarrow compute expression, "
                                 f"not {where!r}")
     try:
-        rows = reader.read(io, plan.plan(io, state), include_row_ids=True, where=where)
+        rows = reader.read(io, plan.plan(io, state), include_row_ids=True, where=where, columns=columns)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
         raise InvalidInputError(f"where: {e}") from None
     if not assignments or not rows.num_rows:
@@ -147,8 +152,8 @@ def _matched(io: FileIO, state: TableState, where: Any, assignments: dict[str, A
         raise InvalidInputError(f"update: {e}") from None
 
 
-def _spark_matched(io: FileIO, state: TableState, where: str, assignments: dict[str, Any] | None, spark: Any
-                   ) -> pa.Table:
+def _spark_matched(io: FileIO, state: TableState, where: str, assignments: dict[str, Any] | None, spark: Any,
+                   columns: list[str] | None) -> pa.Table:
     from pyspark.errors import AnalysisException, ParseException
     from pyspark.sql import functions as F
 
@@ -162,6 +167,8 @@ def _spark_matched(io: FileIO, state: TableState, where: str, assignments: dict[
     meta = state.metadata
     try:
         df = read.to_spark(spark, io, state, None, include_row_ids=True).filter(where)
+        if columns is not None:
+            df = df.select(*columns, *rowid.ROW_ID_COLUMNS)
         if assignments:
             target = spark_schema(meta.schema)
             df = df.select(*[F.expr(assignments[c]).cast(target[c].dataType).alias(c) if c in assignments

@@ -64,6 +64,9 @@ REVERT_POINTS = ["after_metagen", "after_commit"]
 REPLACE_POINTS = ["after_claim", "after_landing", "after_metagen", "after_commit"]
 RESTATE_CASES = [("revert", p) for p in REVERT_POINTS] + [("replace", p) for p in REPLACE_POINTS]
 CASES.update({f"{mode}-{p}": (p, mode) for mode, p in RESTATE_CASES})
+# "vacuum": b1 is committed, then a tombstone of b0's value "b0#0"; the writer vacuums it.
+VACUUM_POINTS = ["after_metagen", "after_commit"]
+CASES.update({f"vacuum-{p}": (p, "vacuum") for p in VACUUM_POINTS})
 PARALLEL_WRITERS = 3
 
 
@@ -97,6 +100,10 @@ def crashed(tmp_path_factory, spark):
         elif mode in ("compact", "major"):
             assert ingest(bitlake.open_table(str(path)), "b1", spark=spark).version == 2
             steps = [{"op": "compact", "major": mode == "major", "look_back": 2}]
+        elif mode == "vacuum":
+            t = bitlake.open_table(str(path))
+            assert ingest(t, "b1", spark=spark).version == 2 and t.tombstone("v", ["b0#0"]) == 3
+            steps = [{"op": "vacuum"}]
         elif mode in ("revert", "replace"):
             assert ingest(bitlake.open_table(str(path)), "b1", spark=spark).version == 2
             steps = [{"op": "revert", "batch_id": "b0"} if mode == "revert" else
@@ -336,3 +343,36 @@ def test_crash_during_restatement(crashed, spark, mode, point):
     assert expected == restated_oracle(mode)
     assert harness.orphans(table) == left, "the retry leaves nothing behind"
     cleanup_and_check(table, spark, left, expected, then_ingest=True, after_b2=restated_oracle(mode, B2))
+
+
+def holding(table, value: str) -> list[str]:
+    """The data files under the table path (named by a commit or not) whose rows hold ``value`` in ``v``."""
+    import pyarrow.parquet as pq
+
+    return [p for p in table.io.walk("data") if value in pq.read_table(table.io.open_input(p)).column("v").to_pylist()]
+
+
+@pytest.mark.parametrize("point", VACUUM_POINTS)
+def test_crash_during_vacuum(crashed, spark, point):
+    """A vacuum killed before its commit leaves the tombstone and the view as they were, and its rewrites for
+    cleanup; killed after it, the tombstone is retired and the row in no view, and the files it rewrote (still
+    holding the row) go with the next vacuum, or cleanup."""
+    path, writer = crashed[f"vacuum-{point}"]
+    check_died(writer)
+    table = bitlake.open_table(path)
+    expected = [row for row in harness.oracle([B0, B1])[0] if row[1] != "b0#0"]
+    assert harness.arrow_rows(table) == expected and harness.spark_rows(table, spark) == expected
+    assert holding(table, "b0#0"), "the rows are still in a file: the one the vacuum read, or its original"
+    if point == "after_commit":
+        assert table.version == 4 and table.state().tombstones == []
+        assert harness.orphans(table) == holding(table, "b0#0"), "the file it rewrote: no version names it"
+        assert table.vacuum().version is None  # nothing to apply: it deletes what the dead vacuum left
+    else:
+        assert table.version == 3 and len(table.state().tombstones) == 1
+        left = harness.orphans(table)
+        assert left and all(p.startswith(("data/", "_bitlake/bitmaps/")) for p in left), left
+        assert table.vacuum().version == 4
+        assert sorted(p for p in table.cleanup(min_age_seconds=0) if not p.startswith("_bitlake/parts/")) == sorted(left)
+    assert holding(table, "b0#0") == [] and harness.orphans(table) == []
+    assert "b0#0" not in {r["v"] for r in table.to_arrow(version=1).to_pylist()}, "gone from time travel too"
+    assert harness.arrow_rows(table) == expected and harness.spark_rows(bitlake.open_table(path), spark) == expected

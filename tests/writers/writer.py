@@ -14,10 +14,11 @@ Usage: ``python writer.py SPEC.json``. The spec is a JSON object:
   - ``{"op": "replace", "batch_id": ..., "rows": [[id, v, mod, op], ...]}``: ``Table.replace_batch`` with
     ``op_column="op"``, as ingest;
   - ``{"op": "tombstone", "column": ..., "values": [...]}``: ``Table.tombstone`` (the ack's ``version`` is
-    the tombstone's commit).
+    the tombstone's commit);
+  - ``{"op": "vacuum"}``: ``Table.vacuum`` (the ack's ``version`` is its commit, or null).
 
 A writer starts a SparkSession only when a step takes one (ingest, metagen, compact): a writer that only
-restates (revert, replace, tombstone: metadata work in the driver) starts in a second or two.
+restates (revert, replace, tombstone, vacuum: work in the driver) starts in a second or two.
 
 An ack line is written (and fsynced) only after the step returned, so a writer killed by a crash
 point never acknowledges the step it died in.
@@ -94,8 +95,10 @@ def main(spec_path: str) -> None:
                 r = table.revert_batch(step["batch_id"])
             elif step["op"] == "replace":
                 r = table.replace_batch(step["batch_id"], batch_table(step["rows"]), op_column="op")
-            elif step["op"] in ("compact", "tombstone"):
-                if step["op"] == "compact":
+            elif step["op"] in ("compact", "tombstone", "vacuum"):
+                if step["op"] == "vacuum":
+                    line = {"step": i, "op": "vacuum", "version": table.vacuum().version}
+                elif step["op"] == "compact":
                     c = table.compact(target_file_bytes=step.get("target_file_bytes"),
                                       major=step.get("major", False), look_back=step.get("look_back"))
                     line = {"step": i, "op": "compact", "version": c.version, "removed_files": c.removed_files}
