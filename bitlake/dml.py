@@ -1,4 +1,5 @@
-"""DML (docs/dml.md): ``delete(where)`` and ``update(where, set)`` on the current view.
+"""DML (docs/dml.md): ``delete(where)`` and ``update(where, set)`` on the current view, and ``merge`` of source
+rows by the primary key.
 
 The rows a condition selects are read from the current view: by Spark for a Spark SQL condition (its Parquet
 reader skips files and row groups by their statistics and partition values), on the driver for a pyarrow
@@ -30,7 +31,7 @@ from bitlake.engine import restate as engine_restate
 from bitlake.engine.metagen import Landed
 from bitlake.errors import InvalidInputError
 from bitlake.format import rowid
-from bitlake.format.commit import DELETE, UPDATE
+from bitlake.format.commit import DELETE, MERGE, UPDATE
 from bitlake.format.metadata import OP_COLUMN
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
@@ -178,3 +179,167 @@ def _spark_matched(io: FileIO, state: TableState, where: str, assignments: dict[
         raise InvalidInputError(f"where/set: {str(e).splitlines()[0]}") from None
     return table.cast(pa.schema([meta.schema.field(n) if n in meta.schema.names else table.schema.field(n)
                                  for n in table.column_names]))
+
+
+# ---------------------------------------------------------------------------------------------------- merge
+
+SOURCE, TARGET = "source.", "target."
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeResult:
+    """What a merge did: source rows matched and not matched, records it wrote by kind, and its commit (None:
+    nothing to write)."""
+
+    matched: int
+    not_matched: int
+    updated: int
+    deleted: int
+    inserted: int
+    version: int | None
+    counts: dict[str, int]
+
+
+@dataclasses.dataclass
+class _Clause:
+    kind: str  # "update", "delete", "insert"
+    predicate: pc.Expression | None
+    assignments: dict[str, Any] | None  # update: column -> expression; None: every column from the source
+
+
+class Merge:
+    """A merge of ``source`` rows into a keyed table by its primary key, built clause by clause as in delta-rs:
+    ``t.merge(src).when_matched_update_all().when_not_matched_insert_all().execute()``.
+
+    A source row **matches** when its key is in the current view. Each source row takes the first clause of its
+    kind (matched or not) whose predicate holds; a row no clause takes is left alone. Predicates and update
+    expressions are pyarrow compute expressions over the columns ``source.<name>`` and ``target.<name>``
+    (``pc.field("source.amount")``); a constant is taken as it is. The records are ingested as one batch
+    (``MERGE``): an update keeps the target's delta value unless it sets the delta column (``update_all`` takes
+    the source's, so an older source record is stale by the contract), a delete takes the target's, an insert
+    the source's (docs/dml.md)."""
+
+    def __init__(self, io: FileIO, refresh, writes: ingest.Ingestion, source: Any, on: Any, spark: Any):
+        self.io, self.refresh, self.writes, self.spark = io, refresh, writes, spark
+        self.source = source
+        self.on = on
+        self.clauses: list[_Clause] = []
+
+    def when_matched_update(self, set: dict[str, Any], predicate: pc.Expression | None = None) -> Merge:  # noqa: A002
+        if not isinstance(set, dict) or not set:
+            raise InvalidInputError("merge: when_matched_update needs set={column: expression}")
+        self.clauses.append(_Clause("update", predicate, dict(set)))
+        return self
+
+    def when_matched_update_all(self, predicate: pc.Expression | None = None) -> Merge:
+        self.clauses.append(_Clause("update", predicate, None))
+        return self
+
+    def when_matched_delete(self, predicate: pc.Expression | None = None) -> Merge:
+        self.clauses.append(_Clause("delete", predicate, None))
+        return self
+
+    def when_not_matched_insert_all(self, predicate: pc.Expression | None = None) -> Merge:
+        self.clauses.append(_Clause("insert", predicate, None))
+        return self
+
+    def execute(self) -> MergeResult:
+        state = self.refresh()
+        state.protocol.check_write(self.io.uri())
+        meta = state.metadata
+        if not meta.keyed:
+            raise InvalidInputError("merge needs a keyed table (it matches by the primary key); on an append-only "
+                                    "table use delete and ingest")
+        pk = list(meta.primary_key)
+        on = [self.on] if isinstance(self.on, str) else list(self.on or pk)
+        if sorted(on) != sorted(pk):
+            raise InvalidInputError(f"merge matches by the table's primary key {pk}, not {on}")
+        if not self.clauses:
+            raise InvalidInputError("merge: add at least one when_... clause before execute()")
+        source = _source_table(self.source, meta)
+        names = meta.column_names
+        # The target rows of the source's keys: a condition on the first key column pushed to the files, then
+        # an exact join on every key column.
+        keys = pc.unique(source.column(pk[0]))
+        target = reader.read(self.io, plan.plan(self.io, state), where=pc.field(pk[0]).isin(keys))
+        joined = source.rename_columns([SOURCE + c for c in source.column_names]).append_column(
+            "_source_row", pa.array(np.arange(source.num_rows, dtype=np.int64)))
+        right = target.rename_columns([TARGET + c for c in names]).append_column(
+            "_matched", pa.array(np.ones(target.num_rows, dtype=bool)))
+        joined = joined.join(right, keys=[SOURCE + c for c in pk], right_keys=[TARGET + c for c in pk],
+                             join_type="left outer").sort_by("_source_row")
+        for c in pk:  # the join keeps one copy of the key columns: the source's, equal to the target's
+            joined = joined.append_column(TARGET + c, joined.column(SOURCE + c))
+        matched = joined.column("_matched").is_valid().to_numpy(zero_copy_only=False)
+        taken = np.zeros(joined.num_rows, dtype=bool)
+        pieces: dict[str, list[pa.Table]] = {"update": [], "delete": [], "insert": []}
+        for clause in self.clauses:
+            mine = ~taken & (matched if clause.kind != "insert" else ~matched)
+            if clause.predicate is not None:
+                holds = _evaluate(joined, {"_p": clause.predicate}).column("_p")
+                mine &= pc.fill_null(holds, False).to_numpy(zero_copy_only=False)
+            taken |= mine
+            rows = joined.filter(pa.array(mine))
+            if rows.num_rows:
+                pieces[clause.kind].append(self._records(rows, clause, meta))
+        n = {k: sum(p.num_rows for p in v) for k, v in pieces.items()}
+        records = [p for v in pieces.values() for p in v]
+        if not records:
+            return MergeResult(int(matched.sum()), int((~matched).sum()), 0, 0, 0, None, {})
+        data = pa.concat_tables(records)
+        r = self.writes.ingest(data, op_column=OP_COLUMN, batch_id=None, metagen=True, inline=None,
+                               spark=self.spark, operation=MERGE)
+        return MergeResult(int(matched.sum()), int((~matched).sum()), n["update"], n["delete"], n["insert"],
+                           r.version, r.counts)
+
+    def _records(self, rows: pa.Table, clause: _Clause, meta) -> pa.Table:
+        """The clause's records as ingest input: the table's columns and the op column."""
+        if clause.kind == "delete":
+            projection = {c: pc.field(TARGET + c) for c in meta.column_names}
+        elif clause.kind == "insert" or clause.assignments is None:
+            projection = {c: pc.field(SOURCE + c) if SOURCE + c in rows.column_names else pc.field(TARGET + c)
+                          for c in meta.column_names}
+        else:
+            unknown = sorted(set(clause.assignments) - set(meta.column_names))
+            if unknown:
+                raise InvalidInputError(f"merge: the table has no columns {unknown}")
+            keys = sorted(set(clause.assignments) & set(meta.primary_key))
+            if keys:
+                raise InvalidInputError(f"merge: cannot set the primary key columns {keys}")
+            projection = {}
+            for c in meta.column_names:
+                value = clause.assignments.get(c, pc.field(TARGET + c))
+                projection[c] = value if isinstance(value, pc.Expression) else pc.scalar(value)
+        projection = {c: e.cast(meta.schema.field(c).type) for c, e in projection.items()}
+        out = _evaluate(rows, projection)
+        op = "delete" if clause.kind == "delete" else "upsert"
+        return out.append_column(OP_COLUMN, pa.array([op] * out.num_rows, pa.string()))
+
+
+def _evaluate(table: pa.Table, projection: dict[str, pc.Expression]) -> pa.Table:
+    try:
+        return ds.dataset(table).to_table(columns=projection)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+        raise InvalidInputError(f"merge: {e}") from None
+
+
+def _source_table(source: Any, meta) -> pa.Table:
+    """The source rows as an Arrow table with the table's column names and types (the key and delta columns
+    required; other columns may be left out, and an update_all then keeps the target's)."""
+    from bitlake.engine import conform
+
+    reader_ = conform.arrow_input(source)
+    if reader_ is None:
+        raise InvalidInputError(f"merge: the source must be a pyarrow Table or a pandas DataFrame, not "
+                                f"{type(source).__name__}")
+    table = reader_.read_all()
+    missing = [c for c in [*meta.primary_key, meta.delta_column] if c not in table.column_names]
+    if missing:
+        raise InvalidInputError(f"merge: the source lacks the columns {missing}")
+    unknown = [c for c in table.column_names if c not in meta.column_names]
+    if unknown:
+        raise InvalidInputError(f"merge: the source has columns {unknown} the table does not")
+    try:
+        return table.cast(pa.schema([meta.schema.field(c) for c in table.column_names]))
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+        raise InvalidInputError(f"merge: the source does not cast to the table's types: {e}") from None

@@ -232,6 +232,13 @@ class Table:
         (docs/dml.md)."""
         return dml.delete(self.io, self.refresh, self._writes, where, spark)
 
+    def merge(self, source: Any, on: Any = None, *, spark: Any = None) -> dml.Merge:
+        """A merge of ``source`` (a pyarrow Table or pandas DataFrame) by the primary key (``on``, default the key),
+        built as in delta-rs: ``.when_matched_update(set=...)`` / ``.when_matched_update_all()`` /
+        ``.when_matched_delete()`` / ``.when_not_matched_insert_all()``, each with an optional predicate over
+        ``source.<column>`` and ``target.<column>``, then ``.execute()`` (docs/dml.md)."""
+        return dml.Merge(self.io, self.refresh, self._writes, source, on, spark)
+
     def update(self, where: Any, set: dict[str, Any], *, spark: Any = None) -> dml.DmlResult:  # noqa: A002
         """Sets, in the current view's rows ``where`` holds for, each column of ``set`` to its expression: Spark
         SQL strings with a Spark SQL condition, pyarrow compute expressions (or constants) with a pyarrow

@@ -92,3 +92,31 @@ def test_unkeyed_delete_is_a_deletion_vector(tmp_path, spark):
     assert changes == [("delete", 2, "b", 2), ("update_postimage", 3, "c", 33), ("update_preimage", 3, "c", 3)]
     assert sorted((x["_change_type"], x["user"]) for x in spec_reader.read_changes(t.path, 1, t.version)) == [
         ("delete", "b"), ("update_postimage", "c"), ("update_preimage", "c")]
+
+
+def test_merge_by_key_with_clauses(tmp_path):
+    t = keyed(str(tmp_path / "t"))  # keys 0..9, regions EU/US, amount = key, mod 1
+    source = pa.table({"k": [1, 2, 3, 20, 21], "region": ["X", "X", "X", "NEW", "NEW"], "amount": [-1, 50, 60, 7, 8],
+                       "mod": [5, 5, 0, 5, 5]})
+    r = (t.merge(source)
+         .when_matched_delete(predicate=pc.field("source.amount") < 0)
+         .when_matched_update(set={"amount": pc.field("source.amount") + pc.field("target.amount")},
+                              predicate=pc.field("target.region") == "EU")
+         .when_matched_update_all()
+         .when_not_matched_insert_all(predicate=pc.field("source.k") != 21)
+         .execute())
+    assert (r.matched, r.not_matched, r.deleted, r.updated, r.inserted) == (3, 2, 1, 2, 1)
+    now = rows(t)
+    assert 1 not in now  # deleted
+    assert now[2] == ("EU", 52, 1)  # set: amount source + target, the target's region and delta value
+    assert now[3] == ("US", 3, 1)  # update_all with an older delta value (0 < 1): stale by the contract
+    assert now[20] == ("NEW", 7, 5) and 21 not in now
+    assert r.counts["stale"] == 1 and t.history()[0]["operation"] == "MERGE"
+    version = t.version
+    with pytest.raises(bitlake.InvalidInputError, match="primary key"):
+        t.merge(source, on=["region"]).when_matched_update_all().execute()
+    with pytest.raises(bitlake.InvalidInputError, match="lacks the columns"):
+        t.merge(pa.table({"k": [1]})).when_matched_update_all().execute()
+    with pytest.raises(bitlake.InvalidInputError, match="at least one"):
+        t.merge(source).execute()
+    assert t.version == version

@@ -54,8 +54,10 @@ def to_array(bm: BitMap) -> np.ndarray:
 
 def valid_mask(bm: BitMap, offsets: np.ndarray) -> np.ndarray:
     """A boolean mask: which of ``offsets`` are set in ``bm``."""
-    if len(bm) == 0:
+    if len(bm) == 0 or not len(offsets):
         return np.zeros(len(offsets), dtype=bool)
+    if len(offsets) * 8 < len(bm):  # few offsets against a large bitmap: intersect first
+        return np.isin(offsets, to_array(bm & of(offsets)))
     return np.isin(offsets, to_array(bm))
 
 

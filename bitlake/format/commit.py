@@ -25,6 +25,7 @@ REVERT = "REVERT"  # a batch reverted: every view from here on as if it had neve
 REPLACE = "REPLACE"  # a batch reverted and new records ingested under its id, atomically
 DELETE = "DELETE"  # rows matching a condition deleted (a keyed table: an ingest of delete records)
 UPDATE = "UPDATE"  # rows matching a condition updated (a keyed table: an ingest of upserts)
+MERGE = "MERGE"  # source rows merged by key (an ingest of the records its clauses make)
 VACUUM = "VACUUM"  # tombstoned rows removed from every data file that held them; the tombstones retired
 
 PENDING, LIVE, REVERTED, REPLACED = "pending", "live", "reverted", "replaced"
