@@ -257,8 +257,10 @@ def markdown(r: dict) -> str:
               f"{tomb['scan_compacted']['bitlake']:.2f} s against {tomb['scan_compacted']['plain']:.2f} s: "
               f"**{tomb['scan_compacted']['ratio']:.2f} of plain**.",
               f"- `vacuum` of them: {vac['seconds']:.2f} s, {mb(vac['bytes'])} written, {p.get('files_rewritten')} "
-              f"files rewritten, {p.get('rows_purged'):,} rows purged ({vac['result']}); delta-rs `delete` of the same "
-              f"predicate: {vac['delta_rs_delete']['seconds']:.2f} s, {mb(vac['delta_rs_delete']['bytes'])} written. "
+              f"files rewritten, {p.get('rows_purged'):,} rows purged ({vac['result']}): the files of the latest "
+              "version and the older files time travel still reads (the compaction's inputs), so that no file keeps a "
+              f"purged row; delta-rs `delete` of the same predicate: {vac['delta_rs_delete']['seconds']:.2f} s, "
+              f"{mb(vac['delta_rs_delete']['bytes'])} written (its older files keep the rows until its vacuum). "
               "No clustering by `l_suppkey` (not built): every data file's range admits some of the random "
               "suppliers.", "",
               f"DML of `{r['dml']['predicate']}` (0.1 % of the rows, in every file):", "",

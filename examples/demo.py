@@ -141,7 +141,22 @@ def main(path: str = "demo-lake") -> bitlake.Table:
     if table.to_spark(spark).count() != total:
         raise SystemExit("the view changed with the compaction")
 
-    explain("8. history", "Every commit, newest first: the batch it carried and what it did.")
+    explain("8. restatement", "The late batch changes-2 was wrong: revert_batch() makes every view from now on "
+            "as if it had never come (account 201 shows its previous record again) in one commit of metadata. "
+            "Then account 7 asks to be forgotten: a tombstone hides its rows at once, vacuum() removes them "
+            "from every file.")
+    report(table.revert_batch("changes-2"), "revert of changes-2")
+    say(f"  account 201 after the revert: {name_of(table, 201)}")
+    say(f"  tombstone at version {table.tombstone('aid', [7])}: account 7 is hidden from every view from now on")
+    v = table.vacuum()
+    say(f"  vacuum at version {v.version}: {v.rows_purged} row(s) purged, {v.files_rewritten} of "
+        f"{v.files_considered} data files rewritten")
+    if name_of(table, 201) != "updated" or table.to_spark(spark).count() != total - 1:
+        raise SystemExit("the restatement did not give the expected view")
+    total -= 1
+    expected -= 1
+
+    explain("9. history", "Every commit, newest first: the batch it carried and what it did.")
     console.print(render_history(table.history()))
     say(f"\ndone in {time.monotonic() - started:.0f} s; the table is in {os.path.abspath(path)}")
     if total != expected:

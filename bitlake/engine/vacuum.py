@@ -38,7 +38,7 @@ class Prepared:
     tombstones: list[str]  # paths of the tombstones it applied
     files_considered: int
     files_read: int
-    rows_purged: int
+    rows_purged: int  # distinct rows, however many files (of the latest version and older ones) held them
 
 
 def window_files(io: FileIO, latest: TableState) -> dict[str, DataFile]:
@@ -69,31 +69,32 @@ def prepare(io: FileIO, state: TableState) -> Prepared:
 
     candidates = [f for f in files.values() if may_hold(f)]
 
-    def rewrite(f: DataFile) -> tuple[Rewrite | None, list[str], int]:
+    def rewrite(f: DataFile) -> tuple[Rewrite | None, list[str], np.ndarray]:
         table = datafile.read_data(io, f.path, meta)
         parts = table.column(rowid.PART_COLUMN).to_numpy()
         gone = rule.tombstoned(table) & np.isin(parts, list(live))  # a pending batch is made live later
+        ids = rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
         if not gone.any():
-            return None, [], 0
+            return None, [], ids[gone]
         kept = table.filter(pa.array(~gone))
         if not kept.num_rows:
-            return Rewrite(f.path, None), [], int(gone.sum())
+            return Rewrite(f.path, None), [], ids[gone]
         out = compaction._Output(io, meta, f.partition, _ONE_FILE, kept.num_rows)
         try:
-            ids = rowid.pack_arrays(*(kept.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
-            out.write(kept, ids, f.bytes / max(1, f.rows))
+            out.write(kept, ids[~gone], f.bytes / max(1, f.rows))
             out.close()
         except BaseException:
             for path in out.written:
                 io.delete(path)
             raise
-        return Rewrite(f.path, out.done[0]), out.written, int(gone.sum())
+        return Rewrite(f.path, out.done[0]), out.written, ids[gone]
 
     done = thread_map(rewrite, candidates)
     rewrites = [r for r, _, _ in done if r is not None]
     written = [p for _, paths, _ in done for p in paths]
+    purged = np.unique(np.concatenate([ids for _, _, ids in done])) if done else np.empty(0, np.int64)
     return Prepared(state.version, rewrites, written, [t.path for _, t in state.tombstones], len(files),
-                    len(candidates), sum(n for _, _, n in done))
+                    len(candidates), len(purged))
 
 
 def _in_ranges(io: FileIO, f: DataFile, file_format: str, wanted: list[tuple[str, pa.Array]]) -> bool:
