@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 from bitlake import changeevent, faults, ingest, transaction
 from bitlake.engine import keyindex, landing
 from bitlake.engine import restate as engine_restate
-from bitlake.engine.metagen import Landed
+from bitlake.engine import vacuum as engine_vacuum
+from bitlake.engine.metagen import Landed, MetaGenOutput
 from bitlake.errors import CommitConflictError, InvalidInputError
 from bitlake.format import changefile, commitlog, layout
 from bitlake.format.commit import (
@@ -32,6 +33,7 @@ from bitlake.format.commit import (
     Commit,
     Tombstone,
 )
+from bitlake.format.metadata import OP_COLUMN
 from bitlake.format.protocol import RESTATEMENTS, TOMBSTONES
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
@@ -146,10 +148,11 @@ class Done(Exception):
         self.result = result
 
 
-def commit(io: FileIO, refresh, operation: str, new: Landed | None, plan) -> Commit | Any:
+def commit(io: FileIO, refresh, operation: str, new: Landed | None, plan, more=None) -> Commit | Any:
     """Commits a restatement: ``plan(state, version)`` returns its :class:`engine_restate.Restatement`, the batch
     records it changes and its parameters, or raises :class:`Done`; ``new`` is the batch it makes live (its
-    record is added). Returns the commit, or the ``Done`` result."""
+    record is added); ``more(state)`` gives further fields of the commit (a vacuum's). Returns the commit, or the
+    ``Done`` result."""
     index = keyindex.IndexSession(io)
     outputs: dict[int, engine_restate.Restatement] = {}
 
@@ -175,6 +178,8 @@ def commit(io: FileIO, refresh, operation: str, new: Landed | None, plan) -> Com
             keystore_remove=tuple(r.output.keystore_remove), change_files=(changes,), counts=r.counts,
             batch_counts={new.batch_id: r.counts} if new is not None else {}, events=tuple(events),
         )
+        if more is not None:
+            c = dataclasses.replace(c, **more(state))
         return c, [*r.output.written(), changes.path]
 
     try:
@@ -209,10 +214,11 @@ VACUUM_ATTEMPTS = 3
 
 def vacuum(io: FileIO, refresh) -> VacuumResult:
     """One ``VACUUM`` commit after which no data file holds a row the table's tombstones hide, and those
-    tombstones are retired; the rewritten files are deleted at once. A compaction or vacuum committed while it
-    ran makes it start over (it may have copied tombstoned rows into new files)."""
-    from bitlake.engine import vacuum as engine_vacuum
-
+    tombstones are retired; the rewritten files are deleted at once. On a keyed table the commit also deletes
+    the keys whose current row it purged (a batch of delete records with the rows' delta values), so the key
+    store, the views and the change feed (``delete`` rows that carry the keys) agree that they are gone. A
+    compaction or vacuum committed while it ran makes it start over (it may have copied tombstoned rows into
+    new files)."""
     _delete_rewritten(io, refresh())  # what an earlier vacuum killed after its commit left
     for _ in range(VACUUM_ATTEMPTS):
         state = refresh()
@@ -220,23 +226,74 @@ def vacuum(io: FileIO, refresh) -> VacuumResult:
         if not state.tombstones:
             return VacuumResult(None)
         prepared = engine_vacuum.prepare(io, state)
+        written = list(prepared.written)
+        new, part = None, None
         try:
-            c, _ = transaction.commit(io, refresh, functools.partial(_vacuum_build, io, prepared))
+            current = _current_purged(io, state, prepared.purged)
+            if current is not None:
+                part = transaction.claim_part(io, state)
+                land = ingest.landing_of(current, state.metadata, OP_COLUMN)
+                data_files, keys_files = land(io, part)
+                new = Landed(ingest.check_batch_id(None).replace("-", "-vacuum-", 1), part,
+                             sum(f.rows for f in keys_files), tuple(data_files), tuple(keys_files))
+            c = commit(io, refresh, VACUUM, new, functools.partial(_vacuum_plan, io, prepared, new),
+                       functools.partial(_vacuum_fields, io, prepared))
         except _Moved:
-            for path in prepared.written:
+            for path in written:
                 io.delete(path)
+            if part is not None:
+                landing.remove_part_files(io, part)
             continue
         except BaseException:
             if refresh().version == state.version:  # nothing of it committed
-                for path in prepared.written:
+                for path in written:
                     io.delete(path)
+                if part is not None:
+                    landing.remove_part_files(io, part)
             raise
-        assert c is not None
+        assert isinstance(c, Commit)
         _delete_rewritten(io, refresh())
         return VacuumResult(c.version, prepared.files_considered, prepared.files_read, len(prepared.rewrites),
                             prepared.rows_purged, len(prepared.tombstones))
     raise CommitConflictError(f"vacuum gave up after {VACUUM_ATTEMPTS} attempts: compactions of {io.uri()} kept "
                               "committing first")
+
+
+def _current_purged(io: FileIO, state: TableState, purged: pa.Table) -> pa.Table | None:
+    """Delete records (ingest input) of the purged rows that are their keys' current rows; None: none."""
+    if not state.metadata.keyed or not purged.num_rows:
+        return None
+    now = engine_restate.valid_now(io, state, purged.column(engine_vacuum.ROW_ID).to_numpy())
+    if not now.any():
+        return None
+    rows = purged.filter(pa.array(now)).drop_columns([engine_vacuum.ROW_ID, engine_vacuum.DELTA])
+    return rows.append_column(OP_COLUMN, pa.array(["delete"] * rows.num_rows, pa.string()))
+
+
+def _vacuum_plan(io: FileIO, prepared, new: Landed | None, state: TableState, version: int):
+    for v in range(prepared.planned_on + 1, state.version + 1):
+        if commitlog.read(io, v).operation in (COMPACT, VACUUM):
+            raise _Moved
+    if new is None:
+        r = engine_restate.Restatement(MetaGenOutput([], [], [], [], {}), changefile.table(), {})
+    else:
+        r = engine_restate.restate(io, state, None, new, version)
+        # The deleted rows are in no data file any more: their change rows carry the key and delta columns.
+        meta = state.metadata
+        keys = prepared.purged.select([*meta.primary_key, meta.delta_column, engine_vacuum.ROW_ID]).rename_columns(
+            [*meta.primary_key, meta.delta_column, changefile.ROW_ID])
+        r.changes = r.changes.join(keys, keys=changefile.ROW_ID, join_type="inner").sort_by(changefile.ORDER)
+    return r, [], {"files_rewritten": len(prepared.rewrites), "rows_purged": prepared.rows_purged}
+
+
+def _vacuum_fields(io: FileIO, prepared, state: TableState) -> dict:
+    retired = set(prepared.tombstones)
+    removed = sum(t.count for _, t in state.tombstones if t.path in retired)
+    total = sum(t.count for _, t in state.tombstones) - removed
+    parameters = {"files_rewritten": len(prepared.rewrites), "rows_purged": prepared.rows_purged,
+                  "tombstones_added": 0, "tombstones_removed": removed, "tombstones_total": total}
+    return {"parameters": parameters, "rewrites": tuple(prepared.rewrites),
+            "remove_tombstones": tuple(prepared.tombstones)}
 
 
 def _delete_rewritten(io: FileIO, state: TableState) -> None:
@@ -247,20 +304,3 @@ def _delete_rewritten(io: FileIO, state: TableState) -> None:
 
 class _Moved(Exception):
     """Rows moved between files since the vacuum was planned."""
-
-
-def _vacuum_build(io: FileIO, prepared, latest: TableState) -> tuple[Commit, list[str]]:
-    return _vacuum_commit(io, latest, prepared), []
-
-
-def _vacuum_commit(io: FileIO, latest: TableState, prepared) -> Commit:
-    for v in range(prepared.planned_on + 1, latest.version + 1):
-        if commitlog.read(io, v).operation in (COMPACT, VACUUM):
-            raise _Moved
-    retired = set(prepared.tombstones)
-    removed = sum(t.count for _, t in latest.tombstones if t.path in retired)
-    total = sum(t.count for _, t in latest.tombstones) - removed
-    parameters = {"files_rewritten": len(prepared.rewrites), "rows_purged": prepared.rows_purged,
-                  "tombstones_added": 0, "tombstones_removed": removed, "tombstones_total": total}
-    return Commit(latest.version + 1, VACUUM, commitlog.now_ms(latest.timestamp_ms), parameters=parameters,
-                  rewrites=tuple(prepared.rewrites), remove_tombstones=tuple(prepared.tombstones))

@@ -48,13 +48,20 @@ class Oracle:
         """From ``version`` on, views hide the rows of batches made live before it whose column holds a value."""
         self.tombstones.append((version, column, set(values)))
 
-    def vacuum(self) -> None:
-        """Removes, from every version, the rows the tombstones hide; retires them."""
+    def vacuum(self, version: int, key_row) -> None:
+        """Removes, from every version, the rows the tombstones hide, and retires them; at ``version`` the keys
+        whose current record it removed are deleted (delete records with that record's delta value), their
+        change rows being ``key_row(row)``: the key and delta columns alone, the rest gone with the row."""
         for inc in self.incarnations:
             for r in inc.records:
                 if r.row is not None and self._hidden(r.row, inc.version, None):
                     self.purged.add(id(r.row))
         self.tombstones = []
+        gone = [(key, records[-1]) for key, records in self.history().items()
+                if records and records[-1].op == "upsert" and id(records[-1].row) in self.purged]
+        if gone:
+            self.apply([Record(key, last.delta, "delete", None) for key, last in gone], version)
+            self.changes += [("delete", version, key_row(last.row)) for _, last in gone]
 
     def _hidden(self, row: dict, made_live: int, version: int | None) -> bool:
         return any(made_live < w and (version is None or w <= version) and row.get(column) in values

@@ -572,6 +572,15 @@ def read_changes(base: str, start: int, end: int) -> list[dict]:
             # A restatement: its change rows are its change files' rows, in their `_order`.
             for cf in body["change_files"]:
                 t = pq.read_table(os.path.join(base, cf["path"]))
+                if len(t.column_names) > 3:
+                    # A vacuum's: the rows carry their key and delta columns (no data file holds them).
+                    for rec in t.to_pylist():
+                        kind, order = rec.pop("_change_type"), rec.pop("_order")
+                        rec.pop("_row_id")
+                        row = {n: rec.get(n) for n in schema.names}
+                        first = 0 if kind in ("update_preimage", "delete") else 1
+                        out.append(((c, 0, order, 0, first), row, kind, c))
+                    continue
                 wanted = {unpack(r): (kind, order) for r, kind, order in
                           zip(t["_row_id"].to_pylist(), t["_change_type"].to_pylist(), t["_order"].to_pylist(),
                               strict=True)}

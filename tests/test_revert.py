@@ -76,7 +76,7 @@ def _run(t: bitlake.Table, oracle: Oracle, steps) -> None:
             continue
         if s[0] == "vacuum":
             if t.vacuum().version is not None:
-                oracle.vacuum()
+                oracle.vacuum(t.version, lambda row: {"k": row["k"], "value": None, "mod": row["mod"]})
             continue
         if s[0] in ("delete", "update"):
             lo, hi = s[1], s[1] + s[2]

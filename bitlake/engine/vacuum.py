@@ -21,6 +21,7 @@ from bitlake.engine import compaction, plan
 from bitlake.format import commitlog, datafile, rowid
 from bitlake.format import state as state_mod
 from bitlake.format.commit import DataFile, Rewrite
+from bitlake.format.metadata import deltas_as_int
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.pool import thread_map
@@ -39,6 +40,7 @@ class Prepared:
     files_considered: int
     files_read: int
     rows_purged: int  # distinct rows, however many files (of the latest version and older ones) held them
+    purged: pa.Table  # a keyed table's purged rows: key columns, delta value (int64), packed row id
 
 
 def window_files(io: FileIO, latest: TableState) -> dict[str, DataFile]:
@@ -69,16 +71,17 @@ def prepare(io: FileIO, state: TableState) -> Prepared:
 
     candidates = [f for f in files.values() if may_hold(f)]
 
-    def rewrite(f: DataFile) -> tuple[Rewrite | None, list[str], np.ndarray]:
+    def rewrite(f: DataFile) -> tuple[Rewrite | None, list[str], pa.Table | None]:
         table = datafile.read_data(io, f.path, meta)
         parts = table.column(rowid.PART_COLUMN).to_numpy()
         gone = rule.tombstoned(table) & np.isin(parts, list(live))  # a pending batch is made live later
         ids = rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
         if not gone.any():
-            return None, [], ids[gone]
+            return None, [], None
+        purged = _purged(table.filter(pa.array(gone)), ids[gone], meta)
         kept = table.filter(pa.array(~gone))
         if not kept.num_rows:
-            return Rewrite(f.path, None), [], ids[gone]
+            return Rewrite(f.path, None), [], purged
         out = compaction._Output(io, meta, f.partition, _ONE_FILE, kept.num_rows)
         try:
             out.write(kept, ids[~gone], f.bytes / max(1, f.rows))
@@ -87,14 +90,34 @@ def prepare(io: FileIO, state: TableState) -> Prepared:
             for path in out.written:
                 io.delete(path)
             raise
-        return Rewrite(f.path, out.done[0]), out.written, ids[gone]
+        return Rewrite(f.path, out.done[0]), out.written, purged
 
     done = thread_map(rewrite, candidates)
     rewrites = [r for r, _, _ in done if r is not None]
     written = [p for _, paths, _ in done for p in paths]
-    purged = np.unique(np.concatenate([ids for _, _, ids in done])) if done else np.empty(0, np.int64)
+    found = [t for _, _, t in done if t is not None]
+    purged = pa.concat_tables(found) if found else _purged(datafile.data_schema(meta).empty_table(),
+                                                             np.empty(0, np.int64), meta)
+    ids = purged.column(ROW_ID).to_numpy()
+    purged = purged.take(pa.array(np.unique(ids, return_index=True)[1]))  # a row may be in several files
     return Prepared(state.version, rewrites, written, [t.path for _, t in state.tombstones], len(files),
-                    len(candidates), len(purged))
+                    len(candidates), purged.num_rows, purged)
+
+
+ROW_ID = "_row_id"
+DELTA = "_delta"
+
+
+def _purged(rows: pa.Table, ids: np.ndarray, meta) -> pa.Table:
+    """The purged rows' columns a delete record needs (key, delta, those that take no null), the delta value as
+    int64 and the packed row id (the row id alone on an unkeyed table)."""
+    if not meta.keyed:
+        return pa.table({ROW_ID: pa.array(ids, pa.int64())})
+    needed = [f.name for f in meta.schema if f.name in meta.primary_key or f.name == meta.delta_column
+              or not f.nullable]
+    return rows.select(needed).append_column(
+        DELTA, pa.array(deltas_as_int(rows.column(meta.delta_column), meta.delta_type))).append_column(
+        ROW_ID, pa.array(ids, pa.int64()))
 
 
 def _in_ranges(io: FileIO, f: DataFile, file_format: str, wanted: list[tuple[str, pa.Array]]) -> bool:

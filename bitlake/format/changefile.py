@@ -1,6 +1,8 @@
 """Change files: the change rows of a restatement commit, which no other metadata implies (docs/FORMAT.md,
 "Change feed"). A Parquet file of row ids, each with its change type and its place among the commit's change
-rows; readers take the rows' values from the data files, as for every change row."""
+rows; readers take the rows' values from the data files, as for every change row. A vacuum's change file
+also holds, for rows no data file holds any more, the key columns and the delta column: its rows are read
+from it (the other columns null)."""
 
 from __future__ import annotations
 
@@ -31,11 +33,19 @@ def table(*pieces: tuple[np.ndarray, str, np.ndarray]) -> pa.Table:
 
 
 def write(io: FileIO, rows: pa.Table) -> ChangeFile:
+    """Writes change rows (:data:`SCHEMA`, then any key and delta columns)."""
     path = layout.change_path()
+    extra = [rows.schema.field(c) for c in rows.column_names if c not in SCHEMA.names]
     with io.open_output(path) as out:
-        pq.write_table(rows.cast(SCHEMA), out, compression="zstd")
+        pq.write_table(rows.select(SCHEMA.names + [f.name for f in extra]).cast(pa.schema(list(SCHEMA) + extra)),
+                       out, compression="zstd")
     return ChangeFile(path, rows.num_rows)
 
 
 def read(io: FileIO, f: ChangeFile) -> pa.Table:
-    return pq.read_table(io.open_input(f.path), schema=SCHEMA)
+    return pq.read_table(io.open_input(f.path))
+
+
+def carries_values(rows: pa.Table) -> bool:
+    """Whether the change rows hold their own values (a vacuum's), rather than naming rows of data files."""
+    return len(rows.column_names) > len(SCHEMA.names)

@@ -217,21 +217,38 @@ def _own_segments(state: TableState, commits: dict[int, Commit], live: dict, seg
 def _restated(spark, io: FileIO, state: TableState, commits: dict[int, Commit], restated: set[int],
               types: list[str]) -> list:
     """The change rows of restatement commits, from their change files."""
-    pieces = []
+    pieces, carried = [], []
+    meta = state.metadata
     for v in sorted(restated):
         for f in commits[v].change_files:
             rows = changefile.read(io, f)
+            if changefile.carries_values(rows):  # rows no data file holds (a vacuum's deletes): read from it
+                rows = rows.filter(pc.is_in(rows.column(changefile.CHANGE_TYPE), pa.array(types)))
+                n = rows.num_rows
+                columns = {c: rows.column(c) if c in rows.column_names else pa.nulls(n, meta.schema.field(c).type)
+                           for c in meta.column_names}
+                carried.append(pa.table({
+                    **columns, "_change_type": rows.column(changefile.CHANGE_TYPE),
+                    "_commit_version": pa.array(np.full(n, v, np.int64)),
+                    "batch_index": pa.array(np.zeros(n, np.int32)), "t": rows.column(changefile.ORDER),
+                    "cause": pa.array(np.zeros(n, np.int64)),
+                }).cast(pa.schema([*(meta.schema.field(c) for c in meta.column_names),
+                                   pa.field("_change_type", pa.string()), pa.field("_commit_version", pa.int64()),
+                                   pa.field("batch_index", pa.int32()), pa.field("t", pa.int64()),
+                                   pa.field("cause", pa.int64())])))
+                continue
             pieces.append(pa.table({
                 "_target": rows.column(changefile.ROW_ID), "_change_type": rows.column(changefile.CHANGE_TYPE),
                 "_commit_version": pa.array(np.full(rows.num_rows, v, np.int64)),
                 "batch_index": pa.array(np.zeros(rows.num_rows, np.int32)), "t": rows.column(changefile.ORDER),
                 "cause": pa.array(np.zeros(rows.num_rows, np.int64)),
             }))
+    out = [spark.createDataFrame(t) for t in carried if t.num_rows]
     if not pieces:
-        return []
+        return out
     rows = pa.concat_tables(pieces)
     rows = rows.filter(pc.is_in(rows.column("_change_type"), pa.array(types)))
-    return _rows_of(spark, io, state, rows, rows.num_rows <= BROADCAST_EVENTS) if rows.num_rows else []
+    return out + (_rows_of(spark, io, state, rows, rows.num_rows <= BROADCAST_EVENTS) if rows.num_rows else [])
 
 
 def _rows_of(spark, io: FileIO, state: TableState, wanted: pa.Table, small: bool) -> list:
