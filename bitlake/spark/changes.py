@@ -11,8 +11,8 @@ feed"). For a keyed table:
   any other an ``insert``;
 * the target of a SET_VALID_UNTIL event is an ``update_preimage`` when the event's cause is one of those new
   rows, a ``delete`` when it is a delete record;
-* a restatement commit (a revert or a replace) has its change rows in its change files instead: none of the
-  above applies to it.
+* a restatement commit (one with change files: a revert, a replace, a vacuum, an unkeyed table's delete or
+  update) has its change rows in its change files instead: none of the above applies to it.
 
 Only the range's log files, the data files of its batches and the data files of the segments its events
 name are read: the cost follows the change. Rows come out in commit order, then batch, delta value and cause.
