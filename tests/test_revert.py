@@ -37,6 +37,8 @@ step = st.one_of(
     st.tuples(st.just("tombstone"), st.lists(st.integers(0, 19), min_size=1, max_size=4)),
     st.tuples(st.just("vacuum")),
     st.tuples(st.sampled_from(["delete", "update"]), st.integers(0, 19), st.integers(0, 8), st.booleans()),
+    st.tuples(st.just("merge"), st.lists(st.tuples(st.integers(0, 7), st.integers(0, 6), st.integers(0, 19)),
+                                         min_size=1, max_size=5)),
 )
 
 
@@ -77,6 +79,10 @@ def _run(t: bitlake.Table, oracle: Oracle, steps) -> None:
         if s[0] == "vacuum":
             if t.vacuum().version is not None:
                 oracle.vacuum(t.version, lambda row: {"k": row["k"], "value": None, "mod": row["mod"]})
+            continue
+        if s[0] == "merge":
+            _merge(t, oracle, s[1], n, pending)
+            pending = []
             continue
         if s[0] in ("delete", "update"):
             lo, hi = s[1], s[1] + s[2]
@@ -126,6 +132,26 @@ def _run(t: bitlake.Table, oracle: Oracle, steps) -> None:
         t.metagen()
         for b, recs in pending:
             oracle.apply(_records(recs), t.version, b)
+
+
+def _merge(t, oracle, rows, n, pending) -> None:
+    """A merge of source rows (k, mod, value): matched with value < 5 deletes, else updates all; not matched
+    inserts. Each source row is judged against the view before the merge."""
+    source = pa.table({"k": pa.array([r[0] for r in rows], pa.int64()), "value": pa.array([r[2] for r in rows],
+                       pa.int64()), "mod": pa.array([r[1] for r in rows], pa.int64())})
+    current = {r["k"]: r for r in oracle.view()}
+    r = (t.merge(source).when_matched_delete(predicate=pc.field("source.value") < 5).when_matched_update_all()
+         .when_not_matched_insert_all().execute())
+    assert (r.matched, r.not_matched) == (sum(k in current for k, _, _ in rows), sum(k not in current for k, _, _ in rows))
+    records = []
+    for k, mod, value in rows:
+        if k in current and value < 5:
+            records.append(Record((k,), current[k]["mod"], "delete", None))
+        else:
+            records.append(Record((k,), mod, "upsert", {"k": k, "value": value, "mod": mod}))
+    for b, recs in pending:  # the merge's commit makes the pending batches live first
+        oracle.apply(_records(recs), t.version, b)
+    oracle.apply(records, t.version, f"merge{n}")
 
 
 def test_reverts_and_replaces_match_the_oracle(spark):
