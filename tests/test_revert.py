@@ -189,3 +189,129 @@ def test_reverts_and_replaces_match_the_oracle(spark):
             shutil.rmtree(path, ignore_errors=True)
 
     run()
+
+
+# ------------------------------------------------------------------------------- an append-only table
+
+UNKEYED = pa.schema([("user", pa.string()), ("n", pa.int64())])
+user_row = st.tuples(st.sampled_from(["ann", "bob", "cy", "dee"]), st.integers(0, 9))
+unkeyed_step = st.one_of(
+    st.tuples(st.just("ingest"), st.lists(user_row, max_size=5)),
+    st.tuples(st.just("revert"), st.integers(0, 20)),
+    st.tuples(st.just("replace"), st.integers(0, 20), st.lists(user_row, max_size=4)),
+    st.tuples(st.sampled_from(["delete", "update"]), st.integers(0, 9), st.booleans()),
+    st.tuples(st.just("tombstone"), st.sampled_from(["ann", "bob", "cy", "dee"])),
+    st.tuples(st.just("vacuum")),
+    st.tuples(st.just("compact")),
+)
+
+
+class _Row:
+    def __init__(self, user: str, n: int, born: int, batch: str | None):
+        self.user, self.n, self.born, self.batch, self.died = user, n, born, batch, None
+
+    def values(self) -> tuple:
+        return (self.user, self.n)
+
+
+class _AppendOnly:
+    """The contract of an append-only table: rows live from the commit that adds them until one removes them;
+    tombstones hide rows of earlier commits by value; a vacuum removes them from every version."""
+
+    def __init__(self):
+        self.rows: list[_Row] = []
+        self.tombstones: list[tuple[int, str]] = []
+        self.purged: set[int] = set()
+        self.changes: list[tuple[str, int, _Row]] = []
+
+    def _hidden(self, r: _Row, version: int | None) -> bool:
+        return any(r.born < w and (version is None or w <= version) and r.user == u for w, u in self.tombstones)
+
+    def view(self, version: int) -> list[tuple]:
+        return sorted(r.values() for r in self.rows if r.born <= version and (r.died is None or r.died > version)
+                      and id(r) not in self.purged and not self._hidden(r, version))
+
+    def current(self, version: int) -> list[_Row]:
+        return [r for r in self.rows if r.died is None and id(r) not in self.purged and not self._hidden(r, version)]
+
+    def add(self, rows, version: int, batch: str | None) -> None:
+        for user, n in rows:
+            self.rows.append(_Row(user, n, version, batch))
+            self.changes.append(("insert", version, self.rows[-1]))
+
+    def remove(self, rows: list[_Row], version: int, kind: str = "delete") -> None:
+        for r in rows:
+            r.died = version
+            self.changes.append((kind, version, r))
+
+    def vacuum(self) -> None:
+        self.purged |= {id(r) for r in self.rows if self._hidden(r, None)}
+        self.tombstones = []
+
+    def changes_between(self, start: int, end: int) -> list[tuple]:
+        return sorted((k, v, *r.values()) for k, v, r in self.changes if start < v <= end and id(r) not in self.purged)
+
+
+def test_an_append_only_table_matches_its_model(spark):
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), phases=PHASES)
+    @given(st.lists(unkeyed_step, min_size=2, max_size=9), st.randoms(use_true_random=False))
+    def run(steps, rnd):
+        path = tempfile.mkdtemp(prefix="bitlake-unkeyed-")
+        try:
+            t = bitlake.create_table(path, UNKEYED, properties={"compact.min_input_files": "2"})
+            model, ids = _AppendOnly(), []
+            for i, s in enumerate(steps):
+                if s[0] == "ingest":
+                    ids.append(f"b{i}")
+                    t.ingest(pa.table({"user": [r[0] for r in s[1]], "n": pa.array([r[1] for r in s[1]], pa.int64())},
+                                      schema=UNKEYED), batch_id=ids[-1])
+                    model.add(s[1], t.version, ids[-1])
+                elif s[0] in ("revert", "replace") and ids:
+                    b = ids[s[1] % len(ids)]
+                    live = [r for r in model.rows if r.batch == b and r.died is None]
+                    if s[0] == "revert":
+                        if not t.revert_batch(b).committed:
+                            continue
+                    else:
+                        t.replace_batch(b, pa.table({"user": [r[0] for r in s[2]],
+                                                     "n": pa.array([r[1] for r in s[2]], pa.int64())}, schema=UNKEYED))
+                        for r in model.rows:
+                            if r.batch == b:
+                                r.batch = None  # the replaced incarnation
+                    model.remove(live, t.version)
+                    if s[0] == "replace":
+                        model.add(s[2], t.version, b)
+                elif s[0] in ("delete", "update"):
+                    where = (pc.field("n") <= s[1]) if s[2] else f"n <= {s[1]}"
+                    matched = [r for r in model.current(t.version) if r.n <= s[1]]
+                    if s[0] == "delete":
+                        r = t.delete(where)
+                    else:
+                        r = t.update(where, {"n": pc.field("n") + 10} if s[2] else {"n": "n + 10"})
+                    assert r.matched == len(matched)
+                    if not matched:
+                        continue
+                    model.remove(matched, t.version, "delete" if s[0] == "delete" else "update_preimage")
+                    if s[0] == "update":
+                        for m in matched:
+                            model.rows.append(_Row(m.user, m.n + 10, t.version, None))
+                            model.changes.append(("update_postimage", t.version, model.rows[-1]))
+                elif s[0] == "tombstone":
+                    model.tombstones.append((t.tombstone("user", [s[1]]), s[1]))
+                elif s[0] == "vacuum":
+                    if t.vacuum().version is not None:
+                        model.vacuum()
+                elif s[0] == "compact":
+                    t.compact()
+            for v in range(t.version + 1):
+                got = sorted((r["user"], r["n"]) for r in t.to_arrow(version=v).to_pylist())
+                assert got == model.view(v), v
+            assert sorted((r["user"], r["n"]) for r in spec_reader.read_view(path)) == model.view(t.version)
+            lo = rnd.randint(0, t.version)
+            got = sorted((r["_change_type"], r["_commit_version"], r["user"], r["n"])
+                         for r in t.changes(spark, start_version=lo).collect())
+            assert got == model.changes_between(lo, t.version), lo
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+    run()
