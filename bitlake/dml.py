@@ -217,7 +217,8 @@ class Merge:
     (``pc.field("source.amount")``); a constant is taken as it is. The records are ingested as one batch
     (``MERGE``): an update keeps the target's delta value unless it sets the delta column (``update_all`` takes
     the source's, so an older source record is stale by the contract), a delete takes the target's, an insert
-    the source's (docs/dml.md)."""
+    the source's (docs/dml.md). The records keep the source's order, which breaks ties of one key's equal delta
+    values as the contract does for any batch."""
 
     def __init__(self, io: FileIO, refresh, writes: ingest.Ingestion, source: Any, on: Any, spark: Any):
         self.io, self.refresh, self.writes, self.spark = io, refresh, writes, spark
@@ -286,7 +287,8 @@ class Merge:
         records = [p for v in pieces.values() for p in v]
         if not records:
             return MergeResult(int(matched.sum()), int((~matched).sum()), 0, 0, 0, None, {})
-        data = pa.concat_tables(records)
+        # In the source's order: a key's records of equal delta values apply in it (the contract's position).
+        data = pa.concat_tables(records).sort_by("_source_row").drop_columns(["_source_row"])
         r = self.writes.ingest(data, op_column=OP_COLUMN, batch_id=None, metagen=True, inline=None,
                                spark=self.spark, operation=MERGE)
         return MergeResult(int(matched.sum()), int((~matched).sum()), n["update"], n["delete"], n["insert"],
@@ -311,7 +313,7 @@ class Merge:
                 value = clause.assignments.get(c, pc.field(TARGET + c))
                 projection[c] = value if isinstance(value, pc.Expression) else pc.scalar(value)
         projection = {c: e.cast(meta.schema.field(c).type) for c, e in projection.items()}
-        out = _evaluate(rows, projection)
+        out = _evaluate(rows, {**projection, "_source_row": pc.field("_source_row")})
         op = "delete" if clause.kind == "delete" else "upsert"
         return out.append_column(OP_COLUMN, pa.array([op] * out.num_rows, pa.string()))
 

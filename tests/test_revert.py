@@ -4,9 +4,13 @@ version, every event time and change ranges (Spark, and the spec reader) match i
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -15,6 +19,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import bitlake
+from bitlake.format.metadata import delta_to_int
 from tests import spec_reader
 from tests.oracle import Oracle, Record, rows_key
 
@@ -22,9 +27,31 @@ pytestmark = pytest.mark.spark
 
 EXAMPLES = int(os.environ.get("BITLAKE_MODEL_EXAMPLES", "6"))
 PHASES = [p for p in Phase if os.environ.get("BITLAKE_MODEL_SHRINK") or p is not Phase.shrink]
-SCHEMA = pa.schema([("k", pa.int64()), ("value", pa.int64()), ("mod", pa.int64())])
 COLUMNS = ["k", "value", "mod"]
 TIMES = [None, -1, *range(0, 8)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A table's key and delta types: the generated small integers mapped to them."""
+
+    key_type: pa.DataType
+    key: Callable[[int], Any]
+    delta_type: pa.DataType
+    delta: Callable[[int], Any]
+    options: dict
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([("k", self.key_type), ("value", pa.int64()), ("mod", self.delta_type)])
+
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+KINDS = {
+    "int-key/int-delta": Kind(pa.int64(), int, pa.int64(), int, {}),
+    "string-key/timestamp-delta/partitioned": Kind(pa.string(), lambda k: f"key-{k}", pa.timestamp("us", tz="UTC"),
+                                                   lambda d: T0 + dt.timedelta(hours=d), {"partition_by": ["grp"]}),
+}
 
 record = st.tuples(st.integers(0, 5), st.integers(0, 6), st.sampled_from(["upsert", "upsert", "delete"]),
                    st.integers(0, 19))
@@ -42,32 +69,46 @@ step = st.one_of(
 )
 
 
-def _arrow(recs) -> pa.Table:
-    return pa.table({
-        "k": pa.array([r[0] for r in recs], pa.int64()),
+def _arrow(recs, kind: Kind) -> pa.Table:
+    table = pa.table({
+        "k": pa.array([kind.key(r[0]) for r in recs], kind.key_type),
         "value": pa.array([None if r[2] == "delete" else r[3] for r in recs], pa.int64()),
-        "mod": pa.array([r[1] for r in recs], pa.int64()),
+        "mod": pa.array([kind.delta(r[1]) for r in recs], kind.delta_type),
         "op": pa.array([r[2] for r in recs], pa.string()),
     })
+    return _grouped(table, kind)
 
 
-def _records(recs) -> list[Record]:
-    return [Record((r[0],), r[1], r[2], None if r[2] == "delete" else {"k": r[0], "value": r[3], "mod": r[1]})
+def _grouped(table: pa.Table, kind: Kind) -> pa.Table:
+    """A partitioned kind's tables carry ``grp`` (from the key: a key's records stay in one partition)."""
+    if not kind.options:
+        return table
+    return table.append_column("grp", pa.array([f"g{len(str(k)) % 2}{str(k)[-1]}" for k in
+                                                 table.column("k").to_pylist()], pa.string()))
+
+
+def _row(kind: Kind, k: int, value: int | None, d: int) -> dict:
+    row = {"k": kind.key(k), "value": value, "mod": kind.delta(d)}
+    return _grouped(pa.Table.from_pylist([row]), kind).to_pylist()[0] if kind.options else row
+
+
+def _records(recs, kind: Kind) -> list[Record]:
+    return [Record((kind.key(r[0]),), kind.delta(r[1]), r[2], None if r[2] == "delete" else _row(kind, r[0], r[3], r[1]))
             for r in recs]
 
 
-def _run(t: bitlake.Table, oracle: Oracle, steps) -> None:
+def _run(t: bitlake.Table, oracle: Oracle, steps, kind: Kind) -> None:
     ids: list[str] = []
     pending: list[tuple[str, list]] = []
     for n, s in enumerate(steps):
         if s[0] == "ingest":
             batch_id = f"b{n}"
             ids.append(batch_id)
-            t.ingest(_arrow(s[1]), op_column="op", batch_id=batch_id, metagen=s[2])
+            t.ingest(_arrow(s[1], kind), op_column="op", batch_id=batch_id, metagen=s[2])
             pending.append((batch_id, s[1]))
             if s[2]:
                 for b, recs in pending:
-                    oracle.apply(_records(recs), t.version, b)
+                    oracle.apply(_records(recs, kind), t.version, b)
                 pending = []
             continue
         if s[0] == "compact":
@@ -78,10 +119,10 @@ def _run(t: bitlake.Table, oracle: Oracle, steps) -> None:
             continue
         if s[0] == "vacuum":
             if t.vacuum().version is not None:
-                oracle.vacuum(t.version, lambda row: {"k": row["k"], "value": None, "mod": row["mod"]})
+                oracle.vacuum(t.version, lambda row: {**row, "value": None})
             continue
         if s[0] == "merge":
-            _merge(t, oracle, s[1], n, pending)
+            _merge(t, oracle, s[1], n, pending, kind)
             pending = []
             continue
         if s[0] in ("delete", "update"):
@@ -99,7 +140,7 @@ def _run(t: bitlake.Table, oracle: Oracle, steps) -> None:
                 assert r.version is None and t.version == before
                 continue
             for b, recs in pending:  # the DML batch's commit makes the pending batches live first
-                oracle.apply(_records(recs), t.version, b)
+                oracle.apply(_records(recs, kind), t.version, b)
             pending = []
             op = "delete" if s[0] == "delete" else "upsert"
             oracle.apply([Record((m["k"],), m["mod"], op, None if op == "delete" else {**m, "value": m["value"] + 100})
@@ -117,7 +158,7 @@ def _run(t: bitlake.Table, oracle: Oracle, steps) -> None:
             if s[0] == "revert":
                 result = t.revert_batch(batch_id)
             else:
-                result = t.replace_batch(batch_id, _arrow(s[2]), op_column="op")
+                result = t.replace_batch(batch_id, _arrow(s[2], kind), op_column="op")
         except bitlake.VersionExpiredError:
             assert t.state().window is not None and t.version == before  # refused whole
             continue
@@ -127,19 +168,21 @@ def _run(t: bitlake.Table, oracle: Oracle, steps) -> None:
             else:
                 assert t.version == before  # reverted already: a retry
         else:
-            oracle.replace(batch_id, _records(s[2]), t.version)
+            oracle.replace(batch_id, _records(s[2], kind), t.version)
     if pending:
         t.metagen()
         for b, recs in pending:
-            oracle.apply(_records(recs), t.version, b)
+            oracle.apply(_records(recs, kind), t.version, b)
 
 
-def _merge(t, oracle, rows, n, pending) -> None:
+def _merge(t, oracle, rows, n, pending, kind: Kind) -> None:
     """A merge of source rows (k, mod, value): matched with value < 5 deletes, else updates all; not matched
     inserts. Each source row is judged against the view before the merge."""
-    source = pa.table({"k": pa.array([r[0] for r in rows], pa.int64()), "value": pa.array([r[2] for r in rows],
-                       pa.int64()), "mod": pa.array([r[1] for r in rows], pa.int64())})
+    source = _grouped(pa.table({"k": pa.array([kind.key(r[0]) for r in rows], kind.key_type),
+                                "value": pa.array([r[2] for r in rows], pa.int64()),
+                                "mod": pa.array([kind.delta(r[1]) for r in rows], kind.delta_type)}), kind)
     current = {r["k"]: r for r in oracle.view()}
+    rows = [(kind.key(k), d, value) for k, d, value in rows]
     r = (t.merge(source).when_matched_delete(predicate=pc.field("source.value") < 5).when_matched_update_all()
          .when_not_matched_insert_all().execute())
     assert (r.matched, r.not_matched) == (sum(k in current for k, _, _ in rows), sum(k not in current for k, _, _ in rows))
@@ -148,38 +191,51 @@ def _merge(t, oracle, rows, n, pending) -> None:
         if k in current and value < 5:
             records.append(Record((k,), current[k]["mod"], "delete", None))
         else:
-            records.append(Record((k,), mod, "upsert", {"k": k, "value": value, "mod": mod}))
+            row = {"k": k, "value": value, "mod": kind.delta(mod)}
+            records.append(Record((k,), kind.delta(mod), "upsert", _grouped(pa.Table.from_pylist([row]), kind)
+                                  .to_pylist()[0] if kind.options else row))
     for b, recs in pending:  # the merge's commit makes the pending batches live first
-        oracle.apply(_records(recs), t.version, b)
+        oracle.apply(_records(recs, kind), t.version, b)
     oracle.apply(records, t.version, f"merge{n}")
 
 
-def test_reverts_and_replaces_match_the_oracle(spark):
+def _utc(row: dict) -> dict:
+    """PySpark returns timestamps as naive datetimes in UTC (the session time zone); Arrow as aware ones."""
+    return {k: v.replace(tzinfo=dt.UTC) if isinstance(v, dt.datetime) and v.tzinfo is None else v
+            for k, v in row.items()}
+
+
+@pytest.mark.parametrize("kind_name", list(KINDS))
+def test_reverts_and_replaces_match_the_oracle(spark, kind_name):
+    kind = KINDS[kind_name]
+
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), phases=PHASES)
     @given(st.lists(step, min_size=2, max_size=9), st.randoms(use_true_random=False))
     def run(steps, rnd):
         path = tempfile.mkdtemp(prefix="bitlake-revert-")
         try:
-            t = bitlake.create_table(path, SCHEMA, primary_key=["k"], delta_column="mod", num_buckets=2,
+            schema = kind.schema.append(pa.field("grp", pa.string())) if kind.options else kind.schema
+            t = bitlake.create_table(path, schema, primary_key=["k"], delta_column="mod", num_buckets=2,
                                      properties={"keystore.max_increments": "2", "checkpoint.interval": "3",
-                                                 "compact.min_log_files": "2"})
+                                                 "compact.min_log_files": "2"}, **kind.options)
             oracle = Oracle()
-            _run(t, oracle, steps)
+            _run(t, oracle, steps, kind)
             window = t.state().window
             first = window.version if window else 0
             for v in range(first, t.version + 1):
                 for at in TIMES:
-                    if at is not None and window is not None and at < window.watermark:
+                    at = None if at is None else kind.delta(at)
+                    if at is not None and window is not None and delta_to_int(at, kind.delta_type) < window.watermark:
                         continue
                     got = rows_key(t.to_arrow(version=v, valid_at=at).to_pylist(), COLUMNS)
                     assert got == rows_key(oracle.view(at, v), COLUMNS), (v, at)
             assert rows_key(spec_reader.read_view(path), COLUMNS) == rows_key(oracle.view(), COLUMNS)
-            got = [r.asDict() for r in t.to_spark(spark).collect()]
+            got = [_utc(r.asDict()) for r in t.to_spark(spark).collect()]
             assert rows_key(got, COLUMNS) == rows_key(oracle.view(), COLUMNS)
             start = rnd.randint(first, t.version)
             for lo, hi in ((start, rnd.randint(start, t.version)), (first, t.version)):
                 expected = sorted((c, v, tuple(row[k] for k in COLUMNS)) for c, v, row in oracle.changes_between(lo, hi))
-                got = sorted((r["_change_type"], r["_commit_version"], tuple(r[c] for c in COLUMNS))
+                got = sorted((r["_change_type"], r["_commit_version"], tuple(_utc(r.asDict())[c] for c in COLUMNS))
                              for r in t.changes(spark, start_version=lo, end_version=hi).collect())
                 assert got == expected, (lo, hi)
                 spec = sorted((r["_change_type"], r["_commit_version"], tuple(r[c] for c in COLUMNS))
