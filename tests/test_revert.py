@@ -51,6 +51,7 @@ KINDS = {
     "int-key/int-delta": Kind(pa.int64(), int, pa.int64(), int, {}),
     "string-key/timestamp-delta/partitioned": Kind(pa.string(), lambda k: f"key-{k}", pa.timestamp("us", tz="UTC"),
                                                    lambda d: T0 + dt.timedelta(hours=d), {"partition_by": ["grp"]}),
+    "orc": Kind(pa.int32(), int, pa.int64(), int, {"file_format": "orc"}),
 }
 
 record = st.tuples(st.integers(0, 5), st.integers(0, 6), st.sampled_from(["upsert", "upsert", "delete"]),
@@ -81,7 +82,7 @@ def _arrow(recs, kind: Kind) -> pa.Table:
 
 def _grouped(table: pa.Table, kind: Kind) -> pa.Table:
     """A partitioned kind's tables carry ``grp`` (from the key: a key's records stay in one partition)."""
-    if not kind.options:
+    if "partition_by" not in kind.options:
         return table
     return table.append_column("grp", pa.array([f"g{len(str(k)) % 2}{str(k)[-1]}" for k in
                                                  table.column("k").to_pylist()], pa.string()))
@@ -89,7 +90,7 @@ def _grouped(table: pa.Table, kind: Kind) -> pa.Table:
 
 def _row(kind: Kind, k: int, value: int | None, d: int) -> dict:
     row = {"k": kind.key(k), "value": value, "mod": kind.delta(d)}
-    return _grouped(pa.Table.from_pylist([row]), kind).to_pylist()[0] if kind.options else row
+    return _grouped(pa.Table.from_pylist([row]), kind).to_pylist()[0]
 
 
 def _records(recs, kind: Kind) -> list[Record]:
@@ -193,7 +194,7 @@ def _merge(t, oracle, rows, n, pending, kind: Kind) -> None:
         else:
             row = {"k": k, "value": value, "mod": kind.delta(mod)}
             records.append(Record((k,), kind.delta(mod), "upsert", _grouped(pa.Table.from_pylist([row]), kind)
-                                  .to_pylist()[0] if kind.options else row))
+                                  .to_pylist()[0]))
     for b, recs in pending:  # the merge's commit makes the pending batches live first
         oracle.apply(_records(recs, kind), t.version, b)
     oracle.apply(records, t.version, f"merge{n}")
@@ -214,7 +215,8 @@ def test_reverts_and_replaces_match_the_oracle(spark, kind_name):
     def run(steps, rnd):
         path = tempfile.mkdtemp(prefix="bitlake-revert-")
         try:
-            schema = kind.schema.append(pa.field("grp", pa.string())) if kind.options else kind.schema
+            schema = kind.schema.append(pa.field("grp", pa.string())) if "partition_by" in kind.options \
+                else kind.schema
             t = bitlake.create_table(path, schema, primary_key=["k"], delta_column="mod", num_buckets=2,
                                      properties={"keystore.max_increments": "2", "checkpoint.interval": "3",
                                                  "compact.min_log_files": "2"}, **kind.options)

@@ -154,4 +154,4 @@ def fold(io: FileIO, state: TableState, start_version: int, dropped: np.ndarray
     if not len(pick):
         return None, replaced
     written = segmentlog.write_file(io, layout.log_path(), events.take(pa.array(pick)))
-    return dataclasses.replace(written, folded=True), replaced
+    return dataclasses.replace(written, folded=True, resets=any(f.resets for _, f in old)), replaced
