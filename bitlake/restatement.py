@@ -1,6 +1,7 @@
 """Restatement (docs/restatement.md): reverting and replacing a batch, and value tombstones, which hide rows
-committed before them by the value of a column (an erased user id, a bad source). Each is one commit of
-metadata: no data file is rewritten."""
+committed before them by the value of a column (an erased user id, a bad source), each one commit of metadata
+(no data file is rewritten); and the vacuum, which removes the tombstoned rows from the data files. The
+commit of every restatement that has change rows of its own (:func:`commit`) is shared with DML."""
 
 from __future__ import annotations
 
