@@ -118,6 +118,14 @@ def load_base(path: Path) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def fresh_work(name: str) -> Path:
+    """An empty work folder ``benchmarks/work/<name>`` (what a previous run left there is removed)."""
+    work = WORK_DIR / name
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    return work
+
+
 def write_parquet(table: pa.Table, path: Path) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path, compression=CODEC)

@@ -92,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-doc", action="store_true")
     args = ap.parse_args(argv)
     sf = args.scale_factor
-    work = core.WORK_DIR / f"maintenance-sf{sf_text(sf)}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    work = core.fresh_work(f"maintenance-sf{sf_text(sf)}")
     spark = bitlake.spark_session("local[2]", app_name="bitlake-bench-maintenance")
 
     base = core.load_base(core.lineitem(sf))

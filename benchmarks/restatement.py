@@ -89,9 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-doc", action="store_true")
     args = ap.parse_args(argv)
     sf = args.scale_factor
-    work = core.WORK_DIR / f"restatement-sf{sf_text(sf)}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    work = core.fresh_work(f"restatement-sf{sf_text(sf)}")
     spark = bitlake.spark_session("local[2]", app_name="bitlake-bench-restatement")
     result: dict = {"scale_factor": sf, "date": dt.date.today().isoformat(), "machine": core.machine()}
 

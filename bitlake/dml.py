@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from bitlake import faults, ingest, restatement, transaction
-from bitlake.engine import landing, plan, reader
+from bitlake import ingest, restatement
+from bitlake.engine import plan, reader
 from bitlake.engine import restate as engine_restate
 from bitlake.engine.metagen import Landed
 from bitlake.errors import InvalidInputError
@@ -89,19 +89,9 @@ def update(io: FileIO, refresh, writes: ingest.Ingestion, where: Any, assignment
         r = writes.ingest(data, op_column=None, batch_id=None, metagen=True, inline=None, spark=spark,
                           operation=UPDATE)
         return DmlResult(rows.num_rows, r.version, r.counts)
-    land = ingest.landing_of(data, meta, None)
-    part = transaction.claim_part(io, state)
-    faults.point("after_claim")
-    data_files, keys_files = land(io, part)
-    faults.point("after_landing")
-    new = Landed(ingest.check_batch_id(None), part, sum(f.rows for f in data_files), tuple(data_files),
-                 tuple(keys_files))
-    try:
+    new = ingest.land_batch(io, state, ingest.landing_of(data, meta, None), ingest.check_batch_id(None))
+    with ingest.dropped_unless_committed(io, refresh, new.part):
         return _unkeyed(io, refresh, _rids(rows), new, UPDATE)
-    except BaseException:
-        if refresh().parts.get(part) is None:
-            landing.remove_part_files(io, part)
-        raise
 
 
 def _unkeyed(io: FileIO, refresh, rids: np.ndarray, new: Landed | None, operation: str) -> DmlResult:

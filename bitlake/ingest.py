@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import uuid
@@ -67,6 +68,27 @@ def already_committed(io: FileIO, state: TableState, batch_id: str) -> IngestRes
     return IngestResult(batch_id, version, False, b.status != PENDING, c.batch_counts.get(batch_id, {}), c.made_live)
 
 
+def land_batch(io: FileIO, state: TableState, land, batch_id: str) -> Landed:
+    """Claims a segment part and lands a batch in it (``land``: what :func:`landing_of` returns)."""
+    part = transaction.claim_part(io, state)
+    faults.point("after_claim")
+    data_files, keys_files = land(io, part)
+    faults.point("after_landing")
+    records = sum(f.rows for f in data_files) + sum(f.rows for f in keys_files)
+    return Landed(batch_id, part, records, tuple(data_files), tuple(keys_files))
+
+
+@contextlib.contextmanager
+def dropped_unless_committed(io: FileIO, refresh, part: int):
+    """Removes the files landed in ``part`` when what runs inside fails and no commit took the part."""
+    try:
+        yield
+    except BaseException:
+        if refresh().parts.get(part) is None:
+            landing.remove_part_files(io, part)
+        raise
+
+
 class Ingestion:
     """One table's writes: :meth:`ingest` and :meth:`metagen`. ``refresh`` returns the latest state."""
 
@@ -86,20 +108,11 @@ class Ingestion:
         if done is not None:
             return done
         land = landing_of(data, meta, op_column)  # checks the input before anything is written
-        part = transaction.claim_part(self.io, state)
-        faults.point("after_claim")
-        data_files, keys_files = land(self.io, part)
-        faults.point("after_landing")
-        records = sum(f.rows for f in data_files) + sum(f.rows for f in keys_files)
-        batch = Landed(batch_id, part, records, tuple(data_files), tuple(keys_files))
-        try:
+        batch = land_batch(self.io, state, land, batch_id)
+        with dropped_unless_committed(self.io, self.refresh, batch.part):
             if metagen:
                 return self._metagen(spark, batch, inline, operation)
             return self._land(batch)
-        except BaseException:
-            if self.refresh().parts.get(part) is None:
-                landing.remove_part_files(self.io, part)
-            raise
 
     def metagen(self, *, inline: bool | None, spark: Any) -> IngestResult:
         self.refresh().protocol.check_write(self.io.uri())

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bitlake import changeevent, faults, ingest, transaction
+from bitlake import changeevent, ingest, transaction
 from bitlake.engine import keyindex, landing
 from bitlake.engine import restate as engine_restate
 from bitlake.engine import vacuum as engine_vacuum
@@ -100,18 +100,9 @@ def replace_batch(io: FileIO, refresh, batch_id: str, data: Any, op_column: str 
     if op_column is not None and not state.metadata.keyed:
         raise InvalidInputError("an unkeyed (append-only) table takes no op_column: it has no deletes")
     land = ingest.landing_of(data, state.metadata, op_column)  # checks the input before anything is written
-    part = transaction.claim_part(io, state)
-    faults.point("after_claim")
-    data_files, keys_files = land(io, part)
-    faults.point("after_landing")
-    records = sum(f.rows for f in data_files) + sum(f.rows for f in keys_files)
-    new = Landed(batch_id, part, records, tuple(data_files), tuple(keys_files))
-    try:
+    new = ingest.land_batch(io, state, land, batch_id)
+    with ingest.dropped_unless_committed(io, refresh, new.part):
         return _restate(io, refresh, batch_id, new)
-    except BaseException:
-        if refresh().parts.get(part) is None:
-            landing.remove_part_files(io, part)
-        raise
 
 
 def _restatable(state: TableState, batch_id: str):
@@ -232,11 +223,9 @@ def vacuum(io: FileIO, refresh) -> VacuumResult:
         try:
             current = _current_purged(io, state, prepared.purged)
             if current is not None:
-                part = transaction.claim_part(io, state)
-                land = ingest.landing_of(current, state.metadata, OP_COLUMN)
-                data_files, keys_files = land(io, part)
-                new = Landed(ingest.check_batch_id(None).replace("-", "-vacuum-", 1), part,
-                             sum(f.rows for f in keys_files), tuple(data_files), tuple(keys_files))
+                new = ingest.land_batch(io, state, ingest.landing_of(current, state.metadata, OP_COLUMN),
+                                        ingest.check_batch_id(None).replace("-", "-vacuum-", 1))
+                part = new.part
             c = commit(io, refresh, VACUUM, new, functools.partial(_vacuum_plan, io, prepared, new),
                        functools.partial(_vacuum_fields, io, prepared))
         except _Moved:

@@ -126,6 +126,14 @@ def read_input(spark, table: bitlake.Table, paths: list[str], fmt: str):
                        for c in df.columns])
 
 
+def _batch_input_args(parser, inputs_help: str) -> None:
+    """The arguments of a command that reads one batch: :func:`_batch_input` reads them."""
+    parser.add_argument("inputs", nargs="+", metavar="INPUT", help=inputs_help)
+    parser.add_argument("--input-format", choices=["parquet", "csv", "json"],
+                        help="default: from the first input's extension")
+    parser.add_argument("--op-column", help='string column saying "upsert" or "delete" per record')
+
+
 def _batch_input(args, table, err: Console, spark_wanted: bool):
     """The records of ``args.inputs``: Parquet streamed without Spark, other formats read by Spark."""
     fmt = input_format(args.inputs, args.input_format)
@@ -405,10 +413,7 @@ def add_parsers(sub) -> None:
 
     i = sub.add_parser("ingest", help="ingest one batch from Parquet, CSV or JSON-lines files")
     i.add_argument("path", help=path_help)
-    i.add_argument("inputs", nargs="+", metavar="INPUT", help="files (or folders) of one batch, all one format")
-    i.add_argument("--input-format", choices=["parquet", "csv", "json"],
-                   help="default: from the first input's extension")
-    i.add_argument("--op-column", help='string column saying "upsert" or "delete" per record')
+    _batch_input_args(i, "files (or folders) of one batch, all one format")
     i.add_argument("--batch-id", help="the batch id; re-ingesting a committed id does nothing")
     i.add_argument("--no-metagen", action="store_true", help="land only; `bitlake metagen` makes it visible")
     i.add_argument("--metagen-mode", choices=list(METAGEN_MODES), default="auto", help=mode_help)
@@ -487,10 +492,7 @@ def add_parsers(sub) -> None:
     rp = sub.add_parser("replace", help="revert a batch and ingest new records under its id, in one commit")
     rp.add_argument("path", help=path_help)
     rp.add_argument("batch_id", help="the batch id to replace")
-    rp.add_argument("inputs", nargs="+", metavar="INPUT", help="files (or folders) of the new records, all one format")
-    rp.add_argument("--input-format", choices=["parquet", "csv", "json"],
-                    help="default: from the first input's extension")
-    rp.add_argument("--op-column", help='string column saying "upsert" or "delete" per record')
+    _batch_input_args(rp, "files (or folders) of the new records, all one format")
     rp.set_defaults(run=cmd_replace)
 
     de = sub.add_parser("delete", help="delete the current rows a Spark SQL condition holds for")
