@@ -137,7 +137,7 @@ _OPENERS = {"parquet": _parquet, "delta": _delta, "iceberg": _iceberg, "lance": 
 def convert(source: str, path: str, *, primary_key: list[str] | None = None, delta_column: str | None = None,
             partition_by: list[str] | None = None, source_kind: str | None = None, name: str | None = None,
             num_buckets: int = 16, properties: dict[str, str] | None = None,
-            batch_id: str = "convert") -> ConvertResult:
+            batch_id: str = "convert", storage_options: dict[str, str] | None = None) -> ConvertResult:
     """Creates a table at ``path`` holding the dataset at ``source`` as its first batch.
 
     The table takes the source's schema; ``partition_by`` defaults to the source's Hive (or identity)
@@ -146,7 +146,7 @@ def convert(source: str, path: str, *, primary_key: list[str] | None = None, del
     a tie (docs/semantics.md rule 2). On any error nothing is left at ``path``.
     """
     src = open_source(source, source_kind)
-    io = file_io(path)
+    io = file_io(path, storage_options)
     if io.exists("_bitlake"):
         raise TableExistsError(f"{io.uri()} already holds a bitlake table")
     if io.walk():

@@ -36,11 +36,13 @@ def create_table(
     file_format: str = "parquet",
     num_buckets: int = 16,
     properties: dict[str, str] | None = None,
+    storage_options: dict[str, str] | None = None,
 ) -> Table:
-    """Creates a table at ``path`` (a local folder or ``file://`` URI) and returns it.
+    """Creates a table at ``path`` and returns it.
 
     Args:
-        path: the table's base path; it must not hold a table yet.
+        path: the table's base: a local folder, or a ``file://``, ``s3://``, ``gs://``, ``az://`` or
+            ``memory://`` URI (docs/storage.md); it must not hold a table yet.
         schema: a pyarrow.Schema or a Spark StructType.
         name: the table's logical name, which its Data Change Events carry (default: the folder's name).
         primary_key: key columns; with ``delta_column`` makes the table keyed (upserts, deletes).
@@ -49,8 +51,10 @@ def create_table(
         file_format: ``parquet`` or ``orc``.
         num_buckets: the key store's fixed number of hash buckets.
         properties: table properties (``bitlake.format.metadata.DEFAULT_PROPERTIES``).
+        storage_options: an object store's credentials, endpoint, region... (delta-rs's names, such as
+            ``AWS_ENDPOINT_URL``); the environment's ``AWS_*`` / ``GOOGLE_*`` / ``AZURE_*`` variables otherwise.
     """
-    io = file_io(path)
+    io = file_io(path, storage_options)
     if isinstance(schema, pa.Schema):
         arrow_schema = normalize_schema(schema)
     else:
@@ -82,9 +86,10 @@ def _default_name(io: FileIO) -> str:
     return posixpath.basename(urlparse(io.uri()).path.rstrip("/")) or "table"
 
 
-def open_table(path: str | FileIO) -> Table:
-    """Opens an existing table; TableNotFoundError / NotATableError otherwise."""
-    io = file_io(path)
+def open_table(path: str | FileIO, storage_options: dict[str, str] | None = None) -> Table:
+    """Opens an existing table (``path`` and ``storage_options`` as for :func:`create_table`);
+    TableNotFoundError / NotATableError otherwise."""
+    io = file_io(path, storage_options)
     if not io.exists():
         raise TableNotFoundError(f"no such table: {io.uri()} does not exist")
     local = io.local_path()

@@ -30,3 +30,21 @@ def spark():
     session = bitlake.spark_session("local[2]")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 API on loopback (moto's server, started for the session) with one bucket; the process's
+    environment points obstore and the writer processes the tests start at it. Returns a function giving a
+    fresh, empty table URI under the bucket at each call."""
+    from tests.s3server import start_s3_server
+
+    server = start_s3_server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3_uri(s3_server, request):
+    """A fresh ``s3://`` URI for one test."""
+    return s3_server.uri(request.node.name)

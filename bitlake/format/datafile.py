@@ -12,6 +12,8 @@ batch's records as :func:`read_upserts` of its data files and :func:`read_delete
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -128,18 +130,40 @@ def read_data(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | N
     """A data file's rows as the table's current data schema (or ``columns`` of it); columns added after
     the file was written are null."""
     schema = data_schema(meta)
-    names = columns or schema.names
     if meta.file_format == "orc":
         import pyarrow.orc as orc
 
         f = orc.ORCFile(io.open_input(path))
         present = set(f.schema.names)
-        table = f.read(columns=[n for n in names if n in present])
     else:
         f = pq.ParquetFile(io.open_input(path))
         present = set(f.schema_arrow.names)
-        table = f.read(columns=[n for n in names if n in present])
-    arrays = [table.column(n).cast(schema.field(n).type) if n in present
+    names = columns or schema.names
+    return conform(f.read(columns=[n for n in names if n in present]), schema, names)
+
+
+def read_batches(io: FileIO, path: str, schema: pa.Schema, file_format: str = "parquet",
+                 columns: list[str] | None = None, batch_rows: int = 65536) -> Iterator[pa.RecordBatch]:
+    """A file's rows as record batches of ``schema`` (``columns`` of it) in bounded memory: a Parquet file row
+    group by row group, an ORC file stripe by stripe. Columns the file lacks are null."""
+    names = columns or schema.names
+    if file_format == "orc":
+        import pyarrow.orc as orc
+
+        f = orc.ORCFile(io.open_input(path))
+        wanted = [n for n in names if n in set(f.schema.names)]
+        for i in range(f.nstripes):
+            yield from conform(pa.Table.from_batches([f.read_stripe(i, columns=wanted)]), schema, names).to_batches()
+        return
+    pf = pq.ParquetFile(io.open_input(path))
+    wanted = [n for n in names if n in set(pf.schema_arrow.names)]
+    for rb in pf.iter_batches(batch_size=batch_rows, columns=wanted):
+        yield from conform(pa.Table.from_batches([rb]), schema, names).to_batches()
+
+
+def conform(table: pa.Table, schema: pa.Schema, names: list[str]) -> pa.Table:
+    """``table``'s ``names`` columns as ``schema`` types them; those it lacks as nulls."""
+    arrays = [table.column(n).cast(schema.field(n).type) if n in table.column_names
               else pa.nulls(table.num_rows, schema.field(n).type) for n in names]
     return pa.Table.from_arrays(arrays, schema=pa.schema([schema.field(n) for n in names]))
 

@@ -10,6 +10,7 @@ import pyarrow as pa
 from bitlake.engine.landing import REPORT_DDL, REPORT_SCHEMA, LandTask, collect, remove_part_files
 from bitlake.format.commit import DataFile, KeysFile
 from bitlake.format.metadata import TableMetadata
+from bitlake.spark.files import parallelism, require_shared
 
 
 @dataclasses.dataclass
@@ -28,6 +29,7 @@ def land(df, io, meta: TableMetadata, part: int, has_op: bool) -> tuple[list[Dat
 
     Raises NullValueError / UnknownOperationError after removing every file the job wrote.
     """
+    require_shared(io)
     df = spread(df)
     task = LandTask(io, meta.to_json(), part, max(df.rdd.getNumPartitions(), 1), has_op)
     try:
@@ -49,7 +51,7 @@ def spread(df):
     from pyspark.sql import functions as F
 
     spark = df.sparkSession
-    cores = spark.sparkContext.defaultParallelism
+    cores = parallelism(spark)
     partitions = df.rdd.getNumPartitions()
     if partitions >= cores:
         return df

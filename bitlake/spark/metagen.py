@@ -38,6 +38,7 @@ from bitlake.format.commit import BucketFile, SegmentState
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
+from bitlake.spark import files as spark_files
 
 
 def run(spark, io: FileIO, state: TableState, batches: list[Landed], version: int) -> MetaGenOutput:
@@ -45,12 +46,12 @@ def run(spark, io: FileIO, state: TableState, batches: list[Landed], version: in
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    from bitlake.spark.schema import spark_schema
 
     meta = state.metadata
     pk = list(meta.primary_key)
     if not meta.keyed:
         return unkeyed_output(batches)
+    spark_files.require_shared(io)
     records = _records(spark, io, meta, batches)
     if records is None:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
@@ -68,12 +69,12 @@ def run(spark, io: FileIO, state: TableState, batches: list[Landed], version: in
     )
 
     touched = sorted(r[0] for r in batch.select(keystore.BUCKET).distinct().collect())
-    ks_paths = [io.uri(f.path) for b in touched for f in state.keystore.get(b, [])]
+    ks_paths = [f.path for b in touched for f in state.keystore.get(b, [])]
     combined = batch
     if ks_paths:
         latest = Window.partitionBy(*pk).orderBy(F.col(keystore.VERSION).desc())
         prior = (
-            spark.read.schema(spark_schema(keystore.file_schema(meta))).parquet(*ks_paths)
+            spark_files.read(spark, io, ks_paths, keystore.file_schema(meta))
             .join(batch.select(*pk, keystore.BUCKET).distinct(), on=pk, how="inner")
             .withColumn("_n", F.row_number().over(latest))
             .filter("_n = 1")
@@ -124,7 +125,7 @@ def _records(spark, io: FileIO, meta: TableMetadata, batches: list[Landed]):
 
     keys_schema = spark_schema(datafile.keys_schema(meta))
     parts = []
-    data_paths = [io.uri(f.path) for b in batches for f in b.data_files]
+    data_paths = [f.path for b in batches for f in b.data_files]
     if data_paths:
         metadata = meta.to_json()
 
@@ -134,12 +135,11 @@ def _records(spark, io: FileIO, meta: TableMetadata, batches: list[Landed]):
                 yield from datafile.keys_of(rb, m).to_batches()
 
         columns = datafile.data_schema(meta)
-        read = spark.read.format(meta.file_format).schema(
-            spark_schema(pa.schema([columns.field(c) for c in datafile.upsert_columns(meta)])))
-        parts.append(read.load(data_paths).mapInArrow(derive, keys_schema))
-    key_paths = [io.uri(f.path) for b in batches for f in b.keys_files]
+        upserts = pa.schema([columns.field(c) for c in datafile.upsert_columns(meta)])
+        parts.append(spark_files.read(spark, io, data_paths, upserts, meta.file_format).mapInArrow(derive, keys_schema))
+    key_paths = [f.path for b in batches for f in b.keys_files]
     if key_paths:
-        parts.append(spark.read.schema(keys_schema).parquet(*key_paths).filter(F.col(keystore.DELETED)))
+        parts.append(spark_files.read(spark, io, key_paths, datafile.keys_schema(meta)).filter(F.col(keystore.DELETED)))
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])

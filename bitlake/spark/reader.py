@@ -16,9 +16,10 @@ import numpy as np
 import pyarrow as pa
 
 from bitlake.engine.plan import ReadPlan
-from bitlake.format import bitmap, datafile, layout, rowid
+from bitlake.format import bitmap, datafile, rowid
 from bitlake.format.commit import DataFile, SegmentState
 from bitlake.fs import FileIO
+from bitlake.spark import files as spark_files
 
 DRIVER_EXPANSION_ROWS = 2_000_000
 _DROP_IN = "segment string, revived binary"
@@ -55,12 +56,8 @@ class _ExpandDropped:
 
 
 def scan(spark, io: FileIO, meta, files: list[DataFile]):
-    from bitlake.spark.schema import spark_schema
-
-    reader = spark.read.format(meta.file_format).schema(spark_schema(datafile.data_schema(meta)))
-    if meta.partition_by:
-        reader = reader.option("basePath", io.uri(layout.DATA_DIR))
-    return reader.load([io.uri(f.path) for f in files])
+    return spark_files.read(spark, io, [f.path for f in files], datafile.data_schema(meta), meta.file_format,
+                            partitioned=bool(meta.partition_by))
 
 
 def read(spark, io: FileIO, p: ReadPlan, include_row_ids: bool = False):
@@ -89,7 +86,7 @@ def read(spark, io: FileIO, p: ReadPlan, include_row_ids: bool = False):
                     for k in segments]
             ids = (
                 spark.createDataFrame(rows, _DROP_IN)
-                .repartition(max(1, min(len(rows), spark.sparkContext.defaultParallelism)))
+                .repartition(max(1, min(len(rows), spark_files.parallelism(spark))))
                 .mapInArrow(_ExpandDropped(io), "_invalid long")
             )
         if invalid <= meta.int_prop("read.broadcast_invalid_rows"):

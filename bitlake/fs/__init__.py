@@ -15,8 +15,9 @@ suite, ``tests/test_fileio_contract.py``, checks them for each registered implem
 * Files are never modified in place.
 
 Instances are small, picklable values (Spark tasks receive them), equal when they name the same base.
-Only local paths and ``file://`` URIs are implemented now; another scheme registers a factory in
-:data:`_IMPLEMENTATIONS`.
+Local paths and ``file://`` URIs are :class:`LocalFileIO`; ``s3://``, ``gs://``, ``az://`` and ``memory://``
+are :class:`bitlake.fs.objectstore.ObjectStoreFileIO` (docs/storage.md). Another scheme registers a factory
+in :data:`_IMPLEMENTATIONS`.
 """
 
 from __future__ import annotations
@@ -30,9 +31,13 @@ import pyarrow as pa
 
 
 class FileIO:
-    """The interface. :class:`LocalFileIO` is the one implementation for now."""
+    """The interface."""
 
     base: str
+    # Whether Spark's JVM reads the files at uri() as they are (else executors read them through this class).
+    spark_readable = True
+    # Whether the files live in this process only (memory://): no other process, a Spark worker included, sees them.
+    process_local = False
 
     def uri(self, rel: str = "") -> str:
         """The URI of ``rel`` (or of the base), as engines such as Spark address it."""
@@ -201,22 +206,37 @@ def _local_uri(uri: str) -> LocalFileIO:
     return LocalFileIO(unquote(parsed.path))
 
 
-_IMPLEMENTATIONS: dict[str, Callable[[str], FileIO]] = {
-    "": LocalFileIO,
-    "file": _local_uri,
+def _object_store(base: str, storage_options: dict | None) -> FileIO:
+    from bitlake.fs.objectstore import ObjectStoreFileIO
+
+    return ObjectStoreFileIO(base, storage_options)
+
+
+def _local(base: str, storage_options: dict | None) -> FileIO:
+    if storage_options:
+        raise ValueError(f"storage_options configure object stores; {base!r} is a local path")
+    return _local_uri(base) if base.startswith("file:") else LocalFileIO(base)
+
+
+_IMPLEMENTATIONS: dict[str, Callable[[str, dict | None], FileIO]] = {
+    "": _local,
+    "file": _local,
+    **{scheme: _object_store for scheme in ("s3", "s3a", "gs", "az", "abfs", "abfss", "memory")},
 }
 
 
-def file_io(base: str | FileIO) -> FileIO:
-    """The IO implementation for a base path or URI (a FileIO is returned as it is)."""
+def file_io(base: str | FileIO, storage_options: dict | None = None) -> FileIO:
+    """The IO implementation for a base path or URI (a FileIO is returned as it is). ``storage_options``
+    configure an object store (credentials, endpoint, region: docs/storage.md)."""
     if isinstance(base, FileIO):
         return base
-    scheme = urlparse(base).scheme
+    scheme = urlparse(base).scheme.lower()
     if len(scheme) <= 1:  # a relative path, or a Windows drive letter
         scheme = ""
     try:
-        return _IMPLEMENTATIONS[scheme](base)
+        factory = _IMPLEMENTATIONS[scheme]
     except KeyError:
         raise ValueError(
-            f"unsupported storage scheme {scheme!r} in {base!r}; supported: local paths, file://"
-        ) from None
+            f"unsupported storage scheme {scheme!r} in {base!r}; supported: local paths, "
+            + ", ".join(f"{s}://" for s in sorted(_IMPLEMENTATIONS) if s)) from None
+    return factory(base, storage_options)

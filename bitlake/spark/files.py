@@ -1,0 +1,63 @@
+"""Spark DataFrames of a table's files, wherever the table lives.
+
+Spark's JVM reads local and HDFS paths with its own Parquet and ORC readers. Object stores it cannot reach
+without extra jars (s3a needs hadoop-aws): there the executors read the files through the table's
+:class:`~bitlake.fs.FileIO` (obstore), in a Python task per group of files that yields Arrow batches
+(``mapInArrow``). Both give the same columns; docs/benchmarks.md compares them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pyarrow as pa
+
+from bitlake.errors import InvalidInputError
+from bitlake.format import datafile
+from bitlake.fs import FileIO
+
+
+def require_shared(io: FileIO) -> None:
+    """Refuses a Spark job on a table other processes cannot see (a ``memory://`` store)."""
+    if io.process_local:
+        raise InvalidInputError(f"{io.uri()} lives in this process's memory: Spark's workers cannot reach it; "
+                                "use the Arrow paths (inline MetaGen, to_arrow) or a shared store")
+
+
+@dataclasses.dataclass
+class _ReadFiles:
+    io: FileIO
+    schema: pa.Schema
+    file_format: str
+
+    def __call__(self, batches):
+        for rb in batches:
+            for path in rb.column(0).to_pylist():
+                yield from datafile.read_batches(self.io, path, self.schema, self.file_format)
+
+
+def read(spark, io: FileIO, paths: list[str], schema: pa.Schema, file_format: str = "parquet",
+         partitioned: bool = False):
+    """The rows of the files at ``paths`` (relative to the table) as a DataFrame of ``schema``.
+    ``partitioned``: the files are under Hive-style partition folders of the data folder, whose columns
+    the files also hold."""
+    from bitlake.format import layout
+    from bitlake.spark.schema import spark_schema
+
+    require_shared(io)
+    if io.spark_readable:
+        reader = spark.read.format(file_format).schema(spark_schema(schema))
+        if partitioned:
+            reader = reader.option("basePath", io.uri(layout.DATA_DIR))
+        return reader.load([io.uri(p) for p in paths])
+    tasks = max(1, min(len(paths), parallelism(spark) * 2))
+    listing = spark.createDataFrame([(p,) for p in paths], "path string").repartition(tasks)
+    return listing.mapInArrow(_ReadFiles(io, schema, file_format), spark_schema(schema))
+
+
+def parallelism(spark) -> int:
+    """The cores Spark runs tasks on (a Spark Connect session has no SparkContext: its shuffle partitions)."""
+    try:
+        return spark.sparkContext.defaultParallelism
+    except Exception:  # noqa: BLE001 - pyspark.errors.PySparkNotImplementedError on Spark Connect
+        return int(spark.conf.get("spark.sql.shuffle.partitions"))

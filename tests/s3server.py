@@ -1,0 +1,71 @@
+"""moto's S3 server on loopback, for the tests and benchmarks that run bitlake against a real S3 API."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+BUCKET = "bitlake-tests"
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "bitlake",
+    "AWS_SECRET_ACCESS_KEY": "bitlake-secret",
+    "AWS_REGION": "us-east-1",
+    "AWS_ALLOW_HTTP": "true",
+}
+
+
+class S3Server:
+    def __init__(self, process: subprocess.Popen, endpoint: str):
+        self.process = process
+        self.endpoint = endpoint
+        # delta-rs's storage_options names (bitlake takes them, and so do deltalake and obstore)
+        self.options = {**CREDENTIALS, "AWS_ENDPOINT_URL": endpoint}
+
+    def uri(self, name: str = "t") -> str:
+        safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)[:60]
+        return f"s3://{BUCKET}/{safe}-{uuid.uuid4().hex[:8]}"
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_s3_server(export: bool = True) -> S3Server:
+    """Starts the server, creates the bucket and (``export``) sets this process's AWS_* variables to it, which
+    the processes it starts inherit."""
+    import boto3
+
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError("moto's S3 server did not start") from None
+            time.sleep(0.1)
+    server = S3Server(process, endpoint)
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+    if export:
+        os.environ.update(server.options)
+    return server
