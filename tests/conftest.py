@@ -1,6 +1,7 @@
 import importlib.metadata
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -20,6 +21,8 @@ collect_ignore = [] if _has_airflow() else ["airflow"]
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("BITLAKE_SHUFFLE_PARTITIONS", "4")
+# The key indexes of remote tables (a local cache) go to a folder of this test session, not the user's.
+os.environ.setdefault("BITLAKE_CACHE", tempfile.mkdtemp(prefix="bitlake-cache-"))
 
 
 @pytest.fixture(scope="session")

@@ -33,8 +33,11 @@ def make_batch(rng: random.Random, name: str, n: int = 7, keys: int = 10) -> lis
             for i, k in enumerate(ids)]
 
 
-def test_concurrent_writers(tmp_path, spark, procs):
-    table = harness.create(tmp_path / "t", num_buckets=4)
+@pytest.mark.parametrize("store", ["local", pytest.param("s3", marks=pytest.mark.s3)])
+def test_concurrent_writers(tmp_path, spark, procs, store, request):
+    """``s3``: the table on moto's S3 server; the commit log's put-if-absent is S3's conditional put."""
+    path = request.getfixturevalue("s3_server").uri("concurrent") if store == "s3" else tmp_path / "t"
+    table = harness.create(path, num_buckets=4)
     rng = random.Random(20240611)
     plans = {  # per writer, in order: (batch id, metagen) or "metagen"
         "w0": [("w0-b0", True), ("w0-b1", False), "metagen"],

@@ -10,7 +10,6 @@ needs its own SparkSession), and the tests then check and repair one table each 
 
 from __future__ import annotations
 
-import shutil
 import time
 
 import pytest
@@ -87,12 +86,37 @@ def metadata_files(paths):
 def crashed(tmp_path_factory, spark):
     """Runs every case's crashing writer; returns case -> (table path, finished Writer)."""
     root = tmp_path_factory.mktemp("crash")
-    base = harness.create(root / "base", num_buckets=2)
+    yield from crash_all(root, CASES, spark, lambda name: root / name)
+
+
+S3_CASES = {name: CASES[name] for name in
+            ["ingest-after_landing", "ingest-after_metagen", "ingest-after_commit", "compact-after_commit"]}
+
+
+@pytest.fixture(scope="module")
+def crashed_on_s3(tmp_path_factory, spark, s3_server):
+    """The same, for a few cases, with the tables on moto's S3 server."""
+    root = tmp_path_factory.mktemp("crash-s3")
+    yield from crash_all(root, S3_CASES, spark, lambda name: s3_server.uri(f"crash-{name}"))
+
+
+def copy_table(source: bitlake.Table, path) -> bitlake.Table:
+    """A byte copy of ``source``'s files at ``path`` (a folder or an object-store URI)."""
+    from bitlake.fs import file_io
+
+    target = file_io(str(path))
+    for rel in source.io.walk():
+        target.write_atomic(rel, source.io.read_bytes(rel))
+    return bitlake.open_table(str(path))
+
+
+def crash_all(root, cases: dict, spark, path_of):
+    base = harness.create(path_of("base"), num_buckets=2)
     assert ingest(base, "b0", spark=spark).version == 1
     todo = []
-    for name, (point, mode) in CASES.items():
-        path = root / name
-        shutil.copytree(base.path, path)
+    for name, (point, mode) in cases.items():
+        path = path_of(name)
+        copy_table(base, path)
         if mode == "metagen":
             r = ingest(bitlake.open_table(str(path)), "b1", metagen=False, spark=spark)
             assert (r.version, r.committed, r.visible) == (2, True, False)
@@ -162,6 +186,16 @@ def cleanup_and_check(table, spark, expected_removed: list[str], expected_rows: 
 
 @pytest.mark.parametrize("point", INGEST_POINTS)
 def test_crash_during_ingest(crashed, spark, point):
+    check_crash_during_ingest(crashed, spark, point)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("point", ["after_landing", "after_metagen", "after_commit"])
+def test_crash_during_ingest_on_s3(crashed_on_s3, spark, point):
+    check_crash_during_ingest(crashed_on_s3, spark, point)
+
+
+def check_crash_during_ingest(crashed, spark, point):
     path, writer = crashed[f"ingest-{point}"]
     check_died(writer)
     table = bitlake.open_table(path)
@@ -241,6 +275,15 @@ def test_crash_during_metagen_of_pending_batch(crashed, spark):
 
 @pytest.mark.parametrize("point", ["after_compaction_write", "after_commit"])
 def test_crash_during_compaction(crashed, spark, point):
+    check_crash_during_compaction(crashed, spark, point)
+
+
+@pytest.mark.s3
+def test_crash_after_compaction_commit_on_s3(crashed_on_s3, spark):
+    check_crash_during_compaction(crashed_on_s3, spark, "after_commit")
+
+
+def check_crash_during_compaction(crashed, spark, point):
     path, writer = crashed[f"compact-{point}"]
     check_died(writer)
     table = bitlake.open_table(path)

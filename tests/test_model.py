@@ -68,15 +68,18 @@ KINDS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(KINDS))
-def test_random_batches_match_the_oracle(spark, kind, monkeypatch):
+@pytest.mark.parametrize("kind", [*KINDS, pytest.param("int-key/int-delta@s3", marks=pytest.mark.s3)])
+def test_random_batches_match_the_oracle(spark, kind, monkeypatch, request):
+    """``@s3``: the table on moto's S3 server, where Spark's jobs read the files through obstore."""
+    kind, _, store = kind.partition("@")
     key_type, delta_type, to_delta, options = KINDS[kind]
+    s3 = request.getfixturevalue("s3_server") if store == "s3" else None
     schema = pa.schema([("k", key_type[0]), ("grp", pa.string()), ("value", pa.int64()), ("mod", delta_type)])
 
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), phases=PHASES)
     @given(st.lists(batch, min_size=1, max_size=4))
     def run(batches):
-        path = tempfile.mkdtemp(prefix="bitlake-model-")
+        path = s3.uri("model") if s3 else tempfile.mkdtemp(prefix="bitlake-model-")
         try:
             t = bitlake.create_table(
                 path, schema, primary_key=["k"], delta_column="mod", num_buckets=3,
@@ -131,7 +134,8 @@ def test_random_batches_match_the_oracle(spark, kind, monkeypatch):
                     oracle.apply(recs)
             _check(t, oracle, spark=spark)
         finally:
-            shutil.rmtree(path, ignore_errors=True)
+            if not s3:
+                shutil.rmtree(path, ignore_errors=True)
 
     run()
 

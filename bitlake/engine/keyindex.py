@@ -22,6 +22,7 @@ their tables' inline MetaGen always scans the key store.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 from typing import Any
@@ -54,12 +55,14 @@ _LOOKUP_CHUNK = 4096
 
 def location(io: FileIO, meta: TableMetadata) -> tuple[str, str]:
     """The index's folder and lock file: beside the table when it is local, else in the user's cache
-    folder, keyed by the table id (``$BITLAKE_CACHE`` or ``~/.cache/bitlake``)."""
+    folder (``$BITLAKE_CACHE`` or ``~/.cache/bitlake``), keyed by the table id and its URI (a copy of a table
+    keeps its id, and goes its own way)."""
     local, lock = io.local_path(layout.INDEX_DIR), io.local_path(layout.INDEX_LOCK)
     if local is not None and lock is not None:
         return local, lock
     root = os.environ.get("BITLAKE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "bitlake")
-    folder = os.path.join(root, "index", meta.table_id)
+    where = hashlib.sha256(io.uri().encode()).hexdigest()[:16]
+    folder = os.path.join(root, "index", f"{meta.table_id}-{where}")
     return folder, folder + ".lock"
 
 
