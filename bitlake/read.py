@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from bitlake.engine import changes as changes_mod
 from bitlake.engine import plan, reader, timetravel
 from bitlake.errors import InvalidInputError
 from bitlake.format import commitlog
@@ -29,8 +31,32 @@ def view(io: FileIO, latest: TableState, version: int | None, as_of: Any, valid_
     return state, t
 
 
-def to_arrow(io: FileIO, state: TableState, valid_at: int | None, include_row_ids: bool) -> pa.Table:
-    return reader.read(io, plan.plan(io, state, valid_at), include_row_ids)
+class View:
+    """A view of a table (a version, an event time, columns and a condition) that Arrow consumers scan: each
+    scan streams the view anew from the files in bounded memory. DuckDB (``duckdb.sql("... FROM v")``),
+    Polars (``polars.DataFrame(v)``) and pyarrow take it through the Arrow C stream interface."""
+
+    def __init__(self, io: FileIO, state: TableState, valid_at: int | None, columns: list[str] | None,
+                 where: Any, include_row_ids: bool):
+        if where is not None and not isinstance(where, pc.Expression):
+            raise InvalidInputError(f"filter must be a pyarrow compute expression (pyarrow.compute.field('x') > 1), "
+                                    f"not {type(where).__name__}")
+        self._io, self._columns, self._where, self._ids = io, columns, where, include_row_ids
+        self._plan = plan.plan(io, state, valid_at)
+        self.version = state.version
+        self.schema = reader.output_schema(self._plan, columns, include_row_ids)
+
+    def __repr__(self) -> str:
+        return f"View(version={self.version}, columns={self.schema.names})"
+
+    def to_reader(self, batch_rows: int = reader.BATCH_ROWS) -> pa.RecordBatchReader:
+        return reader.reader(self._io, self._plan, self._ids, self._where, self._columns, batch_rows)
+
+    def to_table(self) -> pa.Table:
+        return reader.read(self._io, self._plan, self._ids, self._where, self._columns)
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        return self.to_reader().__arrow_c_stream__(requested_schema)
 
 
 def to_spark(spark, io: FileIO, state: TableState, valid_at: int | None, include_row_ids: bool):
@@ -39,22 +65,31 @@ def to_spark(spark, io: FileIO, state: TableState, valid_at: int | None, include
     return spark_reader.read(spark, io, plan.plan(io, state, valid_at), include_row_ids)
 
 
-def changes(spark, io: FileIO, latest: TableState, start_version: int, end_version: int | None,
-            change_types: list[str] | None):
-    from bitlake.spark import changes as spark_changes
-
+def change_plan(io: FileIO, latest: TableState, start_version: int, end_version: int | None,
+                change_types: list[str] | None) -> changes_mod.ChangePlan:
+    """The plan of the changes of commits ``(start_version, end_version]`` (default: to the latest)."""
     end = latest.version if end_version is None else end_version
     end = timetravel.resolve_version(io, latest.version, end)
     start = timetravel.resolve_version(io, latest.version, start_version)
     if start > end:
         raise InvalidInputError(f"start_version {start} is after end_version {end}")
     timetravel.check_window(latest.window, start, what="start_version")
-    unknown = set(change_types or []) - set(spark_changes.CHANGE_TYPES)
+    unknown = set(change_types or []) - set(changes_mod.CHANGE_TYPES)
     if unknown:
-        raise InvalidInputError(f"unknown change types {sorted(unknown)}; known: {list(spark_changes.CHANGE_TYPES)}")
+        raise InvalidInputError(f"unknown change types {sorted(unknown)}; known: {list(changes_mod.CHANGE_TYPES)}")
     state = latest if end == latest.version else _older(io, latest, end)
     commits = {v: commitlog.read(io, v) for v in range(start + 1, end + 1)}
-    return spark_changes.read_changes(spark, io, state, start, end, commits, change_types)
+    return changes_mod.plan(io, state, start, end, commits, change_types)
+
+
+def changes_to_arrow(io: FileIO, p: changes_mod.ChangePlan) -> pa.Table:
+    return changes_mod.read_arrow(io, p)
+
+
+def changes(spark, io: FileIO, p: changes_mod.ChangePlan):
+    from bitlake.spark import changes as spark_changes
+
+    return spark_changes.read_changes(spark, io, p)
 
 
 def _older(io: FileIO, latest: TableState, version: int) -> TableState:

@@ -266,10 +266,28 @@ class Table:
         return read.to_spark(spark or _session(), self.io, state, t, include_row_ids)
 
     def to_arrow(self, *, version: int | None = None, as_of: Any = None, valid_at: Any = None,
+                 columns: list[str] | None = None, filter: Any = None,  # noqa: A002 - pyarrow's and delta-rs's name
                  include_row_ids: bool = False) -> pa.Table:
-        """The same view as :meth:`to_spark`, read on the driver with pyarrow."""
+        """The same view as :meth:`to_spark`, read on this machine with pyarrow (no Spark). ``columns``: the
+        columns wanted (default all); ``filter``: a pyarrow compute expression, pushed down to the files (row
+        groups its statistics rule out are skipped; partition columns prune the same way)."""
+        return self.view(version=version, as_of=as_of, valid_at=valid_at, columns=columns, filter=filter,
+                         include_row_ids=include_row_ids).to_table()
+
+    def to_batches(self, *, version: int | None = None, as_of: Any = None, valid_at: Any = None,
+                   columns: list[str] | None = None, filter: Any = None,  # noqa: A002
+                   include_row_ids: bool = False, batch_rows: int = 131_072) -> pa.RecordBatchReader:
+        """:meth:`to_arrow` as a ``pyarrow.RecordBatchReader`` that streams the view in bounded memory."""
+        return self.view(version=version, as_of=as_of, valid_at=valid_at, columns=columns, filter=filter,
+                         include_row_ids=include_row_ids).to_reader(batch_rows)
+
+    def view(self, *, version: int | None = None, as_of: Any = None, valid_at: Any = None,
+             columns: list[str] | None = None, filter: Any = None,  # noqa: A002
+             include_row_ids: bool = False) -> read.View:
+        """A view that DuckDB, Polars and other Arrow consumers scan, as often as they like, without Spark:
+        ``duckdb.sql("SELECT count(*) FROM v")``, ``polars.DataFrame(v)`` (docs/reading.md)."""
         state, t = read.view(self.io, self.refresh(), version, as_of, valid_at)
-        return read.to_arrow(self.io, state, t, include_row_ids)
+        return read.View(self.io, state, t, columns, filter, include_row_ids)
 
     def changes(self, spark: Any = None, *, start_version: int, end_version: int | None = None,
                 change_types: list[str] | None = None):
@@ -279,7 +297,15 @@ class Table:
         update_postimage, delete), ``_commit_version`` and ``_commit_timestamp``, in commit order.
         ``start_version`` is exclusive, ``end_version`` inclusive (default: the latest).
         """
-        return read.changes(spark or _session(), self.io, self.refresh(), start_version, end_version, change_types)
+        p = read.change_plan(self.io, self.refresh(), start_version, end_version, change_types)
+        return read.changes(spark or _session(), self.io, p)
+
+    def changes_to_arrow(self, *, start_version: int, end_version: int | None = None,
+                         change_types: list[str] | None = None) -> pa.Table:
+        """:meth:`changes` as a pyarrow Table, read on this machine without Spark (the same rows, in the same
+        order; ``_commit_timestamp`` is a UTC timestamp)."""
+        p = read.change_plan(self.io, self.refresh(), start_version, end_version, change_types)
+        return read.changes_to_arrow(self.io, p)
 
     def history(self) -> list[dict[str, Any]]:
         """One entry per commit, newest first (from the retention window's start, once cleanup dropped the

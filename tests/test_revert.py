@@ -240,6 +240,9 @@ def test_reverts_and_replaces_match_the_oracle(spark, kind_name):
                 got = sorted((r["_change_type"], r["_commit_version"], tuple(_utc(r.asDict())[c] for c in COLUMNS))
                              for r in t.changes(spark, start_version=lo, end_version=hi).collect())
                 assert got == expected, (lo, hi)
+                arrow = t.changes_to_arrow(start_version=lo, end_version=hi).to_pylist()
+                assert sorted((r["_change_type"], r["_commit_version"], tuple(r[c] for c in COLUMNS))
+                              for r in arrow) == expected, (lo, hi)
                 spec = sorted((r["_change_type"], r["_commit_version"], tuple(r[c] for c in COLUMNS))
                               for r in spec_reader.read_changes(path, lo, hi))
                 assert spec == expected, (lo, hi)
@@ -369,6 +372,9 @@ def test_an_append_only_table_matches_its_model(spark):
             got = sorted((r["_change_type"], r["_commit_version"], r["user"], r["n"])
                          for r in t.changes(spark, start_version=lo).collect())
             assert got == model.changes_between(lo, t.version), lo
+            arrow = sorted((r["_change_type"], r["_commit_version"], r["user"], r["n"])
+                           for r in t.changes_to_arrow(start_version=lo).to_pylist())
+            assert arrow == got, lo
         finally:
             shutil.rmtree(path, ignore_errors=True)
 

@@ -68,7 +68,11 @@ def _build(path, spark, plan):
 
 
 def _changes(df) -> list[tuple]:
-    return sorted((r["_change_type"], r["_commit_version"], tuple(r[c] for c in COLUMNS)) for r in df.collect())
+    return _changes_of(r.asDict() for r in df.collect())
+
+
+def _changes_of(rows) -> list[tuple]:
+    return sorted((r["_change_type"], r["_commit_version"], tuple(r[c] for c in COLUMNS)) for r in rows)
 
 
 def test_every_version_and_event_time_and_change_range_matches_the_oracle(spark):
@@ -97,7 +101,13 @@ def test_every_version_and_event_time_and_change_range_matches_the_oracle(spark)
             start = rnd.randint(first, t.version)
             end = rnd.randint(start, t.version)
             expected = sorted((c, ver, tuple(row[k] for k in COLUMNS)) for c, ver, row in oracle.changes_between(start, end))
-            assert _changes(t.changes(spark, start_version=start, end_version=end)) == expected
+            spark_rows = t.changes(spark, start_version=start, end_version=end).collect()
+            assert _changes_of([r.asDict() for r in spark_rows]) == expected
+            arrow_rows = t.changes_to_arrow(start_version=start, end_version=end).to_pylist()
+            assert _changes_of(arrow_rows) == expected
+            # The same order: commit, batch, delta value, cause, the old row before the new one.
+            assert [(r["_change_type"], r["_commit_version"]) for r in arrow_rows] == [
+                (r["_change_type"], r["_commit_version"]) for r in spark_rows]
         finally:
             shutil.rmtree(path, ignore_errors=True)
 

@@ -1,61 +1,100 @@
-"""Reading a view on the driver with pyarrow: the plan of :mod:`bitlake.engine.plan`, executed file by file."""
+"""Reading a view without Spark: the plan of :mod:`bitlake.engine.plan`, executed file by file with pyarrow.
+
+:func:`batches` streams the view in bounded memory (a Parquet file is scanned batch by batch; the rows a view
+drops are filtered out of each batch by their row ids); :func:`read` collects it. A condition ``where`` (a
+pyarrow compute expression) is pushed down to Parquet: row groups whose statistics rule it out are skipped
+(a partition column is in every file, so partitions prune the same way), and only the columns wanted and
+those the condition names are decoded.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+import pyarrow.dataset as ds
 
 from bitlake.engine.plan import ReadPlan
 from bitlake.format import bitmap, datafile, rowid
+from bitlake.format.commit import DataFile
 from bitlake.format.metadata import deltas_as_int
 from bitlake.fs import FileIO
 
+BATCH_ROWS = 131_072
 
-def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
-         columns: list[str] | None = None) -> pa.Table:
-    """The rows of the plan (``columns`` of them, default all), and with ``where``, those it holds true for:
-    then a Parquet file is read with the condition pushed down (row groups skipped by their statistics, only
-    the columns wanted and those the condition names decoded)."""
+
+def output_schema(p: ReadPlan, columns: list[str] | None = None, include_row_ids: bool = False) -> pa.Schema:
     meta = p.state.metadata
-    columns = (columns if columns is not None else meta.column_names) + (
+    names = (columns if columns is not None else meta.column_names) + (
         list(rowid.ROW_ID_COLUMNS) if include_row_ids else [])
-    needed = set(columns) | set(rowid.ROW_ID_COLUMNS) | {c for _, c, _ in p.hidden}
+    schema = datafile.data_schema(meta)
+    unknown = [c for c in names if c not in schema.names]
+    if unknown:
+        from bitlake.errors import InvalidInputError
+
+        raise InvalidInputError(f"columns {unknown} are not in the table; it has {meta.column_names}")
+    return pa.schema([schema.field(c) for c in names])
+
+
+def batches(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
+            columns: list[str] | None = None, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
+    """The rows of the plan (``columns`` of them, default all), and with ``where``, those it holds true for,
+    as record batches of :func:`output_schema`, one file after the other."""
+    meta = p.state.metadata
+    schema = output_schema(p, columns, include_row_ids)
+    needed = set(schema.names) | set(rowid.ROW_ID_COLUMNS) | {c for _, c, _ in p.hidden}
     if p.valid_at is not None and meta.keyed:
         needed.add(str(meta.delta_column))
     read_columns = [c for c in datafile.data_schema(meta).names if c in needed]
     cache = bitmap.BitmapCache(io)
-    pieces = []
     filtered = {f.path for f in p.filtered}
     for f in p.whole + p.filtered:
-        table = _read(io, f.path, meta, read_columns, where)
-        if f.path in filtered:
-            packed = rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
-            kept = np.concatenate([
-                bitmap.to_array(p.kept(cache, r.segment)) | np.int64(rowid.segment_key(r.part, r.seq))
-                for r in f.segments
-            ])
-            table = table.filter(pa.array(np.isin(packed, kept)))
-        if p.valid_at is not None and meta.keyed:
-            deltas = deltas_as_int(table.column(meta.delta_column), meta.delta_type)
-            table = table.filter(pa.array(deltas <= p.valid_at))
-        if p.hidden:
-            table = table.filter(pa.array(~p.tombstoned(table)))
-        pieces.append(table.select(columns))
-    if not pieces:
-        return datafile.data_schema(meta).empty_table().select(columns)
-    return pa.concat_tables(pieces)
+        kept = _kept_ids(p, cache, f) if f.path in filtered else None
+        for rb in _file_batches(io, f.path, meta, read_columns, where, batch_rows):
+            table = pa.Table.from_batches([rb])
+            if kept is not None:
+                packed = rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+                table = table.filter(pa.array(np.isin(packed, kept)))
+            if p.valid_at is not None and meta.keyed:
+                deltas = deltas_as_int(table.column(meta.delta_column), meta.delta_type)
+                table = table.filter(pa.array(deltas <= p.valid_at))
+            if p.hidden:
+                table = table.filter(pa.array(~p.tombstoned(table)))
+            if table.num_rows:
+                yield from table.select(schema.names).cast(schema).to_batches()
 
 
-def _read(io: FileIO, path: str, meta, columns: list[str], where: pc.Expression | None) -> pa.Table:
-    if where is not None and meta.file_format == "parquet":
-        try:  # a file written before a column the condition names was added falls back below
-            table = pq.read_table(io.open_input(path), columns=columns, filters=where)
-            return table.cast(pa.schema([datafile.data_schema(meta).field(c) for c in columns]))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, KeyError):
-            pass
-    table = datafile.read_data(io, path, meta)
-    if where is not None:
-        table = table.filter(where)
-    return table.select(columns)
+def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
+         columns: list[str] | None = None) -> pa.Table:
+    """:func:`batches` as one table."""
+    schema = output_schema(p, columns, include_row_ids)
+    return pa.Table.from_batches(list(batches(io, p, include_row_ids, where, columns)), schema=schema)
+
+
+def reader(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
+           columns: list[str] | None = None, batch_rows: int = BATCH_ROWS) -> pa.RecordBatchReader:
+    """:func:`batches` as a ``pyarrow.RecordBatchReader`` (what DuckDB, Polars and Arrow consumers take)."""
+    schema = output_schema(p, columns, include_row_ids)
+    return pa.RecordBatchReader.from_batches(schema, batches(io, p, include_row_ids, where, columns, batch_rows))
+
+
+def _kept_ids(p: ReadPlan, cache: bitmap.BitmapCache, f: DataFile) -> np.ndarray:
+    return np.concatenate([
+        bitmap.to_array(p.kept(cache, r.segment)) | np.int64(rowid.segment_key(r.part, r.seq)) for r in f.segments
+    ])
+
+
+def _file_batches(io: FileIO, path: str, meta, columns: list[str], where: pc.Expression | None,
+                  batch_rows: int) -> Iterator[pa.RecordBatch]:
+    schema = datafile.data_schema(meta)
+    if meta.file_format == "parquet":
+        # The table's schema: a column added after the file was written reads as null (and fails ``where``).
+        fragment = ds.ParquetFileFormat().make_fragment(io.open_input(path))
+        yield from fragment.to_batches(schema=schema, columns=columns, filter=where, batch_size=batch_rows)
+        return
+    for rb in datafile.read_batches(io, path, schema, meta.file_format, None if where is not None else columns,
+                                    batch_rows):
+        yield from (pa.Table.from_batches([rb]).filter(where).select(columns).to_batches() if where is not None
+                    else [rb])
