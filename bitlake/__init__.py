@@ -23,7 +23,8 @@ __version__ = "0.1.0"
 
 
 def spark_session(master: str | None = None, app_name: str = "bitlake", **conf: str):
-    """The active SparkSession, or a local one set up for bitlake: see :func:`bitlake.spark.session.spark_session`.
+    """The active SparkSession, or a local one set up for bitlake: see :func:`bitlake.spark.session.spark_session`;
+    ``format("bitlake")`` is registered with it.
 
     PySpark (``pip install 'bitlake[spark]'``) is imported here, not by ``import bitlake``.
     """
@@ -33,7 +34,17 @@ def spark_session(master: str | None = None, app_name: str = "bitlake", **conf: 
         raise BitlakeError("Spark is not installed: pip install 'bitlake[spark]'")
     from bitlake.spark.session import spark_session
 
-    return spark_session(master, app_name, **conf)
+    spark = spark_session(master, app_name, **conf)
+    register_data_source(spark)
+    return spark
+
+
+def register_data_source(spark) -> None:
+    """Makes ``spark.read.format("bitlake")`` and ``df.write.format("bitlake")`` known to a SparkSession that
+    :func:`spark_session` did not build (docs/spark.md)."""
+    from bitlake.datasource import register
+
+    register(spark)
 
 
 __all__ = [
@@ -42,5 +53,5 @@ __all__ = [
     "NotATableError", "NullValueError", "SchemaMismatchError", "Table", "TableExistsError",
     "TableNotFoundError", "UnknownOperationError", "UnsupportedFormatVersionError", "VersionExpiredError",
     "VersionNotFoundError",
-    "convert", "create_table", "open_table", "spark_session",
+    "convert", "create_table", "open_table", "register_data_source", "spark_session",
 ]

@@ -109,6 +109,12 @@ class Ingestion:
             return done
         land = landing_of(data, meta, op_column)  # checks the input before anything is written
         batch = land_batch(self.io, state, land, batch_id)
+        return self.finish(batch, metagen=metagen, inline=inline, spark=spark, operation=operation)
+
+    def finish(self, batch: Landed, *, metagen: bool, inline: bool | None, spark: Any,
+               operation: str = INGEST) -> IngestResult:
+        """Commits a landed batch: its landing (LAND), or its MetaGen with it (``operation``). Its files go when
+        that fails and no commit took its part; a batch id another writer committed first is a no-op."""
         with dropped_unless_committed(self.io, self.refresh, batch.part):
             if metagen:
                 return self._metagen(spark, batch, inline, operation)

@@ -1,0 +1,282 @@
+"""``spark.read.format("bitlake")`` and ``df.write.format("bitlake")``: a Spark Python Data Source (Spark 4)
+over the same read planner and ingestion as the rest of bitlake (docs/spark.md).
+
+Reads take Delta's option names: ``versionAsOf``, ``timestampAsOf``, ``validAt`` (bitlake's event time),
+``readChangeFeed`` with ``startingVersion`` / ``endingVersion``. A task reads a group of the view's files
+through the table's :class:`~bitlake.fs.FileIO` (any store, no Hadoop connector) and yields Arrow batches;
+Spark's simple filters are pushed down to the Parquet scans (row groups skipped by their statistics) and
+still checked by Spark. Writes (mode ``append``) are one batch, with ``batchId`` and ``opColumn``: the tasks
+land the rows, the commit runs MetaGen on the driver; a ``batchId`` that committed already is a no-op.
+``storage.<key>`` options are the table's ``storage_options``.
+
+Registered by :func:`bitlake.spark_session`; any other session: ``bitlake.register_data_source(spark)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from functools import reduce
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+
+from bitlake import read
+from bitlake.engine import changes as changes_mod
+from bitlake.engine import landing, reader
+from bitlake.errors import InvalidInputError
+from bitlake.format.commit import INGEST
+
+NAME = "bitlake"
+# Files of a view are read in groups of about this many bytes, one task each.
+PARTITION_BYTES = 128 << 20
+# A write task numbers its segments seq = task, task + STRIDE, ...: up to this many tasks per write.
+STRIDE = 4096
+CHANGE_COLUMNS = [pa.field("_change_type", pa.string()), pa.field("_commit_version", pa.int64()),
+                  pa.field("_commit_timestamp", pa.timestamp("us", tz="UTC"))]
+
+
+def register(spark) -> None:
+    """Makes ``format("bitlake")`` known to ``spark`` (and turns on Spark's filter pushdown to Python data
+    sources, off by default, which :class:`ViewReader` uses)."""
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    spark.dataSource.register(BitlakeDataSource)
+
+
+def _table(options):
+    from bitlake.table import open_table
+
+    path = options.get("path")
+    if not path:
+        raise InvalidInputError('a bitlake read or write needs the table: .load("<uri>") or .save("<uri>")')
+    storage = {k[len("storage."):]: v for k, v in options.items() if k.lower().startswith("storage.")}
+    return open_table(path, storage or None)
+
+
+def _flag(options, name: str) -> bool:
+    value = str(options.get(name, "false")).strip().lower()
+    if value not in ("true", "false"):
+        raise InvalidInputError(f"option {name} must be true or false, not {value!r}")
+    return value == "true"
+
+
+def _int(options, name: str) -> int | None:
+    value = options.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidInputError(f"option {name} must be an integer, not {value!r}") from None
+
+
+class BitlakeDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self):
+        from bitlake.spark.schema import spark_schema
+
+        return spark_schema(self._arrow_schema())
+
+    def _arrow_schema(self) -> pa.Schema:
+        meta = _table(self.options).metadata
+        schema = pa.schema([meta.schema.field(c) for c in meta.column_names])
+        if _flag(self.options, "readChangeFeed"):
+            return pa.schema([*schema, *CHANGE_COLUMNS])
+        return schema
+
+    def reader(self, schema) -> DataSourceReader:
+        if _flag(self.options, "readChangeFeed"):
+            return ChangeFeedReader(self.options)
+        return ViewReader(self.options)
+
+    def writer(self, schema, overwrite: bool) -> BatchWriter:
+        if overwrite:
+            raise InvalidInputError(
+                "bitlake writes are upserts (mode 'append'): mode 'overwrite' would need a table-wide delete, which "
+                "bitlake does not do implicitly; delete rows with Table.delete(...), or write a new table")
+        return BatchWriter(self.options, schema)
+
+
+@dataclasses.dataclass
+class _Files(InputPartition):
+    paths: list[str]
+
+
+class ViewReader(DataSourceReader):
+    """A view (version, time or event time): the planner's files in groups, each a task."""
+
+    def __init__(self, options):
+        t = _table(options)
+        version = _int(options, "versionAsOf")
+        state, valid_at = read.view(t.io, t.refresh(), version, options.get("timestampAsOf"), options.get("validAt"))
+        from bitlake.engine import plan
+
+        self.io = t.io
+        self.plan = plan.plan(t.io, state, valid_at)
+        self.where: list[pc.Expression] = []
+
+    def pushFilters(self, filters):  # noqa: N802 - Spark's name
+        """Keeps the filters pyarrow can evaluate for the Parquet scans (statistics pruning and row filtering);
+        returns every filter, so Spark checks them all again (a cheap safety net)."""
+        schema = reader.output_schema(self.plan)
+        for f in filters:
+            expression = _expression(f, schema)
+            if expression is not None:
+                self.where.append(expression)
+            yield f
+
+    def partitions(self):
+        groups: list[list[str]] = []
+        size = PARTITION_BYTES
+        for f in sorted(self.plan.whole + self.plan.filtered, key=lambda f: f.path):
+            if size + f.bytes > PARTITION_BYTES:
+                groups.append([])
+                size = 0
+            groups[-1].append(f.path)
+            size += f.bytes
+        return [_Files(g) for g in groups] or [_Files([])]
+
+    def read(self, partition: _Files):
+        wanted = set(partition.paths)
+        p = dataclasses.replace(self.plan, whole=[f for f in self.plan.whole if f.path in wanted],
+                                filtered=[f for f in self.plan.filtered if f.path in wanted])
+        where = reduce(operator.and_, self.where) if self.where else None
+        yield from reader.batches(self.io, p, where=where)
+
+
+class ChangeFeedReader(DataSourceReader):
+    """The change feed of ``(startingVersion, endingVersion]`` (Delta's inclusive ``startingVersion`` is the
+    first commit read: bitlake reads the commits after ``startingVersion - 1``), read in one task."""
+
+    def __init__(self, options):
+        t = _table(options)
+        start = _int(options, "startingVersion")
+        if start is None:
+            raise InvalidInputError("readChangeFeed needs startingVersion (the first commit whose changes are read)")
+        self.io = t.io
+        # Commit 0 creates the table and changes nothing: startingVersion 0 reads what 1 does.
+        self.plan = read.change_plan(t.io, t.refresh(), max(start - 1, 0), _int(options, "endingVersion"), None)
+
+    def read(self, partition):
+        yield from changes_mod.read_arrow(self.io, self.plan).to_batches()
+
+
+@dataclasses.dataclass
+class _Landed(WriterCommitMessage):
+    reports: list[dict]
+
+
+class BatchWriter(DataSourceArrowWriter):
+    """One write is one batch: a segment part claimed here, landed by the tasks, committed by :meth:`commit`."""
+
+    def __init__(self, options, schema):
+        from bitlake import ingest, transaction
+        from bitlake.engine.conform import Conformer
+        from bitlake.spark.schema import to_arrow_schema
+
+        t = _table(options)
+        state = t.refresh()
+        state.protocol.check_write(t.io.uri())
+        self.io, self.meta = t.io, state.metadata
+        self.op_column = options.get("opColumn")
+        if self.op_column is not None and not self.meta.keyed:
+            raise InvalidInputError("an unkeyed (append-only) table takes no opColumn: it has no deletes")
+        Conformer(to_arrow_schema(schema), self.meta, self.op_column)  # a schema error before any task runs
+        self.batch_id = ingest.check_batch_id(options.get("batchId"))
+        self.done = ingest.already_committed(t.io, state, self.batch_id) is not None
+        self.part = None if self.done else transaction.claim_part(t.io, state)
+
+    def write(self, iterator):
+        from pyspark import TaskContext
+
+        from bitlake.engine.conform import conformed
+
+        if self.done:  # the batch id committed before: a retried write applies nothing
+            for _ in iterator:
+                pass
+            return _Landed([])
+        task = TaskContext.get().partitionId()
+        if task >= STRIDE:
+            raise InvalidInputError(f"a bitlake write takes at most {STRIDE} partitions; coalesce the DataFrame")
+        first = next(iterator, None)
+        if first is None:
+            return _Landed([])
+        stream = pa.RecordBatchReader.from_batches(first.schema, _chain(first, iterator))
+        rows = conformed(stream, self.meta, self.op_column)
+        run = landing.LandTask(self.io, self.meta.to_json(), self.part, STRIDE, self.op_column is not None)
+        return _Landed(run.run(task, rows))
+
+    def commit(self, messages) -> None:
+        from bitlake.engine.metagen import Landed
+        from bitlake.table import Table
+
+        if self.done:
+            return
+        reports = [r for m in messages if m is not None for r in m.reports]
+        data, keys = landing.collect(self.io, self.meta, self.part, iter(reports))
+        records = sum(f.rows for f in data) + sum(f.rows for f in keys)
+        batch = Landed(self.batch_id, self.part, records, tuple(data), tuple(keys))
+        t = Table(self.io)
+        # The commit runs in a Python worker of the driver, which has no SparkSession: MetaGen runs inline.
+        t._upkeep(t._writes.finish(batch, metagen=True, inline=True, spark=None, operation=INGEST))
+
+    def abort(self, messages) -> None:
+        if self.part is not None:
+            landing.remove_part_files(self.io, self.part)
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+_COMPARISONS = {"EqualTo": operator.eq, "GreaterThan": operator.gt, "GreaterThanOrEqual": operator.ge,
+                "LessThan": operator.lt, "LessThanOrEqual": operator.le}
+
+
+def _expression(f, schema: pa.Schema) -> pc.Expression | None:
+    """A Spark filter as a pyarrow expression over a top-level column of ``schema``; None when it is not one
+    pyarrow evaluates as Spark does."""
+    kind = type(f).__name__
+    if kind == "Not":
+        inner = _expression(f.child, schema)
+        return None if inner is None else ~inner
+    attribute = getattr(f, "attribute", ())
+    if len(attribute) != 1 or attribute[0] not in schema.names:
+        return None
+    field = pc.field(attribute[0])
+    column_type = schema.field(attribute[0]).type
+    if pa.types.is_timestamp(column_type):
+        return None  # PySpark hands timestamp values as naive datetimes in the worker's local time zone
+    try:
+        if kind in _COMPARISONS:
+            expression = _COMPARISONS[kind](field, _scalar(f.value, column_type))
+        elif kind == "In":
+            expression = field.isin(pa.array(list(f.value), column_type))
+        elif kind == "IsNull":
+            expression = field.is_null()
+        elif kind == "IsNotNull":
+            expression = field.is_valid()
+        elif kind == "StringStartsWith" and pa.types.is_string(column_type):
+            expression = pc.starts_with(field, f.value)
+        else:
+            return None
+        schema.empty_table().filter(expression)  # it binds to the column's type
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError):
+        return None
+    return expression
+
+
+def _scalar(v: Any, t: pa.DataType) -> pa.Scalar:
+    return pa.scalar(v, t)
