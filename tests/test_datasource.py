@@ -1,0 +1,188 @@
+"""The Spark Python Data Source: ``spark.read.format("bitlake")`` returns what the table API returns for every
+read option, Spark filters pushed to the scans select what Spark selects, and ``df.write.format("bitlake")``
+ingests one batch exactly once, on local folders and on moto's S3 server."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+import pyarrow as pa
+import pytest
+from pyspark.errors import AnalysisException
+from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, Not
+
+import bitlake
+from bitlake import datasource
+from tests.oracle import rows_key
+
+pytestmark = pytest.mark.spark
+
+SCHEMA = pa.schema([("k", pa.int64()), ("name", pa.string()), ("day", pa.date32()), ("score", pa.float64()),
+                    ("flag", pa.bool_()), ("mod", pa.timestamp("us", tz="UTC"))])
+COLUMNS = SCHEMA.names
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def _batch(keys, version, deletes=()):
+    n = len(keys)
+    return pa.table({
+        "k": pa.array(keys, pa.int64()),
+        "name": pa.array([None if k % 7 == 0 else f"n{k % 5}-{version}" for k in keys], pa.string()),
+        "day": pa.array([dt.date(2026, 1, 1 + k % 20) for k in keys], pa.date32()),
+        "score": pa.array([k * 0.5 + version for k in keys], pa.float64()),
+        "flag": pa.array([(k + version) % 2 == 0 for k in keys], pa.bool_()),
+        "mod": pa.array([T0 + dt.timedelta(hours=version * 10 + k % 3) for k in keys], pa.timestamp("us", tz="UTC")),
+        "op": pa.array(["delete" if k in deletes else "upsert" for k in keys], pa.string()),
+    })
+
+
+def _build(path, **options):
+    t = bitlake.create_table(path, SCHEMA, primary_key=["k"], delta_column="mod", partition_by=["flag"],
+                             properties={"compact.min_input_files": "2"}, **options)
+    t.ingest(_batch(list(range(60)), 1), op_column="op", batch_id="b1")
+    times = [t.history()[0]["timestamp"]]
+    time.sleep(0.02)
+    t.ingest(_batch(list(range(0, 60, 4)), 2, deletes={8, 16}), op_column="op", batch_id="b2")
+    times.append(t.history()[0]["timestamp"])
+    t.ingest(_batch(list(range(50, 80)), 3), op_column="op", batch_id="b3")
+    t.compact()
+    return t, times
+
+
+def _rows(df) -> list[tuple]:
+    return rows_key([_utc(r.asDict()) for r in df.collect()], COLUMNS)
+
+
+def _leftovers(t) -> list[str]:
+    """Files no commit names, but the segment-part claims (which stay until a cleanup)."""
+    return [p for p in t.cleanup(min_age_seconds=0, dry_run=True) if not p.startswith("_bitlake/parts/")]
+
+
+def _utc(row: dict) -> dict:
+    return {k: v.replace(tzinfo=dt.UTC) if isinstance(v, dt.datetime) and v.tzinfo is None else v
+            for k, v in row.items()}
+
+
+@pytest.fixture(scope="module")
+def table(spark, tmp_path_factory):
+    return _build(str(tmp_path_factory.mktemp("ds") / "t"))
+
+
+def test_every_read_option_returns_what_the_table_api_returns(spark, table):
+    t, times = table
+    read = spark.read.format("bitlake")
+    assert _rows(read.load(t.path)) == rows_key(t.to_arrow().to_pylist(), COLUMNS)
+    for v in range(t.version + 1):
+        got = _rows(read.option("versionAsOf", v).load(t.path))
+        assert got == rows_key(t.to_arrow(version=v).to_pylist(), COLUMNS), v
+    for when in times:
+        got = _rows(spark.read.format("bitlake").option("timestampAsOf", when).load(t.path))
+        assert got == rows_key(t.to_arrow(as_of=when).to_pylist(), COLUMNS), when
+    at = (T0 + dt.timedelta(hours=21)).isoformat()
+    got = _rows(spark.read.format("bitlake").option("validAt", at).load(t.path))
+    assert got == rows_key(t.to_arrow(valid_at=at).to_pylist(), COLUMNS)
+    assert got != _rows(spark.read.format("bitlake").load(t.path)), "the event time is not the latest"
+
+
+def test_the_change_feed_option_reads_delta_style_inclusive_starting_versions(spark, table):
+    t, _ = table
+    for start in (0, 1, 2, 3):
+        for end in (None, 2, 3):
+            if end is not None and end < start:
+                continue
+            reader = spark.read.format("bitlake").option("readChangeFeed", "true").option("startingVersion", start)
+            if end is not None:
+                reader = reader.option("endingVersion", end)
+            got = sorted((r["_change_type"], r["_commit_version"], r["k"]) for r in reader.load(t.path).collect())
+            want = sorted((r["_change_type"], r["_commit_version"], r["k"]) for r in t.changes_to_arrow(
+                start_version=max(start - 1, 0), end_version=end).to_pylist())
+            assert got == want and want, (start, end)
+    with pytest.raises(AnalysisException, match="startingVersion"):
+        spark.read.format("bitlake").option("readChangeFeed", "true").load(t.path).collect()
+
+
+CONDITIONS = [
+    "k = 12", "k > 40", "k >= 40 and k < 55", "k in (1, 2, 3, 58, 77)", "not (k < 70)", "name = 'n1-1'",
+    "name is null", "name is not null and k < 10", "name like 'n2%'", "day = date'2026-01-05'",
+    "day > date'2026-01-15'", "score <= 10.5", "flag = true", "flag", "k = 12 or k = 13",
+    "mod > timestamp'2026-01-02 06:00:00'", "k = 12 and flag = false",
+]
+
+
+@pytest.mark.parametrize("condition", CONDITIONS)
+def test_pushed_filters_select_what_spark_selects(spark, table, condition):
+    t, _ = table
+    got = _rows(spark.read.format("bitlake").load(t.path).filter(condition))
+    assert got == _rows(t.to_spark(spark).filter(condition)), condition
+
+
+def test_pushed_filters_become_pyarrow_expressions_that_skip_rows(table):
+    t, _ = table
+    r = datasource.ViewReader({"path": t.path})
+    filters = [GreaterThan(("k",), 70), EqualTo(("name",), "n1-3"), In(("k",), (71, 76, 999)), Not(IsNull(("day",))),
+               GreaterThan(("mod",), dt.datetime(2026, 1, 2)), EqualTo(("nested", "x"), 1)]
+    assert list(r.pushFilters(filters)) == filters, "every filter is still checked by Spark"
+    assert len(r.where) == 4, "timestamps (naive local datetimes in PySpark) and nested columns are not pushed"
+    rows = [row for p in r.partitions() for b in r.read(p) for row in b.to_pylist()]
+    assert sorted(row["k"] for row in rows) == [71, 76]
+
+
+def test_writes_ingest_one_batch_exactly_once(spark, tmp_path):
+    t, _ = _build(str(tmp_path / "t"))
+    before = rows_key(t.to_arrow().to_pylist(), COLUMNS)
+    data = spark.createDataFrame(_batch(list(range(70, 90)), 4, deletes={75, 89}).to_pandas()).repartition(3)
+    writer = data.write.format("bitlake").mode("append").option("batchId", "w1").option("opColumn", "op")
+    writer.save(t.path)
+    version = t.version
+    assert t.history()[0]["operation"] == "INGEST" and t.history()[0]["batch_id"] == "w1"
+    counts = t.history()[0]["counts"]  # keys 70-79 exist: 75 deleted, 9 updated; 80-88 new; 89's delete ignored
+    assert (counts["updated"], counts["deleted"], counts["inserted"], counts["ignored_deletes"]) == (9, 1, 9, 1)
+    expected = rows_key(t.to_arrow().to_pylist(), COLUMNS)
+    assert expected != before and not any(r["k"] in (75, 89) for r in t.to_arrow().to_pylist())
+    writer.save(t.path)  # a retried write (a restarted job) applies nothing
+    assert t.version == version and rows_key(t.to_arrow().to_pylist(), COLUMNS) == expected
+    assert _leftovers(t) == [], "the retry left no files"
+
+
+def test_bad_writes_are_refused_and_leave_nothing(spark, tmp_path):
+    t, _ = _build(str(tmp_path / "t"))
+    version = t.version
+    ok = spark.createDataFrame(_batch([1, 2], 5).drop_columns(["op"]).to_pandas())
+    with pytest.raises(AnalysisException, match="overwrite"):
+        ok.write.format("bitlake").mode("overwrite").save(t.path)
+    with pytest.raises(AnalysisException, match="'extra' is not in the table schema"):
+        ok.selectExpr("*", "1 as extra").write.format("bitlake").mode("append").save(t.path)
+    nulls = spark.createDataFrame(_batch([1, 2], 5).drop_columns(["op"]).to_pandas()).selectExpr(
+        "cast(null as long) as k", "name", "day", "score", "flag", "mod")
+    with pytest.raises(Exception, match="null"):
+        nulls.write.format("bitlake").mode("append").save(t.path)
+    with pytest.raises(AnalysisException, match="needs the table"):
+        ok.write.format("bitlake").mode("append").save()
+    assert t.version == version
+    assert _leftovers(t) == [], "nothing half-written"
+
+
+def test_sql_reads_a_table_through_the_data_source(spark, table):
+    t, _ = table
+    spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW ds_sql USING bitlake OPTIONS (path '{t.path}', versionAsOf '2')")
+    got = spark.sql("SELECT count(*) AS n, sum(k) AS s FROM ds_sql").collect()[0]
+    rows = t.to_arrow(version=2).to_pylist()
+    assert (got["n"], got["s"]) == (len(rows), sum(r["k"] for r in rows))
+
+
+@pytest.mark.s3
+def test_the_data_source_on_s3(spark, s3_server):
+    """Spark's Python workers started before the store's variables were set: the ``storage.*`` options carry
+    the endpoint and credentials."""
+    uri = s3_server.uri("ds")
+    t, _ = _build(uri)
+    storage = {f"storage.{k}": v for k, v in s3_server.options.items()}
+    df = spark.read.format("bitlake").options(**storage).load(uri)
+    assert _rows(df) == rows_key(t.to_arrow().to_pylist(), COLUMNS)
+    assert _rows(df.filter("k > 50")) == _rows(t.to_spark(spark).filter("k > 50"))
+    data = spark.createDataFrame(_batch(list(range(100, 110)), 4).to_pandas())
+    data.write.format("bitlake").mode("append").options(**storage).option("opColumn", "op").option(
+        "batchId", "s3w").save(uri)
+    assert sorted(r["k"] for r in t.to_arrow().to_pylist() if r["k"] >= 100) == list(range(100, 110))
+    assert t.io.local_path() is None
