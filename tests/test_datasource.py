@@ -25,7 +25,6 @@ T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def _batch(keys, version, deletes=()):
-    n = len(keys)
     return pa.table({
         "k": pa.array(keys, pa.int64()),
         "name": pa.array([None if k % 7 == 0 else f"n{k % 5}-{version}" for k in keys], pa.string()),
