@@ -25,6 +25,8 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
     InputPartition,
     WriterCommitMessage,
 )
@@ -34,6 +36,8 @@ from bitlake.engine import changes as changes_mod
 from bitlake.engine import landing, reader
 from bitlake.errors import InvalidInputError
 from bitlake.format.commit import INGEST
+from bitlake.format.layout import STAGING_DIR
+from bitlake.format.metadata import OP_COLUMN
 
 NAME = "bitlake"
 # Files of a view are read in groups of about this many bytes, one task each.
@@ -99,6 +103,12 @@ class BitlakeDataSource(DataSource):
         if _flag(self.options, "readChangeFeed"):
             return ChangeFeedReader(self.options)
         return ViewReader(self.options)
+
+    def streamReader(self, schema) -> ChangeStreamReader:  # noqa: N802 - Spark's name
+        return ChangeStreamReader(self.options)
+
+    def streamWriter(self, schema, overwrite: bool) -> StreamWriter:  # noqa: N802
+        return StreamWriter(self.options, schema)
 
     def writer(self, schema, overwrite: bool) -> BatchWriter:
         if overwrite:
@@ -170,6 +180,119 @@ class ChangeFeedReader(DataSourceReader):
 
     def read(self, partition):
         yield from changes_mod.read_arrow(self.io, self.plan).to_batches()
+
+
+class ChangeStreamReader(DataSourceStreamReader):
+    """``spark.readStream.format("bitlake")``: the change feed as a stream whose offsets are versions. Each
+    micro-batch reads the changes of the commits since the last one (``startingVersion``: the first commit
+    read; default ``latest``, the commits after the query starts)."""
+
+    def __init__(self, options):
+        if not _flag(options, "readChangeFeed"):
+            raise InvalidInputError('a bitlake stream is its change feed: set option("readChangeFeed", "true")')
+        self.options = dict(options)
+        start = options.get("startingVersion", "latest")
+        t = _table(options)
+        self.first = t.version if str(start).lower() == "latest" else max(_int(options, "startingVersion") - 1, 0)
+
+    def initialOffset(self) -> dict:  # noqa: N802
+        return {"version": self.first}
+
+    def latestOffset(self, start=None, limit=None) -> dict:  # noqa: N802
+        return {"version": _table(self.options).version}
+
+    def partitions(self, start: dict, end: dict):
+        return [InputPartition((int(start["version"]), int(end["version"])))]
+
+    def read(self, partition):
+        start, end = partition.value
+        if end <= start:
+            return
+        t = _table(self.options)
+        yield from changes_mod.read_arrow(t.io, read.change_plan(t.io, t.refresh(), start, end, None)).to_batches()
+
+
+@dataclasses.dataclass
+class _Staged(WriterCommitMessage):
+    query: str | None
+    epoch: str | None
+    paths: list[str]
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream.format("bitlake")``: each micro-batch is one batch whose id is the query's id and the
+    epoch (``<batchIdPrefix or query id>-<epoch>``), so a query restarted from its checkpoint never applies an
+    epoch twice. Tasks stage their rows as Arrow files under ``_bitlake/staging/``; the driver's commit
+    ingests them (inline MetaGen) and removes them."""
+
+    def __init__(self, options, schema):
+        from bitlake.engine.conform import Conformer
+        from bitlake.spark.schema import to_arrow_schema
+
+        t = _table(options)
+        self.io, self.meta = t.io, t.metadata
+        self.op_column = options.get("opColumn")
+        self.prefix = options.get("batchIdPrefix")
+        Conformer(to_arrow_schema(schema), self.meta, self.op_column)
+
+    def write(self, iterator):
+        import uuid
+
+        from pyspark import TaskContext
+
+        from bitlake.engine.conform import conformed
+
+        ctx = TaskContext.get()
+        query, epoch = ctx.getLocalProperty("sql.streaming.queryId"), ctx.getLocalProperty("streaming.sql.batchId")
+        first = next(iterator, None)
+        if first is None:
+            return _Staged(query, epoch, [])
+        rows = conformed(pa.RecordBatchReader.from_batches(first.schema, _chain(first, iterator)), self.meta,
+                         self.op_column)
+        path = f"{STAGING_DIR}/{epoch}-{ctx.partitionId()}-{uuid.uuid4().hex}.arrow"
+        with self.io.open_output(path) as out:
+            writer = None
+            for rb in rows:
+                if writer is None:
+                    writer = pa.ipc.new_stream(out, rb.schema)
+                writer.write_batch(rb)
+            if writer is not None:
+                writer.close()
+        return _Staged(query, epoch, [path])
+
+    def commit(self, messages, batchId) -> None:  # noqa: N803 - Spark's name
+        from bitlake.table import Table
+
+        staged = [m for m in messages if m is not None]
+        paths = [p for m in staged for p in m.paths]
+        query = next((m.query for m in staged if m.query), None)
+        try:
+            if not paths:
+                return
+            batch_id = f"{self.prefix or query}-{batchId}"
+            t = Table(self.io)
+            t.ingest(_staged_reader(self.io, paths), op_column=OP_COLUMN if self.op_column else None,
+                     batch_id=batch_id, inline=True)
+        finally:
+            for p in paths:
+                self.io.delete(p)
+
+    def abort(self, messages, batchId) -> None:  # noqa: N803
+        for m in messages:
+            for p in (m.paths if m is not None else []):
+                self.io.delete(p)
+
+
+def _staged_reader(io, paths: list[str]) -> pa.RecordBatchReader:
+    """The staged rows (conformed: the table's columns, and the op column as OP_COLUMN)."""
+    first = pa.ipc.open_stream(io.open_input(paths[0]))
+
+    def batches():
+        yield from first
+        for p in paths[1:]:
+            yield from pa.ipc.open_stream(io.open_input(p))
+
+    return pa.RecordBatchReader.from_batches(first.schema, batches())
 
 
 @dataclasses.dataclass

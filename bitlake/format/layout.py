@@ -21,12 +21,15 @@ KEYSTORE_DIR = "_bitlake/keystore"
 TOMBSTONES_DIR = "_bitlake/tombstones"
 CHANGES_DIR = "_bitlake/changes"
 PUBLISHED_DIR = "_bitlake/published"
+STAGING_DIR = "_bitlake/staging"  # rows of a streaming micro-batch until its commit ingests them
 INDEX_DIR = "_bitlake/index"
 INDEX_LOCK = "_bitlake/index.lock"
 TMP_PREFIX = ".tmp-"
 
 # Folders of files that commits name; anything in them that no commit names is a leftover.
-REFERENCED_DIRS = (DATA_DIR, KEYS_DIR, LOGS_DIR, BITMAPS_DIR, KEYSTORE_DIR, TOMBSTONES_DIR, CHANGES_DIR)
+# Folders whose files live as long as a commit names them (no commit names a staged file: cleanup removes
+# those a crashed streaming query left).
+REFERENCED_DIRS = (DATA_DIR, KEYS_DIR, LOGS_DIR, BITMAPS_DIR, KEYSTORE_DIR, TOMBSTONES_DIR, CHANGES_DIR, STAGING_DIR)
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 # Bytes that stay as they are in partition folder names; every other byte of the UTF-8 text is %XX.
