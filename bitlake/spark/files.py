@@ -61,3 +61,25 @@ def parallelism(spark) -> int:
         return spark.sparkContext.defaultParallelism
     except Exception:  # noqa: BLE001 - pyspark.errors.PySparkNotImplementedError on Spark Connect
         return int(spark.conf.get("spark.sql.shuffle.partitions"))
+
+
+@dataclasses.dataclass
+class _Value:
+    value: object
+
+
+def shared(spark, value):
+    """``value`` for the tasks of a job, as ``.value``: a broadcast variable, or on Spark Connect (which has
+    none) the value itself, shipped with each task."""
+    try:
+        return spark.sparkContext.broadcast(value)
+    except Exception:  # noqa: BLE001 - pyspark.errors.PySparkNotImplementedError on Spark Connect
+        return _Value(value)
+
+
+def num_partitions(df) -> int | None:
+    """``df``'s number of partitions; None on Spark Connect, which does not say."""
+    try:
+        return df.rdd.getNumPartitions()
+    except Exception:  # noqa: BLE001
+        return None

@@ -10,7 +10,7 @@ import pyarrow as pa
 from bitlake.engine.landing import REPORT_DDL, REPORT_SCHEMA, LandTask, collect, remove_part_files
 from bitlake.format.commit import DataFile, KeysFile
 from bitlake.format.metadata import TableMetadata
-from bitlake.spark.files import parallelism, require_shared
+from bitlake.spark.files import num_partitions, parallelism, require_shared
 
 
 @dataclasses.dataclass
@@ -31,7 +31,11 @@ def land(df, io, meta: TableMetadata, part: int, has_op: bool) -> tuple[list[Dat
     """
     require_shared(io)
     df = spread(df)
-    task = LandTask(io, meta.to_json(), part, max(df.rdd.getNumPartitions(), 1), has_op)
+    tasks = num_partitions(df)
+    if tasks is None:  # Spark Connect does not say: a known number of tasks, each numbering its own segments
+        tasks = parallelism(df.sparkSession)
+        df = by_position(df, tasks)
+    task = LandTask(io, meta.to_json(), part, max(tasks, 1), has_op)
     try:
         reports = [r.asDict() for r in df.mapInArrow(_SparkLandTask(task), REPORT_DDL).collect()]
     except Exception:
@@ -47,13 +51,12 @@ def spread(df):
     """``df`` over every core when it has fewer partitions than cores but would fill them: a large file of one
     row group is one Spark partition, which would land in one task. The rows are range-partitioned by their
     position (``monotonically_increasing_id`` grows with partition and row order), so partition ``i`` holds
-    rows before those of partition ``i + 1`` and row ids keep following the input order."""
-    from pyspark.sql import functions as F
+    rows before those of partition ``i + 1`` and row ids keep following the input order (:func:`by_position`)."""
 
     spark = df.sparkSession
     cores = parallelism(spark)
-    partitions = df.rdd.getNumPartitions()
-    if partitions >= cores:
+    partitions = num_partitions(df)
+    if partitions is None or partitions >= cores:
         return df
     split_bytes = _bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", "134217728"))
     size = estimated_bytes(df)
@@ -62,9 +65,17 @@ def spread(df):
     wanted = min(cores, size // max(split_bytes, 1))
     if wanted <= partitions:
         return df
+    return by_position(df, int(wanted))
+
+
+def by_position(df, partitions: int):
+    """``df`` in ``partitions`` partitions that keep its row order: partition ``i`` holds rows before those of
+    partition ``i + 1`` (``monotonically_increasing_id`` grows with partition and row order)."""
+    from pyspark.sql import functions as F
+
     columns = df.columns
     return (df.withColumn(_POSITION, F.monotonically_increasing_id())
-            .repartitionByRange(int(wanted), _POSITION).sortWithinPartitions(_POSITION).select(*columns))
+            .repartitionByRange(partitions, _POSITION).sortWithinPartitions(_POSITION).select(*columns))
 
 
 def estimated_bytes(df) -> int | None:

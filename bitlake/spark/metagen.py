@@ -177,7 +177,7 @@ def _write(spark, io, state, batches, fold, touched, version) -> MetaGenOutput:
         F.col("event").cast("byte").alias("event"), "t", "cause", F.col("batch_index").cast("int"),
     )
     prior = [s.to_json() for s in state.segments.values()]
-    task = _SegmentTask(io, spark.sparkContext.broadcast(prior))
+    task = _SegmentTask(io, spark_files.shared(spark, prior))
     seg_out = events.repartition(rowid.PART_COLUMN, rowid.SEQ_COLUMN).mapInArrow(task, SEGMENT_DDL).collect()
 
     # Key-store increments, grouped by bucket.
@@ -192,7 +192,7 @@ def _write(spark, io, state, batches, fold, touched, version) -> MetaGenOutput:
     bucket_files = {b: [f.to_json() for f in state.keystore.get(b, [])] for b in touched}
     ks_task = _KeystoreTask(io, meta.to_json(), bucket_files)
     ks_out = (
-        ks_rows.repartition(max(1, min(len(touched), spark.sparkContext.defaultParallelism * 4)), keystore.BUCKET)
+        ks_rows.repartition(max(1, min(len(touched), spark_files.parallelism(spark) * 4)), keystore.BUCKET)
         .mapInArrow(ks_task, _KEYSTORE_DDL)
         .collect()
     )
@@ -206,7 +206,7 @@ class _SegmentTask:
     """A task's events, as one log file and one bitmap file (:func:`bitlake.engine.metagen.write_segments`)."""
 
     io: FileIO
-    prior: object  # a Spark broadcast of the segment states before the commit, as JSON
+    prior: object  # the segment states before the commit, as JSON, shared with the tasks (spark_files.shared)
 
     def __call__(self, batches):
         batches = list(batches)

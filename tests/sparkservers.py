@@ -1,0 +1,96 @@
+"""Spark servers started from the pyspark package for the tests: a Spark Connect server, and a standalone
+cluster (a master and workers). Each runs on loopback with the project's interpreter for Python workers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyspark
+
+SPARK_HOME = str(Path(pyspark.__file__).parent)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.update({"SPARK_HOME": SPARK_HOME, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+                "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_NO_DAEMONIZE": "1"})
+    env.update(extra or {})
+    return env
+
+
+def _wait_port(port: int, process: subprocess.Popen, log: Path, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"{what} did not start:\n{log.read_text(errors='replace')[-4000:]}") from None
+            time.sleep(0.5)
+
+
+class Server:
+    def __init__(self, processes: list[subprocess.Popen], url: str):
+        self.processes = processes
+        self.url = url
+
+    def stop(self) -> None:
+        for p in reversed(self.processes):
+            p.terminate()
+        for p in self.processes:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def start_connect_server(folder: Path, master: str = "local[2]") -> Server:
+    """``start-connect-server.sh`` in the foreground; ``url`` is its ``sc://`` address."""
+    port = free_port()
+    log = folder / "connect.log"
+    command = ["bash", f"{SPARK_HOME}/sbin/start-connect-server.sh", "--master", master,
+               "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.sql.session.timeZone=UTC",
+               "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4",
+               "--conf", "spark.driver.memory=1g"]
+    with open(log, "wb") as out:
+        p = subprocess.Popen(command, env=_env({"SPARK_LOG_DIR": str(folder), "SPARK_PID_DIR": str(folder)}),
+                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    _wait_port(port, p, log, "the Spark Connect server")
+    return Server([p], f"sc://127.0.0.1:{port}")
+
+
+def start_cluster(folder: Path, workers: int = 2, cores: int = 1, memory: str = "1g") -> Server:
+    """A standalone master and ``workers`` workers (``spark-class``); ``url`` is the ``spark://`` master."""
+    port, ui = free_port(), free_port()
+    processes = []
+    spark_class = f"{SPARK_HOME}/bin/spark-class"
+    log = folder / "master.log"
+    with open(log, "wb") as out:
+        processes.append(subprocess.Popen(
+            [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
+             "--webui-port", str(ui)], env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+    _wait_port(port, processes[0], log, "the Spark master")
+    url = f"spark://127.0.0.1:{port}"
+    for i in range(workers):
+        work = folder / f"worker-{i}"
+        work.mkdir()
+        with open(folder / f"worker-{i}.log", "wb") as out:
+            processes.append(subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", str(cores),
+                 "--memory", memory, "--work-dir", str(work), "--webui-port", str(free_port()), url],
+                env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+    time.sleep(3)  # the workers register with the master
+    return Server(processes, url)
