@@ -73,7 +73,8 @@ def start_connect_server(folder: Path, master: str = "local[2]") -> Server:
 
 
 def start_cluster(folder: Path, workers: int = 2, cores: int = 1, memory: str = "1g") -> Server:
-    """A standalone master and ``workers`` workers (``spark-class``); ``url`` is the ``spark://`` master."""
+    """A standalone master and ``workers`` workers (``spark-class``); ``url`` is the ``spark://`` master. The
+    workers' environment has no ``AWS_*`` variables: what executors know of a store comes with the table."""
     port, ui = free_port(), free_port()
     processes = []
     spark_class = f"{SPARK_HOME}/bin/spark-class"
@@ -91,6 +92,6 @@ def start_cluster(folder: Path, workers: int = 2, cores: int = 1, memory: str = 
             processes.append(subprocess.Popen(
                 [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", str(cores),
                  "--memory", memory, "--work-dir", str(work), "--webui-port", str(free_port()), url],
-                env=_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+                env={k: v for k, v in _env().items() if not k.startswith("AWS_")}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
     time.sleep(3)  # the workers register with the master
     return Server(processes, url)
