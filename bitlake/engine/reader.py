@@ -50,20 +50,23 @@ def batches(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Ex
     read_columns = [c for c in datafile.data_schema(meta).names if c in needed]
     cache = bitmap.BitmapCache(io)
     filtered = {f.path for f in p.filtered}
-    for f in p.whole + p.filtered:
-        kept = _kept_ids(p, cache, f) if f.path in filtered else None
-        for rb in _file_batches(io, f.path, meta, read_columns, where, batch_rows):
-            table = pa.Table.from_batches([rb])
-            if kept is not None:
-                packed = rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
-                table = table.filter(pa.array(np.isin(packed, kept)))
+    kept_of: dict = {}
+    for f, rb in _prefetched(io, p.whole + p.filtered, meta, read_columns, where, batch_rows):
+        if not rb.num_rows:
+            continue
+        table = pa.Table.from_batches([rb])
+        if f.path in filtered:
+            mask = _kept_mask(p, cache, f, table, kept_of)
+            if not mask.all():
+                table = table.filter(pa.array(mask))
+        if table.num_rows:
             if p.valid_at is not None and meta.keyed:
                 deltas = deltas_as_int(table.column(meta.delta_column), meta.delta_type)
                 table = table.filter(pa.array(deltas <= p.valid_at))
             if p.hidden:
                 table = table.filter(pa.array(~p.tombstoned(table)))
-            if table.num_rows:
-                yield from table.select(schema.names).cast(schema).to_batches()
+        if table.num_rows:
+            yield from table.select(schema.names).cast(schema).to_batches()
 
 
 def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
@@ -80,10 +83,75 @@ def reader(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Exp
     return pa.RecordBatchReader.from_batches(schema, batches(io, p, include_row_ids, where, columns, batch_rows))
 
 
-def _kept_ids(p: ReadPlan, cache: bitmap.BitmapCache, f: DataFile) -> np.ndarray:
-    return np.concatenate([
-        bitmap.to_array(p.kept(cache, r.segment)) | np.int64(rowid.segment_key(r.part, r.seq)) for r in f.segments
-    ])
+def _kept_mask(p: ReadPlan, cache: bitmap.BitmapCache, f: DataFile, table: pa.Table, kept_of: dict) -> np.ndarray:
+    """Which rows of ``table`` (a batch of file ``f``) the plan keeps: a lookup of each row's offset in its
+    segment's kept offsets, as a boolean array per segment."""
+    part = table.column(rowid.PART_COLUMN).to_numpy()
+    seq = table.column(rowid.SEQ_COLUMN).to_numpy()
+    offset = table.column(rowid.OFFSET_COLUMN).to_numpy()
+    segments = {(r.part, r.seq) for r in f.segments}
+    one = len(segments) == 1 or (part.min() == part.max() and seq.min() == seq.max())
+    keys = [(int(part[0]), int(seq[0]))] if one else sorted({(int(a), int(b)) for a, b in zip(part, seq, strict=True)})
+    mask = np.zeros(table.num_rows, dtype=bool)
+    for key in keys:
+        kept = kept_of.get(key)
+        if kept is None:
+            kept_of.clear()  # a reader moves from file to file: one file's segments at a time
+            kept = kept_of[key] = _kept_offsets(p, cache, key)
+        rows = slice(None) if one else (part == key[0]) & (seq == key[1])
+        at = offset[rows]
+        inside = at < len(kept)
+        mask[rows] = inside & kept[np.where(inside, at, 0)]
+    return mask
+
+
+def _kept_offsets(p: ReadPlan, cache: bitmap.BitmapCache, segment: tuple[int, int]) -> np.ndarray:
+    """A boolean array over a segment's offsets: True where the plan keeps the row."""
+    offsets = bitmap.to_array(p.kept(cache, segment))
+    kept = np.zeros(int(offsets.max()) + 1 if len(offsets) else 1, dtype=bool)  # never empty: index 0 is valid
+    kept[offsets] = True
+    return kept
+
+
+def _prefetched(io: FileIO, files: list[DataFile], meta, columns: list[str], where: pc.Expression | None,
+                batch_rows: int, depth: int = 4) -> Iterator[tuple[DataFile, pa.RecordBatch]]:
+    """The files' batches, decoded by a background thread up to ``depth`` batches ahead (decoding releases
+    the GIL, so it overlaps the row filtering of the batches before)."""
+    import queue
+    import threading
+
+    out: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def produce() -> None:
+        try:
+            for f in files:
+                for rb in _file_batches(io, f.path, meta, columns, where, batch_rows):
+                    while not stop.is_set():
+                        try:
+                            out.put((f, rb), timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+            out.put(done)
+        except BaseException as e:  # noqa: BLE001 - raised in the consumer
+            out.put(e)
+
+    worker = threading.Thread(target=produce, daemon=True, name="bitlake-read-ahead")
+    worker.start()
+    try:
+        while True:
+            item = out.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
 
 
 def _file_batches(io: FileIO, path: str, meta, columns: list[str], where: pc.Expression | None,
