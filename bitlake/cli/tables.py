@@ -195,32 +195,30 @@ def cmd_show(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
     meta = table.metadata
     valid_at = _valid_at(table, args.valid_at) if meta.keyed else args.valid_at
-    version = bitlake.read.view(table.io, table.refresh(), args.version, args.as_of, valid_at)[0].version
-    with step(err, "starting Spark"):
-        spark = bitlake.spark_session()
-    what = "the current view" if args.version is None and args.as_of is None else f"version {version}"
+    view = table.view(version=args.version, as_of=args.as_of, valid_at=valid_at, include_row_ids=args.row_ids)
+    what = "the current view" if args.version is None and args.as_of is None else f"version {view.version}"
     if valid_at is not None:
         what += f" valid at {valid_at}"
-    with step(err, f"reading {what}"):
-        df = table.to_spark(spark, version=version, valid_at=valid_at, include_row_ids=args.row_ids)
-        total = df.count()
-        # orderBy + limit runs as a top-k per partition: no full sort of the view.
-        rows = (df.orderBy(*meta.primary_key) if meta.keyed else df).limit(args.limit).collect()
-    out.print(render_rows(df.columns, [tuple(r) for r in rows],
-                          title=f"{table.path} @ {what}: {total} rows, first {len(rows)}"))
+    with step(err, f"reading {what}"):  # on this machine with pyarrow, in bounded memory: no Spark
+        order = [(c, "ascending") for c in meta.primary_key]
+        total, first = 0, view.schema.empty_table()
+        for batch in view.to_reader():
+            total += batch.num_rows
+            if order or first.num_rows < args.limit:  # a running top-k by key, or the first rows read
+                first = pa.concat_tables([first, pa.Table.from_batches([batch])])
+                first = (first.sort_by(order) if order else first).slice(0, args.limit)
+    out.print(render_rows(first.column_names, [tuple(r.values()) for r in first.to_pylist()],
+                          title=f"{table.path} @ {what}: {total} rows, first {first.num_rows}"))
 
 
 def cmd_changes(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
     types = _columns(args.change_types)
-    with step(err, "starting Spark"):
-        spark = bitlake.spark_session()
     with step(err, f"reading the changes after version {args.start_version}"):
-        df = table.changes(spark, start_version=args.start_version, end_version=args.end_version,
-                           change_types=types)
-        rows = df.limit(args.limit).collect()
-    out.print(render_rows(df.columns, [tuple(r) for r in rows],
-                          title=f"{table.path}: changes after version {args.start_version}, first {len(rows)}"))
+        rows = table.changes_to_arrow(start_version=args.start_version, end_version=args.end_version,
+                                      change_types=types).slice(0, args.limit)
+    out.print(render_rows(rows.column_names, [tuple(r.values()) for r in rows.to_pylist()],
+                          title=f"{table.path}: changes after version {args.start_version}, first {rows.num_rows}"))
 
 
 def cmd_history(args, out: Console, err: Console) -> None:
