@@ -157,7 +157,8 @@ class ViewReader(DataSourceReader):
             size += f.bytes
         return [_Files(g) for g in groups] or [_Files([])]
 
-    def read(self, partition: _Files):
+    def read(self, partition: InputPartition):
+        assert isinstance(partition, _Files)
         wanted = set(partition.paths)
         p = dataclasses.replace(self.plan, whole=[f for f in self.plan.whole if f.path in wanted],
                                 filtered=[f for f in self.plan.filtered if f.path in wanted])
@@ -269,6 +270,9 @@ class StreamWriter(DataSourceStreamArrowWriter):
         try:
             if not paths:
                 return
+            if not (self.prefix or query):
+                raise InvalidInputError("the streaming query's id is unknown here: set option batchIdPrefix to a "
+                                        "name that stays the same across restarts of this query")
             batch_id = f"{self.prefix or query}-{batchId}"
             t = Table(self.io)
             t.ingest(_staged_reader(self.io, paths), op_column=OP_COLUMN if self.op_column else None,
@@ -375,11 +379,12 @@ def _expression(f, schema: pa.Schema) -> pc.Expression | None:
     if kind == "Not":
         inner = _expression(f.child, schema)
         return None if inner is None else ~inner
-    attribute = getattr(f, "attribute", ())
+    attribute: tuple[str, ...] = tuple(getattr(f, "attribute", ()))
     if len(attribute) != 1 or attribute[0] not in schema.names:
         return None
-    field = pc.field(attribute[0])
-    column_type = schema.field(attribute[0]).type
+    name = attribute[0]
+    field = pc.field(name)
+    column_type = schema.field(name).type
     if pa.types.is_timestamp(column_type):
         return None  # PySpark hands timestamp values as naive datetimes in the worker's local time zone
     try:

@@ -76,7 +76,7 @@ def _configuration(base: str, scheme: str, options: dict[str, Any]) -> tuple[dic
     taken = {}
     for key, value in env_config.items():  # AWS_PROFILE and the like configure other tools
         try:
-            from_url(base, config={key: value})
+            from_url(base, config={key: value})  # type: ignore[call-overload]  # one store's keys or another's
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException:  # noqa: BLE001 - UnknownConfigurationKeyError, or a pyo3 panic on an odd key
@@ -110,7 +110,8 @@ class ObjectStoreFileIO(FileIO):
             with _lock:  # one store per base in this process: memory:// tables live as long as it does
                 return _memory_stores.setdefault(self.base, MemoryStore())
         try:
-            return from_url(self.base, config=self._config or None, client_options=self._client or None)
+            return from_url(self.base, config=self._config or None,  # type: ignore[call-overload]
+                            client_options=self._client or None)  # type: ignore[arg-type]
         except UnknownConfigurationKeyError as e:
             first = str(e).splitlines()[0]
             raise ValueError(f"a storage option is not known for {self.scheme}:// stores: {first}") from None
