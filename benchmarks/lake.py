@@ -275,8 +275,8 @@ def markdown(r: dict) -> str:
               f"{mb(a['to_batches']['peak_rss'])}, against pyarrow's scanner over the same data files "
               f"{a['pyarrow']['seconds']:.2f} s ({mb(a['pyarrow']['peak_rss'])}): **{a['ratio']:.2f}** of pyarrow's "
               f"speed (target {BATCHES_TARGET}); `to_arrow()` of the whole view {a['to_arrow']['seconds']:.2f} s, "
-              f"{mb(a['to_arrow']['peak_rss'])}. Peak RSS target 1.5 GiB ({mb(int(RSS_TARGET_BYTES))}); a local table's "
-              "files are memory-mapped, so the pages read count in the RSS.",
+              f"{mb(a['to_arrow']['peak_rss'])}. Peak RSS target 1.5 GiB ({mb(int(RSS_TARGET_BYTES))}); a local "
+              "table's files are memory-mapped, so the pages read count in the RSS.",
               f"- DuckDB `GROUP BY` over `t.view()` {duck['view_s']:.2f} s against DuckDB's `read_parquet` of the "
               f"same files {duck['read_parquet_s']:.2f} s: **{duck['ratio']:.2f}** of its speed; over "
               f"`t.view(columns=<the query's three>)` {duck['view_columns_s']:.2f} s: **{duck['ratio_columns']:.2f}** "
