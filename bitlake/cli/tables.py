@@ -330,6 +330,23 @@ def cmd_revert(args, out: Console, err: Console) -> None:
         say(out, f"version {r.version}: batch {args.batch_id} reverted; {_counts(r.counts)}")
 
 
+def cmd_cdc(args, out: Console, err: Console) -> None:
+    from bitlake import cdc
+
+    table = bitlake.open_table(args.path)
+
+    def lines():
+        for name in args.inputs:
+            with open(name) as f:
+                yield from f
+
+    with step(err, f"applying the change events of {', '.join(args.inputs)}"):
+        results = cdc.ingest(table, lines(), batch_id=args.batch_id, position=args.position)
+    for r in results:
+        what = "already committed: nothing done" if not r.committed else _counts(r.counts)
+        say(out, f"version {r.version}: batch {r.batch_id}: {what}")
+
+
 def cmd_replace(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
     data, _ = _batch_input(args, table, err, False)
@@ -486,6 +503,14 @@ def add_parsers(sub) -> None:
     rv.add_argument("path", help=path_help)
     rv.add_argument("batch_id", help="the batch id to revert")
     rv.set_defaults(run=cmd_revert)
+
+    cd = sub.add_parser("cdc", help="apply Debezium change events (JSON lines of Kafka messages or envelopes)")
+    cd.add_argument("path", help=path_help)
+    cd.add_argument("inputs", nargs="+", help="files of JSON lines, applied in order")
+    cd.add_argument("--batch-id", help="the batch id (a retry with the same id is a no-op)")
+    cd.add_argument("--position", choices=["lsn", "ts_ms"], default="lsn",
+                    help="what the delta column takes: PostgreSQL's source.lsn (default) or the change's ts_ms")
+    cd.set_defaults(run=cmd_cdc)
 
     rp = sub.add_parser("replace", help="revert a batch and ingest new records under its id, in one commit")
     rp.add_argument("path", help=path_help)

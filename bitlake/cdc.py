@@ -1,0 +1,215 @@
+"""Database change streams into a table: Debezium change events (docs/cdc.md).
+
+A Debezium message is a key and a value; the value is the change envelope (``op`` c/u/d/r/t, ``before``,
+``after``, ``source``, ``ts_ms``), with or without the JSON converter's ``schema`` section; a value of null
+is a tombstone (Kafka's log-compaction marker after a delete) and carries nothing to apply. Each change
+becomes one record:
+
+* ``c`` (insert), ``u`` (update), ``r`` (a snapshot read): an upsert of ``after``;
+* ``d``: a delete of ``before``'s key (``before`` holds at least the key under any replica identity);
+* ``t`` (TRUNCATE): a delete of every key the table holds at that point.
+
+The delta column takes the change's position in the source: ``position="lsn"`` (PostgreSQL's
+``source.lsn``: a row's changes are totally ordered by it, since a row is locked until its transaction
+ends), or ``position="ts_ms"`` (the change's commit time in ms; ties go to the later arrival, as the
+contract orders any tie). Values are converted by the envelope's schema section where it has one
+(Debezium's logical types: ``Decimal`` as base64 bytes, ``Date`` as days, ``MicroTimestamp``,
+``ZonedTimestamp``...), else by the table's column types.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import json
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from bitlake.errors import InvalidInputError
+from bitlake.format.metadata import TableMetadata
+
+OP = "_cdc_op"
+POSITIONS = ("lsn", "ts_ms")
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def changes(messages: Iterable[Any]) -> Iterator[dict]:
+    """The change envelopes of ``messages`` (Kafka-style ``{"key", "value"}`` dicts or JSON lines of them,
+    envelopes with or without their ``schema``/``payload`` wrapper, as dicts or JSON text); tombstones and
+    messages without an ``op`` (heartbeats, schema changes) are skipped."""
+    for m in messages:
+        if isinstance(m, (bytes, str)):
+            m = json.loads(m) if m.strip() else None
+        if m is None:
+            continue
+        if "value" in m and "op" not in m and "payload" not in m:
+            m = m["value"]
+            if m is None:
+                continue  # a tombstone
+            if isinstance(m, (bytes, str)):
+                m = json.loads(m)
+        envelope = m.get("payload", m) if isinstance(m, dict) else None
+        if not isinstance(envelope, dict) or "op" not in envelope:
+            continue
+        schema = m.get("schema") if "payload" in m else None
+        yield {**envelope, "_schema": schema}
+
+
+def _fields(schema: dict | None, side: str) -> dict[str, dict]:
+    """The Connect schema of each column of ``before`` or ``after``, from the envelope's schema section."""
+    if not schema:
+        return {}
+    for f in schema.get("fields", ()):
+        if f.get("field") == side:
+            return {c["field"]: c for c in f.get("fields", ())}
+    return {}
+
+
+def convert(value: Any, target: pa.DataType, connect: dict | None) -> Any:
+    """A Debezium JSON value as a Python value of Arrow type ``target``: by its Connect logical type when
+    the schema section names one, else by the target type."""
+    if value is None:
+        return None
+    name = (connect or {}).get("name", "")
+    if name == "org.apache.kafka.connect.data.Decimal" or (
+            pa.types.is_decimal(target) and isinstance(value, str) and not _looks_numeric(value)):
+        scale = int((connect or {}).get("parameters", {}).get("scale", getattr(target, "scale", 0)))
+        unscaled = int.from_bytes(base64.b64decode(value), "big", signed=True)
+        return decimal.Decimal(unscaled).scaleb(-scale)
+    if name == "io.debezium.data.VariableScaleDecimal":
+        unscaled = int.from_bytes(base64.b64decode(value["value"]), "big", signed=True)
+        return decimal.Decimal(unscaled).scaleb(-int(value["scale"]))
+    if pa.types.is_decimal(target):  # decimal.handling.mode=string or double
+        return decimal.Decimal(str(value))
+    if pa.types.is_date(target):
+        if isinstance(value, int):  # io.debezium.time.Date: days since the epoch
+            return dt.date(1970, 1, 1) + dt.timedelta(days=value)
+        return dt.date.fromisoformat(str(value))
+    if pa.types.is_timestamp(target):
+        if isinstance(value, (int, float)):
+            unit = {"io.debezium.time.Timestamp": 1_000, "io.debezium.time.NanoTimestamp": 1_000_000_000}.get(
+                name, 1_000_000)  # MicroTimestamp, and an integer without a schema
+            return _EPOCH + dt.timedelta(microseconds=value * 1_000_000 // unit)
+        text = str(value).replace("Z", "+00:00")
+        stamp = dt.datetime.fromisoformat(text)
+        return stamp if stamp.tzinfo is not None or target.tz is None else stamp.replace(tzinfo=dt.UTC)
+    if pa.types.is_time(target) and isinstance(value, int):
+        unit = {"io.debezium.time.Time": 1_000, "io.debezium.time.NanoTime": 1_000_000_000}.get(name, 1_000_000)
+        return (dt.datetime.min + dt.timedelta(microseconds=value * 1_000_000 // unit)).time()
+    if (pa.types.is_binary(target) or pa.types.is_large_binary(target)) and isinstance(value, str):
+        return base64.b64decode(value)
+    if (pa.types.is_string(target) or pa.types.is_large_string(target)) and not isinstance(value, str):
+        return json.dumps(value)
+    return value
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        decimal.Decimal(text)
+        return True
+    except decimal.InvalidOperation:
+        return False
+
+
+def position_of(change: dict, position: str) -> int:
+    """The change's position in the source, as the delta column's int64."""
+    if position == "lsn":
+        lsn = (change.get("source") or {}).get("lsn")
+        if lsn is None:
+            raise InvalidInputError("position='lsn' needs source.lsn in every change (a PostgreSQL connector's); "
+                                    "use position='ts_ms' for other sources")
+        return int(lsn)
+    ts = change.get("ts_ms") if change.get("ts_ms") is not None else (change.get("source") or {}).get("ts_ms")
+    if ts is None:
+        raise InvalidInputError("position='ts_ms' needs ts_ms in every change")
+    return int(ts)
+
+
+def _delta_value(pos: int, meta: TableMetadata, position: str) -> Any:
+    t = meta.delta_type
+    if pa.types.is_timestamp(t) and position == "ts_ms":
+        return _EPOCH + dt.timedelta(milliseconds=pos)
+    if pa.types.is_integer(t):
+        return pos
+    raise InvalidInputError(f"the delta column {meta.delta_column!r} is {t}: position={position!r} needs an integer "
+                            "column (or, for ts_ms, a timestamp)")
+
+
+def records(changes_in: Iterable[dict], meta: TableMetadata, position: str = "lsn") -> Iterator[dict | str]:
+    """Table records (the table's columns and :data:`OP`) of the changes; the text ``"truncate"`` where a
+    TRUNCATE stands (its position follows, as the next record's ``_position``)."""
+    if position not in POSITIONS:
+        raise InvalidInputError(f"position must be one of {POSITIONS}, not {position!r}")
+    if not meta.keyed:
+        raise InvalidInputError("change events need a keyed table (primary_key and delta_column)")
+    columns = [c for c in meta.column_names if c != meta.delta_column]
+    types = {c: meta.schema.field(c).type for c in meta.column_names}
+    for change in changes_in:
+        op = change["op"]
+        pos = position_of(change, position)
+        delta = _delta_value(pos, meta, position)
+        if op == "t":
+            yield "truncate"
+            yield {"_position": delta}
+            continue
+        if op in ("c", "u", "r"):
+            row, side, kind = change.get("after"), "after", "upsert"
+        elif op == "d":
+            row, side, kind = change.get("before"), "before", "delete"
+        else:
+            raise InvalidInputError(f"unknown Debezium op {op!r} (known: c, u, d, r, t)")
+        if not isinstance(row, dict):
+            raise InvalidInputError(f"a change with op {op!r} has no {side!r} row: {json.dumps(change)[:300]}")
+        missing = [k for k in meta.primary_key if k not in row]
+        if missing:
+            raise InvalidInputError(f"a change's {side!r} row lacks key columns {missing} (table "
+                                    f"{(change.get('source') or {}).get('table')!r}): is it this table's stream?")
+        unknown = set(row) - set(meta.column_names)
+        if unknown and kind == "upsert":
+            raise InvalidInputError(f"the source has columns {sorted(unknown)} the table lacks: add them "
+                                    "(Table.add_columns) before applying these changes")
+        connect = _fields(change.get("_schema"), side)
+        out = {c: convert(row.get(c), types[c], connect.get(c)) for c in columns}
+        out[str(meta.delta_column)] = delta
+        out[OP] = kind
+        yield out
+
+
+def batches(changes_in: Iterable[dict], meta: TableMetadata, position: str = "lsn"
+            ) -> Iterator[tuple[str, pa.Table | Any]]:
+    """The changes as ``("records", table)`` pieces to ingest, split at TRUNCATEs: ``("truncate", delta)``."""
+    schema = pa.schema([*meta.schema, pa.field(OP, pa.string())])
+    pending: list[dict] = []
+    it = records(changes_in, meta, position)
+    for r in it:
+        if r == "truncate":
+            if pending:
+                yield "records", pa.Table.from_pylist(pending, schema=schema)
+                pending = []
+            yield "truncate", next(it)["_position"]  # type: ignore[index]
+            continue
+        pending.append(r)  # type: ignore[arg-type]
+    if pending:
+        yield "records", pa.Table.from_pylist(pending, schema=schema)
+
+
+def ingest(table, messages: Iterable[Any], *, batch_id: str | None = None, position: str = "lsn") -> list:
+    """Applies Debezium ``messages`` to ``table`` (a keyed :class:`bitlake.Table`): one ingestion of their
+    records, with ``batch_id`` (a retry with the same id is a no-op), or more around TRUNCATEs (their batch
+    ids suffixed ``-1``, ``-2``...). Returns the :class:`bitlake.IngestResult` of each ingestion."""
+    meta = table.metadata
+    results = []
+    for i, (kind, piece) in enumerate(batches(changes(messages), meta, position)):
+        bid = None if batch_id is None else (batch_id if i == 0 else f"{batch_id}-{i}")
+        if kind == "truncate":
+            keys = table.to_arrow(columns=list(meta.primary_key))
+            n = keys.num_rows
+            deletes = keys.append_column(meta.delta_column, pa.array([piece] * n, meta.delta_type)).append_column(
+                OP, pa.array(["delete"] * n, pa.string()))
+            piece = deletes
+        if piece.num_rows or kind == "records":
+            results.append(table.ingest(piece, op_column=OP, batch_id=bid))
+    return results
