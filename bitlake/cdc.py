@@ -11,10 +11,10 @@ becomes one record:
 
 The delta column takes the change's position in the source: ``position="lsn"`` (PostgreSQL's
 ``source.lsn``: a row's changes are totally ordered by it, since a row is locked until its transaction
-ends), or ``position="ts_ms"`` (the change's commit time in ms; ties go to the later arrival, as the
-contract orders any tie). Values are converted by the envelope's schema section where it has one
-(Debezium's logical types: ``Decimal`` as base64 bytes, ``Date`` as days, ``MicroTimestamp``,
-``ZonedTimestamp``...), else by the table's column types.
+ends; snapshot reads are at 0, older than every streamed change), or ``position="ts_ms"`` (the change's
+commit time in ms; ties go to the later arrival, as the contract orders any tie). Values are converted by
+the envelope's schema section where it has one (Debezium's logical types: ``Decimal`` as base64 bytes,
+``Date`` as days, ``MicroTimestamp``, ``ZonedTimestamp``...), else by the table's column types.
 """
 
 from __future__ import annotations
@@ -115,8 +115,12 @@ def _looks_numeric(text: str) -> bool:
 
 
 def position_of(change: dict, position: str) -> int:
-    """The change's position in the source, as the delta column's int64."""
+    """The change's position in the source, as the delta column's int64. With ``lsn``, a snapshot read is at 0:
+    older than every streamed change (a transaction in progress during the snapshot writes its changes at
+    LSNs before the snapshot's, and commits after it)."""
     if position == "lsn":
+        if change.get("op") == "r":
+            return 0
         lsn = (change.get("source") or {}).get("lsn")
         if lsn is None:
             raise InvalidInputError("position='lsn' needs source.lsn in every change (a PostgreSQL connector's); "

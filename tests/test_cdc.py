@@ -82,7 +82,9 @@ def test_values_follow_debeziums_logical_types():
     assert record["balance"] == decimal.Decimal("100.50")  # org.apache.kafka.connect.data.Decimal, base64
     assert record["opened"] == dt.date(2024, 1, 2)  # io.debezium.time.Date, days
     assert record["updated_at"] == dt.datetime(2024, 1, 2, 10, tzinfo=dt.UTC)  # ZonedTimestamp, ISO text
-    assert record["_lsn"] == change["source"]["lsn"] and record[cdc.OP] == "upsert"
+    assert record["_lsn"] == 0 and record[cdc.OP] == "upsert"  # a snapshot read: before every streamed change
+    streamed = next(c for c in cdc.changes(MESSAGES) if c["op"] == "c")
+    assert next(cdc.records([streamed], meta))["_lsn"] == streamed["source"]["lsn"]
     # Without the schema section (schemas.enable=false) the table's types decide.
     plain = {k: v for k, v in change.items() if k != "_schema"}
     assert next(cdc.records([plain], meta))["balance"] == decimal.Decimal("100.50")
@@ -118,7 +120,7 @@ def test_bad_streams_are_refused_with_the_reason(tmp_path):
     with pytest.raises(bitlake.InvalidInputError, match="columns \\['tier'\\] the table lacks"):
         cdc.ingest(t, [{**change, "after": {**change["after"], "tier": "gold"}}])
     with pytest.raises(bitlake.InvalidInputError, match="source.lsn"):
-        cdc.ingest(t, [{**change, "source": {}}])
+        cdc.ingest(t, [{**change, "op": "c", "source": {}}])
     with pytest.raises(bitlake.InvalidInputError, match="unknown Debezium op 'x'"):
         cdc.ingest(t, [{**change, "op": "x"}])
     assert t.version == 0, "nothing was written"

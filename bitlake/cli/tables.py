@@ -347,6 +347,25 @@ def cmd_cdc(args, out: Console, err: Console) -> None:
         say(out, f"version {r.version}: batch {r.batch_id}: {what}")
 
 
+def cmd_mirror(args, out: Console, err: Console) -> None:
+    from bitlake.mirror import PostgresMirror, lsn_text
+
+    def progress(p) -> None:
+        if p.changes:
+            say(out, f"LSN {lsn_text(p.lsn)}: {p.changes} changes in {p.seconds:.2f} s ({p.changes_per_s:,.0f}/s), "
+                     f"{p.lag_bytes:,} bytes of WAL behind")
+
+    mirror = PostgresMirror(args.dsn, args.table, args.path, slot=args.slot, key=_columns(args.key) or None,
+                            batch_changes=args.batch_changes, progress=progress)
+    try:
+        with step(err, f"snapshot of {args.table}"):
+            mirror.snapshot()
+        say(out, f"mirroring {args.table} into {args.path} from slot {mirror.slot}")
+        mirror.run(interval=args.interval, until_caught_up=args.until_caught_up)
+    finally:
+        mirror.close()
+
+
 def cmd_replace(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
     data, _ = _batch_input(args, table, err, False)
@@ -511,6 +530,18 @@ def add_parsers(sub) -> None:
     cd.add_argument("--position", choices=["lsn", "ts_ms"], default="lsn",
                     help="what the delta column takes: PostgreSQL's source.lsn (default) or the change's ts_ms")
     cd.set_defaults(run=cmd_cdc)
+
+    mi = sub.add_parser("mirror", help="mirror a PostgreSQL table: a snapshot, then logical replication (wal2json)")
+    mi.add_argument("dsn", help="the source database: postgresql://user@host:port/db or a libpq string")
+    mi.add_argument("path", help="the bitlake table (created on the first run)")
+    mi.add_argument("--table", required=True, help="the source table, schema.table")
+    mi.add_argument("--slot", help="the replication slot's name (default bitlake_<schema>_<table>)")
+    mi.add_argument("--key", help="key columns of a table without a primary key (it needs REPLICA IDENTITY FULL)")
+    mi.add_argument("--interval", type=float, default=1.0, help="seconds between polls when nothing is waiting")
+    mi.add_argument("--batch-changes", type=int, default=50_000, help="changes per commit at most (whole "
+                    "transactions)")
+    mi.add_argument("--until-caught-up", action="store_true", help="stop once nothing is left to apply")
+    mi.set_defaults(run=cmd_mirror)
 
     rp = sub.add_parser("replace", help="revert a batch and ingest new records under its id, in one commit")
     rp.add_argument("path", help=path_help)

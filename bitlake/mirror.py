@@ -1,0 +1,408 @@
+"""A PostgreSQL table mirrored into a bitlake table: a consistent snapshot, then logical replication, exactly
+once through crashes (docs/cdc.md, "PostgreSQL mirror").
+
+1. **Snapshot.** A logical replication slot is created on a replication connection with
+   ``EXPORT_SNAPSHOT``; the table is read in that very snapshot (``SET TRANSACTION SNAPSHOT``, ``COPY ... TO
+   STDOUT``, parsed by pyarrow's CSV reader) and ingested as batch ``snapshot-<slot>``, every row at the
+   slot's consistent point (its LSN). Every change after that point comes from the slot. A mirror killed
+   before the snapshot's commit drops the slot and starts over.
+2. **Changes.** Each step peeks at most ``batch_changes`` changes of whole transactions from the slot
+   (``pg_logical_slot_peek_changes`` with wal2json, format 2), ingests them as batch
+   ``wal-<slot>-<end LSN>`` (the delta column takes each change's commit LSN; a transaction's changes tie and
+   keep their order, as the contract orders ties), and only then advances the slot
+   to the end LSN (``pg_replication_slot_advance``). A restart first advances the slot to the end of the last
+   committed batch, so a step whose commit landed is never applied again, and one that did not is peeked
+   again. TRUNCATE deletes every key at its LSN (the batch is split there; the parts but the last carry a
+   ``-part<i>`` suffix).
+3. **Schema changes.** A column added to the source is added to the table when it is nullable; a column
+   dropped, or one whose type changed, stops the mirror with an error before anything of that step is
+   written.
+
+The bitlake table is keyed by the source's primary key (or ``key``, for a table without one, which then needs
+``REPLICA IDENTITY FULL``) with an ``int64`` delta column ``_lsn``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import decimal
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from bitlake import cdc
+from bitlake.errors import BitlakeError, InvalidInputError
+
+log = logging.getLogger(__name__)
+
+LSN_COLUMN = "_lsn"
+_WAL2JSON = ("'format-version', '2', 'include-lsn', '1', 'include-transaction', '1', 'include-types', '1', "
+             "'add-tables', %s")
+
+
+class SchemaChangedError(BitlakeError):
+    """The source table changed in a way the mirror cannot follow (a column dropped, a type changed)."""
+
+
+def lsn_int(text: str) -> int:
+    high, low = text.split("/")
+    return (int(high, 16) << 32) | int(low, 16)
+
+
+def lsn_text(value: int) -> str:
+    return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
+
+
+_TYPES: dict[str, pa.DataType] = {
+    "bigint": pa.int64(), "integer": pa.int32(), "smallint": pa.int16(), "boolean": pa.bool_(),
+    "text": pa.string(), "character varying": pa.string(), "character": pa.string(), "uuid": pa.string(),
+    "json": pa.string(), "jsonb": pa.string(), "double precision": pa.float64(), "real": pa.float32(),
+    "date": pa.date32(), "timestamp with time zone": pa.timestamp("us", tz="UTC"),
+    "timestamp without time zone": pa.timestamp("us"), "bytea": pa.binary(),
+}
+
+
+def arrow_type(pg_type: str) -> pa.DataType:
+    """The Arrow type of a column of PostgreSQL type ``pg_type`` (``format_type``'s text)."""
+    base = pg_type.split("(")[0].strip()
+    if base == "numeric":
+        if "(" in pg_type:
+            precision, _, scale = pg_type[pg_type.index("(") + 1:-1].partition(",")
+            return pa.decimal128(int(precision), int(scale or 0))
+        return pa.string()  # unconstrained numeric: any scale; kept exactly as text
+    if base in _TYPES:
+        return _TYPES[base]
+    if base.endswith("[]"):
+        return pa.string()  # arrays: their text form
+    raise InvalidInputError(f"PostgreSQL type {pg_type!r} has no mapping to Arrow in bitlake's mirror")
+
+
+@dataclasses.dataclass
+class Column:
+    name: str
+    pg_type: str
+    nullable: bool
+
+
+@dataclasses.dataclass
+class Progress:
+    """One step: the LSN applied up to, the source's current LSN, the bytes of WAL behind, the changes the
+    step applied and their rate."""
+
+    lsn: int
+    current: int
+    lag_bytes: int
+    changes: int
+    seconds: float
+
+    @property
+    def changes_per_s(self) -> float:
+        return self.changes / self.seconds if self.seconds else 0.0
+
+
+class PostgresMirror:
+    """Mirrors ``source`` (``schema.table``) of the database at ``dsn`` (a libpq connection string or
+    ``postgresql://`` URL) into the bitlake table at ``path``, created on the first run."""
+
+    def __init__(self, dsn: str, source: str, path: str, *, slot: str | None = None, key: list[str] | None = None,
+                 batch_changes: int = 50_000, storage_options: dict | None = None,
+                 progress: Callable[[Progress], None] | None = None):
+        import psycopg
+
+        self.dsn, self.path, self.key, self.batch_changes = dsn, path, key, batch_changes
+        self.storage_options = storage_options
+        self.schema_name, _, self.table_name = source.rpartition(".")
+        self.schema_name = self.schema_name or "public"
+        self.source = f"{self.schema_name}.{self.table_name}"
+        self.slot = slot or "bitlake_" + "".join(c if c.isalnum() else "_" for c in self.source.lower())
+        self.progress = progress
+        self.conn = psycopg.connect(dsn, autocommit=True)
+        self.conn.execute("SET TimeZone = 'UTC'")
+        self.table = self._table()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # ------------------------------------------------------------------------------------ the catalog
+
+    def columns(self) -> list[Column]:
+        rows = self.conn.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull FROM pg_attribute a "
+            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (self.source,)).fetchall()
+        if not rows:
+            raise InvalidInputError(f"no such table in the source database: {self.source}")
+        return [Column(n, t, bool(nullable)) for n, t, nullable in rows]
+
+    def primary_key(self) -> list[str]:
+        rows = self.conn.execute(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+            "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::regclass AND i.indisprimary "
+            "ORDER BY array_position(i.indkey, a.attnum)", (self.source,)).fetchall()
+        if rows:
+            return [r[0] for r in rows]
+        if not self.key:
+            raise InvalidInputError(
+                f"{self.source} has no primary key: add one, or pass key=[...] (columns unique in the table) and set "
+                f"ALTER TABLE {self.source} REPLICA IDENTITY FULL, so that deletes carry the key")
+        identity = self.conn.execute("SELECT relreplident FROM pg_class WHERE oid = %s::regclass",
+                                     (self.source,)).fetchone()
+        if identity is None or identity[0] != "f":
+            raise InvalidInputError(f"{self.source} has no primary key: its deletes carry no key unless "
+                                    f"ALTER TABLE {self.source} REPLICA IDENTITY FULL")
+        return list(self.key)
+
+    def _table(self):
+        import bitlake
+
+        key = self.primary_key()
+        try:
+            t = bitlake.open_table(self.path, self.storage_options)
+        except bitlake.TableNotFoundError:
+            columns = self.columns()
+            schema = pa.schema([pa.field(c.name, arrow_type(c.pg_type), c.nullable or c.name in key)
+                                for c in columns] + [pa.field(LSN_COLUMN, pa.int64())])
+            return bitlake.create_table(self.path, schema, primary_key=key, delta_column=LSN_COLUMN,
+                                        name=f"postgresql.{self.source}", storage_options=self.storage_options)
+        meta = t.metadata
+        if list(meta.primary_key) != key or meta.delta_column != LSN_COLUMN:
+            raise InvalidInputError(f"{self.path} is not a mirror of {self.source}: its key is "
+                                    f"{list(meta.primary_key)} and delta column {meta.delta_column!r}")
+        return t
+
+    # ------------------------------------------------------------------------------------ the snapshot
+
+    def _snapshot_id(self) -> str:
+        return f"snapshot-{self.slot}"
+
+    def snapshot(self) -> None:
+        """Takes the initial snapshot unless a committed one exists."""
+        import psycopg
+
+        if self.table.state().batch(self._snapshot_id()) is not None:
+            return
+        exists = self.conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.slot,)).fetchone()
+        if exists:  # a mirror killed before its snapshot committed: start over
+            self.conn.execute("SELECT pg_drop_replication_slot(%s)", (self.slot,))
+        replication = psycopg.connect(self.dsn, autocommit=True, replication="database")
+        try:
+            create = f"CREATE_REPLICATION_SLOT {self.slot} LOGICAL wal2json EXPORT_SNAPSHOT"
+            row = replication.execute(create).fetchone()
+            assert row is not None
+            point, snapshot_name = lsn_int(row[1]), row[2]
+            with psycopg.connect(self.dsn, autocommit=True) as reader:
+                reader.execute("SET TimeZone = 'UTC'")
+                reader.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                reader.execute(f"SET TRANSACTION SNAPSHOT '{snapshot_name}'")
+                result = self.table.ingest(self._copy(reader, point), batch_id=self._snapshot_id())
+                reader.execute("ROLLBACK")
+        finally:
+            replication.close()
+        log.info("snapshot of %s: %s at LSN %s", self.source, result.counts, lsn_text(point))
+
+    def _copy(self, reader, point: int) -> pa.RecordBatchReader:
+        """The source table's rows in the reader's transaction, each at LSN ``point``, streamed: COPY in CSV
+        through a pipe into pyarrow's CSV reader (typed by the table's schema: no Python object per value)."""
+        import pyarrow.csv as pacsv
+
+        meta = self.table.metadata
+        names = [c for c in meta.column_names if c != LSN_COLUMN]
+        # Read as text where pyarrow's CSV parser and PostgreSQL's text form differ; converted per batch.
+        text_types = {n: pa.string() for n in names if not _csv_native(meta.schema.field(n).type)}
+        types = {n: text_types.get(n, meta.schema.field(n).type) for n in names}
+        read_fd, write_fd = os.pipe()
+        error: list[BaseException] = []
+
+        def pump() -> None:
+            try:
+                with os.fdopen(write_fd, "wb") as out, reader.cursor().copy(
+                        f"COPY (SELECT {', '.join(_quote(n) for n in names)} FROM {_quote_table(self.source)}) "
+                        "TO STDOUT WITH (FORMAT csv, NULL '\\N')") as copy:
+                    for chunk in copy:
+                        out.write(chunk)
+            except BaseException as e:  # noqa: BLE001 - re-raised by the reading side
+                error.append(e)
+
+        thread = threading.Thread(target=pump, daemon=True, name="bitlake-mirror-copy")
+        thread.start()
+        stream = os.fdopen(read_fd, "rb")
+        csv = pacsv.open_csv(pa.PythonFile(stream, mode="r"), read_options=pacsv.ReadOptions(
+            column_names=names, block_size=8 << 20), convert_options=pacsv.ConvertOptions(
+            column_types=types, null_values=["\\N"], strings_can_be_null=True, quoted_strings_can_be_null=False))
+        schema = pa.schema([*(meta.schema.field(n) for n in names), meta.schema.field(LSN_COLUMN)])
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            try:
+                for rb in csv:
+                    columns = [_from_text(rb.column(n), meta.schema.field(n).type) if n in text_types
+                               else rb.column(n) for n in names]
+                    yield pa.RecordBatch.from_arrays([*columns, pa.array([point] * rb.num_rows, pa.int64())],
+                                                     schema=schema)
+            finally:
+                stream.close()
+                thread.join()
+            if error:
+                raise error[0]
+
+        return pa.RecordBatchReader.from_batches(schema, batches())
+
+    # ------------------------------------------------------------------------------------ the changes
+
+    def committed_lsn(self) -> int | None:
+        """The end LSN of the last committed change batch (None: none yet)."""
+        prefix = f"wal-{self.slot}-"
+        ends = [int(b.batch_id[len(prefix):], 16) for b in self.table.state().parts.values()
+                if b.batch_id.startswith(prefix) and "-part" not in b.batch_id[len(prefix):]]
+        return max(ends) if ends else None
+
+    def step(self) -> Progress:
+        """One micro-batch: peek, ingest, advance. Returns its progress (``changes`` 0: nothing was waiting)."""
+        started = time.perf_counter()
+        committed = self.committed_lsn()
+        slot = self.conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                                 (self.slot,)).fetchone()
+        if slot is None:
+            raise BitlakeError(f"the replication slot {self.slot} is gone (dropped?): the changes since the table's "
+                               "last commit are lost to it; mirror into a new table")
+        confirmed = lsn_int(slot[0])
+        if committed is not None and committed > confirmed:  # killed between a commit and its advance
+            self.conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (self.slot, lsn_text(committed)))
+        rows = self.conn.execute(
+            f"SELECT lsn::text, data FROM pg_logical_slot_peek_changes(%s, NULL, %s, {_WAL2JSON})",
+            (self.slot, self.batch_changes, self.source)).fetchall()
+        changes, end, commit = [], None, 0
+        for _, data in rows:
+            c = json.loads(data, parse_float=decimal.Decimal)
+            if c["action"] == "B":
+                commit = lsn_int(c["lsn"])  # the transaction's commit LSN (wal2json's B row names it)
+            elif c["action"] == "C":
+                end = lsn_int(c["nextlsn"])
+            else:
+                changes.append({**c, "_commit": commit})
+        if end is not None:
+            self._apply(changes, end)
+            self.conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (self.slot, lsn_text(end)))
+        current = lsn_int(self.conn.execute("SELECT pg_current_wal_lsn()::text").fetchall()[0][0])
+        done = end if end is not None else max(confirmed, committed or 0)
+        p = Progress(done, current, max(0, current - done), len(changes), time.perf_counter() - started)
+        if self.progress is not None:
+            self.progress(p)
+        return p
+
+    def _apply(self, changes: list[dict], end: int) -> None:
+        self._follow_schema(changes)
+        envelopes = list(self._envelopes(changes))
+        pieces = list(cdc.batches(iter(envelopes), self.table.metadata, "lsn"))
+        base = f"wal-{self.slot}-{end:016x}"
+        for i, (kind, piece) in enumerate(pieces):
+            batch_id = base if i == len(pieces) - 1 else f"{base}-part{i}"
+            if kind == "truncate":
+                keys = self.table.to_arrow(columns=list(self.table.metadata.primary_key))
+                piece = keys.append_column(LSN_COLUMN, pa.array([piece] * keys.num_rows, pa.int64())).append_column(
+                    cdc.OP, pa.array(["delete"] * keys.num_rows, pa.string()))
+            self.table.ingest(piece, op_column=cdc.OP, batch_id=batch_id)
+        # No piece (transactions of other tables only): nothing to commit; the slot's advance moves the position.
+
+    def _envelopes(self, changes: list[dict]) -> Iterator[dict]:
+        """wal2json changes as Debezium-style envelopes (what :mod:`bitlake.cdc` applies), positioned at their
+        transaction's commit LSN: a row's changes commit in the order they were made (the row stays locked), and
+        a transaction that was in progress when the snapshot was taken commits after its consistent point, though
+        its changes were written before it."""
+        for c in changes:
+            source = {"lsn": c["_commit"], "table": c.get("table")}
+            if c["action"] == "T":
+                yield {"op": "t", "source": source}
+                continue
+            values = {v["name"]: _value(v) for v in c.get("columns", ())}
+            identity = {v["name"]: _value(v) for v in c.get("identity", ())}
+            if c["action"] == "D":
+                yield {"op": "d", "before": identity, "source": source}
+            else:
+                yield {"op": "c" if c["action"] == "I" else "u", "after": values, "source": source}
+
+    def _follow_schema(self, changes: list[dict]) -> None:
+        """Adds the nullable columns the source gained; raises SchemaChangedError for any other change."""
+        meta = self.table.metadata
+        known = {n: meta.schema.field(n).type for n in meta.column_names}
+        seen: dict[str, str] = {}
+        for c in changes:
+            if c["action"] in "IU":
+                for v in c["columns"]:
+                    seen.setdefault(v["name"], v["type"])
+                missing = [n for n in known if n != LSN_COLUMN and n not in {v["name"] for v in c["columns"]}]
+                if missing:
+                    raise SchemaChangedError(f"{self.source} no longer has columns {missing} (dropped?) at LSN "
+                                             f"{c['lsn']}: the mirror stops; nothing of this step was written")
+        changed = [(n, t) for n, t in seen.items() if n in known and arrow_type(t) != known[n]]
+        if changed:
+            raise SchemaChangedError(f"{self.source} changed the type of {[n for n, _ in changed]} (now "
+                                     f"{[t for _, t in changed]}): the mirror stops; nothing of this step was written")
+        added = [n for n in seen if n not in known]
+        if added:
+            catalog = {c.name: c for c in self.columns()}
+            wrong = [n for n in added if n in catalog and not catalog[n].nullable]
+            if wrong:
+                raise SchemaChangedError(f"{self.source} gained NOT NULL columns {wrong}: earlier rows have no value; "
+                                         "the mirror stops; nothing of this step was written")
+            self.table.add_columns([pa.field(n, arrow_type(seen[n]), True) for n in added])
+            log.info("%s gained columns %s: added to the table", self.source, added)
+
+    # ------------------------------------------------------------------------------------ running
+
+    def run(self, *, interval: float = 1.0, stop: threading.Event | None = None, until_caught_up: bool = False
+            ) -> None:
+        """The snapshot if needed, then steps until ``stop`` is set (or, ``until_caught_up``, until a step finds
+        nothing left); sleeps ``interval`` seconds when a step found nothing."""
+        self.snapshot()
+        while stop is None or not stop.is_set():
+            p = self.step()
+            if p.changes == 0:
+                if until_caught_up and p.lag_bytes == 0 or until_caught_up and self._idle():
+                    return
+                time.sleep(interval)
+
+    def _idle(self) -> bool:
+        """Whether the slot has nothing left to decode (the WAL beyond it holds no change of any table)."""
+        rows = self.conn.execute(f"SELECT 1 FROM pg_logical_slot_peek_changes(%s, NULL, 1, {_WAL2JSON})",
+                                 (self.slot, self.source)).fetchall()
+        return not rows
+
+
+def _value(v: dict) -> Any:
+    value, pg_type = v["value"], v["type"]
+    if value is not None and pg_type == "bytea":
+        return bytes.fromhex(value.removeprefix("\\x"))  # wal2json writes bytea as bare hex
+    if value is not None and pg_type in ("json", "jsonb") and not isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, decimal.Decimal) and not pg_type.startswith("numeric"):
+        return float(value)
+    return value
+
+
+def _csv_native(t: pa.DataType) -> bool:
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t) or pa.types.is_date(t)
+            or pa.types.is_decimal(t) or pa.types.is_timestamp(t))
+
+
+def _from_text(column: pa.Array, t: pa.DataType) -> pa.Array:
+    values = column.to_pylist()
+    if pa.types.is_boolean(t):
+        return pa.array([None if v is None else v == "t" for v in values], t)
+    if pa.types.is_binary(t):
+        return pa.array([None if v is None else bytes.fromhex(v[2:]) for v in values], t)
+    return pa.array(values, t)
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _quote_table(source: str) -> str:
+    schema, _, table = source.partition(".")
+    return f"{_quote(schema)}.{_quote(table)}"
