@@ -47,11 +47,19 @@ def register_data_source(spark) -> None:
     register(spark)
 
 
+def foreach_batch(path: str, *, op_column: str | None = None, batch_id_prefix: str | None = None,
+                  storage_options: dict | None = None):
+    """A Structured Streaming ``foreachBatch`` function that ingests each epoch exactly once (docs/spark.md)."""
+    from bitlake.datasource import foreach_batch as make
+
+    return make(path, op_column=op_column, batch_id_prefix=batch_id_prefix, storage_options=storage_options)
+
+
 __all__ = [
     "BitlakeError", "CommitConflictError", "ConvertResult", "CorruptTableError", "IndexUnavailableError",
     "IngestResult", "InvalidInputError",
     "NotATableError", "NullValueError", "SchemaMismatchError", "Table", "TableExistsError",
     "TableNotFoundError", "UnknownOperationError", "UnsupportedFormatVersionError", "VersionExpiredError",
     "VersionNotFoundError",
-    "convert", "create_table", "open_table", "register_data_source", "spark_session",
+    "convert", "create_table", "foreach_batch", "open_table", "register_data_source", "spark_session",
 ]

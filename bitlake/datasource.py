@@ -287,6 +287,27 @@ class StreamWriter(DataSourceStreamArrowWriter):
                 self.io.delete(p)
 
 
+def foreach_batch(path: str, *, op_column: str | None = None, batch_id_prefix: str | None = None,
+                  storage_options: dict | None = None):
+    """A ``foreachBatch`` function that ingests each micro-batch into the table at ``path`` as batch
+    ``<prefix>-<epoch>`` (prefix: ``batch_id_prefix``, else the query's id, which its checkpoint keeps), so a
+    restarted query re-running an epoch applies nothing twice::
+
+        stream.writeStream.foreachBatch(bitlake.foreach_batch("lake/t", op_column="op")).start()
+
+    The batch lands as any ingestion of a Spark DataFrame does (collected when small, else a Spark job)."""
+    from bitlake.table import open_table
+
+    def apply(df, epoch_id: int) -> None:
+        prefix = batch_id_prefix or df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
+        if not prefix:
+            raise InvalidInputError("the streaming query's id is unknown here: pass batch_id_prefix")
+        open_table(path, storage_options).ingest(df, op_column=op_column, batch_id=f"{prefix}-{epoch_id}",
+                                                 spark=df.sparkSession)
+
+    return apply
+
+
 def _staged_reader(io, paths: list[str]) -> pa.RecordBatchReader:
     """The staged rows (conformed: the table's columns, and the op column as OP_COLUMN)."""
     first = pa.ipc.open_stream(io.open_input(paths[0]))

@@ -46,13 +46,15 @@ def _expected(batches: list[list[dict]]) -> list[tuple]:
     return sorted((r["id"], r["v"], r["ts"]) for r in latest.values() if r["op"] == "upsert")
 
 
-def _start(source, table, checkpoint, crash_at=None) -> subprocess.Popen:
+def _start(source, table, checkpoint, sink, crash_at=None) -> subprocess.Popen:
+    env = writer_env(crash_at) | {"STREAM_SINK": sink}
     return subprocess.Popen([sys.executable, str(STREAM), str(source), table, str(checkpoint)],
-                            env=writer_env(crash_at), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def test_a_restarted_query_applies_every_epoch_exactly_once(tmp_path):
+@pytest.mark.parametrize("sink", ["format", "foreach_batch"])
+def test_a_restarted_query_applies_every_epoch_exactly_once(tmp_path, sink):
+    """``format``: ``writeStream.format("bitlake")``; ``foreach_batch``: ``bitlake.foreach_batch``."""
     rng = random.Random(7)
     batches = _files(tmp_path / "in", 10, rng)
     path = str(tmp_path / "t")
@@ -61,29 +63,30 @@ def test_a_restarted_query_applies_every_epoch_exactly_once(tmp_path):
 
     # 1. The first epoch's bitlake commit lands, then the process running it dies: Spark never records the
     #    epoch as done, so the restarted query runs it again, under the same batch id.
-    first = _start(tmp_path / "in", path, checkpoint, crash_at="after_commit")
+    first = _start(tmp_path / "in", path, checkpoint, sink, crash_at="after_commit")
     out = first.communicate(timeout=300)[0].decode(errors="replace")
     assert first.returncode != 0, out
     assert t.version == 1, out
     # 2. Restarted, then the whole driver is killed (SIGKILL to its process group) once a few epochs landed.
-    second = _start(tmp_path / "in", path, checkpoint)
+    second = _start(tmp_path / "in", path, checkpoint, sink)
     deadline = time.monotonic() + 300
     while t.version < 4 and second.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     os.killpg(second.pid, signal.SIGKILL)
     second.wait(timeout=60)
     # 3. Restarted again, it finishes the files.
-    third = _start(tmp_path / "in", path, checkpoint)
+    third = _start(tmp_path / "in", path, checkpoint, sink)
     out = third.communicate(timeout=300)[0].decode(errors="replace")
     assert third.returncode == 0, out
 
     history = t.history()
     ids = [h["batch_id"] for h in history if h["operation"] == "INGEST"]
-    assert len(ids) == len(set(ids)) == len(batches), ids
+    assert len(ids) == len(set(ids)), ids
     assert len({i.rsplit("-", 1)[0] for i in ids}) == 1, "one query id from the checkpoint"
-    assert sorted(int(i.rsplit("-", 1)[1]) for i in ids) == list(range(len(batches)))
-    assert sorted(sum(h["counts"].values()) for h in history if h["operation"] == "INGEST") == sorted(
-        len(b) for b in batches), "each epoch's records counted once"
+    # One file per epoch, but a restarted availableNow query may plan its remaining files differently.
+    assert sorted(int(i.rsplit("-", 1)[1]) for i in ids) == list(range(len(ids)))
+    assert sum(sum(h["counts"].values()) for h in history if h["operation"] == "INGEST") == sum(
+        len(b) for b in batches), "every record counted once"
     assert sorted((r["id"], r["v"], r["ts"]) for r in t.to_arrow().to_pylist()) == _expected(batches)
     left = [p for p in t.cleanup(min_age_seconds=0, dry_run=True) if not p.startswith("_bitlake/parts/")]
     assert all(p.startswith(("_bitlake/staging/", "data/", "_bitlake/")) for p in left)
