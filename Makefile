@@ -8,7 +8,7 @@ SFS ?= 0.1,1,3
 SYSTEMS ?= all
 TIMEOUT ?= 600
 
-.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-maintenance bench-restatement bench-lake bench-triggers clean
+.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-maintenance bench-restatement bench-lake bench-mirror bench-triggers clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -68,6 +68,10 @@ bench-restatement: setup  ## revert, replace, tombstone, vacuum and DML against 
 
 bench-lake: setup  ## bitlake on an S3 API (moto) against local disk and delta-rs; the data source against the JVM reader; Arrow reads against pyarrow and DuckDB (SF=1)
 	$(PY) benchmarks/lake.py --scale-factor $(SF)
+
+bench-mirror: setup  ## the PostgreSQL mirror: its snapshot against a dump to Parquet, pgbench beside it (lag), a backlog's catch-up against Spark and delta-rs
+	bash scripts/setup-postgres.sh
+	$(PY) benchmarks/mirror.py --scale 100
 
 bench-peers: setup setup-paimon  ## bitlake against delta-rs, pyiceberg, lance, Paimon and plain Spark (SFS=0.1,1,3 SYSTEMS=all TIMEOUT=600 s per operation)
 	$(PY) benchmarks/peers.py --scale-factors $(SFS) --systems $(SYSTEMS) --timeout $(TIMEOUT)
