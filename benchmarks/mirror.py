@@ -136,10 +136,11 @@ def keep_up_section(server, work: Path, seconds: int) -> dict:
     commits: list[tuple[float, int, int]] = []  # (time, end LSN, changes)
     m = PostgresMirror(server.dsn(), "public.pgbench_accounts", str(work / "accounts"),
                        progress=lambda p: commits.append((time.time(), p.lsn, p.changes)))
+    m.run(until_caught_up=True, interval=0.1)  # the load before (pgbench alone) is not this measure's
+    commits.clear()
     stop = threading.Event()
     runner = threading.Thread(target=lambda: m.run(interval=1.0, stop=stop), daemon=True)
     runner.start()
-    time.sleep(2)
     sampler = Sampler(server)
     sampler.start()
     started = time.time()
