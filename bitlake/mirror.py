@@ -277,8 +277,9 @@ class PostgresMirror:
             f"SELECT lsn::text, data FROM pg_logical_slot_peek_changes(%s, NULL, %s, {_WAL2JSON})",
             (self.slot, self.batch_changes, self.source)).fetchall()
         changes, end, commit = [], None, 0
-        for _, data in rows:
-            c = json.loads(data, parse_float=decimal.Decimal)
+        # One parse for the step (numbers as Decimal: numeric values keep every digit).
+        parsed = json.loads("[" + ",".join(data for _, data in rows) + "]", parse_float=decimal.Decimal)
+        for c in parsed:
             if c["action"] == "B":
                 commit = lsn_int(c["lsn"])  # the transaction's commit LSN (wal2json's B row names it)
             elif c["action"] == "C":
@@ -297,8 +298,7 @@ class PostgresMirror:
 
     def _apply(self, changes: list[dict], end: int) -> None:
         self._follow_schema(changes)
-        envelopes = list(self._envelopes(changes))
-        pieces = list(cdc.batches(iter(envelopes), self.table.metadata, "lsn"))
+        pieces = _columnar(changes, self.table.metadata)
         base = f"wal-{self.slot}-{end:016x}"
         for i, (kind, piece) in enumerate(pieces):
             batch_id = base if i == len(pieces) - 1 else f"{base}-part{i}"
@@ -309,40 +309,24 @@ class PostgresMirror:
             self.table.ingest(piece, op_column=cdc.OP, batch_id=batch_id)
         # No piece (transactions of other tables only): nothing to commit; the slot's advance moves the position.
 
-    def _envelopes(self, changes: list[dict]) -> Iterator[dict]:
-        """wal2json changes as Debezium-style envelopes (what :mod:`bitlake.cdc` applies), positioned at their
-        transaction's commit LSN: a row's changes commit in the order they were made (the row stays locked), and
-        a transaction that was in progress when the snapshot was taken commits after its consistent point, though
-        its changes were written before it."""
-        for c in changes:
-            source = {"lsn": c["_commit"], "table": c.get("table")}
-            if c["action"] == "T":
-                yield {"op": "t", "source": source}
-                continue
-            values = {v["name"]: _value(v) for v in c.get("columns", ())}
-            identity = {v["name"]: _value(v) for v in c.get("identity", ())}
-            if c["action"] == "D":
-                yield {"op": "d", "before": identity, "source": source}
-            else:
-                yield {"op": "c" if c["action"] == "I" else "u", "after": values, "source": source}
-
     def _follow_schema(self, changes: list[dict]) -> None:
         """Adds the nullable columns the source gained; raises SchemaChangedError for any other change."""
         meta = self.table.metadata
         known = {n: meta.schema.field(n).type for n in meta.column_names}
+        # The distinct column lists of the step's rows (one, but around a DDL): each checked once.
+        signatures = {tuple((v["name"], v["type"]) for v in c["columns"]) for c in changes if c["action"] in "IU"}
         seen: dict[str, str] = {}
-        for c in changes:
-            if c["action"] in "IU":
-                for v in c["columns"]:
-                    seen.setdefault(v["name"], v["type"])
-                missing = [n for n in known if n != LSN_COLUMN and n not in {v["name"] for v in c["columns"]}]
-                if missing:
-                    raise SchemaChangedError(f"{self.source} no longer has columns {missing} (dropped?) at LSN "
-                                             f"{c['lsn']}: the mirror stops; nothing of this step was written")
-        changed = [(n, t) for n, t in seen.items() if n in known and arrow_type(t) != known[n]]
-        if changed:
-            raise SchemaChangedError(f"{self.source} changed the type of {[n for n, _ in changed]} (now "
-                                     f"{[t for _, t in changed]}): the mirror stops; nothing of this step was written")
+        for signature in signatures:
+            names = {n for n, _ in signature}
+            missing = [n for n in known if n != LSN_COLUMN and n not in names]
+            if missing:
+                raise SchemaChangedError(f"{self.source} no longer has columns {missing} (dropped?): the mirror "
+                                         "stops; nothing of this step was written")
+            for n, t in signature:
+                if n in known and arrow_type(t) != known[n]:
+                    raise SchemaChangedError(f"{self.source} changed the type of {n!r} (now {t}): the mirror stops; "
+                                             "nothing of this step was written")
+                seen.setdefault(n, t)
         added = [n for n in seen if n not in known]
         if added:
             catalog = {c.name: c for c in self.columns()}
@@ -374,15 +358,58 @@ class PostgresMirror:
         return not rows
 
 
-def _value(v: dict) -> Any:
-    value, pg_type = v["value"], v["type"]
-    if value is not None and pg_type == "bytea":
-        return bytes.fromhex(value.removeprefix("\\x"))  # wal2json writes bytea as bare hex
-    if value is not None and pg_type in ("json", "jsonb") and not isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, decimal.Decimal) and not pg_type.startswith("numeric"):
-        return float(value)
-    return value
+def _columnar(changes: list[dict], meta) -> list[tuple[str, Any]]:
+    """wal2json changes as record tables (the table's columns, :data:`bitlake.cdc.OP`, ``_lsn`` at the change's
+    commit LSN), split at TRUNCATEs (``("truncate", commit LSN)``). Values are gathered column by column and
+    converted by Arrow in bulk: a change costs a few dictionary lookups, not a Python conversion per value.
+
+    Each change takes its transaction's commit LSN: a row's changes commit in the order they were made (the
+    row stays locked), and a transaction in progress while the snapshot was taken commits after its
+    consistent point though it wrote its changes before it."""
+    names = [c for c in meta.column_names if c != LSN_COLUMN]
+    out: list[tuple[str, Any]] = []
+    columns: dict[str, list] = {n: [] for n in names}
+    ops: list[str] = []
+    lsns: list[int] = []
+
+    def flush() -> None:
+        if ops:
+            arrays = [_array(columns[n], meta.schema.field(n).type) for n in names]
+            out.append(("records", pa.Table.from_arrays(
+                [*arrays, pa.array(lsns, pa.int64()), pa.array(ops, pa.string())],
+                names=[*names, LSN_COLUMN, cdc.OP])))
+            for n in names:
+                columns[n] = []
+            ops.clear()
+            lsns.clear()
+
+    for c in changes:
+        action = c["action"]
+        if action == "T":
+            flush()
+            out.append(("truncate", c["_commit"]))
+            continue
+        values = {v["name"]: v["value"] for v in (c["columns"] if action in "IU" else c["identity"])}
+        for n in names:
+            columns[n].append(values.get(n))
+        ops.append("delete" if action == "D" else "upsert")
+        lsns.append(c["_commit"])
+    flush()
+    return out
+
+
+def _array(values: list, t: pa.DataType) -> pa.Array:
+    """wal2json's JSON values of one column (numbers parsed as Decimal) as an Arrow array of type ``t``."""
+    if pa.types.is_floating(t):
+        return pa.array([None if v is None else float(v) for v in values], t)
+    if pa.types.is_date(t) or pa.types.is_timestamp(t):
+        return pa.array(values, pa.string()).cast(t)  # ISO text, with an offset for timestamptz
+    if pa.types.is_binary(t):  # bytea: wal2json writes bare hex
+        return pa.array([None if v is None else bytes.fromhex(v.removeprefix("\\x")) for v in values], t)
+    if pa.types.is_string(t):  # json/jsonb (parsed by the JSON reader), unconstrained numeric (a Decimal)
+        return pa.array([v if v is None or isinstance(v, str) else
+                         json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v) for v in values], t)
+    return pa.array(values, t)
 
 
 def _csv_native(t: pa.DataType) -> bool:
