@@ -224,7 +224,7 @@ def markdown(r: dict) -> str:
         f"**{k['lag_p50_s']:.2f} s**, p99 **{k['lag_p99_s']:.2f} s** (target p99 < 5 s; {k['lag_samples']} samples).",
         f"- Catch-up after a backlog of {c['changes']:,} changes: **{c['changes_per_s']:,.0f} changes/s** "
         f"({c['mirror_s']:.1f} s); Spark reading the same changes from a Parquet file "
-        f"{c['spark_read_parquet_s']:.1f} s; "
+        f"{c['spark_read_parquet_s']:.2f} s; "
         f"a delta-rs merge of them into a Delta table of the accounts {c['delta_rs_merge_s']:.1f} s.",
         "", f"Raw results: `{r['json_path']}`.", ""])
 
