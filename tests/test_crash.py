@@ -90,7 +90,8 @@ def crashed(tmp_path_factory, spark):
 
 
 S3_CASES = {name: CASES[name] for name in
-            ["ingest-after_landing", "ingest-after_metagen", "ingest-after_commit", "compact-after_commit"]}
+            ["ingest-after_landing", "ingest-after_metagen", "ingest-after_commit", "compact-after_commit",
+             "revert-after_commit", "replace-after_landing", "vacuum-after_metagen", "vacuum-after_commit"]}
 
 
 @pytest.fixture(scope="module")
@@ -340,6 +341,16 @@ def restated_oracle(mode: str, *later: list[list]) -> list[tuple]:
 
 @pytest.mark.parametrize(("mode", "point"), RESTATE_CASES)
 def test_crash_during_restatement(crashed, spark, mode, point):
+    check_crash_during_restatement(crashed, spark, mode, point)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize(("mode", "point"), [("revert", "after_commit"), ("replace", "after_landing")])
+def test_crash_during_restatement_on_s3(crashed_on_s3, spark, mode, point):
+    check_crash_during_restatement(crashed_on_s3, spark, mode, point)
+
+
+def check_crash_during_restatement(crashed, spark, mode, point):
     """A revert of b0 or a replace of b1 killed at a crash point: the table is at its last commit (the
     restatement committed once, or not at all); a retry of the revert is a no-op once it committed, a retry
     otherwise commits it; cleanup removes only the dead writer's files; a later batch goes on by the contract
@@ -397,6 +408,16 @@ def holding(table, value: str) -> list[str]:
 
 @pytest.mark.parametrize("point", VACUUM_POINTS)
 def test_crash_during_vacuum(crashed, spark, point):
+    check_crash_during_vacuum(crashed, spark, point)
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("point", VACUUM_POINTS)
+def test_crash_during_vacuum_on_s3(crashed_on_s3, spark, point):
+    check_crash_during_vacuum(crashed_on_s3, spark, point)
+
+
+def check_crash_during_vacuum(crashed, spark, point):
     """A vacuum killed before its commit leaves the tombstone and the view as they were, and its rewrites for
     cleanup; killed after it, the tombstone is retired and the row in no view, and the files it rewrote (still
     holding the row) go with the next vacuum, or cleanup."""
