@@ -502,6 +502,18 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
+def save_results(result: dict, stem: str, markdown, heading: str, no_doc: bool) -> None:
+    """Writes ``result`` to ``benchmarks/results/<stem>.json`` (its path kept as ``json_path``), its
+    ``markdown(result)`` under ``heading`` in docs/benchmarks.md unless ``no_doc``, and prints the markdown."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    out = RESULTS_DIR / f"{stem}.json"
+    out.write_text(json.dumps(result, indent=2, default=str))
+    result["json_path"] = str(out.relative_to(ROOT))
+    if not no_doc:
+        write_doc(markdown(result), heading)
+    print(markdown(result))
+
+
 def write_doc(section: str, heading: str = SECTION) -> None:
     """Replaces the section under ``heading`` in docs/benchmarks.md (appends it if missing)."""
     intro = "# Benchmarks\n\nEvery figure is a ratio against a baseline measured in the same run.\n\n"

@@ -134,13 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     result["arrow"] = arrow_section(path, args.runs)
     result["duckdb"] = duckdb_section(t, args.runs)
 
-    core.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    out = core.RESULTS_DIR / f"lake-{result['date']}-sf{sf_text(sf)}.json"
-    out.write_text(json.dumps(result, indent=2, default=str))
-    result["json_path"] = str(out.relative_to(core.ROOT))
-    if not args.no_doc:
-        core.write_doc(markdown(result), SECTION)
-    print(markdown(result))
+    core.save_results(result, f"lake-{result['date']}-sf{sf_text(sf)}", markdown, SECTION, args.no_doc)
     return 0
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import statistics
 import subprocess
 import sys
@@ -83,13 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         result["catch_up"] = catch_up_section(server, work, args.backlog)
     finally:
         server.stop()
-    core.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    out = core.RESULTS_DIR / f"mirror-{result['date']}.json"
-    out.write_text(json.dumps(result, indent=2, default=str))
-    result["json_path"] = str(out.relative_to(core.ROOT))
-    if not args.no_doc:
-        core.write_doc(markdown(result), SECTION)
-    print(markdown(result))
+    core.save_results(result, f"mirror-{result['date']}", markdown, SECTION, args.no_doc)
     return 0
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import shutil
 import sys
 import time
@@ -220,13 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"vacuum: {m['seconds']:.2f} s, {mb(m['bytes'])}, {m['result']}; delta-rs delete {dm['seconds']:.2f} s, "
         f"{mb(dm['bytes'])}")
 
-    core.RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    out = core.RESULTS_DIR / f"restatement-{result['date']}-sf{sf_text(sf)}.json"
-    out.write_text(json.dumps(result, indent=2, default=str))
-    result["json_path"] = str(out.relative_to(core.ROOT))
-    if not args.no_doc:
-        core.write_doc(markdown(result), SECTION)
-    print(markdown(result))
+    core.save_results(result, f"restatement-{result['date']}-sf{sf_text(sf)}", markdown, SECTION, args.no_doc)
     return 0
 
 

@@ -200,6 +200,15 @@ def batches(changes_in: Iterable[dict], meta: TableMetadata, position: str = "ls
         yield "records", pa.Table.from_pylist(pending, schema=schema)
 
 
+def truncation(table, delta: Any) -> pa.Table:
+    """A TRUNCATE as records: a delete of every key ``table``'s current view holds, at delta value ``delta``."""
+    meta = table.metadata
+    keys = table.to_arrow(columns=list(meta.primary_key))
+    n = keys.num_rows
+    return keys.append_column(meta.delta_column, pa.array([delta] * n, meta.delta_type)).append_column(
+        OP, pa.array(["delete"] * n, pa.string()))
+
+
 def ingest(table, messages: Iterable[Any], *, batch_id: str | None = None, position: str = "lsn") -> list:
     """Applies Debezium ``messages`` to ``table`` (a keyed :class:`bitlake.Table`): one ingestion of their
     records, with ``batch_id`` (a retry with the same id is a no-op), or more around TRUNCATEs (their batch
@@ -209,11 +218,7 @@ def ingest(table, messages: Iterable[Any], *, batch_id: str | None = None, posit
     for i, (kind, piece) in enumerate(batches(changes(messages), meta, position)):
         bid = None if batch_id is None else (batch_id if i == 0 else f"{batch_id}-{i}")
         if kind == "truncate":
-            keys = table.to_arrow(columns=list(meta.primary_key))
-            n = keys.num_rows
-            deletes = keys.append_column(meta.delta_column, pa.array([piece] * n, meta.delta_type)).append_column(
-                OP, pa.array(["delete"] * n, pa.string()))
-            piece = deletes
+            piece = truncation(table, piece)
         if piece.num_rows or kind == "records":
             results.append(table.ingest(piece, op_column=OP, batch_id=bid))
     return results

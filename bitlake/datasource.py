@@ -241,15 +241,12 @@ class StreamWriter(DataSourceStreamArrowWriter):
 
         from pyspark import TaskContext
 
-        from bitlake.engine.conform import conformed
 
         ctx = TaskContext.get()
         query, epoch = ctx.getLocalProperty("sql.streaming.queryId"), ctx.getLocalProperty("streaming.sql.batchId")
-        first = next(iterator, None)
-        if first is None:
+        rows = _conformed(iterator, self.meta, self.op_column)
+        if rows is None:
             return _Staged(query, epoch, [])
-        rows = conformed(pa.RecordBatchReader.from_batches(first.schema, _chain(first, iterator)), self.meta,
-                         self.op_column)
         path = f"{STAGING_DIR}/{epoch}-{ctx.partitionId()}-{uuid.uuid4().hex}.arrow"
         with self.io.open_output(path) as out:
             writer = None
@@ -348,7 +345,6 @@ class BatchWriter(DataSourceArrowWriter):
     def write(self, iterator):
         from pyspark import TaskContext
 
-        from bitlake.engine.conform import conformed
 
         if self.done:  # the batch id committed before: a retried write applies nothing
             for _ in iterator:
@@ -357,11 +353,9 @@ class BatchWriter(DataSourceArrowWriter):
         task = TaskContext.get().partitionId()
         if task >= STRIDE:
             raise InvalidInputError(f"a bitlake write takes at most {STRIDE} partitions; coalesce the DataFrame")
-        first = next(iterator, None)
-        if first is None:
+        rows = _conformed(iterator, self.meta, self.op_column)
+        if rows is None:
             return _Landed([])
-        stream = pa.RecordBatchReader.from_batches(first.schema, _chain(first, iterator))
-        rows = conformed(stream, self.meta, self.op_column)
         run = landing.LandTask(self.io, self.meta.to_json(), self.part, STRIDE, self.op_column is not None)
         return _Landed(run.run(task, rows))
 
@@ -382,6 +376,17 @@ class BatchWriter(DataSourceArrowWriter):
     def abort(self, messages) -> None:
         if self.part is not None:
             landing.remove_part_files(self.io, self.part)
+
+
+def _conformed(iterator, meta, op_column: str | None):
+    """A write task's Arrow batches conformed to the table (:func:`bitlake.engine.conform.conformed`); None when
+    the task has none."""
+    from bitlake.engine.conform import conformed
+
+    first = next(iterator, None)
+    if first is None:
+        return None
+    return conformed(pa.RecordBatchReader.from_batches(first.schema, _chain(first, iterator)), meta, op_column)
 
 
 def _chain(first, rest):

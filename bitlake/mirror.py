@@ -185,7 +185,7 @@ class PostgresMirror:
         """Takes the initial snapshot unless a committed one exists."""
         import psycopg
 
-        if self.table.state().batch(self._snapshot_id()) is not None:
+        if self.table.refresh().batch(self._snapshot_id()) is not None:
             return
         exists = self.conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.slot,)).fetchone()
         if exists:  # a mirror killed before its snapshot committed: start over
@@ -257,7 +257,7 @@ class PostgresMirror:
     def committed_lsn(self) -> int | None:
         """The end LSN of the last committed change batch (None: none yet)."""
         prefix = f"wal-{self.slot}-"
-        ends = [int(b.batch_id[len(prefix):], 16) for b in self.table.state().parts.values()
+        ends = [int(b.batch_id[len(prefix):], 16) for b in self.table.refresh().parts.values()
                 if b.batch_id.startswith(prefix) and "-part" not in b.batch_id[len(prefix):]]
         return max(ends) if ends else None
 
@@ -303,9 +303,7 @@ class PostgresMirror:
         for i, (kind, piece) in enumerate(pieces):
             batch_id = base if i == len(pieces) - 1 else f"{base}-part{i}"
             if kind == "truncate":
-                keys = self.table.to_arrow(columns=list(self.table.metadata.primary_key))
-                piece = keys.append_column(LSN_COLUMN, pa.array([piece] * keys.num_rows, pa.int64())).append_column(
-                    cdc.OP, pa.array(["delete"] * keys.num_rows, pa.string()))
+                piece = cdc.truncation(self.table, piece)
             self.table.ingest(piece, op_column=cdc.OP, batch_id=batch_id)
         # No piece (transactions of other tables only): nothing to commit; the slot's advance moves the position.
 
@@ -404,8 +402,8 @@ def _array(values: list, t: pa.DataType) -> pa.Array:
         return pa.array([None if v is None else float(v) for v in values], t)
     if pa.types.is_date(t) or pa.types.is_timestamp(t):
         return pa.array(values, pa.string()).cast(t)  # ISO text, with an offset for timestamptz
-    if pa.types.is_binary(t):  # bytea: wal2json writes bare hex
-        return pa.array([None if v is None else bytes.fromhex(v.removeprefix("\\x")) for v in values], t)
+    if pa.types.is_binary(t):
+        return pa.array([_bytea(v) for v in values], t)
     if pa.types.is_string(t):  # json/jsonb (parsed by the JSON reader), unconstrained numeric (a Decimal)
         return pa.array([v if v is None or isinstance(v, str) else
                          json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v) for v in values], t)
@@ -422,8 +420,13 @@ def _from_text(column: pa.Array, t: pa.DataType) -> pa.Array:
     if pa.types.is_boolean(t):
         return pa.array([None if v is None else v == "t" for v in values], t)
     if pa.types.is_binary(t):
-        return pa.array([None if v is None else bytes.fromhex(v[2:]) for v in values], t)
+        return pa.array([_bytea(v) for v in values], t)
     return pa.array(values, t)
+
+
+def _bytea(text: str | None) -> bytes | None:
+    """A bytea value's hex text (``\\x0a0b`` from COPY, bare ``0a0b`` from wal2json) as bytes."""
+    return None if text is None else bytes.fromhex(text.removeprefix("\\x"))
 
 
 def _quote(name: str) -> str:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import time
 import uuid
+
+from tests.ports import free_port, wait_for_port
 
 BUCKET = "bitlake-tests"
 CREDENTIALS = {
@@ -37,31 +37,16 @@ class S3Server:
             self.process.kill()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_s3_server(export: bool = True) -> S3Server:
     """Starts the server, creates the bucket and (``export``) sets this process's AWS_* variables to it, which
     the processes it starts inherit."""
     import boto3
 
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     process = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError("moto's S3 server did not start") from None
-            time.sleep(0.1)
+    wait_for_port(port, process, "moto's S3 server", timeout=30, interval=0.1)
     server = S3Server(process, endpoint)
     client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
                           aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1")

@@ -4,7 +4,6 @@ cluster (a master and workers). Each runs on loopback with the project's interpr
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,13 +11,9 @@ from pathlib import Path
 
 import pyspark
 
+from tests.ports import free_port, wait_for_port
+
 SPARK_HOME = str(Path(pyspark.__file__).parent)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(extra: dict | None = None) -> dict:
@@ -29,17 +24,8 @@ def _env(extra: dict | None = None) -> dict:
     return env
 
 
-def _wait_port(port: int, process: subprocess.Popen, log: Path, what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                process.kill()
-                raise RuntimeError(f"{what} did not start:\n{log.read_text(errors='replace')[-4000:]}") from None
-            time.sleep(0.5)
+def _wait_port(port: int, process: subprocess.Popen, log: Path, what: str) -> None:
+    wait_for_port(port, process, what, output=lambda: log.read_text(errors="replace")[-4000:])
 
 
 class Server:
