@@ -72,10 +72,10 @@ def land_batch(io: FileIO, state: TableState, land, batch_id: str) -> Landed:
     """Claims a segment part and lands a batch in it (``land``: what :func:`landing_of` returns)."""
     part = transaction.claim_part(io, state)
     faults.point("after_claim")
-    data_files, keys_files = land(io, part)
+    data_files, keys_files, rows = land(io, part)
     faults.point("after_landing")
     records = sum(f.rows for f in data_files) + sum(f.rows for f in keys_files)
-    return Landed(batch_id, part, records, tuple(data_files), tuple(keys_files))
+    return Landed(batch_id, part, records, tuple(data_files), tuple(keys_files), rows)
 
 
 @contextlib.contextmanager
@@ -229,7 +229,7 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
             from bitlake.spark.schema import conform_spark_input
 
             df = conform_spark_input(data, meta, op_column)
-            return lambda io, part: spark_landing.land(df, io, meta, part, op_column is not None)
+            return lambda io, part: (*spark_landing.land(df, io, meta, part, op_column is not None), None)
         reader, rows = collected.to_reader(), collected.num_rows
     if reader is None:
         raise InvalidInputError(
@@ -237,7 +237,9 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
             "pandas DataFrame or a Spark DataFrame"
         )
     batches = conform.conformed(reader, meta, op_column)
-    return lambda io, part: landing.land_local(io, meta, part, op_column is not None, batches, rows)
+    # A batch of known size that the inline MetaGen will take keeps its records for it.
+    keep = meta.keyed and rows is not None and rows <= meta.int_prop("metagen.inline_max_rows")
+    return lambda io, part: landing.land_local(io, meta, part, op_column is not None, batches, rows, keep=keep)
 
 
 def _is_spark_dataframe(data: Any) -> bool:

@@ -191,4 +191,34 @@ def test_a_large_ingest_writes_sst_files_in_processes_and_lookups_on_threads_ans
         found, deltas, _, deleted = index.lookup(encode_keys(wanted, ["id"]))
     assert found.tolist() == [True, True, False, True, False]
     assert deltas[found].tolist() == [1, 1, 1] and not deleted.any()
-    assert not [p for p in (tmp_path / "t" / "_bitlake" / "index").iterdir() if p.name.startswith("ingest-")]
+    assert not [p for p in (tmp_path / "t" / "_bitlake" / "index").iterdir() if p.name.startswith(("ingest-", "stage-"))]
+
+
+def test_entries_staged_for_a_commit_that_did_not_happen_never_reach_the_index(tmp_path, monkeypatch):
+    """The SST files a large commit stages before it commits are taken in only by the put of that version; a
+    put of another version, or closing the index, throws them away."""
+    monkeypatch.setattr(keyindex, "_SST_MIN_ROWS", 1)
+    monkeypatch.setattr(keyindex, "_PROCESS_SST_ROWS", 1)
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod")
+    t.ingest(batch([1, 2], ["a", "b"], [1, 1]))
+    folder = tmp_path / "t" / "_bitlake" / "index"
+
+    def rows(ids, mod):
+        return pa.table({"id": pa.array(ids, pa.int64()), "_delta": pa.array([mod] * len(ids), pa.int64()),
+                         "_row_id": pa.array(ids, pa.int64()), "_deleted": pa.array([False] * len(ids))})
+
+    def staged():
+        return sorted(p.name for p in folder.iterdir() if p.name.startswith("stage-"))
+
+    with keyindex.KeyIndex(t.io, t.metadata) as index:
+        index.stage(rows([7, 8, 9], 5), t.version + 1)  # a commit that loses its race
+        assert staged()
+        index.put([rows([3, 4], 6)], t.version + 1)  # the version went to other rows
+        assert not staged()
+        found, deltas, _, _ = index.lookup(encode_keys(pa.table({"id": pa.array([7, 3], pa.int64())}), ["id"]))
+        assert found.tolist() == [False, True] and deltas[1] == 6
+        index.stage(rows([10], 7), t.version + 2)
+    assert not staged()  # closed with a staged commit
+    with keyindex.KeyIndex(t.io, t.metadata) as index:
+        found, _, _, _ = index.lookup(encode_keys(pa.table({"id": pa.array([10], pa.int64())}), ["id"]))
+        assert found.tolist() == [False]

@@ -117,11 +117,28 @@ def fixed_width(table: pa.Table, primary_key: list[str]) -> bool:
 def key_order(table: pa.Table, primary_key: list[str]) -> np.ndarray:
     """Row indices in the byte order of the rows' encoded keys (:func:`encode_keys`), ties in row order."""
     if fixed_width(table, primary_key):
-        # Big-endian two's complement compares bytewise as the unsigned value with the sign bit flipped.
-        flip = np.uint64(1 << 63)
-        return np.lexsort([_as_int64(table.column(c)).view(np.uint64) ^ flip for c in reversed(primary_key)])
+        # Big-endian two's complement compares bytewise as the signed value does.
+        order = _order([_as_int64(table.column(c)) for c in primary_key])
+        return np.arange(table.num_rows, dtype=np.int64) if order is None else order
     keys = encode_keys(table, primary_key)
     return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
+
+
+def _order(columns: list[np.ndarray]) -> np.ndarray | None:
+    """The rows of int64 key ``columns`` in key order, ties in row order; None when they are in it already
+    (a dump in key order, or rows a sort put in it): an O(n) check spares the sort."""
+    return None if _ascending(columns) else np.lexsort(columns[::-1])
+
+
+def _ascending(columns: list[np.ndarray]) -> bool:
+    """Whether the rows of ``columns`` (int64, one array a key column) are in ascending key order."""
+    undecided = np.ones(max(len(columns[0]) - 1, 0), dtype=bool)
+    for c in columns:
+        before, after = c[:-1], c[1:]
+        if np.any(undecided & (after < before)):
+            return False
+        undecided &= after == before
+    return True
 
 
 def key_codes(table: pa.Table, primary_key: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -129,12 +146,16 @@ def key_codes(table: pa.Table, primary_key: list[str]) -> tuple[np.ndarray, np.n
     that has it."""
     n = table.num_rows
     if n and fixed_width(table, primary_key):
-        order = key_order(table, primary_key)
-        values = [_as_int64(table.column(c))[order] for c in primary_key]
+        columns = [_as_int64(table.column(c)) for c in primary_key]
+        order = _order(columns)
+        values = columns if order is None else [c[order] for c in columns]
         starts = np.ones(n, dtype=bool)
         starts[1:] = np.logical_or.reduce([v[1:] != v[:-1] for v in values])
+        ranks = np.cumsum(starts) - 1
+        if order is None:
+            return ranks, np.flatnonzero(starts)
         codes = np.empty(n, dtype=np.int64)
-        codes[order] = np.cumsum(starts) - 1
+        codes[order] = ranks
         return codes, order[starts]  # lexsort is stable: a run starts with its key's first row
     keys = encode_keys(table, primary_key)
     codes = pc.dictionary_encode(pa.array(keys, pa.binary())).indices.to_numpy().astype(np.int64)
@@ -171,6 +192,7 @@ class KeyIndex:
         self.io = io
         self.path, lock = location(io, meta)
         self.db: Any = None  # a rocksdict.Rdict while open
+        self._staged: tuple[int, int, _SstWriting] | None = None  # version, rows, the SST files (see stage)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._lock = open(lock, "ab")  # noqa: SIM115 - held until close()
         try:
@@ -195,6 +217,9 @@ class KeyIndex:
         from rocksdict import Rdict, WriteOptions
 
         db = Rdict(self.path, self._options())
+        for name in os.listdir(self.path):  # SST files a killed writer left (RocksDB never reads them)
+            if name.startswith(("stage-", "ingest-")):
+                os.remove(os.path.join(self.path, name))
         # No write-ahead log: memtables reach disk in write order, so after a crash the index holds
         # a prefix of its writes, and the version is written last (see put). close() flushes.
         write = WriteOptions()
@@ -237,6 +262,7 @@ class KeyIndex:
         """Flushes and closes the database, then lets other writers in; closing again does nothing."""
         db, self.db = self.db, None
         try:
+            self.discard_staged()
             if db is not None:
                 db.flush()
                 db.close()
@@ -281,7 +307,7 @@ class KeyIndex:
         pk = list(self.meta.primary_key)
         tables = [t for t in tables if t.num_rows]
         if sum(t.num_rows for t in tables) >= _SST_MIN_ROWS:
-            self._ingest_sorted(pa.concat_tables(tables))
+            self._ingest_sorted(pa.concat_tables(tables), version)
             tables = []
         for table in tables:
             for start in range(0, table.num_rows, _PUT_CHUNK):
@@ -298,28 +324,62 @@ class KeyIndex:
         batch.put(_VERSION_KEY, str(version).encode())
         self.db.write(batch)
 
-    def _ingest_sorted(self, table: pa.Table) -> None:
+    def stage(self, rows: pa.Table, version: int) -> None:
+        """Starts writing the key-store rows ``rows`` of the commit that will be ``version`` as SST files, in
+        processes of their own, while the writer finishes and commits it; :meth:`put` of that version then
+        takes the files in. Only a large commit (a load) gains: smaller ones are put after the commit as ever.
+        Nothing reaches the database before :meth:`put`, so the index is never ahead of the commit log."""
+        self.discard_staged()
+        if rows.num_rows >= _PROCESS_SST_ROWS:
+            self._staged = (version, rows.num_rows, self._start_ssts(rows, f"stage-{version}"))
+
+    def discard_staged(self) -> None:
+        staged, self._staged = self._staged, None
+        if staged is not None:
+            staged[2].wait(check=False)
+            staged[2].remove()
+
+    def _ingest_sorted(self, table: pa.Table, version: int) -> None:
         """Many entries at once: written in key order as SST files that RocksDB takes in whole, sorted runs,
         instead of memtable flushes that a compaction must merge later (a load at scale factor 1: 2.5 s
-        against 10 s of puts and a full compaction). rocksdict takes an entry per call, holding the GIL, so
-        a large table is cut into key ranges written by processes of their own, one per core."""
+        against 10 s of puts and a full compaction)."""
+        staged, self._staged = self._staged, None
+        if staged is not None and staged[:2] == (version, table.num_rows):
+            writing = staged[2]
+        else:
+            if staged is not None:
+                staged[2].wait(check=False)
+                staged[2].remove()
+            writing = self._start_ssts(table, "ingest")
+        try:
+            writing.wait()
+            self.db.ingest_external_file(writing.paths)
+        finally:
+            writing.remove()
+
+    def _start_ssts(self, table: pa.Table, name: str) -> _SstWriting:
+        """Starts writing ``table``'s entries, in key order, as SST files. rocksdict takes an entry per call,
+        holding the GIL, so a large table is cut into key ranges written by processes of their own, one per
+        core; a small one is written here and now."""
         pk = list(self.meta.primary_key)
         table = table.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED])
-        table = table.take(pa.array(key_order(table, pk)))
+        order = key_order(table, pk)
+        if not np.array_equal(order, np.arange(table.num_rows)):
+            table = table.take(pa.array(order))
         ranges = threads() if table.num_rows >= _PROCESS_SST_ROWS else 1
         step = -(-table.num_rows // ranges)
         slices = [table.slice(start, step) for start in range(0, table.num_rows, step)]
-        paths = [os.path.join(self.path, f"ingest-{i}.sst") for i in range(len(slices))]
+        writing = _SstWriting([os.path.join(self.path, f"{name}-{i}.sst") for i in range(len(slices))])
         try:
             if len(slices) == 1:
-                write_sst(slices[0], pk, paths[0])
+                write_sst(slices[0], pk, writing.paths[0])
             else:
-                _write_ssts_in_processes(slices, pk, paths)
-            self.db.ingest_external_file(paths)
-        finally:
-            for path in paths:
-                if os.path.exists(path):
-                    os.remove(path)
+                writing.start_processes(slices, pk)
+        except BaseException:
+            writing.wait(check=False)
+            writing.remove()
+            raise
+        return writing
 
     def lookup(self, keys: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """For each encoded key: found, delta, packed row id, deleted."""
@@ -351,30 +411,45 @@ def write_sst(table: pa.Table, primary_key: list[str], path: str) -> None:
     writer.finish()
 
 
-def _write_ssts_in_processes(slices: list[pa.Table], primary_key: list[str], paths: list[str]) -> None:
-    """:func:`write_sst` of each slice in a Python process of its own (``python -m bitlake.engine.sstwrite``),
-    handed over as an Arrow IPC file beside its SST file."""
-    import subprocess
-    import sys
+class _SstWriting:
+    """SST files being written: by processes of their own (``python -m bitlake.engine.sstwrite``), each handed
+    its slice as an Arrow IPC file beside its SST file, or already written."""
 
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds bitlake/
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    inputs = [path + ".arrow" for path in paths]
-    try:
-        for table, ipc in zip(slices, inputs, strict=True):
+    def __init__(self, paths: list[str]):
+        self.paths = paths
+        self.inputs: list[str] = []
+        self.workers: list = []
+
+    def start_processes(self, slices: list[pa.Table], primary_key: list[str]) -> None:
+        import subprocess
+        import sys
+
+        env = dict(os.environ)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds bitlake/
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self.inputs = [path + ".arrow" for path in self.paths]
+        for table, ipc in zip(slices, self.inputs, strict=True):
             with pa.OSFile(ipc, "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
                 out.write_table(table)
-        workers = [subprocess.Popen([sys.executable, "-m", "bitlake.engine.sstwrite", ipc, path, *primary_key],
-                                    env=env, stderr=subprocess.PIPE) for ipc, path in zip(inputs, paths, strict=True)]
+        for ipc, path in zip(self.inputs, self.paths, strict=True):
+            self.workers.append(subprocess.Popen([sys.executable, "-m", "bitlake.engine.sstwrite", ipc, path,
+                                                  *primary_key], env=env, stderr=subprocess.PIPE))
+
+    def wait(self, check: bool = True) -> None:
+        """Waits for the processes; with ``check``, raises when one failed."""
+        workers, self.workers = self.workers, []
+        if not check:
+            for w in workers:
+                w.kill()
         results = [(w.communicate()[1], w.returncode) for w in workers]
         failed = [err.decode(errors="replace") for err, code in results if code != 0]
-        if failed:
+        if check and failed:
             raise RuntimeError(f"writing the key index's SST files failed: {failed[0][-2000:]}")
-    finally:
-        for ipc in inputs:
-            if os.path.exists(ipc):
-                os.remove(ipc)
+
+    def remove(self) -> None:
+        for path in self.paths + self.inputs:
+            if os.path.exists(path):
+                os.remove(path)
 
 
 def _encode_values(table: pa.Table) -> list[bytes]:

@@ -51,6 +51,10 @@ class LandTask:
     part: int
     num_tasks: int
     has_op: bool
+    # On the driver, each task also keeps its records' keys-file rows (the upserts' and the deletes') in
+    # ``kept[task]``, so that the inline MetaGen need not read them back from the files.
+    keep: bool = False
+    kept: dict = dataclasses.field(default_factory=dict)
 
     def run(self, task: int, batches: Iterable[pa.RecordBatch]) -> list[dict]:
         """Lands ``batches`` (the table's columns, conformed, and the op column when ``has_op``) as task
@@ -61,6 +65,7 @@ class LandTask:
         bad_ops, bad_sample, infinite = 0, None, 0
         writers: dict[tuple, tuple[datafile.FileWriter, dict | None, int]] = {}
         seq, offset = task, 0
+        kept: list[pa.Table] = []
 
         def writer(kind: str, partition: dict | None) -> datafile.FileWriter:
             key = (kind, json.dumps(partition), seq)
@@ -107,13 +112,16 @@ class LandTask:
                     infinite += int(np.count_nonzero(deltas == DELTA_INFINITY))
                     if is_delete is not None and pc.any(is_delete).as_py():
                         mask = is_delete.to_numpy(zero_copy_only=False)
-                        writer("keys", None).write(_deletes(chunk.filter(is_delete), offsets[mask], deltas[mask],
-                                                            self.part, seq, meta))
+                        deletes = _deletes(chunk.filter(is_delete), offsets[mask], deltas[mask], self.part, seq, meta)
+                        writer("keys", None).write(deletes)
+                        kept.append(deletes)
                 if is_delete is not None:
                     chunk = chunk.filter(pc.invert(is_delete))
                 chunk = chunk.select(datafile.data_schema(meta).names).cast(datafile.data_schema(meta))
                 if chunk.num_rows == 0:
                     continue
+                if self.keep and meta.keyed:
+                    kept.append(datafile.keys_of(chunk.select(datafile.upsert_columns(meta)), meta))
                 if not meta.partition_by:
                     writer("data", None).write(chunk)
                     continue
@@ -130,6 +138,8 @@ class LandTask:
                 for w, _, _ in writers.values():
                     w.flush()
 
+        if self.keep:
+            self.kept[task] = kept
         rows = []
         for (kind, _, _), (w, partition, file_seq) in writers.items():
             size = w.close()
@@ -147,18 +157,20 @@ STREAM_TASK_ROWS = 1 << 22
 
 
 def land_local(io: FileIO, meta: TableMetadata, part: int, has_op: bool, batches: Iterable[pa.RecordBatch],
-               rows: int | None = None, threads: int | None = None) -> tuple[list[DataFile], list[KeysFile]]:
+               rows: int | None = None, threads: int | None = None, keep: bool = False
+               ) -> tuple[list[DataFile], list[KeysFile], pa.Table | None]:
     """Lands conformed ``batches`` on this machine, without Spark: the input is cut, in order, into segments
     that a pool of threads writes at once (Parquet encoding releases the GIL); at most ``threads`` segments
     are held in memory, so a stream lands in bounded memory. ``rows`` (the input's size, when known) picks the
-    segment size that gives every thread work. Same files and checks as the Spark landing."""
+    segment size that gives every thread work. Same files and checks as the Spark landing. With ``keep``, also
+    returns the records' keys-file rows (what MetaGen reads of the files; else None)."""
     threads = threads or pool_threads()
     if rows is None:
         per_task = STREAM_TASK_ROWS
     else:
         per_task = min(max(-(-rows // threads), MIN_TASK_ROWS), rowid.MAX_OFFSET + 1)
     # Each task is one segment, never more: a task's seq is its place in the input, so row ids follow it.
-    task = LandTask(io, meta.to_json(), part, 1, has_op)
+    task = LandTask(io, meta.to_json(), part, 1, has_op, keep)
     reports: list[dict] = []
     running: list[Future] = []
     try:
@@ -176,7 +188,11 @@ def land_local(io: FileIO, meta: TableMetadata, part: int, has_op: bool, batches
             f.cancel()
         remove_part_files(io, part)
         raise
-    return collect(io, meta, part, iter(reports))
+    data, keys = collect(io, meta, part, iter(reports))
+    if not keep:
+        return data, keys, None
+    kept = [t for seq in sorted(task.kept) for t in task.kept[seq]]
+    return data, keys, pa.concat_tables(kept) if kept else datafile.keys_schema(meta).empty_table()
 
 
 def _cut(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[list[pa.RecordBatch]]:

@@ -45,6 +45,8 @@ class Landed:
     records: int
     data_files: tuple[DataFile, ...]
     keys_files: tuple[KeysFile, ...]
+    # The records' keys-file rows when the landing kept them (else MetaGen reads them from the files).
+    rows: pa.Table | None = dataclasses.field(default=None, compare=False, repr=False)
 
 
 def pending_batches(state: TableState) -> list[Landed]:
@@ -127,9 +129,9 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
     def packed(t: pa.Table) -> np.ndarray:
         return rowid.pack_arrays(*(t.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
 
-    valid_ids = np.sort(np.concatenate([packed(table.filter(pa.array(kinds == BECOMES_VALID))),
+    valid_ids = _sorted(np.concatenate([packed(table.filter(pa.array(kinds == BECOMES_VALID))),
                                         valid if valid is not None else np.empty(0, np.int64)]))
-    until_ids = np.sort(packed(until))
+    until_ids = _sorted(packed(until))
     segment_bits = np.int64(rowid.OFFSET_BITS)
     valid_seg, until_seg = valid_ids >> segment_bits, until_ids >> segment_bits
     cache = bitmap.BitmapCache(io)
@@ -137,8 +139,14 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
     for seg in np.union1d(np.unique(valid_seg), np.unique(until_seg)).tolist():
         part, seq = seg >> rowid.SEQ_BITS, seg & rowid.MAX_SEQ
         before = prior.get((part, seq))
+        run = _run_of(valid_ids, valid_seg, seg) & rowid.MAX_OFFSET
+        if before is None and len(run) and run[-1] == len(run) - 1 and not len(_run_of(until_ids, until_seg, seg)):
+            # A new segment whose rows are all valid (a load): a prefix, known without a bitmap.
+            rows.append({"kind": "bitmap", "path": None, "part": part, "seq": seq, "count": len(run), "bytes": 0,
+                         "min_t": None, "max_t": None})
+            continue
         bm = cache.valid(before) if before is not None else BitMap()
-        bm |= bitmap.of(_run_of(valid_ids, valid_seg, seg) & rowid.MAX_OFFSET)
+        bm |= bitmap.of(run)
         bm.difference_update(bitmap.of(_run_of(until_ids, until_seg, seg) & rowid.MAX_OFFSET))
         if bitmap.is_prefix(bm):
             rows.append({"kind": "bitmap", "path": None, "part": part, "seq": seq, "count": len(bm), "bytes": 0,
@@ -152,6 +160,10 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
             rows.append({"kind": "bitmap", "path": path, "part": part, "seq": seq, "count": len(bm), "bytes": 0,
                          "min_t": None, "max_t": None})
     return rows
+
+
+def _sorted(ids: np.ndarray) -> np.ndarray:
+    return ids if bool(np.all(ids[1:] >= ids[:-1])) else np.sort(ids)
 
 
 def _run_of(sorted_ids: np.ndarray, segments: np.ndarray, segment: int) -> np.ndarray:
@@ -196,9 +208,11 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     answers the batch's keys by point lookups when they are few against the key-store rows of their
     buckets; otherwise, or without an index, the driver semi-joins them with those buckets' files."""
     meta = state.metadata
-    reads = [(datafile.read_upserts, f.path) for b in batches for f in b.data_files]
-    reads += [(datafile.read_deletes, f.path) for b in batches for f in b.keys_files]
-    records = pa.concat_tables(thread_map(lambda r: r[0](io, r[1], meta), reads)).combine_chunks() if reads else None
+    unread = [b for b in batches if b.rows is None]
+    reads = [(datafile.read_upserts, f.path) for b in unread for f in b.data_files]
+    reads += [(datafile.read_deletes, f.path) for b in unread for f in b.keys_files]
+    tables = [b.rows for b in batches if b.rows is not None] + thread_map(lambda r: r[0](io, r[1], meta), reads)
+    records = pa.concat_tables(tables).combine_chunks() if tables else None
     if records is None or records.num_rows == 0:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
     groups = min(-(-records.num_rows // GROUP_RECORDS), meta.num_buckets)
@@ -208,7 +222,7 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     until, valid, added, replaced = [], [], [], []
     keystore_rows = None
     for piece in pieces:
-        g = _fold_records(io, state, batches, piece, version, index)
+        g = _fold_records(io, state, batches, piece, version, index, stage=groups == 1)
         counts += g.counts
         until.append(g.until)
         valid.append(g.valid)
@@ -233,9 +247,10 @@ class _Folded:
 
 
 def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records: pa.Table, version: int,
-                  index) -> _Folded:
+                  index, stage: bool = False) -> _Folded:
     """Folds ``records`` (keys-file rows of whole keys) against the stored entries of their keys, and writes
-    the key-store files of their buckets."""
+    the key-store files of their buckets; with ``stage`` (the commit's only group), the key index starts
+    writing its entries for them meanwhile."""
     from bitlake.engine.keyindex import encode_keys, key_codes
 
     meta = state.metadata
@@ -276,12 +291,18 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
         "event": np.full(len(t_parts), segmentlog.SET_VALID_UNTIL, np.int8),
         "t": f.delta[f.until], "cause": f.rid[f.until], "batch_index": f.batch[f.until].astype(np.int32),
     })
-    final = np.sort(f.final)
-    # Every record its key's last accepted one (a load of distinct keys): the key-store rows are the records.
-    latest = records if len(final) == records.num_rows else records.take(pa.array(final, pa.int64()))
+    # The key-store rows in code order, which is key order for keys of fixed width: the key index and the
+    # key-store files take them sorted (a load of a dump in key order is taken as it is).
+    slot = np.full(len(first), -1, dtype=np.int64)
+    slot[codes[f.final]] = f.final
+    final = slot[slot >= 0]
+    in_place = len(final) == records.num_rows and bool(np.all(final == np.arange(len(final))))
+    latest = records if in_place else records.take(pa.array(final, pa.int64()))
     ks_rows = latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
         keystore.VERSION, pa.array(np.full(latest.num_rows, version, dtype=np.int64))
     )
+    if stage and index is not None:
+        index.stage(ks_rows, version)
     touched = set(pc.unique(ks_rows.column(keystore.BUCKET)).to_pylist())
     added, replaced = keystore.write_bucket_files(
         io, meta, {b: state.keystore.get(b, []) for b in touched}, ks_rows

@@ -72,7 +72,7 @@ def read_file(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | N
 
 def latest_per_key(table: pa.Table, primary_key: list[str]) -> pa.Table:
     """Keeps, for each key, the row with the highest ``_ks_version``; sorted by key."""
-    if table.num_rows == 0:
+    if table.num_rows == 0 or in_key_order(table, primary_key):
         return table
     order = [(c, "ascending") for c in primary_key] + [(VERSION, "descending")]
     table = table.take(pc.sort_indices(table, sort_keys=order))
@@ -82,6 +82,23 @@ def latest_per_key(table: pa.Table, primary_key: list[str]) -> pa.Table:
         values = table.column(c).to_numpy(zero_copy_only=False)
         first[1:] |= values[1:] != values[:-1]
     return table.filter(pa.array(first))
+
+
+def in_key_order(table: pa.Table, primary_key: list[str]) -> bool:
+    """Whether ``table``'s rows (keys not null) are in strictly ascending key order: one row a key, sorted."""
+    n = table.num_rows
+    if n < 2:
+        return True
+    undecided = None
+    for c in primary_key:
+        column = table.column(c).combine_chunks()
+        after, before = column.slice(1), column.slice(0, n - 1)
+        less = pc.less(after, before)
+        if pc.any(less if undecided is None else pc.and_(undecided, less)).as_py():
+            return False
+        equal = pc.equal(after, before)
+        undecided = equal if undecided is None else pc.and_(undecided, equal)
+    return not pc.any(undecided).as_py()
 
 
 def read_bucket(io: FileIO, files: list[BucketFile], meta: TableMetadata) -> pa.Table:
@@ -115,7 +132,9 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
     pk = list(meta.primary_key)
     added: list[BucketFile] = []
     replaced: list[str] = []
-    rows = rows.sort_by(BUCKET)
+    # A stable sort by bucket keeps the rows' order within a bucket; on 16 bits numpy sorts by radix.
+    by_bucket = np.argsort(rows.column(BUCKET).to_numpy().astype(np.uint16), kind="stable")
+    rows = rows.take(pa.array(by_bucket))
     buckets = rows.column(BUCKET).to_numpy()
     starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
     ends = np.r_[starts[1:], len(buckets)]
