@@ -386,16 +386,21 @@ class _Files:
         return pa.table(cols, names=list(schema.names) + list(ROW_ID_COLUMNS))
 
     def bitmap(self, path: str, part: int, seq: int) -> BitMap:
-        """"Bitmaps": one row per segment, `bitmap` the portable Roaring serialization."""
+        """"Bitmaps": one row per segment, `bitmap` the portable Roaring serialization of the valid offsets, or,
+        when `complement_of` is `n`, of the offsets of `[0, n)` that are not valid."""
         if path not in self._bitmaps:
             t = pq.read_table(os.path.join(self.base, path))
-            self._bitmaps[path] = {(p, s): b for p, s, b in zip(t["_segment_part"].to_pylist(),
-                                                                 t["_segment_seq"].to_pylist(),
-                                                                 t["bitmap"].to_pylist(), strict=False)}
+            universes = t["complement_of"].to_pylist() if "complement_of" in t.column_names else [None] * t.num_rows
+            self._bitmaps[path] = {(p, s): (b, n) for p, s, b, n in zip(t["_segment_part"].to_pylist(),
+                                                                         t["_segment_seq"].to_pylist(),
+                                                                         t["bitmap"].to_pylist(), universes,
+                                                                         strict=False)}
         raw = self._bitmaps[path].get((part, seq))
         if raw is None:
             raise CorruptTableError(f"bitmap file {path} has no segment ({part}, {seq})")
-        return BitMap.deserialize(raw)
+        stored, n = raw
+        bm = BitMap.deserialize(stored)
+        return bm if n is None else BitMap(range(n)) - bm
 
     def deleted_row_ids(self, path: str) -> set:
         """"Keys files": the packed row ids of the delete records (`_deleted`)."""

@@ -1,7 +1,9 @@
 """Per-segment roaring bitmaps of valid offsets, and the files that hold them (docs/FORMAT.md, "Bitmaps").
 
 A bitmap file is a Parquet file with one row per segment: ``_segment_part``, ``_segment_seq``, ``bitmap``
-(the portable roaring serialization, readable by every roaring implementation), ``cardinality``.
+(the portable roaring serialization, readable by every roaring implementation), ``cardinality``, and
+``complement_of``: null when ``bitmap`` holds the valid offsets, ``n`` when it holds the offsets of ``[0, n)``
+that are not valid (a segment with a few holes: half the bytes of its valid offsets' runs).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ FILE_SCHEMA = pa.schema(
         pa.field(SEQ_COLUMN, pa.int32(), False),
         pa.field("bitmap", pa.binary(), False),
         pa.field("cardinality", pa.int64(), False),
+        pa.field("complement_of", pa.int64(), True),
     ]
 )
 
@@ -68,19 +71,36 @@ def invalid_offsets(bm: BitMap, offsets: int) -> np.ndarray:
     return to_array(everything)
 
 
+def _smaller(bm: BitMap) -> tuple[bytes, int | None]:
+    """``bm`` serialized as it is, or as its complement in ``[0, max + 1)`` when that is smaller."""
+    valid = serialize(bm)
+    if len(bm) == 0:
+        return valid, None
+    universe = bm.max() + 1
+    holes = bm.flip(0, universe)
+    if len(holes) * 2 >= len(valid):  # an array container costs two bytes an offset
+        return valid, None
+    complement = serialize(holes)
+    return (complement, universe) if len(complement) < len(valid) else (valid, None)
+
+
 def write_file(io: FileIO, path: str, rows: list[tuple[int, int, BitMap]]) -> int:
     """Writes bitmaps of several segments into one file; returns its size in bytes."""
+    stored = [_smaller(r[2]) for r in rows]
     table = pa.table(
         {
             PART_COLUMN: pa.array([r[0] for r in rows], pa.int32()),
             SEQ_COLUMN: pa.array([r[1] for r in rows], pa.int32()),
-            "bitmap": pa.array([serialize(r[2]) for r in rows], pa.binary()),
+            "bitmap": pa.array([b for b, _ in stored], pa.binary()),
             "cardinality": pa.array([len(r[2]) for r in rows], pa.int64()),
+            "complement_of": pa.array([n for _, n in stored], pa.int64()),
         },
         schema=FILE_SCHEMA,
     )
     with io.open_output(path) as out:
-        pq.write_table(table, out, compression="zstd")
+        # No statistics nor dictionary: Parquet would repeat each small bitmap in them, several times.
+        pq.write_table(table, out, compression="zstd", write_statistics=False, use_dictionary=False,
+                       store_schema=False)
     return io.size(path)
 
 
@@ -89,7 +109,13 @@ def read_file(io: FileIO, path: str) -> dict[tuple[int, int], BitMap]:
     parts = table.column(PART_COLUMN).to_pylist()
     seqs = table.column(SEQ_COLUMN).to_pylist()
     blobs = table.column("bitmap").to_pylist()
-    return {(p, s): deserialize(b) for p, s, b in zip(parts, seqs, blobs, strict=True)}
+    universes = table.column("complement_of").to_pylist() if "complement_of" in table.column_names else [None] * len(
+        blobs)
+    out = {}
+    for p, s, b, n in zip(parts, seqs, blobs, universes, strict=True):
+        bm = deserialize(b)
+        out[(p, s)] = bm if n is None else bm.flip(0, n)
+    return out
 
 
 class BitmapCache:
