@@ -194,9 +194,10 @@ def test_a_large_ingest_writes_sst_files_in_processes_and_lookups_on_threads_ans
     assert not [p for p in (tmp_path / "t" / "_bitlake" / "index").iterdir() if p.name.startswith(("ingest-", "stage-"))]
 
 
-def test_entries_staged_for_a_commit_that_did_not_happen_never_reach_the_index(tmp_path, monkeypatch):
-    """The SST files a large commit stages before it commits are taken in only by the put of that version; a
-    put of another version, or closing the index, throws them away."""
+def test_entries_staged_for_a_commit_reach_the_index_only_after_that_commit(tmp_path, monkeypatch):
+    """The SST files a large commit stages before it commits are taken in by commit_staged of that version,
+    with the index at the version before; a catch-up (another writer took the version), a commit_staged of
+    another version, or closing the index throws them away."""
     monkeypatch.setattr(keyindex, "_SST_MIN_ROWS", 1)
     monkeypatch.setattr(keyindex, "_PROCESS_SST_ROWS", 1)
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod")
@@ -210,15 +211,30 @@ def test_entries_staged_for_a_commit_that_did_not_happen_never_reach_the_index(t
     def staged():
         return sorted(p.name for p in folder.iterdir() if p.name.startswith("stage-"))
 
+    def lookup(index, *ids):
+        return index.lookup(encode_keys(pa.table({"id": pa.array(ids, pa.int64())}), ["id"]))
+
     with keyindex.KeyIndex(t.io, t.metadata) as index:
-        index.stage(rows([7, 8, 9], 5), t.version + 1)  # a commit that loses its race
+        # Another writer's commit takes the staged version: the catch-up reads its rows, not the staged ones.
+        index.stage(rows([11, 12, 13], 9), t.version + 1)
         assert staged()
-        index.put([rows([3, 4], 6)], t.version + 1)  # the version went to other rows
+        t.ingest(batch([20, 21, 22], ["x", "y", "z"], [8, 8, 8]))  # the index is busy: a key-store scan
+        index.catch_up(t.state())
         assert not staged()
-        found, deltas, _, _ = index.lookup(encode_keys(pa.table({"id": pa.array([7, 3], pa.int64())}), ["id"]))
-        assert found.tolist() == [False, True] and deltas[1] == 6
+        found, deltas, _, _ = lookup(index, 11, 20)
+        assert found.tolist() == [False, True] and deltas[1] == 8
+        # Staged for another version than the one committed: thrown away.
+        index.stage(rows([7, 8, 9], 5), t.version + 2)
+        assert not index.commit_staged(t.version + 1) and not staged()
+        # Two groups staged for the next version, taken in after its commit.
+        index.stage(rows([3, 4], 6), t.version + 1)
+        index.stage(rows([5], 6), t.version + 1)
+        assert index.commit_staged(t.version + 1) and not staged()
+        assert index.version == t.version + 1
+        found, deltas, _, _ = lookup(index, 7, 3, 5)
+        assert found.tolist() == [False, True, True] and deltas[1:].tolist() == [6, 6]
         index.stage(rows([10], 7), t.version + 2)
     assert not staged()  # closed with a staged commit
     with keyindex.KeyIndex(t.io, t.metadata) as index:
-        found, _, _, _ = index.lookup(encode_keys(pa.table({"id": pa.array([10], pa.int64())}), ["id"]))
+        found, _, _, _ = lookup(index, 10)
         assert found.tolist() == [False]

@@ -46,9 +46,15 @@ _TABLE_KEY = b"\x00bitlake:table_id"
 # fixed-width bytes never drop a trailing zero.
 _VALUE = np.dtype([("d", "<i8"), ("r", "<i8"), ("x", "u1"), ("end", "u1")])
 _PUT_CHUNK = 200_000
-# At least this many entries go in as SST files rather than as puts; from this many, one file per core.
+# At least this many entries go in as SST files rather than as puts; from this many, one file per core, and a
+# commit of this many records stages its entries before it commits (KeyIndex.stage).
 _SST_MIN_ROWS = 200_000
 _PROCESS_SST_ROWS = 2_000_000
+
+
+def stages(records: int) -> bool:
+    """Whether a commit of ``records`` records gains by staging its key-index entries (:meth:`KeyIndex.stage`)."""
+    return records >= _PROCESS_SST_ROWS
 # Lookups of fewer keys than this run on one thread.
 _LOOKUP_CHUNK = 4096
 
@@ -192,7 +198,7 @@ class KeyIndex:
         self.io = io
         self.path, lock = location(io, meta)
         self.db: Any = None  # a rocksdict.Rdict while open
-        self._staged: tuple[int, int, _SstWriting] | None = None  # version, rows, the SST files (see stage)
+        self._staged: tuple[int, list[_SstWriting]] | None = None  # a version and its SST files (see stage)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._lock = open(lock, "ab")  # noqa: SIM115 - held until close()
         try:
@@ -279,6 +285,8 @@ class KeyIndex:
 
     def catch_up(self, state: TableState) -> None:
         """Brings the index to ``state.version`` from the commit log (the key-store rows of later commits)."""
+        # Staged files are this writer's own uncommitted attempt: a catch-up puts what the log holds instead.
+        self.discard_staged()
         have = self.version
         if have > state.version:
             raise IndexAheadError(f"the key index is at version {have}, past the state read ({state.version})")
@@ -307,7 +315,7 @@ class KeyIndex:
         pk = list(self.meta.primary_key)
         tables = [t for t in tables if t.num_rows]
         if sum(t.num_rows for t in tables) >= _SST_MIN_ROWS:
-            self._ingest_sorted(pa.concat_tables(tables), version)
+            self._ingest_sorted(pa.concat_tables(tables))
             tables = []
         for table in tables:
             for start in range(0, table.num_rows, _PUT_CHUNK):
@@ -316,6 +324,11 @@ class KeyIndex:
                 for k, val in zip(encode_keys(chunk, pk), _encode_values(chunk), strict=True):
                     batch.put(k, val)
                 self.db.write(batch)
+        self._put_version(version)
+
+    def _put_version(self, version: int) -> None:
+        from rocksdict import WriteBatch
+
         # The version goes last: after a crash the index claims the older version, and replaying
         # from there puts the same entries again (puts are idempotent and applied in commit order).
         faults.point("in_index_update")
@@ -325,32 +338,48 @@ class KeyIndex:
         self.db.write(batch)
 
     def stage(self, rows: pa.Table, version: int) -> None:
-        """Starts writing the key-store rows ``rows`` of the commit that will be ``version`` as SST files, in
-        processes of their own, while the writer finishes and commits it; :meth:`put` of that version then
-        takes the files in. Only a large commit (a load) gains: smaller ones are put after the commit as ever.
-        Nothing reaches the database before :meth:`put`, so the index is never ahead of the commit log."""
-        self.discard_staged()
-        if rows.num_rows >= _PROCESS_SST_ROWS:
-            self._staged = (version, rows.num_rows, self._start_ssts(rows, f"stage-{version}"))
+        """Starts writing key-store rows ``rows`` of the commit that will be ``version`` as SST files, in
+        processes of their own, while the writer finishes and commits it (a commit folded in groups stages each
+        group's rows); :meth:`commit_staged` takes them in after that commit. Nothing reaches the database
+        before, so the index is never ahead of the commit log."""
+        if self._staged is not None and self._staged[0] != version:
+            self.discard_staged()
+        if self._staged is None:
+            self._staged = (version, [])
+        self._staged[1].append(self._start_ssts(rows, f"stage-{version}-{len(self._staged[1])}"))
+
+    def commit_staged(self, version: int) -> bool:
+        """Takes in the files staged for ``version``, which this writer has just committed with the index at
+        the version before; False when nothing was staged for it."""
+        staged, self._staged = self._staged, None
+        if staged is None or staged[0] != version or self.version != version - 1:
+            self._discard(staged)
+            return False
+        try:
+            for writing in staged[1]:
+                writing.wait()
+                self.db.ingest_external_file(writing.paths)
+                writing.remove()
+        finally:
+            self._discard(staged)
+        self._put_version(version)
+        return True
 
     def discard_staged(self) -> None:
         staged, self._staged = self._staged, None
-        if staged is not None:
-            staged[2].wait(check=False)
-            staged[2].remove()
+        self._discard(staged)
 
-    def _ingest_sorted(self, table: pa.Table, version: int) -> None:
+    @staticmethod
+    def _discard(staged: tuple[int, list[_SstWriting]] | None) -> None:
+        for writing in staged[1] if staged is not None else []:
+            writing.wait(check=False)
+            writing.remove()
+
+    def _ingest_sorted(self, table: pa.Table) -> None:
         """Many entries at once: written in key order as SST files that RocksDB takes in whole, sorted runs,
         instead of memtable flushes that a compaction must merge later (a load at scale factor 1: 2.5 s
         against 10 s of puts and a full compaction)."""
-        staged, self._staged = self._staged, None
-        if staged is not None and staged[:2] == (version, table.num_rows):
-            writing = staged[2]
-        else:
-            if staged is not None:
-                staged[2].wait(check=False)
-                staged[2].remove()
-            writing = self._start_ssts(table, "ingest")
+        writing = self._start_ssts(table, "ingest")
         try:
             writing.wait()
             self.db.ingest_external_file(writing.paths)
@@ -497,7 +526,9 @@ class IndexSession:
         try:
             if self.index is None:
                 self.index = KeyIndex(self.io, state.metadata)
-            if rows is not None and self.index.version == version - 1:
+            if self.index.commit_staged(version):
+                pass
+            elif rows is not None and self.index.version == version - 1:
                 self.index.put([rows], version)
             self.index.catch_up(state)
         except IndexUnavailableError:

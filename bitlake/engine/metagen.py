@@ -221,8 +221,11 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
     until, valid, added, replaced = [], [], [], []
     keystore_rows = None
+    from bitlake.engine.keyindex import stages
+
+    stage = index is not None and stages(records.num_rows)
     for piece in pieces:
-        g = _fold_records(io, state, batches, piece, version, index, stage=groups == 1)
+        g = _fold_records(io, state, batches, piece, version, index, stage)
         counts += g.counts
         until.append(g.until)
         valid.append(g.valid)
@@ -249,8 +252,8 @@ class _Folded:
 def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records: pa.Table, version: int,
                   index, stage: bool = False) -> _Folded:
     """Folds ``records`` (keys-file rows of whole keys) against the stored entries of their keys, and writes
-    the key-store files of their buckets; with ``stage`` (the commit's only group), the key index starts
-    writing its entries for them meanwhile."""
+    the key-store files of their buckets; with ``stage``, the key index starts writing its entries for them
+    meanwhile."""
     from bitlake.engine.keyindex import encode_keys, key_codes
 
     meta = state.metadata
@@ -301,7 +304,7 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
     ks_rows = latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
         keystore.VERSION, pa.array(np.full(latest.num_rows, version, dtype=np.int64))
     )
-    if stage and index is not None:
+    if stage and ks_rows.num_rows:
         index.stage(ks_rows, version)
     touched = set(pc.unique(ks_rows.column(keystore.BUCKET)).to_pylist())
     added, replaced = keystore.write_bucket_files(
