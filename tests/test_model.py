@@ -99,7 +99,7 @@ def test_random_batches_match_the_oracle(spark, kind, monkeypatch, request):
                 # The inline MetaGen picks lookups or a scan by cost; these tables are tiny, so force it. The
                 # scans also fold in groups of buckets, as commits of more than GROUP_RECORDS records do.
                 monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0 if mode == "inline-lookups" else 10**12)
-                monkeypatch.setattr(metagen, "GROUP_RECORDS", 2 if mode == "inline-scan" else 8_000_000)
+                monkeypatch.setattr(metagen, "GROUP_RECORDS", 2 if mode == "inline-scan" else 20_000_000)
                 # The lookups' batches reach the key index as sorted SST files, as large commits do.
                 monkeypatch.setattr(keyindex, "_SST_MIN_ROWS", 1 if mode == "inline-lookups" else 200_000)
                 result = t.ingest(data, op_column="op", batch_id=f"b{i}", metagen=now, inline=mode != "spark",

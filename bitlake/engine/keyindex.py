@@ -339,9 +339,9 @@ class KeyIndex:
 
     def stage(self, rows: pa.Table, version: int) -> None:
         """Starts writing key-store rows ``rows`` of the commit that will be ``version`` as SST files, in
-        processes of their own, while the writer finishes and commits it (a commit folded in groups stages each
-        group's rows); :meth:`commit_staged` takes them in after that commit. Nothing reaches the database
-        before, so the index is never ahead of the commit log."""
+        processes of their own, while the writer finishes and commits it (rows staged again for the same
+        version add files); :meth:`commit_staged` takes them in after that commit. Nothing reaches the
+        database before, so the index is never ahead of the commit log."""
         if self._staged is not None and self._staged[0] != version:
             self.discard_staged()
         if self._staged is None:
