@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from bitlake import changeevent, faults, transaction
-from bitlake.engine import conform, keyindex, landing
+from bitlake.engine import conform, indexsession, keyindex, landing
 from bitlake.engine import metagen as engine_metagen
 from bitlake.engine.metagen import COUNTS, Landed, MetaGenOutput
 from bitlake.errors import InvalidInputError
@@ -146,7 +146,7 @@ class Ingestion:
         return IngestResult(batch.batch_id, c.version, True, False, {})
 
     def _metagen(self, spark, batch: Landed | None, inline: bool | None, operation: str = INGEST) -> IngestResult:
-        index = keyindex.IndexSession(self.io)
+        index = indexsession.IndexSession(self.io)
         outputs: dict[int, MetaGenOutput] = {}  # by version: the attempt that commits is the last of its version
 
         def build(state: TableState):
@@ -199,7 +199,7 @@ class Ingestion:
         return IngestResult(batch.batch_id if batch else None, c.version, True, True, counts, c.made_live)
 
     def _run(self, spark, state: TableState, batches: list[Landed], version: int, inline: bool | None,
-             index: keyindex.IndexSession) -> MetaGenOutput:
+             index: indexsession.IndexSession) -> MetaGenOutput:
         from bitlake.spark import metagen as spark_metagen
 
         meta = state.metadata

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bitlake import changeevent, ingest, transaction
-from bitlake.engine import keyindex, landing
+from bitlake.engine import indexsession, landing
 from bitlake.engine import restate as engine_restate
 from bitlake.engine import vacuum as engine_vacuum
 from bitlake.engine.metagen import Landed, MetaGenOutput
@@ -145,7 +145,7 @@ def commit(io: FileIO, refresh, operation: str, new: Landed | None, plan, more=N
     records it changes and its parameters, or raises :class:`Done`; ``new`` is the batch it makes live (its
     record is added); ``more(state)`` gives further fields of the commit (a vacuum's). Returns the commit, or the
     ``Done`` result."""
-    index = keyindex.IndexSession(io)
+    index = indexsession.IndexSession(io)
     outputs: dict[int, engine_restate.Restatement] = {}
 
     def build(state: TableState):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -11,9 +12,16 @@ from rocksdict import Options, Rdict
 
 import bitlake
 from bitlake.engine import keyindex
+from bitlake.engine.indexsession import close_idle
 from bitlake.engine.keyindex import encode_keys
 from bitlake.format import layout
 from tests.test_table import SCHEMA, batch, view
+
+
+def opened(t) -> keyindex.KeyIndex:
+    """The table's key index, opened here after this process's writers let go of it."""
+    close_idle()
+    return keyindex.KeyIndex(t.io, t.metadata)
 
 
 @pytest.mark.parametrize(
@@ -59,7 +67,7 @@ def test_inline_metagen_continues_from_spark_commits_and_rebuilds_a_lost_index(t
     r = t.ingest(batch([1, 2, 4], ["a2", None, "d"], [2, 2, 2], ["upsert", "delete", "upsert"]), op_column="op",
                  inline=True, spark=spark)
     assert r.counts == {"inserted": 1, "updated": 1, "deleted": 1, "stale": 0, "ignored_deletes": 0}
-    with keyindex.KeyIndex(t.io, t.metadata) as index:
+    with opened(t) as index:
         assert index.version == t.version
 
     shutil.rmtree(t.io.local_path(layout.INDEX_DIR))
@@ -77,6 +85,7 @@ def test_a_busy_index_makes_the_inline_metagen_scan_the_key_store(tmp_path, spar
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
     t.ingest(batch([1, 2], ["a", "b"], [1, 1]), spark=spark)
     # Another writer holds the index (RocksDB admits one opener at a time).
+    close_idle()  # this process keeps the index open after a commit
     holder = Rdict(t.io.local_path(layout.INDEX_DIR), Options(raw_mode=True))
     try:
         with pytest.raises(bitlake.IndexUnavailableError, match="in use by another writer"):
@@ -88,7 +97,7 @@ def test_a_busy_index_makes_the_inline_metagen_scan_the_key_store(tmp_path, spar
     # The index is now behind the last commit; the next inline MetaGen replays that commit first.
     r = t.ingest(batch([1, 3], ["a1", "c0"], [3, 1]), inline=True, spark=spark)
     assert r.counts == {"inserted": 0, "updated": 1, "deleted": 0, "stale": 1, "ignored_deletes": 0}
-    with keyindex.KeyIndex(t.io, t.metadata) as index:
+    with opened(t) as index:
         assert index.version == t.version
     assert view(t) == [(1, "a1", 3), (2, "b", 1), (3, "c", 2)]
 
@@ -100,7 +109,7 @@ def test_a_rebuild_keeps_other_writers_out_of_the_index(tmp_path, spark):
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
     t.ingest(batch([1, 2], ["a", "b"], [1, 1]), inline=False, spark=spark)
     state = t.refresh()
-    index = keyindex.KeyIndex(t.io, t.metadata)
+    index = opened(t)
     rivals = []
     reopen = index._open
 
@@ -117,7 +126,7 @@ def test_a_rebuild_keeps_other_writers_out_of_the_index(tmp_path, spark):
     assert rivals == ["kept out"] and index.version == state.version
     index.close()
     index.close()  # closing twice does nothing
-    with keyindex.KeyIndex(t.io, t.metadata) as again:
+    with opened(t) as again:
         assert again.version == t.version
 
 
@@ -130,10 +139,12 @@ def test_an_index_of_another_table_at_the_same_path_is_rebuilt(tmp_path, spark, 
     t = bitlake.create_table(path, SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
     t.ingest(batch([1, 2], ["a", "b"], [5, 5]), spark=spark)
     index_copy = tmp_path / "index-copy"
+    close_idle()  # this process keeps the index open after a commit
     shutil.copytree(t.io.local_path(layout.INDEX_DIR), index_copy)
     shutil.rmtree(path)
     t = bitlake.create_table(path, SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
     t.ingest(batch([1], ["new"], [1]), inline=False, spark=spark)
+    close_idle()  # the index is deleted and replaced while no writer has it open
     shutil.rmtree(t.io.local_path(layout.INDEX_DIR))
     shutil.copytree(index_copy, t.io.local_path(layout.INDEX_DIR))
     # The old table's entries (delta 5) would make these records stale; the new table has only key 1 at 1.
@@ -167,7 +178,7 @@ def test_an_index_ahead_of_the_writers_state_sends_it_back_to_refresh(tmp_path, 
     old = t.state()
     other = bitlake.open_table(t.path)
     other.ingest(batch([1], ["b"], [2]), spark=spark)  # commits and brings the index to its version
-    with keyindex.KeyIndex(t.io, t.metadata) as index, pytest.raises(keyindex.IndexAheadError):
+    with opened(t) as index, pytest.raises(keyindex.IndexAheadError):
         index.catch_up(old)
     # A writer whose state is behind refreshes and builds again; nothing is lost.
     r = t.ingest(batch([1], ["c"], [3]), inline=True, spark=spark)
@@ -184,7 +195,7 @@ def test_a_large_ingest_writes_sst_files_in_processes_and_lookups_on_threads_ans
     t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="mod")
     ids = [i * 7919 % 1000 for i in range(1000)]
     t.ingest(pa.table({"id": pa.array(ids).cast(key), "v": [str(i) for i in ids], "mod": [1] * 1000}))
-    with keyindex.KeyIndex(t.io, t.metadata) as index:
+    with opened(t) as index:
         assert index.version == t.version
         assert len([f for f in index.db.live_files() if f["start_key"].startswith(b"\x01")]) == 3  # a file a process
         wanted = pa.table({"id": pa.array([5, 999, 1000, 0, -1]).cast(key)})
@@ -214,7 +225,7 @@ def test_entries_staged_for_a_commit_reach_the_index_only_after_that_commit(tmp_
     def lookup(index, *ids):
         return index.lookup(encode_keys(pa.table({"id": pa.array(ids, pa.int64())}), ["id"]))
 
-    with keyindex.KeyIndex(t.io, t.metadata) as index:
+    with opened(t) as index:
         # Another writer's commit takes the staged version: the catch-up reads its rows, not the staged ones.
         index.stage(rows([11, 12, 13], 9), t.version + 1)
         assert staged()
@@ -235,6 +246,53 @@ def test_entries_staged_for_a_commit_reach_the_index_only_after_that_commit(tmp_
         assert found.tolist() == [False, True, True] and deltas[1:].tolist() == [6, 6]
         index.stage(rows([10], 7), t.version + 2)
     assert not staged()  # closed with a staged commit
-    with keyindex.KeyIndex(t.io, t.metadata) as index:
+    with opened(t) as index:
         found, _, _, _ = lookup(index, 10)
         assert found.tolist() == [False]
+
+
+def test_a_writer_keeps_the_index_open_between_its_commits_and_closes_it_when_idle(tmp_path, monkeypatch):
+    """The next commit of the process takes the open index as it is (no reopen, no new OPTIONS or LOG file);
+    another process meanwhile scans the key store, and the index catches up with its commit afterwards."""
+    import subprocess
+    import sys
+    import time
+
+    from bitlake.engine import indexsession, metagen
+
+    monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)  # lookups whenever the index is free
+    opens = []
+    real_open = keyindex.KeyIndex._open
+    monkeypatch.setattr(keyindex.KeyIndex, "_open", lambda self: opens.append(1) or real_open(self))
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
+    t.ingest(batch([1, 2], ["a", "b"], [1, 1]))
+    folder = tmp_path / "t" / "_bitlake" / "index"
+    n = len(opens)  # the first commit opens it, and opens it afresh to build it
+    files = sorted(p.name for p in folder.iterdir() if p.name.startswith(("OPTIONS", "LOG")))
+    r = t.ingest(batch([1, 3], ["a2", "c"], [2, 2]))
+    assert r.counts["updated"] == 1 and r.counts["inserted"] == 1
+    assert len(opens) == n and sorted(p.name for p in folder.iterdir() if p.name.startswith(("OPTIONS", "LOG"))) == files
+
+    # Another process commits while this one keeps the index: it scans the key store.
+    code = ("import sys, bitlake; from tests.test_table import batch; t = bitlake.open_table(sys.argv[1]); "
+            "r = t.ingest(batch([2, 3], ['b9', 'c0'], [9, 1])); assert r.counts['updated'] == 1, r.counts; "
+            "assert r.counts['stale'] == 1, r.counts")
+    subprocess.run([sys.executable, "-c", code, t.path], check=True, cwd=str(Path(__file__).resolve().parents[1]))
+    r = t.ingest(batch([2, 3], ["b8", "c1"], [8, 3]))  # caught up with the other process's commit first
+    assert r.counts == {"inserted": 0, "updated": 1, "deleted": 0, "stale": 1, "ignored_deletes": 0}
+    assert len(opens) == n and view(t) == [(1, "a2", 2), (2, "b9", 9), (3, "c1", 3)]
+
+    # With an idle time of 0 the index closes after every commit; a short one closes it when it is up.
+    t.set_properties({"keystore.index_idle_seconds": "0"})
+    t.ingest(batch([4], ["d"], [1]))
+    kept = keyindex.location(t.io, t.metadata)[0]
+    assert kept not in indexsession._kept
+    t.set_properties({"keystore.index_idle_seconds": "0.05"})
+    t.ingest(batch([5], ["e"], [1]))
+    assert len(opens) == n + 1  # opened again
+    deadline = time.monotonic() + 10
+    while kept in indexsession._kept and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert kept not in indexsession._kept
+    with opened(t) as index:
+        assert index.version == t.version

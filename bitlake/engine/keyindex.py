@@ -46,15 +46,18 @@ _TABLE_KEY = b"\x00bitlake:table_id"
 # fixed-width bytes never drop a trailing zero.
 _VALUE = np.dtype([("d", "<i8"), ("r", "<i8"), ("x", "u1"), ("end", "u1")])
 _PUT_CHUNK = 200_000
-# At least this many entries go in as SST files rather than as puts; from this many, one file per core, and a
-# commit of this many records stages its entries before it commits (KeyIndex.stage).
+# At least this many entries go in as SST files rather than as puts, and a commit of this many records stages
+# its entries, written by processes while it commits (KeyIndex.stage); from _PROCESS_SST_ROWS entries, an SST
+# file written outside a commit is written by one process per core too.
 _SST_MIN_ROWS = 200_000
 _PROCESS_SST_ROWS = 2_000_000
 
 
 def stages(records: int) -> bool:
-    """Whether a commit of ``records`` records gains by staging its key-index entries (:meth:`KeyIndex.stage`)."""
-    return records >= _PROCESS_SST_ROWS
+    """Whether a commit of ``records`` records gains by staging its key-index entries (:meth:`KeyIndex.stage`):
+    an SST file costs ~1.7 us an entry on the GIL (a TPC-H SF 1 10 % upsert: 1.0 s of 2.6), which processes
+    started while the commit finishes take off its path."""
+    return records >= _SST_MIN_ROWS
 # Lookups of fewer keys than this run on one thread.
 _LOOKUP_CHUNK = 4096
 
@@ -198,6 +201,7 @@ class KeyIndex:
         self.io = io
         self.path, lock = location(io, meta)
         self.db: Any = None  # a rocksdict.Rdict while open
+        self.folder: int | None = None  # a descriptor of the open database's folder
         self._staged: tuple[int, list[_SstWriting]] | None = None  # a version and its SST files (see stage)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._lock = open(lock, "ab")  # noqa: SIM115 - held until close()
@@ -216,6 +220,7 @@ class KeyIndex:
                 shutil.rmtree(self.path, ignore_errors=True)
                 self.db = self._open()
         except BaseException:
+            self._close_folder()
             self._lock.close()
             raise
 
@@ -223,6 +228,9 @@ class KeyIndex:
         from rocksdict import Rdict, WriteOptions
 
         db = Rdict(self.path, self._options())
+        # Held open, so that a folder deleted or replaced meanwhile can never show this one's inode.
+        self._close_folder()
+        self.folder = os.open(self.path, os.O_RDONLY)
         for name in os.listdir(self.path):  # SST files a killed writer left (RocksDB never reads them)
             if name.startswith(("stage-", "ingest-")):
                 os.remove(os.path.join(self.path, name))
@@ -258,6 +266,11 @@ class KeyIndex:
         options.set_block_based_table_factory(table)
         return options
 
+    def _close_folder(self) -> None:
+        folder, self.folder = self.folder, None
+        if folder is not None:
+            os.close(folder)
+
     def __enter__(self) -> KeyIndex:
         return self
 
@@ -273,6 +286,7 @@ class KeyIndex:
                 db.flush()
                 db.close()
         finally:
+            self._close_folder()
             self._lock.close()  # releases the flock
 
     @property
@@ -346,7 +360,7 @@ class KeyIndex:
             self.discard_staged()
         if self._staged is None:
             self._staged = (version, [])
-        self._staged[1].append(self._start_ssts(rows, f"stage-{version}-{len(self._staged[1])}"))
+        self._staged[1].append(self._start_ssts(rows, f"stage-{version}-{len(self._staged[1])}", apart=True))
 
     def commit_staged(self, version: int) -> bool:
         """Takes in the files staged for ``version``, which this writer has just committed with the index at
@@ -386,21 +400,21 @@ class KeyIndex:
         finally:
             writing.remove()
 
-    def _start_ssts(self, table: pa.Table, name: str) -> _SstWriting:
+    def _start_ssts(self, table: pa.Table, name: str, apart: bool = False) -> _SstWriting:
         """Starts writing ``table``'s entries, in key order, as SST files. rocksdict takes an entry per call,
-        holding the GIL, so a large table is cut into key ranges written by processes of their own, one per
-        core; a small one is written here and now."""
+        holding the GIL, so a large table (or any, ``apart``) is cut into key ranges written by processes of
+        their own, one per core; a small one is written here and now."""
         pk = list(self.meta.primary_key)
         table = table.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED])
         order = key_order(table, pk)
         if not np.array_equal(order, np.arange(table.num_rows)):
             table = table.take(pa.array(order))
-        ranges = threads() if table.num_rows >= _PROCESS_SST_ROWS else 1
+        ranges = threads() if apart or table.num_rows >= _PROCESS_SST_ROWS else 1
         step = -(-table.num_rows // ranges)
         slices = [table.slice(start, step) for start in range(0, table.num_rows, step)]
         writing = _SstWriting([os.path.join(self.path, f"{name}-{i}.sst") for i in range(len(slices))])
         try:
-            if len(slices) == 1:
+            if len(slices) == 1 and not apart:
                 write_sst(slices[0], pk, writing.paths[0])
             else:
                 writing.start_processes(slices, pk)
@@ -414,16 +428,19 @@ class KeyIndex:
         """For each encoded key: found, delta, packed row id, deleted."""
         # In key order the lookups walk the files' blocks forwards, which halves their cost; RocksDB reads
         # and decompresses blocks without the GIL, so runs of the sorted keys go to threads of their own.
-        order = sorted(range(len(keys)), key=keys.__getitem__)
-        ordered = [keys[i] for i in order]
+        # (numpy's bytes order ignores trailing zero bytes: keys that differ only there tie, in no given order)
+        order = np.argsort(np.array(keys, dtype=bytes), kind="stable")
+        ordered = np.array(keys, dtype=object)[order].tolist()
         step = max(_LOOKUP_CHUNK, -(-len(ordered) // threads()))
         runs = thread_map(lambda start: self.db[ordered[start:start + step]], range(0, len(ordered), step))
-        stored = [None] * len(keys)
-        for i, v in zip(order, (v for run in runs for v in run), strict=True):
-            stored[i] = v
-        found = np.array([v is not None for v in stored], dtype=bool)
-        missing = bytes(_VALUE.itemsize)
-        values = np.frombuffer(b"".join(missing if v is None else v for v in stored), dtype=_VALUE)
+        stored = np.empty(len(keys), dtype=object)
+        stored[:] = [v for run in runs for v in run]
+        found_sorted = stored != None  # noqa: E711 - elementwise
+        stored[~found_sorted] = bytes(_VALUE.itemsize)
+        values = np.empty(len(keys), dtype=_VALUE)
+        values[order] = np.frombuffer(b"".join(stored.tolist()), dtype=_VALUE)
+        found = np.empty(len(keys), dtype=bool)
+        found[order] = found_sorted
         return found, values["d"], values["r"], values["x"].astype(bool)
 
 
@@ -488,53 +505,3 @@ def _encode_values(table: pa.Table) -> list[bytes]:
     rec["x"] = table.column(keystore.DELETED).to_numpy(zero_copy_only=False)
     rec["end"] = 1
     return rec.view(f"S{_VALUE.itemsize}").tolist()
-
-
-class IndexSession:
-    """The key index across one commit's attempts: opened at most once, caught up to each attempt's state,
-    brought to the committed version afterwards (so the next inline MetaGen starts warm), then closed."""
-
-    def __init__(self, io: FileIO):
-        self.io = io
-        self.index: KeyIndex | None = None
-        self._unavailable = False
-
-    def at(self, state: TableState) -> KeyIndex | None:
-        """The index at ``state``, or None when the table has none or another writer holds it.
-
-        Raises IndexAheadError when the index is past ``state``: the state is stale, rebuild on a fresh one.
-        """
-        if self._unavailable or not supported(state.metadata):
-            return None
-        try:
-            if self.index is None:
-                self.index = KeyIndex(self.io, state.metadata)
-            self.index.catch_up(state)
-        except IndexAheadError:
-            raise
-        except IndexUnavailableError:
-            self._unavailable = True  # busy: the inline MetaGen reads the key store instead
-            return None
-        return self.index
-
-    def after_commit(self, state: TableState, version: int, rows: pa.Table | None = None) -> None:
-        """Brings the index to ``state`` after this writer committed ``version``, whose key-store rows are
-        ``rows`` when the writer has them (else they are read back from the key store). Best effort: the
-        commit has landed, and an index that is busy or behind only costs the next writer a catch-up."""
-        if not supported(state.metadata):
-            return
-        try:
-            if self.index is None:
-                self.index = KeyIndex(self.io, state.metadata)
-            if self.index.commit_staged(version):
-                pass
-            elif rows is not None and self.index.version == version - 1:
-                self.index.put([rows], version)
-            self.index.catch_up(state)
-        except IndexUnavailableError:
-            pass
-
-    def close(self) -> None:
-        if self.index is not None:
-            self.index.close()
-            self.index = None
