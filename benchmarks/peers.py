@@ -1168,8 +1168,10 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
         lines.append(f"- **{s}**: {doc}.")
     lines += [
         "",
-        "Bytes written: every file an operation added or grew under the system's folder (a walk before and "
-        "after). Write amplification: bytes written / the batch alone as one snappy Parquet file "
+        "Bytes written: every file an operation added or changed under the system's folder (a walk before and "
+        "after), whole, except a file of at most 1 MB that only grew (its earlier content unchanged: RocksDB's "
+        "LOG and MANIFEST), which counts the bytes appended (runs before 2026-11-25 22:45 UTC counted it "
+        "whole). Write amplification: bytes written / the batch alone as one snappy Parquet file "
         "(pyarrow). Wall times are single runs on a machine shared with other jobs; a Spark system's process "
         "starts its session and runs one small read before the timed operations, so JVM start-up is not in "
         "its load. bitlake-two-step's wall time is given with its two calls (ingest + metagen); the rest is "
