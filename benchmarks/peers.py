@@ -779,7 +779,7 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
         scans = system.scans()
     else:
         scans = [(system.engine, system.scan, None)]
-    for selective in (False, True):
+    for selective in (False, True) if spec.get("scans", True) else ():
         op = "scan_selective" if selective else "scan_full"
         for engine, fn, plain in scans:
             rec = base_record(op, None, engine)
@@ -836,7 +836,7 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
 
 def expected_keys(system: str, spec: dict) -> list[tuple]:
     keys = [(op["operation"], op["batch_fraction"], None) for op in spec["ops"]]
-    for op in ("scan_full", "scan_selective"):
+    for op in ("scan_full", "scan_selective") if spec.get("scans", True) else ():
         keys += [(op, None, e) for e in scan_engines(system)]
     return keys + [("storage", None, None)]
 
@@ -1365,6 +1365,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma-separated, from {', '.join(SYSTEMS)}; 'all', or 'bitlake-modes'")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per operation before it is killed")
     ap.add_argument("--quick", action="store_true", help="no 10 %% batch, one scan run and no warm-up")
+    ap.add_argument("--no-scans", action="store_true", help="loads and batches only (earlier scan figures stay)")
     ap.add_argument("--keep-work", action="store_true", help="keep the systems' folders under benchmarks/work/peers")
     ap.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md or docs/img")
     ap.add_argument("--note", default="", help="a line for the doc (e.g. why a run is partial); with "
@@ -1424,6 +1425,9 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True)
         log(f"SF {sf_text(sf)}: generating the batches")
         spec = prepare_apart(sf, work, args.quick)
+        if args.no_scans:
+            spec["scans"] = False
+            (work / "spec.json").write_text(json.dumps(spec, indent=1))
         new["expected"][sf_text(sf)] = spec["expected"]
         sf_records = []
         for system in systems:
