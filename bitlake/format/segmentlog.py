@@ -60,13 +60,18 @@ def write_file(io: FileIO, path: str, events: pa.Table) -> LogFile:
     sorted by row id (then version); returns the file's entry."""
     schema = VERSIONED_SCHEMA if VERSION in events.column_names else FILE_SCHEMA
     table = events.select(schema.names).cast(schema)
-    order = [(PART_COLUMN, "ascending"), (SEQ_COLUMN, "ascending"), (OFFSET_COLUMN, "ascending")]
+    # UNTIL events first, each kind by row id (then version); events in that order already (a batch of updates
+    # of a table loaded in key order) are not sorted again.
+    rid = row_ids(table)
+    not_until = table.column("event").to_numpy() != SET_VALID_UNTIL
     if schema is VERSIONED_SCHEMA:
-        order.append((VERSION, "ascending"))
-    table = table.take(pc.sort_indices(table, sort_keys=order))
+        table = table.take(pa.array(np.lexsort((table.column(VERSION).to_numpy(), rid, not_until))))
+    elif not_until.any() or not bool(np.all(rid[1:] >= rid[:-1])):
+        table = table.take(pa.array(np.lexsort((rid, not_until))))
+    kinds = table.column("event").to_numpy()
     with io.open_output(path) as out, pq.ParquetWriter(out, schema, **_PARQUET_OPTIONS) as writer:
-        for kind in (SET_VALID_UNTIL, SET_VALID_FROM):
-            of_kind = table.filter(pc.equal(table.column("event"), kind))
+        until = int(np.count_nonzero(kinds == SET_VALID_UNTIL))
+        for of_kind in (table.slice(0, until), table.slice(until)):
             if of_kind.num_rows:
                 writer.write_table(of_kind)
     t = table.column("t")
