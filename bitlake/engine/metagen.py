@@ -423,6 +423,9 @@ def _fold_one_record_a_key(codes, deltas, rids, deleted, batch, found, prior_d, 
     """:func:`fold` when every key has one record (a load, most batches): no ordering among records is
     needed, each is compared with its key's stored entry alone."""
     order = np.arange(len(codes))
+    if not found.any():  # a load: every record is accepted and supersedes nothing
+        return Fold(order, deltas, rids, deleted, batch, np.ones(len(codes), bool), np.zeros(len(codes), bool),
+                    np.zeros(len(codes), np.int64), order)
     stored = prior_d[codes]
     accepted = ~found[codes] | (deltas >= stored)
     visible_before = found[codes] & ~prior_deleted[codes]

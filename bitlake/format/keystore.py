@@ -132,16 +132,18 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
     pk = list(meta.primary_key)
     added: list[BucketFile] = []
     replaced: list[str] = []
-    # A stable sort by bucket keeps the rows' order within a bucket; on 16 bits numpy sorts by radix.
-    by_bucket = np.argsort(rows.column(BUCKET).to_numpy().astype(np.uint16), kind="stable")
-    rows = rows.take(pa.array(by_bucket))
-    buckets = rows.column(BUCKET).to_numpy()
+    # A stable sort by bucket keeps the rows' order within a bucket; on 16 bits numpy sorts by radix. Each
+    # bucket's rows are taken on its own thread.
+    of_row = rows.column(BUCKET).to_numpy()
+    by_bucket = np.argsort(of_row.astype(np.uint16), kind="stable")
+    buckets = of_row[by_bucket]
     starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
     ends = np.r_[starts[1:], len(buckets)]
+    columns = rows.select(schema.names)
 
     def write(span: tuple[int, int]) -> tuple[BucketFile, list[str]]:
         bucket = int(buckets[span[0]])
-        new = rows.slice(span[0], span[1] - span[0]).select(schema.names).cast(schema)
+        new = columns.take(pa.array(by_bucket[span[0]:span[1]])).cast(schema)
         files = bucket_files.get(bucket, [])
         merge = merge_plan(files, new.num_rows, meta.int_prop("keystore.max_increments"),
                            float(meta.prop("keystore.base_merge_ratio")))
