@@ -4,6 +4,7 @@ cluster (a master and workers). Each runs on loopback with the project's interpr
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,13 +35,22 @@ class Server:
         self.url = url
 
     def stop(self) -> None:
+        """Stops each process's group: the start scripts run the JVM as their child, which a signal to the
+        script alone left running after the tests."""
         for p in reversed(self.processes):
-            p.terminate()
+            _signal_group(p, signal.SIGTERM)
         for p in self.processes:
             try:
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                p.kill()
+                _signal_group(p, signal.SIGKILL)
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)  # started with start_new_session: its own group
+    except ProcessLookupError:
+        pass
 
 
 def start_connect_server(folder: Path, master: str = "local[2]") -> Server:

@@ -73,6 +73,10 @@ def _give_back(index: KeyIndex, idle_seconds: float) -> None:
     """Ends a commit's use of ``index``: it stays open ``idle_seconds``, or closes now. Either way its entries
     reach disk now (no write-ahead log: a killed process loses only what was never flushed)."""
     index.discard_staged()
+    if index.db is None:  # a rebuild that failed midway left it closed
+        index.close()
+        _forget(index)
+        return
     index.db.flush()
     with _lock:
         kept = _kept.get(index.path)
@@ -86,6 +90,13 @@ def _give_back(index: KeyIndex, idle_seconds: float) -> None:
         kept.timer = threading.Timer(idle_seconds, close_idle, args=(index.path,))
         kept.timer.daemon = True
         kept.timer.start()
+
+
+def _forget(index: KeyIndex) -> None:
+    with _lock:
+        kept = _kept.get(index.path)
+        if kept is not None and kept.index is index:
+            del _kept[index.path]
 
 
 def _close(path: str, keep: bool = False) -> None:
@@ -118,6 +129,9 @@ def _after_fork_in_child() -> None:
     _lock = threading.RLock()
     for kept in _kept.values():
         kept.index._lock.close()
+        if kept.index.folder is not None:
+            os.close(kept.index.folder)
+            kept.index.folder = None
         _forked.append(kept.index)
     _kept.clear()
 
