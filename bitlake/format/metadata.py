@@ -35,7 +35,7 @@ DEFAULT_PROPERTIES = {
     # lookups on the driver instead of a scan); "none": no index.
     "keystore.index": "rocksdb",
     # A writer keeps the index open this many seconds after a commit, for its next commit (no reopen); other
-    # processes scan the key store meanwhile (docs/ingestion.md, "The key index"). 0: closed after each commit.
+    # processes scan the key store meanwhile (docs/ingestion.md, "Two steps, as in Opal"). 0: closed after each commit.
     "keystore.index_idle_seconds": "10",
     # A Spark DataFrame that Spark's plan estimates at most this many bytes is collected as Arrow and lands on
     # the driver, as Arrow input always does; a larger one lands in a Spark job.
