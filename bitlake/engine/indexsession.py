@@ -29,20 +29,25 @@ from bitlake.fs import FileIO
 class _Kept:
     """An index this process opened: in use by a commit (``busy``), or idle until its timer closes it."""
 
-    def __init__(self, index: KeyIndex, lock_path: str):
+    def __init__(self, index: KeyIndex):
         self.index = index
-        self.lock_path = lock_path
         self.busy = True
         self.timer: threading.Timer | None = None
 
     def still_there(self) -> bool:
         """Whether the folder and lock file are still the ones it opened (a deleted table's are not)."""
+        index = self.index
         try:
-            return self.index.folder is not None and \
-                os.path.samestat(os.stat(self.index.path), os.fstat(self.index.folder)) and \
-                os.path.samestat(os.stat(self.lock_path), os.fstat(self.index._lock.fileno()))
+            return index.folder is not None and \
+                os.path.samestat(os.stat(index.path), os.fstat(index.folder)) and \
+                os.path.samestat(os.stat(index._lock.name), os.fstat(index._lock.fileno()))
         except OSError:
             return False
+
+    def stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
 
 _kept: dict[str, _Kept] = {}  # by index folder
@@ -52,20 +57,19 @@ _forked: list[KeyIndex] = []  # a forked child's copies of indexes its parent wa
 
 def _borrow(io: FileIO, meta: TableMetadata) -> KeyIndex:
     """The table's index for one commit: the one this process keeps idle, else a newly opened one."""
-    path, lock_path = location(io, meta)
+    path, _ = location(io, meta)
     with _lock:
         kept = _kept.get(path)
-        if kept is not None:
-            if kept.busy:  # another thread's commit
-                raise IndexUnavailableError(f"the key index at {path} is in use by another writer")
-            there = kept.still_there()
-            _close(path, keep=there)
-            if there:
-                kept.busy = True
-                kept.index.io, kept.index.meta = io, meta
-                return kept.index
+        if kept is not None and kept.busy:  # another thread's commit
+            raise IndexUnavailableError(f"the key index at {path} is in use by another writer")
+        if kept is not None and kept.still_there():
+            kept.stop_timer()
+            kept.busy = True
+            kept.index.io, kept.index.meta = io, meta
+            return kept.index
+        _close(path)
         index = KeyIndex(io, meta)
-        _kept[path] = _Kept(index, lock_path)
+        _kept[path] = _Kept(index)
         return index
 
 
@@ -73,16 +77,16 @@ def _give_back(index: KeyIndex, idle_seconds: float) -> None:
     """Ends a commit's use of ``index``: it stays open ``idle_seconds``, or closes now. Either way its entries
     reach disk now (no write-ahead log: a killed process loses only what was never flushed)."""
     index.discard_staged()
-    if index.db is None:  # a rebuild that failed midway left it closed
-        index.close()
-        _forget(index)
-        return
-    index.db.flush()
     with _lock:
         kept = _kept.get(index.path)
-        if kept is None or kept.index is not index:
+        if kept is not None and kept.index is not index:
+            kept = None  # not kept here
+        if kept is None or index.db is None:  # or left closed by a rebuild that failed midway
+            if kept is not None:
+                del _kept[index.path]
             index.close()
             return
+        index.db.flush()
         kept.busy = False
         if idle_seconds <= 0:
             _close(index.path)
@@ -92,27 +96,17 @@ def _give_back(index: KeyIndex, idle_seconds: float) -> None:
         kept.timer.start()
 
 
-def _forget(index: KeyIndex) -> None:
-    with _lock:
-        kept = _kept.get(index.path)
-        if kept is not None and kept.index is index:
-            del _kept[index.path]
-
-
-def _close(path: str, keep: bool = False) -> None:
-    """Stops the idle timer of the index at ``path``; closes it and forgets it unless ``keep``."""
+def _close(path: str) -> None:
+    """Closes and forgets the index at ``path`` unless a commit is using it."""
     kept = _kept.get(path)
     if kept is None or kept.busy:
         return
-    if kept.timer is not None:
-        kept.timer.cancel()
-        kept.timer = None
-    if not keep:
-        del _kept[path]
-        try:
-            kept.index.close()
-        except Exception:  # noqa: BLE001 - a cache whose folder went (a deleted table): nothing of the table is lost
-            pass
+    kept.stop_timer()
+    del _kept[path]
+    try:
+        kept.index.close()
+    except Exception:  # noqa: BLE001 - a cache whose folder went (a deleted table): nothing of the table is lost
+        pass
 
 
 def close_idle(path: str | None = None) -> None:
