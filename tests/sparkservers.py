@@ -3,11 +3,13 @@ cluster (a master and workers). Each runs on loopback with the project's interpr
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pyspark
@@ -89,5 +91,28 @@ def start_cluster(folder: Path, workers: int = 2, cores: int = 1, memory: str = 
                 [spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", str(cores),
                  "--memory", memory, "--work-dir", str(work), "--webui-port", str(free_port()), url],
                 env={k: v for k, v in _env().items() if not k.startswith("AWS_")}, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
-    time.sleep(3)  # the workers register with the master
-    return Server(processes, url)
+    server = Server(processes, url)
+    try:
+        _wait_workers(ui, workers, folder)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def _wait_workers(ui: int, workers: int, folder: Path, timeout: float = 120) -> None:
+    """Until the master lists ``workers`` alive workers (its web UI's JSON), so a session started next gets
+    an executor on each."""
+    deadline = time.monotonic() + timeout
+    alive = 0
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as response:
+                alive = json.load(response).get("aliveworkers", 0)
+        except OSError:
+            alive = 0
+        if alive >= workers:
+            return
+        time.sleep(0.5)
+    logs = "\n".join(f"{log.name}: {log.read_text(errors='replace')[-1500:]}" for log in sorted(folder.glob("*.log")))
+    raise RuntimeError(f"{alive} of {workers} Spark workers registered within {timeout:.0f} s\n{logs}")

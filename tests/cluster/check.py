@@ -7,6 +7,7 @@ Usage: check.py spark://host:port S3_URI. Prints "ok"."""
 from __future__ import annotations
 
 import sys
+import time
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -24,14 +25,23 @@ def arrow_rows(table: pa.Table) -> list[tuple]:
     return sorted((r["id"], r["g"], r["v"], r["ts"]) for r in table.to_pylist())
 
 
+def wait_executors(spark: SparkSession, wanted: int, timeout: float = 120) -> int:
+    """Executors register with the driver a moment after the session starts."""
+    deadline = time.monotonic() + timeout
+    while True:
+        executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # the driver is listed too
+        if executors >= wanted or time.monotonic() > deadline:
+            return executors
+        time.sleep(0.5)
+
+
 def main(master: str, uri: str) -> None:
     spark = (SparkSession.builder.master(master).appName("bitlake-cluster-test")
              .config("spark.executor.memory", "512m").config("spark.executor.cores", "1")
              .config("spark.sql.session.timeZone", "UTC").config("spark.sql.shuffle.partitions", "4")
              .getOrCreate())
     bitlake.register_data_source(spark)
-    executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1
-    assert executors == 2, f"{executors} executors registered"
+    assert wait_executors(spark, 2) == 2, "not every worker gave an executor within 120 s"
     t = bitlake.create_table(uri, SCHEMA, primary_key=["id"], delta_column="ts", partition_by=["g"])
     base = spark.range(0, 20000, numPartitions=4).selectExpr("id", "concat('g', id % 3) AS g", "id AS v", "1L AS ts")
     r = t.ingest(base, inline=False, spark=spark)  # lands on the workers; MetaGen as a Spark job on the workers
