@@ -1,6 +1,7 @@
 """bitlake: mutable datasets on an immutable data lake (row ids, a key store, validity logs, bitmaps)."""
 
-from bitlake.bootstrap import ConvertResult, convert  # noqa: E402 - after the table API it builds on
+import importlib
+
 from bitlake.errors import (
     BitlakeError,
     CommitConflictError,
@@ -17,9 +18,26 @@ from bitlake.errors import (
     VersionExpiredError,
     VersionNotFoundError,
 )
-from bitlake.table import IngestResult, Table, create_table, open_table
 
 __version__ = "0.1.0"
+
+# The table API is imported on first use (PEP 562), so a process that needs one module of the package (a key
+# index's SST writer, a Spark worker) does not pay for pandas, pyarrow.dataset and the rest.
+_LAZY = {"ConvertResult": "bitlake.bootstrap", "convert": "bitlake.bootstrap", "IngestResult": "bitlake.table",
+         "Table": "bitlake.table", "create_table": "bitlake.table", "open_table": "bitlake.table"}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bitlake' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def spark_session(master: str | None = None, app_name: str = "bitlake", **conf: str):

@@ -11,7 +11,7 @@ import pytest
 from rocksdict import Options, Rdict
 
 import bitlake
-from bitlake.engine import keyindex
+from bitlake.engine import keyindex, metagen
 from bitlake.engine.indexsession import close_idle
 from bitlake.engine.keyindex import encode_keys
 from bitlake.format import layout
@@ -203,6 +203,34 @@ def test_a_large_ingest_writes_sst_files_in_processes_and_lookups_on_threads_ans
     assert found.tolist() == [True, True, False, True, False]
     assert deltas[found].tolist() == [1, 1, 1] and not deleted.any()
     assert not [p for p in (tmp_path / "t" / "_bitlake" / "index").iterdir() if p.name.startswith(("ingest-", "stage-"))]
+
+
+@pytest.mark.parametrize("key", [pa.int64(), pa.string()])
+def test_a_commit_folded_in_groups_gives_the_index_one_sorted_run_per_key_range(tmp_path, monkeypatch, key):
+    """A commit larger than GROUP_RECORDS is folded in groups. With a key of fixed width the groups are ranges of
+    it, each staging its own SST file while the next one folds, and the files do not overlap; with a string key
+    they are sets of buckets, and the commit's rows reach the index after it as one sorted run. Either way
+    every key is answered, and a later commit in groups (input in no order) folds against them."""
+    monkeypatch.setattr(metagen, "GROUP_RECORDS", 250)
+    monkeypatch.setattr(keyindex, "_SST_MIN_ROWS", 1)
+    monkeypatch.setattr(keyindex, "threads", lambda: 1)  # one SST file a group
+    schema = pa.schema([("id", key), ("v", pa.string()), ("mod", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="mod", num_buckets=8)
+    t.ingest(pa.table({"id": pa.array(range(1000)).cast(key), "v": ["a"] * 1000, "mod": [1] * 1000}))
+    with opened(t) as index:
+        runs = sorted((f["start_key"], f["end_key"]) for f in index.db.live_files() if f["start_key"] >= b"\x01")
+    assert len(runs) == (4 if key == pa.int64() else 1)
+    assert all(end < start for (_, end), (start, _) in zip(runs, runs[1:], strict=False))
+    shuffled = [i * 7919 % 1200 for i in range(1200)]  # 200 new keys and 1000 updates, in no order
+    r = t.ingest(pa.table({"id": pa.array(shuffled).cast(key), "v": ["b"] * 1200, "mod": [2] * 1200}))
+    assert r.counts["inserted"] == 200 and r.counts["updated"] == 1000
+    with opened(t) as index:
+        assert index.version == t.version
+        wanted = pa.table({"id": pa.array([0, 999, 1199, 1200]).cast(key)})
+        found, deltas, _, _ = index.lookup(encode_keys(wanted, ["id"]))
+    assert found.tolist() == [True, True, True, False] and deltas[:3].tolist() == [2, 2, 2]
+    assert sorted(t.to_arrow().select(["id", "v"]).to_pylist(), key=lambda row: str(row["id"])) == sorted(
+        ({"id": i, "v": "b"} for i in pa.array(range(1200)).cast(key).to_pylist()), key=lambda row: str(row["id"]))
 
 
 def test_entries_staged_for_a_commit_reach_the_index_only_after_that_commit(tmp_path, monkeypatch):

@@ -108,13 +108,13 @@ def encode_keys(table: pa.Table, primary_key: list[str]) -> list[bytes]:
         rec = np.empty(n, dtype=fields)
         rec["start"] = 1
         for i, c in enumerate(columns):
-            rec[f"k{i}"] = _as_int64(c)
+            rec[f"k{i}"] = int64_values(c)
         rec["end"] = 1
         return rec.view(f"S{rec.dtype.itemsize}").tolist()
     parts = []
     for c in columns:
         if _fixed(c.type):
-            parts.append([x.to_bytes(8, "big", signed=True) for x in _as_int64(c).tolist()])
+            parts.append([x.to_bytes(8, "big", signed=True) for x in int64_values(c).tolist()])
         else:
             values = c.to_pylist()
             parts.append([
@@ -132,7 +132,7 @@ def key_order(table: pa.Table, primary_key: list[str]) -> np.ndarray:
     """Row indices in the byte order of the rows' encoded keys (:func:`encode_keys`), ties in row order."""
     if fixed_width(table, primary_key):
         # Big-endian two's complement compares bytewise as the signed value does.
-        order = _order([_as_int64(table.column(c)) for c in primary_key])
+        order = _order([int64_values(table.column(c)) for c in primary_key])
         return np.arange(table.num_rows, dtype=np.int64) if order is None else order
     keys = encode_keys(table, primary_key)
     return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
@@ -160,7 +160,7 @@ def key_codes(table: pa.Table, primary_key: list[str]) -> tuple[np.ndarray, np.n
     that has it."""
     n = table.num_rows
     if n and fixed_width(table, primary_key):
-        columns = [_as_int64(table.column(c)) for c in primary_key]
+        columns = [int64_values(table.column(c)) for c in primary_key]
         order = _order(columns)
         values = columns if order is None else [c[order] for c in columns]
         starts = np.ones(n, dtype=bool)
@@ -176,7 +176,8 @@ def key_codes(table: pa.Table, primary_key: list[str]) -> tuple[np.ndarray, np.n
     return codes, np.unique(codes, return_index=True)[1]
 
 
-def _as_int64(column) -> np.ndarray:
+def int64_values(column) -> np.ndarray:
+    """A fixed-width key column as int64 values, in the order its encoded keys compare."""
     t = column.type
     if pa.types.is_boolean(t):
         column = pc.cast(column, pa.int8())

@@ -18,6 +18,7 @@ which the Spark MetaGen calls inside its tasks.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -198,9 +199,9 @@ def assemble(state: TableState, batches: list[Landed], seg_out: list[dict], adde
 LOOKUP_COST_IN_ROWS = 200
 
 
-# The inline MetaGen folds at most this many records at once: larger commits are folded in groups of
-# key-store buckets (a key lives in one bucket), so its memory is bounded by a group, not by the commit (about
-# 100 bytes a record while it folds).
+# The inline MetaGen folds at most this many records at once: larger commits are folded in groups, a key's
+# records all in one group, so its memory is bounded by a group, not by the commit (about 100 bytes a record
+# while it folds; the key-store rows it keeps, about 40 bytes a record, are written once at the end).
 GROUP_RECORDS = 20_000_000
 
 
@@ -208,40 +209,64 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     """The inline MetaGen. ``index`` (an open :class:`bitlake.engine.keyindex.KeyIndex` at ``state``, or None)
     answers the batch's keys by point lookups when they are few against the key-store rows of their
     buckets; otherwise, or without an index, the driver semi-joins them with those buckets' files."""
+    from bitlake.engine.keyindex import stages
+
     meta = state.metadata
     unread = [b for b in batches if b.rows is None]
     reads = [(datafile.read_upserts, f.path) for b in unread for f in b.data_files]
     reads += [(datafile.read_deletes, f.path) for b in unread for f in b.keys_files]
     tables = [b.rows for b in batches if b.rows is not None] + thread_map(lambda r: r[0](io, r[1], meta), reads)
-    records = pa.concat_tables(tables).combine_chunks() if tables else None
+    records = pa.concat_tables(tables) if tables else None
     if records is None or records.num_rows == 0:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
-    groups = min(-(-records.num_rows // GROUP_RECORDS), meta.num_buckets)
-    group_of = (np.arange(meta.num_buckets) * groups // meta.num_buckets)[records.column(keystore.BUCKET).to_numpy()]
-    pieces = (records.filter(pa.array(group_of == g)) if groups > 1 else records for g in range(groups))
+    pieces, ranged = _groups(records, meta)
+    # Groups that are key ranges stage their key-index files as they go: each a sorted run of its own, while
+    # the next group folds. Groups that are sets of buckets would each span every key, as many overlapping
+    # runs that every later lookup would search (a TPC-H SF 10 load in 8 groups made the next 0.1 % batch 5x
+    # slower): their rows go in after the commit, sorted as one.
+    stage = index is not None and ranged and stages(records.num_rows)
     counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
-    until, valid, added, replaced = [], [], [], []
-    keystore_rows = None
-    from bitlake.engine.keyindex import stages
-
-    # A commit folded in one group stages its key-index files. Groups are sets of buckets, so the files of
-    # several groups would each span every key: as many overlapping runs, which every later lookup would
-    # search (a TPC-H SF 10 load in 8 groups made the next 0.1 % batch 5x slower). Those go in after the
-    # commit, read back and sorted as one.
-    stage = index is not None and groups == 1 and stages(records.num_rows)
+    until, valid, rows = [], [], []
     for piece in pieces:
-        g = _fold_records(io, state, batches, piece, version, index, stage)
+        g = _fold_records(io, state, batches, piece, version, index)
+        if stage and g.keystore_rows.num_rows:
+            index.stage(g.keystore_rows, version)
         counts += g.counts
         until.append(g.until)
         valid.append(g.valid)
-        added += g.added
-        replaced += g.replaced
-        # A commit folded in groups leaves its rows for the key index to read back, rather than hold them all.
-        keystore_rows = g.keystore_rows if groups == 1 else None
+        rows.append(g.keystore_rows)
+    keystore_rows = pa.concat_tables(rows)
+    touched = {b: state.keystore.get(b, []) for b in pc.unique(keystore_rows.column(keystore.BUCKET)).to_pylist()}
+    added, replaced = keystore.write_bucket_files(io, meta, touched, keystore_rows) if touched else ([], [])
     seg_out = write_segments(io, state.segments, pa.concat_tables(until), np.concatenate(valid))
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
     out = assemble(state, batches, seg_out, added, replaced, batch_counts)
     return dataclasses.replace(out, keystore_rows=keystore_rows)
+
+
+def _groups(records: pa.Table, meta) -> tuple[Iterable[pa.Table], bool]:
+    """``records`` cut into groups of about :data:`GROUP_RECORDS` (at most one a bucket), a key's records all in
+    one group, and whether the groups are key ranges: ranges of the first key column when it has a fixed width
+    (its 8 bytes lead the encoded key, so its ranges are ranges of the index's order), else sets of buckets.
+    Input sorted by that column is cut into slices; other input is filtered."""
+    from bitlake.engine.keyindex import fixed_width, int64_values
+
+    groups = min(-(-records.num_rows // GROUP_RECORDS), meta.num_buckets)
+    if groups <= 1:
+        return [records], True
+    first = list(meta.primary_key)[:1]
+    ranged = fixed_width(records, first)
+    if ranged:
+        values = int64_values(records.column(first[0]))
+        sample = np.sort(values[:: max(1, len(values) // 100_000)])
+        bounds = np.unique(sample[np.arange(1, groups) * len(sample) // groups])
+        if bool(np.all(values[1:] >= values[:-1])):
+            cuts = [0, *np.searchsorted(values, bounds, side="left").tolist(), len(values)]
+            return (records.slice(a, b - a) for a, b in zip(cuts, cuts[1:], strict=False) if b > a), True
+        group_of = np.searchsorted(bounds, values, side="right")
+    else:
+        group_of = (np.arange(meta.num_buckets) * groups // meta.num_buckets)[records.column(keystore.BUCKET).to_numpy()]
+    return (records.filter(pa.array(group_of == g)) for g in np.unique(group_of).tolist()), ranged
 
 
 @dataclasses.dataclass
@@ -249,20 +274,18 @@ class _Folded:
     counts: np.ndarray  # per batch index, per COUNTS
     until: pa.Table  # SET_VALID_UNTIL events
     valid: np.ndarray  # the row ids that become valid
-    added: list[BucketFile]
-    replaced: list[str]
-    keystore_rows: pa.Table
+    keystore_rows: pa.Table  # in key order when the key has a fixed width
 
 
 def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records: pa.Table, version: int,
-                  index, stage: bool = False) -> _Folded:
-    """Folds ``records`` (keys-file rows of whole keys) against the stored entries of their keys, and writes
-    the key-store files of their buckets; with ``stage``, the key index starts writing its entries for them
-    meanwhile."""
+                  index) -> _Folded:
+    """Folds ``records`` (keys-file rows of whole keys) against the stored entries of their keys; returns the
+    events, the row ids that become valid and the key-store rows they leave."""
     from bitlake.engine.keyindex import encode_keys, key_codes
 
     meta = state.metadata
     pk = list(meta.primary_key)
+    records = records.combine_chunks()  # a group at a time: the commit's records are never copied at once
     parts = np.array([b.part for b in batches], dtype=np.int64)
     rids = records.column(keystore.ROW_ID).to_numpy()
     by_part = np.argsort(parts)
@@ -309,13 +332,7 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
     ks_rows = latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
         keystore.VERSION, pa.array(np.full(latest.num_rows, version, dtype=np.int64))
     )
-    if stage and ks_rows.num_rows:
-        index.stage(ks_rows, version)
-    touched = set(pc.unique(ks_rows.column(keystore.BUCKET)).to_pylist())
-    added, replaced = keystore.write_bucket_files(
-        io, meta, {b: state.keystore.get(b, []) for b in touched}, ks_rows
-    ) if ks_rows.num_rows else ([], [])
-    return _Folded(counts, until, f.rid[f.accepted & upsert], added, replaced, ks_rows)
+    return _Folded(counts, until, f.rid[f.accepted & upsert], ks_rows)
 
 
 def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: list[int]):
