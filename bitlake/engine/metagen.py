@@ -265,7 +265,8 @@ def _groups(records: pa.Table, meta) -> tuple[Iterable[pa.Table], bool]:
             return (records.slice(a, b - a) for a, b in zip(cuts, cuts[1:], strict=False) if b > a), True
         group_of = np.searchsorted(bounds, values, side="right")
     else:
-        group_of = (np.arange(meta.num_buckets) * groups // meta.num_buckets)[records.column(keystore.BUCKET).to_numpy()]
+        group_of_bucket = np.arange(meta.num_buckets) * groups // meta.num_buckets
+        group_of = group_of_bucket[records.column(keystore.BUCKET).to_numpy()]
     return (records.filter(pa.array(group_of == g)) for g in np.unique(group_of).tolist()), ranged
 
 
