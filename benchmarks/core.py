@@ -56,7 +56,7 @@ CODEC = "snappy"
 BATCHES = [("0.1 %", 0.001), ("1 %", 0.01), ("10 %", 0.10)]
 UPDATE_SHARE = 0.95
 DELETE_SHARE = 0.001
-SCAN_AFTER = {"base", "1 %", "10 %"}
+SCAN_AFTER = ("base", "1 %", "10 %")
 WRITE_AMP_TARGET = 5.0
 SCAN_TARGET = 0.85
 
@@ -439,6 +439,11 @@ def mb(n: int) -> str:
     return f"{n / 1e6:,.2f} MB"
 
 
+def heading(scale_factor: float) -> str:
+    """The doc section of a scale factor's run: SF 1 under SECTION, others under a heading of their own."""
+    return SECTION if scale_factor == 1 else f"{SECTION}, SF {sf_text(scale_factor)}"
+
+
 def markdown(result: dict) -> str:
     m, cfg, code = result["machine"], result["config"], result["code"]
     code_note = f" ({code['note']})" if code.get("note") else ""
@@ -447,7 +452,7 @@ def markdown(result: dict) -> str:
     if not code_note and code["bitlake_dirty"]:
         code_note = " (with uncommitted changes in bitlake/)"
     lines = [
-        SECTION,
+        heading(cfg["scale_factor"]),
         "",
         f"Command: `{result['command']}` ({make_note}), {result['date']}.",
         "",
@@ -574,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--num-buckets", type=int, default=16)
+    ap.add_argument("--scans-after", default=",".join(SCAN_AFTER),
+                    help="after which batches the scans run (comma-separated of: %(default)s)")
     ap.add_argument("--no-doc", action="store_true", help="do not touch docs/benchmarks.md")
     ap.add_argument("--keep-table", action="store_true", help="keep the table under benchmarks/work/")
     ap.add_argument("--event-log", metavar="DIR", help="keep Spark's event log there (default: the work folder)")
@@ -582,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.render:
         result = json.loads(Path(args.render).read_text())
-        write_doc(markdown(result))
+        write_doc(markdown(result), heading(result["config"]["scale_factor"]))
         print(markdown(result))
         return 0
 
@@ -591,6 +598,9 @@ def main(argv: list[str] | None = None) -> int:
     import bitlake
 
     sf = args.scale_factor
+    scan_after = {a.strip() for a in args.scans_after.split(",") if a.strip()}
+    if not scan_after <= set(SCAN_AFTER):
+        ap.error(f"--scans-after: {sorted(scan_after - set(SCAN_AFTER))} not among {', '.join(SCAN_AFTER)}")
     date = dt.datetime.now(dt.UTC)
     work = WORK_DIR / f"sf{sf_text(sf)}"
     shutil.rmtree(work, ignore_errors=True)
@@ -655,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         scans.append(s)
 
     ingest("base", base_file, base_bytes, {"records": base.num_rows}, None, 0)
-    if "base" in SCAN_AFTER:
+    if "base" in scan_after:
         scan("base")
 
     maker = ChangeMaker(base, args.seed)
@@ -671,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
         if got != want:
             raise SystemExit(f"batch {name}: counts {r.counts} differ from the batch's composition {want}")
         expected_rows += composition["inserts"] - composition["deletes"]
-        if name in SCAN_AFTER:
+        if name in scan_after:
             scan(name)
 
     spark.stop()
@@ -738,7 +748,7 @@ def main(argv: list[str] | None = None) -> int:
     section = markdown(result)
     if not args.no_doc:
         DOC.parent.mkdir(parents=True, exist_ok=True)
-        write_doc(section)
+        write_doc(section, heading(sf))
     print(section)
     if not args.keep_table:
         shutil.rmtree(work, ignore_errors=True)
