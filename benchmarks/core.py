@@ -439,9 +439,10 @@ def mb(n: int) -> str:
     return f"{n / 1e6:,.2f} MB"
 
 
-def heading(scale_factor: float) -> str:
-    """The doc section of a scale factor's run: SF 1 under SECTION, others under a heading of their own."""
-    return SECTION if scale_factor == 1 else f"{SECTION}, SF {sf_text(scale_factor)}"
+def heading(scale_factor: str) -> str:
+    """The doc section of a run at ``scale_factor`` (as :func:`sf_text` writes it): SF 1 under SECTION, others
+    under a heading of their own."""
+    return SECTION if scale_factor == "1" else f"{SECTION}, SF {scale_factor}"
 
 
 def markdown(result: dict) -> str:
@@ -748,7 +749,7 @@ def main(argv: list[str] | None = None) -> int:
     section = markdown(result)
     if not args.no_doc:
         DOC.parent.mkdir(parents=True, exist_ok=True)
-        write_doc(section, heading(sf))
+        write_doc(section, heading(sf_text(sf)))
     print(section)
     if not args.keep_table:
         shutil.rmtree(work, ignore_errors=True)
