@@ -967,7 +967,8 @@ def merge_results(old: dict | None, new: dict) -> dict:
     runs = [r for r in old.get("runs", []) if not superseded(r)]
     return {"runs": runs + new.get("runs", []), "records": keep + new["records"],
             "expected": {**old.get("expected", {}), **new.get("expected", {})},
-            "notes": old.get("notes", []) + new.get("notes", [])}
+            "notes": old.get("notes", []) + new.get("notes", []),
+            "json_paths": list(dict.fromkeys(old.get("json_paths", []) + new.get("json_paths", [])))}
 
 
 # ---------------------------------------------------------------------------------------- render
