@@ -47,8 +47,8 @@ _TABLE_KEY = b"\x00bitlake:table_id"
 _VALUE = np.dtype([("d", "<i8"), ("r", "<i8"), ("x", "u1"), ("end", "u1")])
 _PUT_CHUNK = 200_000
 # At least this many entries go in as SST files rather than as puts, and a commit of this many records stages
-# its entries, written by processes while it commits (KeyIndex.stage); from _PROCESS_SST_ROWS entries, an SST
-# file written outside a commit is written by one process per core too.
+# its entries, written while it commits (KeyIndex.stage) on a thread; from _PROCESS_SST_ROWS entries, any SST
+# files are written by one process per core (fewer entries cost less than a process's start-up).
 _SST_MIN_ROWS = 200_000
 _PROCESS_SST_ROWS = 2_000_000
 # The database's own writes (a commit's memtable flush, compactions) and SST files of fewer entries than this are
@@ -410,22 +410,25 @@ class KeyIndex:
 
     def _start_ssts(self, table: pa.Table, name: str, apart: bool = False) -> _SstWriting:
         """Starts writing ``table``'s entries, in key order, as SST files. rocksdict takes an entry per call,
-        holding the GIL, so a large table (or any, ``apart``) is cut into key ranges written by processes of
-        their own, one per core; a small one is written here and now."""
+        holding the GIL, so a large table is cut into key ranges written by processes of their own, one per
+        core; a smaller one is written on a thread (``apart``) or here and now."""
         pk = list(self.meta.primary_key)
         table = table.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED])
         order = key_order(table, pk)
         if not np.array_equal(order, np.arange(table.num_rows)):
             table = table.take(pa.array(order))
-        ranges = threads() if apart or table.num_rows >= _PROCESS_SST_ROWS else 1
+        large = table.num_rows >= _PROCESS_SST_ROWS
+        ranges = threads() if large else 1
         step = -(-table.num_rows // ranges)
         slices = [table.slice(start, step) for start in range(0, table.num_rows, step)]
         writing = _SstWriting([os.path.join(self.path, f"{name}-{i}.sst") for i in range(len(slices))])
         try:
-            if len(slices) == 1 and not apart:
-                write_sst(slices[0], pk, writing.paths[0])
-            else:
+            if large:
                 writing.start_processes(slices, pk)
+            elif apart:
+                writing.start_thread(slices[0], pk)
+            else:
+                write_sst(slices[0], pk, writing.paths[0])
         except BaseException:
             writing.wait(check=False)
             writing.remove()
@@ -474,6 +477,8 @@ class _SstWriting:
         self.paths = paths
         self.inputs: list[str] = []
         self.workers: list = []
+        self.thread = None
+        self.failed: BaseException | None = None
 
     def start_processes(self, slices: list[pa.Table], primary_key: list[str]) -> None:
         import subprocess
@@ -490,8 +495,26 @@ class _SstWriting:
             self.workers.append(subprocess.Popen([sys.executable, "-m", "bitlake.engine.sstwrite", ipc, path,
                                                   *primary_key], env=env, stderr=subprocess.PIPE))
 
+    def start_thread(self, table: pa.Table, primary_key: list[str]) -> None:
+        """Writes the one file on a thread: fewer entries than a process's start-up would cost."""
+        import threading
+
+        def run():
+            try:
+                write_sst(table, primary_key, self.paths[0])
+            except BaseException as e:  # noqa: BLE001 - raised by wait()
+                self.failed = e
+
+        self.thread = threading.Thread(target=run, name="bitlake-sst", daemon=True)
+        self.thread.start()
+
     def wait(self, check: bool = True) -> None:
-        """Waits for the processes; with ``check``, raises when one failed."""
+        """Waits for the processes or the thread; with ``check``, raises when one failed."""
+        thread, self.thread = self.thread, None
+        if thread is not None:
+            thread.join()
+            if check and self.failed is not None:
+                raise RuntimeError(f"writing the key index's SST file failed: {self.failed!r}") from self.failed
         workers, self.workers = self.workers, []
         if not check:
             for w in workers:
