@@ -212,8 +212,7 @@ def test_a_commit_folded_in_groups_gives_the_index_one_sorted_run_per_key_range(
     they are sets of buckets, and the commit's rows reach the index after it as one sorted run. Either way
     every key is answered, and a later commit in groups (input in no order) folds against them."""
     monkeypatch.setattr(metagen, "GROUP_RECORDS", 250)
-    monkeypatch.setattr(keyindex, "_SST_MIN_ROWS", 1)
-    monkeypatch.setattr(keyindex, "threads", lambda: 1)  # one SST file a group
+    monkeypatch.setattr(keyindex, "_SST_MIN_ROWS", 1)  # each group stages one SST file, written on a thread
     schema = pa.schema([("id", key), ("v", pa.string()), ("mod", pa.int64())])
     t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="mod", num_buckets=8)
     t.ingest(pa.table({"id": pa.array(range(1000)).cast(key), "v": ["a"] * 1000, "mod": [1] * 1000}))

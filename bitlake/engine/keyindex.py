@@ -62,8 +62,8 @@ _LOOKUP_CHUNK = 4096
 
 def stages(records: int) -> bool:
     """Whether a commit of ``records`` records gains by staging its key-index entries (:meth:`KeyIndex.stage`):
-    an SST file costs 0.6-0.9 us an entry on the GIL (600,000 entries, a 10 % TPC-H SF 1 upsert: 0.4-0.5 s), which
-    processes started while the commit finishes take off its path."""
+    an SST file costs 0.6-0.9 us an entry (600,000 entries, a 10 % TPC-H SF 1 upsert: 0.4-0.5 s), which a
+    thread, or processes for a large one, started while the commit finishes take off its path."""
     return records >= _SST_MIN_ROWS
 
 
@@ -141,10 +141,10 @@ def key_order(table: pa.Table, primary_key: list[str]) -> np.ndarray:
 def _order(columns: list[np.ndarray]) -> np.ndarray | None:
     """The rows of int64 key ``columns`` in key order, ties in row order; None when they are in it already
     (a dump in key order, or rows a sort put in it): an O(n) check spares the sort."""
-    return None if _ascending(columns) else np.lexsort(columns[::-1])
+    return None if ascending(columns) else np.lexsort(columns[::-1])
 
 
-def _ascending(columns: list[np.ndarray]) -> bool:
+def ascending(columns: list[np.ndarray]) -> bool:
     """Whether the rows of ``columns`` (int64, one array a key column) are in ascending key order."""
     undecided = np.ones(max(len(columns[0]) - 1, 0), dtype=bool)
     for c in columns:

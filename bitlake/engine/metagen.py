@@ -249,7 +249,7 @@ def _groups(records: pa.Table, meta) -> tuple[Iterable[pa.Table], bool]:
     one group, and whether the groups are key ranges: ranges of the first key column when it has a fixed width
     (its 8 bytes lead the encoded key, so its ranges are ranges of the index's order), else sets of buckets.
     Input sorted by that column is cut into slices; other input is filtered."""
-    from bitlake.engine.keyindex import fixed_width, int64_values
+    from bitlake.engine.keyindex import ascending, fixed_width, int64_values
 
     groups = min(-(-records.num_rows // GROUP_RECORDS), meta.num_buckets)
     if groups <= 1:
@@ -260,7 +260,7 @@ def _groups(records: pa.Table, meta) -> tuple[Iterable[pa.Table], bool]:
         values = int64_values(records.column(first[0]))
         sample = np.sort(values[:: max(1, len(values) // 100_000)])
         bounds = np.unique(sample[np.arange(1, groups) * len(sample) // groups])
-        if bool(np.all(values[1:] >= values[:-1])):
+        if ascending([values]):
             cuts = [0, *np.searchsorted(values, bounds, side="left").tolist(), len(values)]
             return (records.slice(a, b - a) for a, b in zip(cuts, cuts[1:], strict=False) if b > a), True
         group_of = np.searchsorted(bounds, values, side="right")
