@@ -165,12 +165,13 @@ def key_codes(table: pa.Table, primary_key: list[str]) -> tuple[np.ndarray, np.n
         values = columns if order is None else [c[order] for c in columns]
         starts = np.ones(n, dtype=bool)
         starts[1:] = np.logical_or.reduce([v[1:] != v[:-1] for v in values])
-        ranks = np.cumsum(starts) - 1
+        distinct = bool(starts.all())  # one row a key (a load, most batches): codes are the rows' ranks
+        ranks = np.arange(n, dtype=np.int64) if distinct else np.cumsum(starts) - 1
         if order is None:
-            return ranks, np.flatnonzero(starts)
+            return ranks, ranks if distinct else np.flatnonzero(starts)
         codes = np.empty(n, dtype=np.int64)
         codes[order] = ranks
-        return codes, order[starts]  # lexsort is stable: a run starts with its key's first row
+        return codes, order if distinct else order[starts]  # lexsort is stable: a run starts with its key's first row
     keys = encode_keys(table, primary_key)
     codes = pc.dictionary_encode(pa.array(keys, pa.binary())).indices.to_numpy().astype(np.int64)
     return codes, np.unique(codes, return_index=True)[1]

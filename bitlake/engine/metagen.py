@@ -130,25 +130,24 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
     def packed(t: pa.Table) -> np.ndarray:
         return rowid.pack_arrays(*(t.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
 
-    valid_ids = _sorted(np.concatenate([packed(table.filter(pa.array(kinds == BECOMES_VALID))),
-                                        valid if valid is not None else np.empty(0, np.int64)]))
-    until_ids = _sorted(packed(until))
-    segment_bits = np.int64(rowid.OFFSET_BITS)
-    valid_seg, until_seg = valid_ids >> segment_bits, until_ids >> segment_bits
+    becomes = [ids for ids in (packed(table.filter(pa.array(kinds == BECOMES_VALID))), valid)
+               if ids is not None and len(ids)]
+    valid_runs = _segment_runs(_sorted(becomes[0] if len(becomes) == 1 else np.concatenate(becomes or [_NO_IDS])))
+    until_runs = _segment_runs(_sorted(packed(until)))
     cache = bitmap.BitmapCache(io)
     with_file: list[tuple[int, int, BitMap]] = []
-    for seg in np.union1d(np.unique(valid_seg), np.unique(until_seg)).tolist():
+    for seg in sorted(valid_runs.keys() | until_runs.keys()):
         part, seq = seg >> rowid.SEQ_BITS, seg & rowid.MAX_SEQ
         before = prior.get((part, seq))
-        run = _run_of(valid_ids, valid_seg, seg) & rowid.MAX_OFFSET
-        if before is None and len(run) and run[-1] == len(run) - 1 and not len(_run_of(until_ids, until_seg, seg)):
+        run, gone = valid_runs.get(seg, _NO_IDS), until_runs.get(seg, _NO_IDS)
+        if before is None and len(run) and (int(run[-1]) & rowid.MAX_OFFSET) == len(run) - 1 and not len(gone):
             # A new segment whose rows are all valid (a load): a prefix, known without a bitmap.
             rows.append({"kind": "bitmap", "path": None, "part": part, "seq": seq, "count": len(run), "bytes": 0,
                          "min_t": None, "max_t": None})
             continue
         bm = cache.valid(before) if before is not None else BitMap()
-        bm |= bitmap.of(run)
-        bm.difference_update(bitmap.of(_run_of(until_ids, until_seg, seg) & rowid.MAX_OFFSET))
+        bm |= bitmap.of(run & rowid.MAX_OFFSET)
+        bm.difference_update(bitmap.of(gone & rowid.MAX_OFFSET))
         if bitmap.is_prefix(bm):
             rows.append({"kind": "bitmap", "path": None, "part": part, "seq": seq, "count": len(bm), "bytes": 0,
                          "min_t": None, "max_t": None})
@@ -167,10 +166,20 @@ def _sorted(ids: np.ndarray) -> np.ndarray:
     return ids if bool(np.all(ids[1:] >= ids[:-1])) else np.sort(ids)
 
 
-def _run_of(sorted_ids: np.ndarray, segments: np.ndarray, segment: int) -> np.ndarray:
-    """The ids of ``segment`` in ``sorted_ids`` (whose segments are ``segments``)."""
-    lo, hi = np.searchsorted(segments, [segment, segment + 1])
-    return sorted_ids[lo:hi]
+_NO_IDS = np.empty(0, np.int64)
+
+
+def _segment_runs(sorted_ids: np.ndarray) -> dict[int, np.ndarray]:
+    """The packed row ids ``sorted_ids`` cut by segment (``part << SEQ_BITS | seq``), by binary search: a
+    segment costs one, and the ids are never copied."""
+    runs: dict[int, np.ndarray] = {}
+    lo = 0
+    while lo < len(sorted_ids):
+        seg = int(sorted_ids[lo]) >> rowid.OFFSET_BITS
+        end = (seg + 1) << rowid.OFFSET_BITS  # the next segment's first id; past int64 after the last one
+        hi = len(sorted_ids) if end > np.iinfo(np.int64).max else int(np.searchsorted(sorted_ids, end))
+        runs[seg], lo = sorted_ids[lo:hi], hi
+    return runs
 
 
 def assemble(state: TableState, batches: list[Landed], seg_out: list[dict], added: list[BucketFile],
@@ -238,7 +247,8 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     keystore_rows = pa.concat_tables(rows)
     touched = {b: state.keystore.get(b, []) for b in pc.unique(keystore_rows.column(keystore.BUCKET)).to_pylist()}
     added, replaced = keystore.write_bucket_files(io, meta, touched, keystore_rows) if touched else ([], [])
-    seg_out = write_segments(io, state.segments, pa.concat_tables(until), np.concatenate(valid))
+    seg_out = write_segments(io, state.segments, pa.concat_tables(until),
+                             valid[0] if len(valid) == 1 else np.concatenate(valid))
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
     out = assemble(state, batches, seg_out, added, replaced, batch_counts)
     return dataclasses.replace(out, keystore_rows=keystore_rows)
@@ -287,16 +297,17 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
     meta = state.metadata
     pk = list(meta.primary_key)
     records = records.combine_chunks()  # a group at a time: the commit's records are never copied at once
-    parts = np.array([b.part for b in batches], dtype=np.int64)
     rids = records.column(keystore.ROW_ID).to_numpy()
-    by_part = np.argsort(parts)
-    bidx = by_part[np.searchsorted(parts, rids >> rowid.PART_SHIFT, sorter=by_part)]
+    bidx = _batch_indices(batches, rids)
     deltas = records.column(keystore.DELTA).to_numpy()
     deleted = records.column(keystore.DELETED).to_numpy(zero_copy_only=False)
     # Codes number the distinct keys; ``first`` holds a record of each, and the index answers in code order.
     codes, first = key_codes(records, pk)
-    buckets = np.flatnonzero(np.bincount(records.column(keystore.BUCKET).to_numpy(), minlength=meta.num_buckets))
-    stored_rows = sum(f.rows for b in buckets.tolist() for f in state.keystore.get(b, []))
+    if any(state.keystore.values()):
+        buckets = np.flatnonzero(np.bincount(records.column(keystore.BUCKET).to_numpy(), minlength=meta.num_buckets))
+        stored_rows = sum(f.rows for b in buckets.tolist() for f in state.keystore.get(b, []))
+    else:  # an empty key store (a load)
+        stored_rows = 0
     if stored_rows == 0:  # a load: nothing to look up
         k = len(first)
         found, prior_d, prior_rid, prior_deleted = np.zeros(k, bool), np.zeros(k, np.int64), np.zeros(k, np.int64), \
@@ -308,15 +319,18 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
                                                                   buckets.tolist())
 
     f = fold(codes, deltas, rids, deleted, bidx, found, prior_d, prior_rid, prior_deleted)
-    upsert = ~f.deleted
+    accepted_upsert, accepted_delete = f.accepted & ~f.deleted, f.accepted & f.deleted
     kinds = {  # per record of the fold, in COUNTS order
-        "inserted": f.accepted & upsert & ~f.until,
-        "updated": f.accepted & upsert & f.until,
-        "deleted": f.accepted & ~upsert & f.until,
+        "inserted": accepted_upsert & ~f.until,
+        "updated": accepted_upsert & f.until,
+        "deleted": accepted_delete & f.until,
         "stale": ~f.accepted,
-        "ignored_deletes": f.accepted & ~upsert & ~f.until,
+        "ignored_deletes": accepted_delete & ~f.until,
     }
-    counts = np.stack([np.bincount(f.batch[kinds[k]], minlength=len(batches)) for k in COUNTS], axis=1)
+    if len(batches) == 1:
+        counts = np.array([[np.count_nonzero(kinds[k]) for k in COUNTS]], dtype=np.int64)
+    else:
+        counts = np.stack([np.bincount(f.batch[kinds[k]], minlength=len(batches)) for k in COUNTS], axis=1)
     t_parts, t_seqs, t_offsets = rowid.unpack_arrays(f.last_rid[f.until])
     until = pa.table({
         rowid.PART_COLUMN: t_parts, rowid.SEQ_COLUMN: t_seqs, rowid.OFFSET_COLUMN: t_offsets,
@@ -325,15 +339,30 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
     })
     # The key-store rows in code order, which is key order for keys of fixed width: the key index and the
     # key-store files take them sorted (a load of a dump in key order is taken as it is).
-    slot = np.full(len(first), -1, dtype=np.int64)
-    slot[codes[f.final]] = f.final
-    final = slot[slot >= 0]
-    in_place = len(final) == records.num_rows and bool(np.all(final == np.arange(len(final))))
+    n = records.num_rows
+    if len(first) == n and len(f.final) == n:
+        final = first  # one record a key, each accepted (a load, most batches): ``first`` is that record
+    else:
+        slot = np.full(len(first), -1, dtype=np.int64)
+        slot[codes[f.final]] = f.final
+        final = slot[slot >= 0]
+    # Strictly increasing row numbers from 0 to n - 1 are all of them, in order.
+    in_place = len(final) == n and (n == 0 or (final[0] == 0 and final[-1] == n - 1 and
+                                               bool(np.all(final[1:] > final[:-1]))))
     latest = records if in_place else records.take(pa.array(final, pa.int64()))
     ks_rows = latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
-        keystore.VERSION, pa.array(np.full(latest.num_rows, version, dtype=np.int64))
+        keystore.VERSION, pa.repeat(pa.scalar(version, pa.int64()), latest.num_rows)
     )
-    return _Folded(counts, until, f.rid[f.accepted & upsert], ks_rows)
+    return _Folded(counts, until, f.rid if accepted_upsert.all() else f.rid[accepted_upsert], ks_rows)
+
+
+def _batch_indices(batches: list[Landed], rids: np.ndarray) -> np.ndarray:
+    """Each record's batch index (its place in ``batches``), from its row id's segment part."""
+    if len(batches) == 1:
+        return np.zeros(len(rids), dtype=np.int64)
+    parts = np.array([b.part for b in batches], dtype=np.int64)
+    by_part = np.argsort(parts)
+    return by_part[np.searchsorted(parts[by_part], rids >> rowid.PART_SHIFT)]
 
 
 def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: list[int]):
