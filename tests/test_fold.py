@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bitlake.engine.metagen import fold
+from bitlake.engine.metagen import _segment_runs, fold
+from bitlake.format import rowid
 
 
 def reference(codes, deltas, rids, deleted, batch, found, prior_d, prior_rid, prior_deleted):
@@ -56,3 +57,15 @@ def test_fold_matches_the_contract_loop(records, priors, scale):
     assert f.until.tolist() == [until[i] for i in f.order]
     assert [int(x) for x, u in zip(f.last_rid, f.until, strict=True) if u] == [last_rid[i] for i in f.order if until[i]]
     assert sorted(f.final.tolist()) == final
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1, rowid.MAX_PART]), st.sampled_from([0, 1, rowid.MAX_SEQ]),
+                          st.sampled_from([0, 1, rowid.MAX_OFFSET])), max_size=30))
+def test_segment_runs_cut_sorted_row_ids_by_segment_up_to_the_last_one(ids):
+    packed = np.unique(np.array([rowid.pack(*i) for i in ids], dtype=np.int64))
+    runs = _segment_runs(packed)
+    expected: dict[int, list[int]] = {}
+    for p in packed.tolist():
+        expected.setdefault(p >> rowid.OFFSET_BITS, []).append(p)
+    assert {seg: run.tolist() for seg, run in runs.items()} == expected
