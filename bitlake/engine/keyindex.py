@@ -35,6 +35,7 @@ from bitlake import faults
 from bitlake.errors import IndexUnavailableError
 from bitlake.format import commitlog, keystore, layout
 from bitlake.format.metadata import TableMetadata
+from bitlake.format.order import lexsort
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.pool import thread_map, threads
@@ -141,7 +142,7 @@ def key_order(table: pa.Table, primary_key: list[str]) -> np.ndarray:
 def _order(columns: list[np.ndarray]) -> np.ndarray | None:
     """The rows of int64 key ``columns`` in key order, ties in row order; None when they are in it already
     (a dump in key order, or rows a sort put in it): an O(n) check spares the sort."""
-    return None if ascending(columns) else np.lexsort(columns[::-1])
+    return None if ascending(columns) else lexsort(columns[::-1])
 
 
 def ascending(columns: list[np.ndarray]) -> bool:

@@ -27,6 +27,7 @@ from pyroaring import BitMap
 
 from bitlake.format import bitmap, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format.commit import BucketFile, DataFile, KeysFile, LogFile, SegmentState
+from bitlake.format.order import lexsort
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.pool import thread_map
@@ -433,7 +434,7 @@ def fold(codes, deltas, rids, deleted, batch, found, prior_d, prior_rid, prior_d
     """
     if len(codes) == len(found):
         return _fold_one_record_a_key(codes, deltas, rids, deleted, batch, found, prior_d, prior_rid, prior_deleted)
-    order = np.lexsort((rids, deltas, batch, codes))
+    order = lexsort((rids, deltas, batch, codes))
     c, d, r, dl, b = codes[order], deltas[order], rids[order], deleted[order], batch[order]
     n, k = len(c), len(found)
     pos = np.arange(n) + c + 1  # record i's place, after the slots of keys 0..c

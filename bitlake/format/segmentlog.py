@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from bitlake.format import rowid
 from bitlake.format.commit import LogFile
+from bitlake.format.order import lexsort
 from bitlake.format.rowid import OFFSET_COLUMN, PART_COLUMN, SEQ_COLUMN
 from bitlake.fs import FileIO
 
@@ -65,9 +66,9 @@ def write_file(io: FileIO, path: str, events: pa.Table) -> LogFile:
     rid = row_ids(table)
     not_until = table.column("event").to_numpy() != SET_VALID_UNTIL
     if schema is VERSIONED_SCHEMA:
-        table = table.take(pa.array(np.lexsort((table.column(VERSION).to_numpy(), rid, not_until))))
+        table = table.take(pa.array(lexsort((table.column(VERSION).to_numpy(), rid, not_until))))
     elif not_until.any() or not bool(np.all(rid[1:] >= rid[:-1])):
-        table = table.take(pa.array(np.lexsort((rid, not_until))))
+        table = table.take(pa.array(lexsort((rid, not_until))))
     kinds = table.column("event").to_numpy()
     with io.open_output(path) as out, pq.ParquetWriter(out, schema, **_PARQUET_OPTIONS) as writer:
         until = int(np.count_nonzero(kinds == SET_VALID_UNTIL))
@@ -110,7 +111,7 @@ def row_ids(events: pa.Table) -> np.ndarray:
 
 def latest(rid: np.ndarray, versions: np.ndarray) -> np.ndarray:
     """Indices of each row's latest event (the one of the highest version; the first of a tie), in row-id order."""
-    order = np.lexsort((-versions, rid))
+    order = lexsort((-versions, rid))
     first = np.ones(len(order), dtype=bool)
     first[1:] = rid[order][1:] != rid[order][:-1]
     return order[first]

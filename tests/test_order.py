@@ -1,0 +1,43 @@
+"""bitlake.format.order.lexsort is np.lexsort, packed or not."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bitlake.format.order import lexsort
+
+INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.integers(0, 60), st.integers(1, 4))
+def test_lexsort_is_numpys_for_any_integer_and_boolean_keys(data, n, k):
+    keys = []
+    for _ in range(k):
+        kind = data.draw(st.sampled_from(["small", "wide", "few wide", "bool", "int32"]))
+        if kind == "bool":
+            keys.append(np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool))
+        elif kind == "int32":
+            keys.append(np.array(data.draw(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=n, max_size=n)),
+                                 dtype=np.int32))
+        else:  # few distinct values (ties), any int64 (no room), or a few far apart (no room for the index)
+            values = {"small": st.integers(-3, 3), "wide": INT64, "few wide": st.sampled_from([-(2**40), 0, 2**40])}[kind]
+            keys.append(np.array(data.draw(st.lists(values, min_size=n, max_size=n)), dtype=np.int64))
+    assert lexsort(keys).tolist() == np.lexsort(keys).tolist()
+
+
+def test_lexsort_of_large_inputs_packed_with_or_without_the_index_or_not():
+    rng = np.random.default_rng(7)
+    keys = (rng.integers(1, 8, 200_000), rng.integers(-(10**6), 10**6, 200_000))  # many ties on the primary key
+    assert np.array_equal(lexsort(keys), np.lexsort(keys))
+    flags = rng.integers(0, 3, 50_000) == 1
+    assert np.array_equal(lexsort((flags,)), np.lexsort((flags,)))
+    row_ids = np.unique((rng.integers(0, 40, 200_000) << 39) | rng.integers(0, 1 << 23, 200_000))  # distinct
+    rng.shuffle(row_ids)
+    assert np.array_equal(lexsort((row_ids, np.zeros(len(row_ids), bool))), np.argsort(row_ids, kind="stable"))
+    tied = np.concatenate([row_ids, row_ids[:1000]])  # no room for the index, and ties
+    assert np.array_equal(lexsort((tied,)), np.lexsort((tied,)))
+    wide = [rng.integers(-(2**62), 2**62, 200_000) for _ in range(3)]  # no room at all
+    assert np.array_equal(lexsort(wide), np.lexsort(wide))
