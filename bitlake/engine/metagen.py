@@ -376,28 +376,29 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     wanted_bucket = wanted.column(keystore.BUCKET).to_numpy()
     columns = [*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.VERSION]
 
-    def entries(bucket: int) -> pa.Table | None:
-        files = state.keystore.get(bucket, [])
-        if not files:
-            return None
-        stored = pa.concat_tables([keystore.read_file(io, f.path, state.metadata, columns=columns) for f in files])
-        keys = wanted.filter(pa.array(wanted_bucket == bucket)).select([*pk, "_code"])
-        return stored.join(keys, keys=pk, join_type="inner", use_threads=False)
-
     found = np.zeros(n, dtype=bool)
     delta, rid, deleted = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, dtype=bool)
-    matched = [m for m in thread_map(entries, buckets) if m is not None]
-    if matched:
-        # A key may have a row in several of its bucket's files: the highest _ks_version is its entry.
-        m = pa.concat_tables(matched)
-        m = m.take(pc.sort_indices(m, sort_keys=[("_code", "ascending"), (keystore.VERSION, "descending")]))
-        latest = np.unique(m.column("_code").to_numpy(), return_index=True)[1]
-        m = m.take(pa.array(latest))
+
+    def entries(bucket: int) -> None:
+        files = state.keystore.get(bucket, [])
+        if not files:
+            return
+        stored = pa.concat_tables([keystore.read_file(io, f.path, state.metadata, columns=columns) for f in files])
+        keys = wanted.filter(pa.array(wanted_bucket == bucket)).select([*pk, "_code"])
+        m = stored.join(keys, keys=pk, join_type="inner", use_threads=False)
         code = m.column("_code").to_numpy()
+        if len(files) > 1:  # a key may have a row in several of the bucket's files: its highest _ks_version
+            order = lexsort((-m.column(keystore.VERSION).to_numpy(), code))
+            first = np.ones(len(order), dtype=bool)
+            first[1:] = code[order[1:]] != code[order[:-1]]
+            m, code = m.take(pa.array(order[first])), code[order[first]]
+        # Each bucket's codes are its own keys': the threads write disjoint places.
         found[code] = True
         delta[code] = m.column(keystore.DELTA).to_numpy()
         rid[code] = m.column(keystore.ROW_ID).to_numpy()
         deleted[code] = m.column(keystore.DELETED).to_numpy(zero_copy_only=False)
+
+    thread_map(entries, buckets)
     return found, delta, rid, deleted
 
 
