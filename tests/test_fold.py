@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bitlake.engine.metagen import _segment_runs, fold
+from bitlake.engine.metagen import _matches, _segment_runs, fold
 from bitlake.format import rowid
 
 
@@ -69,3 +70,23 @@ def test_segment_runs_cut_sorted_row_ids_by_segment_up_to_the_last_one(ids):
     for p in packed.tolist():
         expected.setdefault(p >> rowid.OFFSET_BITS, []).append(p)
     assert {seg: run.tolist() for seg, run in runs.items()} == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(-5, 5), st.integers(0, 3)), max_size=30, unique=True),
+       st.lists(st.tuples(st.integers(-6, 6), st.integers(0, 3)), max_size=20, unique=True),
+       st.booleans(), st.sampled_from(["int", "string"]))
+def test_key_store_matches_by_binary_search_are_the_hash_joins(stored_keys, wanted_keys, in_order, kind):
+    if in_order:
+        stored_keys = sorted(stored_keys)
+    to = (lambda v: v) if kind == "int" else (lambda v: f"k{v:+d}")
+    a, b = (list(c) for c in zip(*stored_keys, strict=True)) if stored_keys else ([], [])
+    stored = pa.table({"a": pa.array([to(v) for v in a], pa.int64() if kind == "int" else pa.string()),
+                       "b": pa.array(b, pa.int32()), "_row_id": pa.array(range(len(a)), pa.int64())})
+    wa, wb = (list(c) for c in zip(*wanted_keys, strict=True)) if wanted_keys else ([], [])
+    keys = pa.table({"a": pa.array([to(v) for v in wa], stored.schema.field("a").type),
+                     "b": pa.array(wb, pa.int32()), "_code": pa.array(range(len(wa)), pa.int64())})
+    got = _matches(stored, keys, ["a", "b"])
+    want = stored.join(keys, keys=["a", "b"], join_type="inner")
+    assert sorted(zip(got.column("_code").to_pylist(), got.column("_row_id").to_pylist(), strict=True)) == \
+        sorted(zip(want.column("_code").to_pylist(), want.column("_row_id").to_pylist(), strict=True))
