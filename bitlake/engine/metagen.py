@@ -18,7 +18,7 @@ which the Spark MetaGen calls inside its tasks.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -27,7 +27,7 @@ from pyroaring import BitMap
 
 from bitlake.format import bitmap, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format.commit import BucketFile, DataFile, KeysFile, LogFile, SegmentState
-from bitlake.format.order import comparable, lexsort
+from bitlake.format.order import comparable, latest, lexsort
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.pool import thread_map
@@ -110,14 +110,15 @@ SEGMENT_DDL = "kind string, path string, part int, seq int, count long, bytes lo
 
 
 def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], events: pa.Table,
-                   valid: np.ndarray | None = None) -> list[dict]:
+                   valid: Sequence[np.ndarray] = ()) -> list[dict]:
     """Writes the SET_VALID_UNTIL rows of ``events`` as one log file, and the new valid offsets of the
     segments the events name as one bitmap file (segments whose valid offsets are a prefix need none).
 
     ``events`` has the columns of :data:`segmentlog.FILE_SCHEMA`; its :data:`BECOMES_VALID` rows, and the
-    packed row ids ``valid``, are the accepted upserts (the inline MetaGen passes them as row ids alone: a
-    load's are every row). ``prior`` holds the segments' states before the commit. Returns rows of
-    :data:`SEGMENT_ARROW`: one ``log`` row, and a ``bitmap`` row per segment (path null: no bitmap file).
+    packed row ids in the arrays ``valid``, are the accepted upserts (the inline MetaGen passes them as row ids
+    alone, an array a group: a load's are every row). ``prior`` holds the segments' states before the commit.
+    Returns rows of :data:`SEGMENT_ARROW`: one ``log`` row, and a ``bitmap`` row per segment (path null: no
+    bitmap file).
     """
     table = events.cast(segmentlog.FILE_SCHEMA)
     rows = []
@@ -131,8 +132,7 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
     def packed(t: pa.Table) -> np.ndarray:
         return rowid.pack_arrays(*(t.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
 
-    becomes = [ids for ids in (packed(table.filter(pa.array(kinds == BECOMES_VALID))), valid)
-               if ids is not None and len(ids)]
+    becomes = [ids for ids in (packed(table.filter(pa.array(kinds == BECOMES_VALID))), *valid) if len(ids)]
     valid_runs = _segment_runs(_sorted(becomes[0] if len(becomes) == 1 else np.concatenate(becomes or [_NO_IDS])))
     until_runs = _segment_runs(_sorted(packed(until)))
     cache = bitmap.BitmapCache(io)
@@ -248,8 +248,7 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     keystore_rows = pa.concat_tables(rows)
     touched = {b: state.keystore.get(b, []) for b in pc.unique(keystore_rows.column(keystore.BUCKET)).to_pylist()}
     added, replaced = keystore.write_bucket_files(io, meta, touched, keystore_rows) if touched else ([], [])
-    seg_out = write_segments(io, state.segments, pa.concat_tables(until),
-                             valid[0] if len(valid) == 1 else np.concatenate(valid))
+    seg_out = write_segments(io, state.segments, pa.concat_tables(until), valid)
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
     out = assemble(state, batches, seg_out, added, replaced, batch_counts)
     return dataclasses.replace(out, keystore_rows=keystore_rows)
@@ -388,10 +387,8 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
                               for f in files])
         code = m.column("_code").to_numpy()
         if len(files) > 1:  # a key may have a row in several of the bucket's files: its highest _ks_version
-            order = lexsort((-m.column(keystore.VERSION).to_numpy(), code))
-            first = np.ones(len(order), dtype=bool)
-            first[1:] = code[order[1:]] != code[order[:-1]]
-            m, code = m.take(pa.array(order[first])), code[order[first]]
+            pick = latest(code, m.column(keystore.VERSION).to_numpy())
+            m, code = m.take(pa.array(pick)), code[pick]
         # Each bucket's codes are its own keys': the threads write disjoint places.
         found[code] = True
         delta[code] = m.column(keystore.DELTA).to_numpy()

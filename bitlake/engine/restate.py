@@ -145,7 +145,7 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
         "event": np.full(len(target), segmentlog.SET_VALID_UNTIL, np.int8), "t": t, "cause": cause,
         "batch_index": np.zeros(len(target), np.int32),
     })
-    seg_out = metagen.write_segments(io, state.segments, until, after[after != NO_ROW])
+    seg_out = metagen.write_segments(io, state.segments, until, [after[after != NO_ROW]])
     ks_rows = distinct.select(pk).append_column(keystore.DELTA, pa.array(final_d)).append_column(
         keystore.ROW_ID, pa.array(final_rid)).append_column(keystore.DELETED, pa.array(final_deleted)).append_column(
         keystore.BUCKET, distinct.column(keystore.BUCKET)).append_column(

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from bitlake.engine import timetravel
 from bitlake.errors import InvalidInputError, VersionNotFoundError
-from bitlake.format import datafile, keystore, layout, rowid, segmentlog
+from bitlake.format import datafile, keystore, layout, order, rowid, segmentlog
 from bitlake.format.commit import LogFile
 from bitlake.format.metadata import deltas_as_int
 from bitlake.format.state import TableState
@@ -148,7 +148,7 @@ def fold(io: FileIO, state: TableState, start_version: int, dropped: np.ndarray
         pieces.append(e.append_column(segmentlog.VERSION, pa.array(versions)))
     events = pa.concat_tables(pieces)
     rid = segmentlog.row_ids(events)
-    pick = segmentlog.latest(rid, events.column(segmentlog.VERSION).to_numpy())
+    pick = order.latest(rid, events.column(segmentlog.VERSION).to_numpy())
     pick = pick[~np.isin(rid[pick], dropped)]
     replaced = [f.path for _, f in old]
     if not len(pick):

@@ -35,6 +35,14 @@ def lexsort(keys) -> np.ndarray:
     return np.lexsort(keys)
 
 
+def latest(ids: np.ndarray, versions: np.ndarray) -> np.ndarray:
+    """Indices of each id's row of the highest version (the first of a tie), in id order."""
+    order = lexsort((-versions, ids))
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = ids[order][1:] != ids[order][:-1]
+    return order[first]
+
+
 def comparable(*row_sets: list[np.ndarray]) -> list[np.ndarray] | None:
     """Sets of rows of the same integer key columns (in each, one array a column, the first the most
     significant), each packed into one int64 a row in the same way, so that the packed values compare as the

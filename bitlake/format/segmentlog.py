@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from bitlake.format import rowid
 from bitlake.format.commit import LogFile
-from bitlake.format.order import lexsort
+from bitlake.format.order import latest, lexsort
 from bitlake.format.rowid import OFFSET_COLUMN, PART_COLUMN, SEQ_COLUMN
 from bitlake.fs import FileIO
 
@@ -107,14 +107,6 @@ def read_events(io: FileIO, listed: int, f: LogFile, after: int | None = None,
 def row_ids(events: pa.Table) -> np.ndarray:
     """The packed row ids of the rows a table of events is about."""
     return rowid.pack_arrays(*(events.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
-
-
-def latest(rid: np.ndarray, versions: np.ndarray) -> np.ndarray:
-    """Indices of each row's latest event (the one of the highest version; the first of a tie), in row-id order."""
-    order = lexsort((-versions, rid))
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = rid[order][1:] != rid[order][:-1]
-    return order[first]
 
 
 def latest_until(io: FileIO, files: list[tuple[int, LogFile]], after: int | None = None,
