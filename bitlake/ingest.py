@@ -218,19 +218,17 @@ def _session():
 
 
 def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
-    """How ``data`` lands: Arrow and pandas input (and a Spark DataFrame small enough to collect) on this
-    machine without Spark, any other Spark DataFrame by a Spark job. Returns ``land(io, part)``."""
+    """How ``data`` lands: Arrow and pandas input (and a Spark DataFrame small enough for the driver) on this
+    machine without Spark, any other Spark DataFrame by a Spark job (:func:`bitlake.spark.landing.landing`).
+    Returns ``land(io, part)``."""
     reader = conform.arrow_input(data)
     rows = conform.row_count(data)
     if reader is None and _is_spark_dataframe(data):
-        collected = _collect_if_small(data, meta.int_prop("ingest.driver_max_bytes"))
-        if collected is None:
-            from bitlake.spark import landing as spark_landing
-            from bitlake.spark.schema import conform_spark_input
+        from bitlake.spark import landing as spark_landing
 
-            df = conform_spark_input(data, meta, op_column)
-            return lambda io, part: (*spark_landing.land(df, io, meta, part, op_column is not None), None)
-        reader, rows = collected.to_reader(), collected.num_rows
+        reader, rows, land = spark_landing.landing(data, meta, op_column, meta.int_prop("ingest.driver_max_bytes"))
+        if land is not None:
+            return lambda io, part: (*land(io, part), None)
     if reader is None:
         raise InvalidInputError(
             f"cannot ingest a {type(data).__name__}: pass a pyarrow Table, RecordBatch or RecordBatchReader, a "
@@ -244,14 +242,3 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
 
 def _is_spark_dataframe(data: Any) -> bool:
     return type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pyspark.")
-
-
-def _collect_if_small(df, max_bytes: int):
-    """``df`` as an Arrow table when Spark's plan estimates it at most ``max_bytes`` (a local relation, a
-    small file); None when it is larger or the estimate is unknown (a Spark Connect session)."""
-    from bitlake.spark.landing import estimated_bytes
-
-    size = estimated_bytes(df)
-    if size is None or size > max_bytes:
-        return None
-    return df.toArrow()

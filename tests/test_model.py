@@ -1,6 +1,7 @@
 """Model-based test: random batch sequences through the real Spark and driver paths, compared to the oracle.
 
-Each batch lands on the driver (Arrow input, or a small Spark DataFrame collected) or in a Spark job, and
+Each batch lands on the driver (Arrow input, or a small Spark DataFrame collected) or in a Spark job (from the
+DataFrame's rows, or from the row groups of the Parquet file Spark would read), and
 its MetaGen runs in Spark, or inline with the key index's point lookups, or inline with a scan of the key
 store (folding in groups of buckets), at random, so one table mixes them all and each must continue from what the others committed. Minor
 compactions run at random points between batches."""
@@ -13,6 +14,7 @@ import shutil
 import tempfile
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -39,7 +41,7 @@ batch = st.tuples(
     st.booleans(),  # run MetaGen at once
     st.booleans(),  # retry the batch id afterwards
     st.sampled_from(["spark", "inline-lookups", "inline-scan"]),  # how MetaGen runs
-    st.sampled_from(["arrow", "collected", "spark-job"]),  # how the batch lands
+    st.sampled_from(["arrow", "collected", "spark-job", "spark-files"]),  # how the batch lands
     st.booleans(),  # compact afterwards
 )
 
@@ -80,6 +82,7 @@ def test_random_batches_match_the_oracle(spark, kind, monkeypatch, request):
     @given(st.lists(batch, min_size=1, max_size=4))
     def run(batches):
         path = s3.uri("model") if s3 else tempfile.mkdtemp(prefix="bitlake-model-")
+        inputs = tempfile.mkdtemp(prefix="bitlake-model-input-")
         try:
             t = bitlake.create_table(
                 path, schema, primary_key=["k"], delta_column="mod", num_buckets=3,
@@ -91,11 +94,16 @@ def test_random_batches_match_the_oracle(spark, kind, monkeypatch, request):
             for i, (records, now, retry, mode, landing, compact) in enumerate(batches):
                 data = _arrow(records, key_type, delta_type, to_delta)
                 if landing != "arrow":
-                    wanted = "0" if landing == "spark-job" else str(1 << 30)
+                    wanted = str(1 << 30) if landing == "collected" else "0"
                     if wanted != driver_max_bytes:
                         t.set_properties({"ingest.driver_max_bytes": wanted})
                         driver_max_bytes = wanted
-                    data = spark.createDataFrame(data)
+                    if landing == "spark-files":  # a file Spark reads, whose row groups the landing tasks read
+                        file = os.path.join(inputs, f"b{i}.parquet")
+                        pq.write_table(data, file, row_group_size=2)
+                        data = spark.read.parquet(file)
+                    else:
+                        data = spark.createDataFrame(data)
                 # The inline MetaGen picks lookups or a scan by cost; these tables are tiny, so force it. The
                 # scans also fold in groups of buckets, as commits of more than GROUP_RECORDS records do.
                 monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0 if mode == "inline-lookups" else 10**12)
@@ -134,6 +142,7 @@ def test_random_batches_match_the_oracle(spark, kind, monkeypatch, request):
                     oracle.apply(recs)
             _check(t, oracle, spark=spark)
         finally:
+            shutil.rmtree(inputs, ignore_errors=True)
             if not s3:
                 shutil.rmtree(path, ignore_errors=True)
 

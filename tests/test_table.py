@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import bitlake
@@ -50,11 +51,17 @@ def view(t):
         (pa.table({"id": [3], "name": ["c"], "mod": [2]}), bitlake.SchemaMismatchError, "op_column 'op' is not a column"),
     ],
 )
-@pytest.mark.parametrize("landing", ["driver", "spark-job"])
-def test_bad_batches_change_nothing(table, spark, data, error, message, landing):
-    if landing == "spark-job":
+@pytest.mark.parametrize("landing", ["driver", "spark-job", "spark-files"])
+def test_bad_batches_change_nothing(table, spark, data, error, message, landing, tmp_path):
+    """``spark-files``: the batch as a Parquet file Spark reads, which the landing tasks read themselves (or, for
+    columns that do not conform, Spark's rows do)."""
+    if landing != "driver":
         table.set_properties({"ingest.driver_max_bytes": "0"})
-        data = spark.createDataFrame(data)
+        if landing == "spark-files":
+            pq.write_table(data, tmp_path / "batch.parquet", row_group_size=1)
+            data = spark.read.parquet(str(tmp_path / "batch.parquet"))
+        else:
+            data = spark.createDataFrame(data)
     before_files, before_version, before_view = files_under(table.path), table.version, view(table)
     with pytest.raises(error, match=message):
         table.ingest(data, op_column="op", batch_id="bad", spark=spark)

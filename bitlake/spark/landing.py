@@ -1,16 +1,52 @@
-"""The Spark landing job: every task runs :class:`bitlake.engine.landing.LandTask` on its partition
-(``mapInArrow``) and reports the files it wrote; the driver collects the reports."""
+"""The Spark landing job: every task runs :class:`bitlake.engine.landing.LandTask` on its share of the batch
+and reports the files it wrote; the driver collects the reports.
+
+A task gets its share in one of two ways. A DataFrame that is a plain scan of local Parquet files (what
+``spark.read.parquet(path)`` returns, or a selection of its columns) lands from the files: each task reads a
+range of their row groups itself with pyarrow (:class:`ParquetScan`), so a large file lands in parallel and
+the rows never pass through the JVM. Any other DataFrame lands from its rows, which Spark hands each task as
+Arrow batches (``mapInArrow``); that conversion alone costs about what Spark's whole Parquet write does
+(docs/ingestion.md).
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from bitlake.engine import conform
 from bitlake.engine.landing import REPORT_DDL, REPORT_SCHEMA, LandTask, collect, remove_part_files
+from bitlake.errors import SchemaMismatchError
 from bitlake.format.commit import DataFile, KeysFile
 from bitlake.format.metadata import TableMetadata
+from bitlake.pool import thread_map
 from bitlake.spark.files import num_partitions, parallelism, require_shared
+
+
+def landing(data, meta: TableMetadata, op_column: str | None, driver_max_bytes: int):
+    """How Spark DataFrame ``data`` lands, checked against the table before anything is written.
+
+    Returns ``(reader, rows, None)`` when the driver lands it: a scan of files of at most ``driver_max_bytes``
+    read by pyarrow, or a DataFrame Spark's plan estimates that small collected as Arrow (which spares a small
+    batch a job's fixed cost). Else ``(None, None, land)``: ``land(io, part)`` runs a landing job, from the
+    files of a scan or from the DataFrame's rows, and returns (data files, keys files).
+    """
+    scan = ParquetScan.of(data, meta, op_column)
+    size = scan.bytes if scan is not None else estimated_bytes(data)
+    if size is not None and size <= driver_max_bytes:
+        if scan is not None:
+            return scan.reader(), scan.rows, None
+        collected = data.toArrow()
+        return collected.to_reader(), collected.num_rows, None
+    if scan is not None:
+        return None, None, lambda io, part: scan.land(data.sparkSession, io, meta, part, op_column)
+    from bitlake.spark.schema import conform_spark_input
+
+    df = conform_spark_input(data, meta, op_column)
+    return None, None, lambda io, part: land(df, io, meta, part, op_column is not None)
 
 
 @dataclasses.dataclass
@@ -25,7 +61,7 @@ class _SparkLandTask:
 
 
 def land(df, io, meta: TableMetadata, part: int, has_op: bool) -> tuple[list[DataFile], list[KeysFile]]:
-    """Writes ``df`` (conformed to the table schema) as the files of segment part ``part``.
+    """Writes the rows of ``df`` (conformed to the table schema) as the files of segment part ``part``.
 
     Raises NullValueError / UnknownOperationError after removing every file the job wrote.
     """
@@ -92,3 +128,164 @@ def _bytes(text: str) -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     text = text.strip().lower().rstrip("b")
     return int(float(text[:-1]) * units[text[-1]]) if text[-1:] in units else int(text)
+
+
+# Options of a Parquet scan that leave its rows as pyarrow reads them; any other (mergeSchema, a rebase mode)
+# makes the batch land from its rows.
+_PLAIN_OPTIONS = {"path", "paths"}
+# Spark's marks of files whose dates and times it rebases from the hybrid Julian calendar when it reads them.
+_LEGACY_KEYS = (b"org.apache.spark.legacyDateTime", b"org.apache.spark.legacyINT96")
+_READ_ROWS = 1 << 16
+
+
+@dataclasses.dataclass(frozen=True)
+class ParquetScan:
+    """A DataFrame that is a plain scan of local Parquet files, cut into the row-group ranges its landing
+    tasks read: ``splits[i]`` lists task ``i``'s (file path, row groups), in the files' order, so row ids follow
+    the files' rows."""
+
+    columns: tuple[str, ...]
+    schema: pa.Schema  # the columns as pyarrow reads them
+    splits: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...]
+    rows: int
+    bytes: int  # the files' stored bytes
+
+    @classmethod
+    def of(cls, df, meta: TableMetadata, op_column: str | None) -> ParquetScan | None:
+        """``df`` as a scan of its files when Spark's optimized plan is a relation of Parquet files (no
+        partition folders, filters, options or expressions; a projection of its columns at most) whose files
+        pyarrow reads as Spark does and whose columns conform to the table; else None."""
+        paths = _plain_scan(df)
+        if not paths:
+            return None
+        columns = tuple(df.columns)
+        try:
+            footers = thread_map(pq.read_metadata, paths)
+        except (OSError, pa.ArrowException):
+            return None  # a file pyarrow cannot read: Spark's rows say what is wrong with it
+        schemas = {_projected(f.schema.to_arrow_schema(), columns) for f in footers}
+        if len(schemas) != 1 or None in schemas or not all(_as_pyarrow_reads(f) for f in footers):
+            return None
+        schema = schemas.pop()
+        try:
+            conform.Conformer(schema, meta, op_column)
+        except SchemaMismatchError:
+            return None  # the rows' landing names the problem as it does for any DataFrame
+        splits = _splits(paths, footers, df.sparkSession)
+        if not splits:
+            return None
+        return cls(columns, schema, splits, sum(f.num_rows for f in footers),
+                   sum(_stored_bytes(f.row_group(g)) for f in footers for g in range(f.num_row_groups)))
+
+    def land(self, spark, io, meta: TableMetadata, part: int, op_column: str | None
+             ) -> tuple[list[DataFile], list[KeysFile]]:
+        """Writes the files' rows as the files of segment part ``part``, a task a split."""
+        require_shared(io)
+        n = len(self.splits)
+        task = _ScanLandTask(LandTask(io, meta.to_json(), part, n, op_column is not None), self, op_column)
+        try:
+            # spark.range with one partition a split: partition i holds the one id i.
+            reports = [r.asDict() for r in spark.range(0, n, 1, n).mapInArrow(task, REPORT_DDL).collect()]
+        except Exception:
+            remove_part_files(io, part)
+            raise
+        return collect(io, meta, part, iter(reports))
+
+    def reader(self, split: int | None = None) -> pa.RecordBatchReader:
+        """The rows of split ``split`` (of every split when None), as pyarrow reads them."""
+
+        def batches():
+            for path, groups in (p for s in self.splits for p in s) if split is None else self.splits[split]:
+                f = pq.ParquetFile(path)
+                yield from f.iter_batches(_READ_ROWS, row_groups=list(groups), columns=list(self.columns))
+
+        return pa.RecordBatchReader.from_batches(self.schema, batches())
+
+
+@dataclasses.dataclass
+class _ScanLandTask:
+    task: LandTask
+    scan: ParquetScan
+    op_column: str | None
+
+    def __call__(self, ids):
+        meta = TableMetadata.from_json(self.task.metadata)
+        for rb in ids:
+            for split in rb.column(0).to_pylist():
+                batches = conform.conformed(self.scan.reader(split), meta, self.op_column)
+                yield pa.RecordBatch.from_pylist(self.task.run(split, batches), schema=REPORT_SCHEMA)
+
+
+def _plain_scan(df) -> list[str] | None:
+    """The local paths of the Parquet files ``df`` reads, when its optimized plan is a relation of them or a
+    projection of its columns; None otherwise (or on Spark Connect, whose plans the client cannot see)."""
+    try:
+        plan = df._jdf.queryExecution().optimizedPlan()
+        if plan.nodeName() == "Project":
+            exprs = plan.projectList()
+            if any(exprs.apply(i).getClass().getSimpleName() != "AttributeReference" for i in range(exprs.length())):
+                return None
+            plan = plan.child()
+        if plan.getClass().getSimpleName() != "LogicalRelation":
+            return None
+        relation = plan.relation()
+        if (relation.getClass().getSimpleName() != "HadoopFsRelation"
+                or relation.fileFormat().getClass().getSimpleName() != "ParquetFileFormat"
+                or relation.partitionSchema().length() or relation.bucketSpec().isDefined()):
+            return None
+        keys = relation.options().keys().toSeq()
+        if any(str(keys.apply(i)).lower() not in _PLAIN_OPTIONS for i in range(keys.length())):
+            return None
+        uris = list(df.inputFiles())
+    except Exception:  # noqa: BLE001 - no JVM (Spark Connect) or a plan of another shape
+        return None
+    paths = []
+    for uri in sorted(uris):
+        parsed = urlparse(uri)
+        if parsed.scheme != "file":
+            return None
+        paths.append(unquote(parsed.path))
+    return paths
+
+
+def _projected(schema: pa.Schema, columns: tuple[str, ...]) -> pa.Schema | None:
+    names = schema.names
+    if any(names.count(c) != 1 for c in columns):
+        return None
+    return pa.schema([schema.field(c) for c in columns])
+
+
+def _as_pyarrow_reads(footer) -> bool:
+    """Whether pyarrow reads the file's values as Spark does: no INT96 times (Spark may rebase them), no
+    calendar-rebase marks, no times without a zone (Spark reads them in its session's)."""
+    metadata = footer.metadata or {}
+    if any(k in metadata for k in _LEGACY_KEYS):
+        return False
+    schema = footer.schema
+    if any(schema.column(i).physical_type == "INT96" for i in range(len(schema))):
+        return False
+    return not any(pa.types.is_timestamp(f.type) and f.type.tz is None for f in schema.to_arrow_schema())
+
+
+def _splits(paths: list[str], footers, spark) -> tuple:
+    """The files' row groups in runs of about their total size / the cores (at most Spark's
+    ``maxPartitionBytes``), in order: a large file is read by several tasks."""
+    groups = [(path, g, _stored_bytes(f.row_group(g))) for path, f in zip(paths, footers, strict=True)
+              for g in range(f.num_row_groups) if f.row_group(g).num_rows]
+    total = sum(size for _, _, size in groups)
+    limit = _bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", "134217728"))
+    target = max(1, min(limit, -(-total // parallelism(spark))))
+    splits: list[list[tuple[str, int]]] = []
+    size = target
+    for path, g, n in groups:
+        if size + n > target and size:
+            splits.append([])
+            size = 0
+        splits[-1].append((path, g))
+        size += n
+    return tuple(tuple((path, tuple(g for p, g in split if p == path)) for path in dict.fromkeys(p for p, _ in split))
+                 for split in splits)
+
+
+def _stored_bytes(row_group) -> int:
+    return sum(row_group.column(c).total_compressed_size for c in range(row_group.num_columns))
