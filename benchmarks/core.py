@@ -254,11 +254,11 @@ class PhaseTimer:
 
     @contextlib.contextmanager
     def installed(self):
+        from bitlake import ingest
         from bitlake.engine.indexsession import IndexSession
         from bitlake.ingest import Ingestion
-        from bitlake.spark import landing
 
-        originals = (landing.land, Ingestion._run, IndexSession.after_commit)
+        originals = (ingest.land_batch, Ingestion._run, IndexSession.after_commit)
 
         def wrap(name, fn):
             def timed(*a, **kw):
@@ -269,13 +269,13 @@ class PhaseTimer:
                     self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
             return timed
 
-        landing.land = wrap("landing", landing.land)
+        ingest.land_batch = wrap("landing", ingest.land_batch)  # any landing: a Spark job or the driver's
         Ingestion._run = wrap("metagen", Ingestion._run)
         IndexSession.after_commit = wrap("index", IndexSession.after_commit)
         try:
             yield self
         finally:
-            landing.land, Ingestion._run, IndexSession.after_commit = originals
+            ingest.land_batch, Ingestion._run, IndexSession.after_commit = originals
 
     def take(self) -> dict[str, float]:
         out, self.times = self.times, {}
