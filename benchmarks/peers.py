@@ -79,8 +79,11 @@ BITLAKE_MODES: dict[str, dict] = {
                 "doc": "`t.ingest(spark.read.parquet(file))`: landing and MetaGen in one call, MetaGen chosen by "
                        "bitlake (inline on the driver with the RocksDB key index up to `metagen.inline_max_rows` "
                        "records, a Spark job beyond; the default was 2,000,000 until commit ae2f06f and is "
-                       "100,000,000 since); a DataFrame that Spark estimates at most `ingest.driver_max_bytes` "
-                       "(64 MB) is collected as Arrow and lands on the driver"},
+                       "100,000,000 since); the batch file, a plain scan of Parquet, lands from the file: read by "
+                       "the driver with pyarrow when at most `ingest.driver_max_bytes` (64 MB), else by a landing "
+                       "job whose tasks read its row groups (since commit 0d426e6; before, a DataFrame Spark "
+                       "estimated at most 64 MB was collected as Arrow, a larger one landed from its rows); the "
+                       "delete batch (`withColumn(\"op\", lit(\"delete\"))`) is collected as Arrow"},
     "bitlake-arrow": {"ingest": {}, "then_metagen": False, "input": "arrow",
                       "doc": "the same call with Arrow input: `t.ingest(pq.read_table(file))` (the delete batch "
                              "with an `op` column of `\"delete\"` appended by pyarrow, `op_column=\"op\"`); the "
