@@ -957,11 +957,14 @@ def record_key(r: dict) -> tuple:
 
 
 def merge_results(old: dict | None, new: dict) -> dict:
-    """The new run's records replace the old file's for the same system and scale factor."""
+    """The new run's records replace the old file's for the same system and scale factor, except the scans of a
+    run without them (--no-scans): the old ones stay."""
     if not old:
         return new
     replaced = {record_key(r) for r in new["records"]}
-    keep = [r for r in old["records"] if record_key(r) not in replaced]
+    scanned = {record_key(r) for r in new["records"] if r["operation"].startswith("scan")}
+    keep = [r for r in old["records"] if record_key(r) not in replaced
+            or (r["operation"].startswith("scan") and record_key(r) not in scanned)]
 
     def superseded(run):  # every system and scale factor of an old run measured again: its line would mislead
         pairs = {(s, sf) for s in run.get("systems") or [] for sf in run.get("scale_factors") or []}

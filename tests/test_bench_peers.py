@@ -117,6 +117,19 @@ def test_merge_results_replaces_a_system_of_a_scale_factor(peers):
     old = results()
     new = {"runs": [{"command": "again"}], "records": [rec("deltalake", 1.0, "load", None, 99.0)], "expected": {}}
     merged = peers.merge_results(old, new)
-    loads = [r for r in merged["records"] if r["system"] == "deltalake" and r["scale_factor"] == 1.0]
+    loads = [r for r in merged["records"] if r["system"] == "deltalake" and r["scale_factor"] == 1.0
+             and not r["operation"].startswith("scan")]  # a run without scans keeps the old ones (below)
     assert [r["wall_s"] for r in loads] == [99.0]
     assert len(merged["runs"]) == 2
+
+
+def test_a_run_without_scans_keeps_the_earlier_scans(peers):
+    old = results()
+    before = [r for r in old["records"] if r["system"] == "bitlake" and r["scale_factor"] == 1.0
+              and r["operation"].startswith("scan")]
+    new = {"runs": [{"command": "--no-scans"}], "records": [rec("bitlake", 1.0, "load", None, 99.0)], "expected": {}}
+    merged = peers.merge_results(old, new)
+    mine = [r for r in merged["records"] if r["system"] == "bitlake" and r["scale_factor"] == 1.0]
+    assert [r["wall_s"] for r in mine if r["operation"] == "load"] == [99.0]
+    assert before and [r for r in mine if r["operation"].startswith("scan")] == before
+    assert not [r for r in mine if r["operation"].startswith("upsert")]  # the rest of the old run is replaced
