@@ -129,14 +129,15 @@ def fixed_width(table: pa.Table, primary_key: list[str]) -> bool:
     return all(_fixed(table.schema.field(c).type) for c in primary_key)
 
 
-def key_order(table: pa.Table, primary_key: list[str]) -> np.ndarray:
-    """Row indices in the byte order of the rows' encoded keys (:func:`encode_keys`), ties in row order."""
+def key_order(table: pa.Table, primary_key: list[str]) -> np.ndarray | None:
+    """Row indices in the byte order of the rows' encoded keys (:func:`encode_keys`), ties in row order; None
+    when the rows are in that order already."""
     if fixed_width(table, primary_key):
         # Big-endian two's complement compares bytewise as the signed value does.
-        order = _order([int64_values(table.column(c)) for c in primary_key])
-        return np.arange(table.num_rows, dtype=np.int64) if order is None else order
+        return _order([int64_values(table.column(c)) for c in primary_key])
     keys = encode_keys(table, primary_key)
-    return np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
+    order = np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
+    return None if bool(np.all(order[1:] > order[:-1])) else order
 
 
 def _order(columns: list[np.ndarray]) -> np.ndarray | None:
@@ -417,7 +418,7 @@ class KeyIndex:
         pk = list(self.meta.primary_key)
         table = table.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED])
         order = key_order(table, pk)
-        if not np.array_equal(order, np.arange(table.num_rows)):
+        if order is not None:
             table = table.take(pa.array(order))
         large = table.num_rows >= _PROCESS_SST_ROWS
         ranges = threads() if large else 1
@@ -490,9 +491,12 @@ class _SstWriting:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds bitlake/
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         self.inputs = [path + ".arrow" for path in self.paths]
-        for table, ipc in zip(slices, self.inputs, strict=True):
-            with pa.OSFile(ipc, "wb") as sink, pa.ipc.new_file(sink, table.schema) as out:
-                out.write_table(table)
+
+        def hand_over(item: tuple[pa.Table, str]) -> None:  # on threads: pyarrow copies without the GIL
+            with pa.OSFile(item[1], "wb") as sink, pa.ipc.new_file(sink, item[0].schema) as out:
+                out.write_table(item[0])
+
+        thread_map(hand_over, zip(slices, self.inputs, strict=True))
         for ipc, path in zip(self.inputs, self.paths, strict=True):
             self.workers.append(subprocess.Popen([sys.executable, "-m", "bitlake.engine.sstwrite", ipc, path,
                                                   *primary_key], env=env, stderr=subprocess.PIPE))
