@@ -6,10 +6,13 @@ Usage: check.py spark://host:port S3_URI. Prints "ok"."""
 
 from __future__ import annotations
 
+import shutil
 import sys
+import tempfile
 import time
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 import bitlake
@@ -56,6 +59,21 @@ def main(master: str, uri: str) -> None:
     feed = t.changes(spark, start_version=1).groupBy("_change_type").count().collect()
     assert {x["_change_type"]: x["count"] for x in feed} == {"update_preimage": 2286, "update_postimage": 2286,
                                                             "delete": 572}
+    # A Parquet file Spark reads lands from its row groups, which the workers' tasks read themselves (the file is
+    # on this host, which the workers share, as Spark needs of any file: path).
+    folder = tempfile.mkdtemp(prefix="bitlake-cluster-input-")
+    ids = pa.array(range(20000, 25000), pa.int64())
+    more = pa.table({"id": ids, "g": pa.array([f"g{i % 3}" for i in range(20000, 25000)]), "v": ids,
+                     "ts": pa.array([3] * 5000, pa.int64())})
+    pq.write_table(more, f"{folder}/more.parquet", row_group_size=500)
+    t.set_properties({"ingest.driver_max_bytes": "0"})
+    before = len(t.state().data_files())
+    r = t.ingest(spark.read.parquet(f"file://{folder}/more.parquet"), spark=spark)
+    assert r.counts["inserted"] == 5000, r
+    # Several tasks, each writing a file per partition folder (Spark's one partition of the file: one task).
+    assert len(t.state().data_files()) - before > 3
+    assert rows(t.to_spark(spark)) == arrow_rows(t.to_arrow())
+    shutil.rmtree(folder, ignore_errors=True)
     spark.stop()
     print("ok")
 
