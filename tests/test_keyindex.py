@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from rocksdict import Options, Rdict
 
 import bitlake
 from bitlake.engine import keyindex, metagen
@@ -84,16 +85,21 @@ def test_a_busy_index_makes_the_inline_metagen_scan_the_key_store(tmp_path, spar
     monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)  # lookups whenever the index is free
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
     t.ingest(batch([1, 2], ["a", "b"], [1, 1]), spark=spark)
-    # Another writer holds the index (RocksDB admits one opener at a time).
+    # Another process holds the index (RocksDB admits one opener at a time): a writer of a bitlake from before
+    # index.lock, which only RocksDB's own lock keeps out.
     close_idle()  # this process keeps the index open after a commit
-    holder = Rdict(t.io.local_path(layout.INDEX_DIR), Options(raw_mode=True))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from rocksdict import Rdict, Options; "
+         f"db = Rdict({t.io.local_path(layout.INDEX_DIR)!r}, Options(raw_mode=True)); print('open', flush=True); "
+         "sys.stdin.read(); db.close()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
+        assert holder.stdout.readline().strip() == "open"
         with pytest.raises(bitlake.IndexUnavailableError, match="in use by another writer"):
             keyindex.KeyIndex(t.io, t.metadata)
         r = t.ingest(batch([1, 3], ["a2", "c"], [2, 2]), inline=True, spark=spark)
         assert r.counts["updated"] == 1 and r.counts["inserted"] == 1
     finally:
-        holder.close()
+        holder.communicate("")
     # The index is now behind the last commit; the next inline MetaGen replays that commit first.
     r = t.ingest(batch([1, 3], ["a1", "c0"], [3, 1]), inline=True, spark=spark)
     assert r.counts == {"inserted": 0, "updated": 1, "deleted": 0, "stale": 1, "ignored_deletes": 0}
@@ -323,3 +329,28 @@ def test_a_writer_keeps_the_index_open_between_its_commits_and_closes_it_when_id
     assert kept not in indexsession._kept
     with opened(t) as index:
         assert index.version == t.version
+
+
+@pytest.mark.spark
+def test_a_table_restored_at_its_path_keeps_its_own_index(tmp_path, spark, monkeypatch):
+    """The process keeps the index of its last commit open while the table's folder is replaced by a backup of an
+    earlier version: closing the stale database must not write into the restored index, which then serves the next
+    commit as it is (no rebuild) and answers for the restored version."""
+    monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)  # lookups whenever the index is free
+    path, backup = tmp_path / "t", tmp_path / "backup"
+    t = bitlake.create_table(str(path), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
+    t.ingest(batch(list(range(100)), [f"n{i}" for i in range(100)], [1] * 100), spark=spark)
+    close_idle()
+    shutil.copytree(path, backup)
+    t.ingest(batch(list(range(50, 150)), [f"x{i}" for i in range(50, 150)], [5] * 100), spark=spark)  # stays open
+    shutil.rmtree(path)
+    shutil.copytree(backup, path)
+
+    def rebuilt(*args):
+        raise AssertionError("the restored index was rebuilt")
+
+    monkeypatch.setattr(keyindex.KeyIndex, "_rebuild", rebuilt)
+    restored = bitlake.open_table(str(path))
+    r = restored.ingest(batch([1, 120], ["a", "b"], [2, 2]), spark=spark)
+    assert r.counts == {"inserted": 1, "updated": 1, "deleted": 0, "stale": 0, "ignored_deletes": 0}
+    assert ("a", 2) in {(n, m) for _, n, m in view(restored)} and len(view(restored)) == 101

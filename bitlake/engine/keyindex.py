@@ -236,10 +236,15 @@ class KeyIndex:
     def _open(self):
         from rocksdict import Rdict, WriteOptions
 
-        db = Rdict(self.path, self._options(_SMALL_WRITE_LEVEL))
-        # Held open, so that a folder deleted or replaced meanwhile can never show this one's inode.
+        # The folder is held open, so that one deleted or replaced meanwhile can never show this one's inode,
+        # and RocksDB reaches it through that descriptor where the system allows: a table deleted and created
+        # again at its path while this process keeps its index idle gets a folder this database never writes
+        # to (closing it would otherwise flush into, and purge files of, the new table's index).
+        os.makedirs(self.path, exist_ok=True)
         self._close_folder()
         self.folder = os.open(self.path, os.O_RDONLY)
+        held = f"/proc/self/fd/{self.folder}"
+        db = Rdict(held if os.path.isdir(held) else self.path, self._options(_SMALL_WRITE_LEVEL))
         for name in os.listdir(self.path):  # SST files a killed writer left (RocksDB never reads them)
             if name.startswith(("stage-", "ingest-")):
                 os.remove(os.path.join(self.path, name))
