@@ -72,9 +72,26 @@ def test_a_projection_of_the_columns_lands_from_the_files(tmp_path, spark):
     t = new_table(tmp_path, "t")
     df = spark.read.parquet(str(file)).select("mod", "id", "name")
     scan = ParquetScan.of(df, t.state().metadata, None)
-    assert scan is not None and scan.columns == ("mod", "id", "name")
+    assert scan is not None and [name for name, _, _ in scan.outputs] == ["mod", "id", "name"]
     t.ingest(df, batch_id="b", spark=spark)
     assert snapshot(t) == sorted(tuple(r.values()) for r in rows(10).to_pylist())
+
+
+def test_renamed_columns_and_constants_land_from_the_files(tmp_path, spark):
+    """A dump without the delta column, its key renamed, deletes marked by a constant op column."""
+    from pyspark.sql import functions as F
+
+    file = tmp_path / "dump.parquet"
+    pq.write_table(rows(20).drop_columns(["mod"]).rename_columns(["key", "name"]), file, row_group_size=5)
+    t = new_table(tmp_path, "t")
+    t.ingest(rows(30), batch_id="base", spark=spark)
+    df = (spark.read.parquet(str(file)).withColumnRenamed("key", "id").withColumn("mod", F.lit(7))
+          .withColumn("op", F.lit("delete")))
+    scan = ParquetScan.of(df, t.state().metadata, "op")
+    assert scan is not None and scan.outputs[-2:] == (("mod", None, 7), ("op", None, "delete"))
+    r = t.ingest(df, op_column="op", batch_id="deletes", spark=spark)
+    assert r.counts["deleted"] == 20
+    assert snapshot(t) == sorted(tuple(r.values()) for r in rows(10, start=20).to_pylist())
 
 
 def test_other_dataframes_land_from_their_rows(tmp_path, spark):
@@ -89,7 +106,7 @@ def test_other_dataframes_land_from_their_rows(tmp_path, spark):
     others = {
         "filter": read.where("id > 3"),
         "expression": read.withColumn("mod", F.col("mod") + 1),
-        "rename": spark.read.parquet(str(renamed)).withColumnRenamed("nm", "name"),
+        "computed": spark.read.parquet(str(renamed)).withColumn("name", F.upper("nm")).drop("nm"),
         "option": spark.read.option("mergeSchema", "true").parquet(str(file)),
         "local rows": spark.createDataFrame(rows(3)),
         "wrong type": spark.read.parquet(str(file)).withColumn("id", F.col("id").cast("string")),

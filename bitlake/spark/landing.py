@@ -2,11 +2,11 @@
 and reports the files it wrote; the driver collects the reports.
 
 A task gets its share in one of two ways. A DataFrame that is a plain scan of local Parquet files (what
-``spark.read.parquet(path)`` returns, or a selection of its columns) lands from the files: each task reads a
-range of their row groups itself with pyarrow (:class:`ParquetScan`), so a large file lands in parallel and
-the rows never pass through the JVM. Any other DataFrame lands from its rows, which Spark hands each task as
-Arrow batches (``mapInArrow``); that conversion alone costs about what Spark's whole Parquet write does
-(docs/ingestion.md).
+``spark.read.parquet(path)`` returns, or a projection of it to columns and constants) lands from the files:
+each task reads a range of their row groups itself with pyarrow (:class:`ParquetScan`), so a large file lands
+in parallel and the rows never pass through the JVM. Any other DataFrame lands from its rows, which Spark
+hands each task as Arrow batches (``mapInArrow``); that conversion alone costs about what Spark's whole
+Parquet write does (docs/ingestion.md).
 """
 
 from __future__ import annotations
@@ -142,10 +142,11 @@ _READ_ROWS = 1 << 16
 class ParquetScan:
     """A DataFrame that is a plain scan of local Parquet files, cut into the row-group ranges its landing
     tasks read: ``splits[i]`` lists task ``i``'s (file path, row groups), in the files' order, so row ids follow
-    the files' rows."""
+    the files' rows. Each of the DataFrame's columns (``outputs``) is a file column, renamed or not, or a
+    constant."""
 
-    columns: tuple[str, ...]
-    schema: pa.Schema  # the columns as pyarrow reads them
+    outputs: tuple[tuple[str, str | None, object], ...]  # (name, the file column or None, else the constant)
+    schema: pa.Schema  # the DataFrame's columns as pyarrow reads them
     splits: tuple[tuple[tuple[str, tuple[int, ...]], ...], ...]
     rows: int
     bytes: int  # the files' stored bytes
@@ -153,17 +154,17 @@ class ParquetScan:
     @classmethod
     def of(cls, df, meta: TableMetadata, op_column: str | None) -> ParquetScan | None:
         """``df`` as a scan of its files when Spark's optimized plan is a relation of Parquet files (no
-        partition folders, filters, options or expressions; a projection of its columns at most) whose files
-        pyarrow reads as Spark does and whose columns conform to the table; else None."""
-        paths = _plain_scan(df)
-        if not paths:
+        partition folders, filters or read options), or a projection of it to columns, renamed columns and
+        constants, whose files pyarrow reads as Spark does and whose columns conform to the table; else None."""
+        plain = _plain_scan(df)
+        if plain is None:
             return None
-        columns = tuple(df.columns)
+        paths, outputs, constant_types = plain
         try:
             footers = thread_map(pq.read_metadata, paths)
         except (OSError, pa.ArrowException):
             return None  # a file pyarrow cannot read: Spark's rows say what is wrong with it
-        schemas = {_projected(f.schema.to_arrow_schema(), columns) for f in footers}
+        schemas = {_projected(f.schema.to_arrow_schema(), outputs, constant_types) for f in footers}
         if len(schemas) != 1 or None in schemas or not all(_as_pyarrow_reads(f) for f in footers):
             return None
         schema = schemas.pop()
@@ -174,7 +175,7 @@ class ParquetScan:
         splits = _splits(paths, footers, df.sparkSession)
         if not splits:
             return None
-        return cls(columns, schema, splits, sum(f.num_rows for f in footers),
+        return cls(outputs, schema, splits, sum(f.num_rows for f in footers),
                    sum(_stored_bytes(f.row_group(g)) for f in footers for g in range(f.num_row_groups)))
 
     def land(self, spark, io, meta: TableMetadata, part: int, op_column: str | None
@@ -193,11 +194,17 @@ class ParquetScan:
 
     def reader(self, split: int | None = None) -> pa.RecordBatchReader:
         """The rows of split ``split`` (of every split when None), as pyarrow reads them."""
+        read = list(dict.fromkeys(source for _, source, _ in self.outputs if source is not None))
+
+        def columns(b: pa.RecordBatch) -> pa.RecordBatch:
+            arrays = [b.column(source) if source is not None else pa.repeat(pa.scalar(value, field.type), b.num_rows)
+                      for (_, source, value), field in zip(self.outputs, self.schema, strict=True)]
+            return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
         def batches():
             for path, groups in (p for s in self.splits for p in s) if split is None else self.splits[split]:
                 f = pq.ParquetFile(path)
-                yield from f.iter_batches(_READ_ROWS, row_groups=list(groups), columns=list(self.columns))
+                yield from map(columns, f.iter_batches(_READ_ROWS, row_groups=list(groups), columns=read))
 
         return pa.RecordBatchReader.from_batches(self.schema, batches())
 
@@ -216,15 +223,33 @@ class _ScanLandTask:
                 yield pa.RecordBatch.from_pylist(self.task.run(split, batches), schema=REPORT_SCHEMA)
 
 
-def _plain_scan(df) -> list[str] | None:
-    """The local paths of the Parquet files ``df`` reads, when its optimized plan is a relation of them or a
-    projection of its columns; None otherwise (or on Spark Connect, whose plans the client cannot see)."""
+# Spark's types of the constants a scan may add, as Arrow types.
+_CONSTANT_TYPES = {"byte": pa.int8(), "short": pa.int16(), "integer": pa.int32(), "long": pa.int64(),
+                   "float": pa.float32(), "double": pa.float64(), "boolean": pa.bool_(), "string": pa.string()}
+
+
+def _plain_scan(df):
+    """``(paths, outputs, constant types)`` when ``df``'s optimized plan is a relation of local Parquet files or
+    a projection of it whose expressions are columns, renamed columns and constants of simple types (see
+    :class:`ParquetScan`); None otherwise (or on Spark Connect, whose plans the client cannot see)."""
     try:
         plan = df._jdf.queryExecution().optimizedPlan()
+        outputs, types = [], {}
         if plan.nodeName() == "Project":
             exprs = plan.projectList()
-            if any(exprs.apply(i).getClass().getSimpleName() != "AttributeReference" for i in range(exprs.length())):
-                return None
+            for i in range(exprs.length()):
+                e = exprs.apply(i)
+                child = e.child() if e.getClass().getSimpleName() == "Alias" else e
+                kind = child.getClass().getSimpleName()
+                if kind == "AttributeReference":
+                    outputs.append((e.name(), child.name(), None))
+                elif kind == "Literal" and child.dataType().typeName() in _CONSTANT_TYPES:
+                    value = child.value()
+                    outputs.append((e.name(), None, None if value is None else
+                                    str(value.toString()) if child.dataType().typeName() == "string" else value))
+                    types[e.name()] = _CONSTANT_TYPES[child.dataType().typeName()]
+                else:
+                    return None
             plan = plan.child()
         if plan.getClass().getSimpleName() != "LogicalRelation":
             return None
@@ -237,6 +262,7 @@ def _plain_scan(df) -> list[str] | None:
         if any(str(keys.apply(i)).lower() not in _PLAIN_OPTIONS for i in range(keys.length())):
             return None
         uris = list(df.inputFiles())
+        outputs = outputs or [(c, c, None) for c in df.columns]
     except Exception:  # noqa: BLE001 - no JVM (Spark Connect) or a plan of another shape
         return None
     paths = []
@@ -245,14 +271,21 @@ def _plain_scan(df) -> list[str] | None:
         if parsed.scheme != "file":
             return None
         paths.append(unquote(parsed.path))
-    return paths
+    return (paths, tuple(outputs), types) if paths else None
 
 
-def _projected(schema: pa.Schema, columns: tuple[str, ...]) -> pa.Schema | None:
+def _projected(schema: pa.Schema, outputs, constant_types: dict) -> pa.Schema | None:
+    """The scan's columns as pyarrow reads them from a file of ``schema``; None when the file lacks one."""
     names = schema.names
-    if any(names.count(c) != 1 for c in columns):
-        return None
-    return pa.schema([schema.field(c) for c in columns])
+    fields = []
+    for name, source, _ in outputs:
+        if source is None:
+            fields.append(pa.field(name, constant_types[name]))
+        elif names.count(source) != 1:
+            return None
+        else:
+            fields.append(schema.field(source).with_name(name))
+    return pa.schema(fields)
 
 
 def _as_pyarrow_reads(footer) -> bool:
