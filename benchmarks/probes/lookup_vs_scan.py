@@ -13,28 +13,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import core  # noqa: E402
+from upsert import batch  # noqa: E402 - the same sampled batch
 
 import bitlake  # noqa: E402
 from bitlake.engine import metagen  # noqa: E402
-
-
-def batch(source: pq.ParquetFile, schema: pa.Schema, fraction: float, seed: int) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    n = int(source.metadata.num_rows * fraction)
-    groups = rng.choice(source.metadata.num_row_groups, min(source.metadata.num_row_groups, max(1, n // 2000)),
-                        replace=False)
-    raw = source.read_row_groups(sorted(groups.tolist()))
-    raw = pa.Table.from_arrays([c.cast(f.type) for c, f in zip(raw.columns, schema, strict=False)],
-                               schema=pa.schema(list(schema)[:-1]))
-    raw = raw.take(pa.array(rng.choice(raw.num_rows, min(n, raw.num_rows), replace=False)))
-    return raw.append_column(schema.field(core.DELTA), pa.array(np.full(raw.num_rows, seed, np.int32)))
 
 
 def main() -> None:

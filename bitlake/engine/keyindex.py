@@ -35,7 +35,7 @@ from bitlake import faults
 from bitlake.errors import IndexUnavailableError
 from bitlake.format import commitlog, keystore, layout
 from bitlake.format.metadata import TableMetadata
-from bitlake.format.order import lexsort
+from bitlake.format.order import lexsort, strictly_increasing
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.pool import thread_map, threads
@@ -137,7 +137,7 @@ def key_order(table: pa.Table, primary_key: list[str]) -> np.ndarray | None:
         return _order([int64_values(table.column(c)) for c in primary_key])
     keys = encode_keys(table, primary_key)
     order = np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
-    return None if bool(np.all(order[1:] > order[:-1])) else order
+    return None if strictly_increasing(order) else order
 
 
 def _order(columns: list[np.ndarray]) -> np.ndarray | None:

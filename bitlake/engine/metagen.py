@@ -27,7 +27,7 @@ from pyroaring import BitMap
 
 from bitlake.format import bitmap, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format.commit import BucketFile, DataFile, KeysFile, LogFile, SegmentState
-from bitlake.format.order import comparable, latest, lexsort
+from bitlake.format.order import comparable, latest, lexsort, strictly_increasing
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.pool import thread_map
@@ -348,7 +348,7 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
         final = slot[slot >= 0]
     # Strictly increasing row numbers from 0 to n - 1 are all of them, in order.
     in_place = len(final) == n and (n == 0 or (final[0] == 0 and final[-1] == n - 1 and
-                                               bool(np.all(final[1:] > final[:-1]))))
+                                               strictly_increasing(final)))
     latest = records if in_place else records.take(pa.array(final, pa.int64()))
     ks_rows = latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
         keystore.VERSION, pa.repeat(pa.scalar(version, pa.int64()), latest.num_rows)
@@ -409,7 +409,7 @@ def _matches(stored: pa.Table, keys: pa.Table, pk: list[str]) -> pa.Table:
 
     if stored.num_rows and keys.num_rows and fixed_width(keys, pk):
         packed = comparable([int64_values(stored.column(c)) for c in pk], [int64_values(keys.column(c)) for c in pk])
-        if packed is not None and bool(np.all(packed[0][1:] > packed[0][:-1])):
+        if packed is not None and strictly_increasing(packed[0]):
             at = np.minimum(np.searchsorted(packed[0], packed[1]), stored.num_rows - 1)
             hit = packed[0][at] == packed[1]
             return stored.take(pa.array(at[hit])).append_column("_code", keys.column("_code").filter(pa.array(hit)))

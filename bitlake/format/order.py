@@ -29,10 +29,14 @@ def lexsort(keys) -> np.ndarray:
         packed.sort()
         return packed & np.int64((1 << index_bits) - 1)
     order = np.argsort(packed)
-    ordered = packed[order]
-    if bool(np.all(ordered[1:] > ordered[:-1])):  # no ties: the only order
+    if strictly_increasing(packed[order]):  # no ties: the only order
         return order
     return np.lexsort(keys)
+
+
+def strictly_increasing(values: np.ndarray) -> bool:
+    """Whether every value is greater than the one before (sorted, no two equal)."""
+    return bool(np.all(values[1:] > values[:-1]))
 
 
 def latest(ids: np.ndarray, versions: np.ndarray) -> np.ndarray:

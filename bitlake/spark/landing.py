@@ -241,13 +241,14 @@ def _plain_scan(df):
                 e = exprs.apply(i)
                 child = e.child() if e.getClass().getSimpleName() == "Alias" else e
                 kind = child.getClass().getSimpleName()
+                type_name = child.dataType().typeName()
                 if kind == "AttributeReference":
                     outputs.append((e.name(), child.name(), None))
-                elif kind == "Literal" and child.dataType().typeName() in _CONSTANT_TYPES:
-                    value = child.value()
-                    outputs.append((e.name(), None, None if value is None else
-                                    str(value.toString()) if child.dataType().typeName() == "string" else value))
-                    types[e.name()] = _CONSTANT_TYPES[child.dataType().typeName()]
+                elif kind == "Literal" and type_name in _CONSTANT_TYPES:
+                    value = child.value()  # py4j gives numbers and booleans as Python's; a string as a UTF8String
+                    outputs.append((e.name(), None, str(value.toString()) if type_name == "string" and value is not None
+                                    else value))
+                    types[e.name()] = _CONSTANT_TYPES[type_name]
                 else:
                     return None
             plan = plan.child()
