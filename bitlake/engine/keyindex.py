@@ -43,20 +43,27 @@ from bitlake.pool import thread_map, threads
 # The index's own entries start with byte 0; encoded keys with byte 1.
 _VERSION_KEY = b"\x00bitlake:version"
 _TABLE_KEY = b"\x00bitlake:table_id"
-# Each stored value: delta int64, row id int64, deleted uint8, and a constant 1 so that numpy's
-# fixed-width bytes never drop a trailing zero.
-_VALUE = np.dtype([("d", "<i8"), ("r", "<i8"), ("x", "u1"), ("end", "u1")])
+# The encoding of the entries (see _encode_values): an index written in another is rebuilt.
+_FORMAT_KEY = b"\x00bitlake:format"
+_FORMAT = b"2"
 _PUT_CHUNK = 200_000
 # At least this many entries go in as SST files rather than as puts, and a commit of this many records stages
 # its entries, written while it commits (KeyIndex.stage) on a thread; from _PROCESS_SST_ROWS entries, any SST
 # files are written by one process per core (fewer entries cost less than a process's start-up).
 _SST_MIN_ROWS = 200_000
 _PROCESS_SST_ROWS = 2_000_000
-# The database's own writes (a commit's memtable flush, compactions) and SST files of fewer entries than this are
-# compressed at this zstd level, ~9 % smaller than the default 3 (a 1 % TPC-H SF 1 batch: 0.65 MB of index
-# against 0.71 MB, for 2.67 MB of data); a load's large files keep level 3, which compresses faster.
+# Two kinds of files. The bottom run, which holds most keys (the SST files of a load into an empty index, and
+# what a full compaction makes of it), takes LZ4 in blocks of 2 KB and no bloom filter: most lookups read one of
+# its blocks, and decompressing 4 KB of zstd was half their cost, while a filter there spares nothing to a lookup
+# that finds its key (RocksDB's optimize_filters_for_hits) and was an eighth of the index. 20M TPC-H lineitem
+# keys as a load leaves them, one lookup a 1,000 keys: 3.7-4.0 us a key, 162 MB, written in 5.5 s, against
+# 7.1-7.6 us, 105 MB and 6.8 s as zstd in 4 KB blocks with filters (benchmarks/probes/index_options.py; with
+# the values of the index's format 1, 18 bytes each, 126 MB). Everything else (a commit's
+# memtable flush, its staged SST files, compactions above the bottom run) is zstd at level 6, ~9 % smaller than
+# the default 3, with filters, which keeps a small commit's bytes written small (a 1 % TPC-H SF 1 batch: 0.65 MB
+# of index against 0.71 MB, for 2.67 MB of data).
 _SMALL_WRITE_LEVEL = 6
-_SMALL_WRITE_ROWS = 1_000_000
+_BOTTOM_BLOCK_BYTES = 2048
 # Lookups of fewer keys than this run on one thread.
 _LOOKUP_CHUNK = 4096
 
@@ -244,7 +251,11 @@ class KeyIndex:
         self._close_folder()
         self.folder = os.open(self.path, os.O_RDONLY)
         held = f"/proc/self/fd/{self.folder}"
-        db = Rdict(held if os.path.isdir(held) else self.path, self._options(_SMALL_WRITE_LEVEL))
+        # The options go to the default column family too: rocksdict would otherwise open an existing database
+        # with the column family's options read back from its OPTIONS file, which lose the bloom filter (every
+        # file a reopened index flushed had none, and every lookup read a block of each of them).
+        options = self._options()
+        db = Rdict(held if os.path.isdir(held) else self.path, options, column_families={"default": options})
         for name in os.listdir(self.path):  # SST files a killed writer left (RocksDB never reads them)
             if name.startswith(("stage-", "ingest-")):
                 os.remove(os.path.join(self.path, name))
@@ -256,18 +267,20 @@ class KeyIndex:
         return db
 
     @staticmethod
-    def _options(level: int | None = None):
+    def _options(sst: str | None = None):
+        """The database's options, or (``sst``: ``"bottom"`` or ``"upper"``) those of an SST file this index
+        writes for its bottom run or above it (see _BOTTOM_BLOCK_BYTES)."""
         from rocksdict import BlockBasedOptions, DBCompactionStyle, DBCompressionType, Options, UniversalCompactOptions
 
         options = Options(raw_mode=True)
-        # zstd halves the index against snappy (TPC-H lineitem SF 1: 34 MB against 65 MB) for ~15 % more
-        # time a lookup; ``level``: its level, else zstd's default (3).
-        options.set_compression_type(DBCompressionType.zstd())
-        if level is not None:
-            options.set_compression_options(-14, level, 0, 0)  # window bits and strategy: RocksDB's defaults
+        options.set_compression_type(DBCompressionType.lz4() if sst == "bottom" else DBCompressionType.zstd())
+        options.set_compression_options(-14, _SMALL_WRITE_LEVEL, 0, 0)  # window bits and strategy: RocksDB's
+        if sst is None:  # (an SST file writer would take the bottom's compression for every file)
+            options.set_bottommost_compression_type(DBCompressionType.lz4())
+            options.set_optimize_filters_for_hits(True)
         # Universal (tiered) compaction merges new files with files of similar size, so a small
         # commit does not rewrite the whole index, as leveled compaction does for random keys. It
-        # leaves several sorted runs; bloom filters spare a lookup the runs that lack its key.
+        # leaves several sorted runs; bloom filters spare a lookup the runs above the bottom that lack its key.
         options.set_compaction_style(DBCompactionStyle.universal())
         # Defaults merged everything on the first few commits after a large load (35 MB written by
         # a 6,000-key commit on a 6M-key index); allowing more runs and more space amplification
@@ -278,7 +291,10 @@ class KeyIndex:
         options.set_level_zero_file_num_compaction_trigger(8)
         options.set_keep_log_file_num(1)  # RocksDB's own info log: keep no old ones
         table = BlockBasedOptions()
-        table.set_bloom_filter(10, False)
+        if sst == "bottom":
+            table.set_block_size(_BOTTOM_BLOCK_BYTES)
+        else:
+            table.set_bloom_filter(10, False)
         options.set_block_based_table_factory(table)
         return options
 
@@ -308,7 +324,7 @@ class KeyIndex:
     @property
     def version(self) -> int:
         """The commit version the entries reflect; -1 for an empty or foreign index."""
-        if self.db.get(_TABLE_KEY) != self.meta.table_id.encode():
+        if self.db.get(_TABLE_KEY) != self.meta.table_id.encode() or self.db.get(_FORMAT_KEY) != _FORMAT:
             return -1
         v = self.db.get(_VERSION_KEY)
         return -1 if v is None else int(v)
@@ -364,6 +380,7 @@ class KeyIndex:
         faults.point("in_index_update")
         batch = WriteBatch(raw_mode=True)
         batch.put(_TABLE_KEY, self.meta.table_id.encode())
+        batch.put(_FORMAT_KEY, _FORMAT)
         batch.put(_VERSION_KEY, str(version).encode())
         self.db.write(batch)
 
@@ -416,6 +433,12 @@ class KeyIndex:
         finally:
             writing.remove()
 
+    def _empty(self) -> bool:
+        """Whether the database holds no entries (keys start with byte 1; its own entries with byte 0)."""
+        it = self.db.iter()
+        it.seek(b"\x01")
+        return not it.valid()
+
     def _start_ssts(self, table: pa.Table, name: str, apart: bool = False) -> _SstWriting:
         """Starts writing ``table``'s entries, in key order, as SST files. rocksdict takes an entry per call,
         holding the GIL, so a large table is cut into key ranges written by processes of their own, one per
@@ -426,17 +449,18 @@ class KeyIndex:
         if order is not None:
             table = table.take(pa.array(order))
         large = table.num_rows >= _PROCESS_SST_ROWS
+        bottom = self._empty()  # the files will be the bottom run: RocksDB puts them below nothing
         ranges = threads() if large else 1
         step = -(-table.num_rows // ranges)
         slices = [table.slice(start, step) for start in range(0, table.num_rows, step)]
         writing = _SstWriting([os.path.join(self.path, f"{name}-{i}.sst") for i in range(len(slices))])
         try:
             if large:
-                writing.start_processes(slices, pk)
+                writing.start_processes(slices, pk, bottom)
             elif apart:
-                writing.start_thread(slices[0], pk)
+                writing.start_thread(slices[0], pk, bottom)
             else:
-                write_sst(slices[0], pk, writing.paths[0])
+                write_sst(slices[0], pk, writing.paths[0], bottom)
         except BaseException:
             writing.wait(check=False)
             writing.remove()
@@ -452,23 +476,22 @@ class KeyIndex:
         ordered = np.array(keys, dtype=object)[order].tolist()
         step = max(_LOOKUP_CHUNK, -(-len(ordered) // threads()))
         runs = thread_map(lambda start: self.db[ordered[start:start + step]], range(0, len(ordered), step))
-        stored = np.empty(len(keys), dtype=object)
-        stored[:] = [v for run in runs for v in run]
-        found_sorted = stored != None  # noqa: E711 - elementwise
-        stored[~found_sorted] = bytes(_VALUE.itemsize)
-        values = np.empty(len(keys), dtype=_VALUE)
-        values[order] = np.frombuffer(b"".join(stored.tolist()), dtype=_VALUE)
-        found = np.empty(len(keys), dtype=bool)
-        found[order] = found_sorted
-        return found, values["d"], values["r"], values["x"].astype(bool)
+        stored = [v for run in runs for v in run]
+        found_sorted = np.fromiter((v is not None for v in stored), dtype=bool, count=len(keys))
+        delta, rid, deleted = np.zeros(len(keys), np.int64), np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
+        at = order[found_sorted]
+        delta[at], rid[at], deleted[at] = _decode_values([v for v in stored if v is not None])
+        found = np.zeros(len(keys), dtype=bool)
+        found[at] = True
+        return found, delta, rid, deleted
 
 
-def write_sst(table: pa.Table, primary_key: list[str], path: str) -> None:
-    """Writes the key-store rows ``table``, in key order, as an SST file of index entries."""
+def write_sst(table: pa.Table, primary_key: list[str], path: str, bottom: bool) -> None:
+    """Writes the key-store rows ``table``, in key order, as an SST file of index entries (``bottom``: of the
+    bottom run, see _BOTTOM_BLOCK_BYTES)."""
     from rocksdict import SstFileWriter
 
-    level = _SMALL_WRITE_LEVEL if table.num_rows < _SMALL_WRITE_ROWS else None
-    writer = SstFileWriter(options=KeyIndex._options(level))
+    writer = SstFileWriter(options=KeyIndex._options("bottom" if bottom else "upper"))
     writer.open(path)
     for start in range(0, table.num_rows, _PUT_CHUNK):
         chunk = table.slice(start, _PUT_CHUNK)
@@ -488,7 +511,7 @@ class _SstWriting:
         self.thread = None
         self.failed: BaseException | None = None
 
-    def start_processes(self, slices: list[pa.Table], primary_key: list[str]) -> None:
+    def start_processes(self, slices: list[pa.Table], primary_key: list[str], bottom: bool) -> None:
         import subprocess
         import sys
 
@@ -504,15 +527,16 @@ class _SstWriting:
         thread_map(hand_over, zip(slices, self.inputs, strict=True))
         for ipc, path in zip(self.inputs, self.paths, strict=True):
             self.workers.append(subprocess.Popen([sys.executable, "-m", "bitlake.engine.sstwrite", ipc, path,
-                                                  *primary_key], env=env, stderr=subprocess.PIPE))
+                                                  "bottom" if bottom else "upper", *primary_key], env=env,
+                                                 stderr=subprocess.PIPE))
 
-    def start_thread(self, table: pa.Table, primary_key: list[str]) -> None:
+    def start_thread(self, table: pa.Table, primary_key: list[str], bottom: bool) -> None:
         """Writes the one file on a thread: fewer entries than a process's start-up would cost."""
         import threading
 
         def run():
             try:
-                write_sst(table, primary_key, self.paths[0])
+                write_sst(table, primary_key, self.paths[0], bottom)
             except BaseException as e:  # noqa: BLE001 - raised by wait()
                 self.failed = e
 
@@ -542,9 +566,40 @@ class _SstWriting:
 
 
 def _encode_values(table: pa.Table) -> list[bytes]:
-    rec = np.empty(table.num_rows, dtype=_VALUE)
-    rec["d"] = table.column(keystore.DELTA).to_numpy()
-    rec["r"] = table.column(keystore.ROW_ID).to_numpy()
-    rec["x"] = table.column(keystore.DELETED).to_numpy(zero_copy_only=False)
-    rec["end"] = 1
-    return rec.view(f"S{_VALUE.itemsize}").tolist()
+    """Each key-store row's entry value: its row id (8 bytes, little-endian), its delta (8 more) unless 0, and a
+    flag byte, 1 for an upsert and 2 for a delete marker (never 0: numpy's fixed-width bytes drop trailing zeros).
+    A load with no delta values stores half the bytes; :func:`_decode_values` reads both lengths."""
+    n = table.num_rows
+    rid = table.column(keystore.ROW_ID).to_numpy()
+    delta = table.column(keystore.DELTA).to_numpy()
+    flag = table.column(keystore.DELETED).to_numpy(zero_copy_only=False).astype(np.uint8) + 1
+    with_delta = np.flatnonzero(delta)
+    if len(with_delta) < n:
+        short = np.empty(n, dtype=[("r", ">i8"), ("f", "u1")])
+        short["r"], short["f"] = rid, flag
+        out = short.view("S9").tolist()
+        if not len(with_delta):
+            return out
+    full = np.empty(len(with_delta), dtype=[("r", ">i8"), ("d", ">i8"), ("f", "u1")])
+    full["r"], full["d"], full["f"] = rid[with_delta], delta[with_delta], flag[with_delta]
+    if len(with_delta) == n:
+        return full.view("S17").tolist()
+    for i, value in zip(with_delta.tolist(), full.view("S17").tolist(), strict=True):
+        out[i] = value
+    return out
+
+
+def _decode_values(values: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Delta, row id and deleted of entry values (:func:`_encode_values`)."""
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    if np.any((lengths != 9) & (lengths != 17)):
+        raise IndexUnavailableError("the key index holds a value of another encoding")
+    raw = np.frombuffer(b"".join(values), dtype=np.uint8)
+    starts = np.cumsum(lengths) - lengths
+    eight = np.arange(8)
+    rid = raw[starts[:, None] + eight].view(">i8").reshape(-1).astype(np.int64)
+    delta = np.zeros(len(values), np.int64)
+    full = lengths == 17
+    delta[full] = raw[starts[full][:, None] + 8 + eight].view(">i8").reshape(-1)
+    deleted = raw[starts + lengths - 1] == 2
+    return delta, rid, deleted

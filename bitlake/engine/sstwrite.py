@@ -1,6 +1,6 @@
-"""Writes one SST file of key-index entries: ``python -m bitlake.engine.sstwrite ROWS.arrow OUT.sst KEY...``,
-from key-store rows in key order in an Arrow IPC file. The key index runs one such process per core for a
-large ingest (:meth:`bitlake.engine.keyindex.KeyIndex._ingest_sorted`)."""
+"""Writes one SST file of key-index entries: ``python -m bitlake.engine.sstwrite ROWS.arrow OUT.sst RUN KEY...``
+(RUN: ``bottom`` or ``upper``), from key-store rows in key order in an Arrow IPC file. The key index runs one such
+process per core for a large ingest (:meth:`bitlake.engine.keyindex.KeyIndex._ingest_sorted`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from bitlake.engine.keyindex import write_sst
 
 
 def main(argv: list[str]) -> None:
-    rows, out, *primary_key = argv
+    rows, out, run, *primary_key = argv
     with pa.memory_map(rows) as source:
         table = pa.ipc.open_file(source).read_all()
-    write_sst(table, primary_key, out)
+    write_sst(table, primary_key, out, run == "bottom")
 
 
 if __name__ == "__main__":
