@@ -25,19 +25,21 @@ def opened(t) -> keyindex.KeyIndex:
     return keyindex.KeyIndex(t.io, t.metadata)
 
 
-@pytest.mark.parametrize(
-    "columns",
-    [
-        {"a": pa.array([0, -1, 1, 2**62, -(2**62), 0], pa.int64())},
-        {"a": pa.array([0, 1, 1, 0], pa.int32()), "b": pa.array([1, 0, 1, 0], pa.int8())},
-        {"a": pa.array(["", "a", "a\x00", "\x00a", "ab", "b"], pa.string())},
-        {"a": pa.array(["a", "ab", "a", "", "b", ""], pa.string()), "b": pa.array(["bc", "c", "b", "abc", "", ""], pa.string())},
-        {"a": pa.array([b"", b"\x00", b"\x00\x00"], pa.binary()), "b": pa.array([1, 1, 1], pa.int64())},
-        {"a": pa.array([dt.date(2020, 1, 1), dt.date(1969, 12, 31)], pa.date32()),
-         "b": pa.array([dt.datetime(2020, 1, 1), dt.datetime(2020, 1, 1, 0, 0, 1)], pa.timestamp("us"))},
-        {"a": pa.array([True, False], pa.bool_())},
-    ],
-)
+KEY_COLUMNS = [
+    {"a": pa.array([0, -1, 1, 2**62, -(2**62), 0], pa.int64())},
+    {"a": pa.array([0, 1, 1, 0], pa.int32()), "b": pa.array([1, 0, 1, 0], pa.int8())},
+    {"a": pa.array(["", "a", "a\x00", "\x00a", "ab", "b"], pa.string())},
+    {"a": pa.array(["a", "ab", "a", "", "b", ""], pa.string()), "b": pa.array(["bc", "c", "b", "abc", "", ""], pa.string())},
+    {"a": pa.array([b"", b"\x00", b"\x00\x00"], pa.binary()), "b": pa.array([1, 1, 1], pa.int64())},
+    {"a": pa.array([dt.date(2020, 1, 1), dt.date(1969, 12, 31)], pa.date32()),
+     "b": pa.array([dt.datetime(2020, 1, 1), dt.datetime(2020, 1, 1, 0, 0, 1)], pa.timestamp("us"))},
+    {"a": pa.array([True, False], pa.bool_())},
+    {"a": pa.array([3, -7, -(2**63), 2**63 - 1, -1, 0], pa.int64()), "b": pa.array([-1, 1, 0, -1, -2, 2], pa.int16())},
+    {"a": pa.array(["x", "x", "y", "x"], pa.string()), "b": pa.array([-2, 5, -9, -3], pa.int64())},
+]
+
+
+@pytest.mark.parametrize("columns", KEY_COLUMNS)
 def test_keys_encode_equal_iff_the_keys_are_equal(columns):
     table = pa.table(columns)
     encoded = encode_keys(table, list(columns))
@@ -45,6 +47,19 @@ def test_keys_encode_equal_iff_the_keys_are_equal(columns):
     for i in range(len(rows)):
         for j in range(len(rows)):
             assert (encoded[i] == encoded[j]) == (rows[i] == rows[j]), (rows[i], rows[j])
+
+
+@pytest.mark.parametrize("columns", KEY_COLUMNS)
+def test_key_order_is_the_byte_order_of_the_encoded_keys(columns):
+    """RocksDB takes SST entries in byte order: negative integers, dates before 1970 and false sort first."""
+    table = pa.table(columns)
+    encoded = encode_keys(table, list(columns))
+    order = keyindex.key_order(table, list(columns))
+    in_order = [encoded[i] for i in (range(table.num_rows) if order is None else order)]
+    assert in_order == sorted(encoded)
+    if keyindex.fixed_width(table, list(columns)):
+        rows = list(zip(*[c.to_pylist() for c in columns.values()], strict=True))
+        assert [rows[i] for i in (range(table.num_rows) if order is None else order)] == sorted(rows)
 
 
 def test_tables_without_an_encodable_key_have_no_index(tmp_path):
@@ -199,12 +214,12 @@ def test_a_large_ingest_writes_sst_files_in_processes_and_lookups_on_threads_ans
     monkeypatch.setattr(keyindex, "_LOOKUP_CHUNK", 1)  # the lookups below run as three runs on threads
     schema = pa.schema([("id", key), ("v", pa.string()), ("mod", pa.int64())])
     t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="mod")
-    ids = [i * 7919 % 1000 for i in range(1000)]
+    ids = [i * 7919 % 1000 - 500 for i in range(1000)]  # negative ones too: SST files take their entries sorted
     t.ingest(pa.table({"id": pa.array(ids).cast(key), "v": [str(i) for i in ids], "mod": [1] * 1000}))
     with opened(t) as index:
         assert index.version == t.version
         assert len([f for f in index.db.live_files() if f["start_key"].startswith(b"\x01")]) == 3  # a file a process
-        wanted = pa.table({"id": pa.array([5, 999, 1000, 0, -1]).cast(key)})
+        wanted = pa.table({"id": pa.array([5, 499, 500, -500, -501]).cast(key)})
         found, deltas, _, deleted = index.lookup(encode_keys(wanted, ["id"]))
     assert found.tolist() == [True, True, False, True, False]
     assert deltas[found].tolist() == [1, 1, 1] and not deleted.any()

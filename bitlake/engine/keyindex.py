@@ -43,9 +43,10 @@ from bitlake.pool import thread_map, threads
 # The index's own entries start with byte 0; encoded keys with byte 1.
 _VERSION_KEY = b"\x00bitlake:version"
 _TABLE_KEY = b"\x00bitlake:table_id"
-# The encoding of the entries (see _encode_values): an index written in another is rebuilt.
+# The encoding of the keys and values (encode_keys, _encode_values): an index written in another is rebuilt.
 _FORMAT_KEY = b"\x00bitlake:format"
 _FORMAT = b"2"
+_SIGN = np.uint64(1 << 63)
 _PUT_CHUNK = 200_000
 # At least this many entries go in as SST files rather than as puts, and a commit of this many records stages
 # its entries, written while it commits (KeyIndex.stage) on a thread; from _PROCESS_SST_ROWS entries, any SST
@@ -107,22 +108,23 @@ def _variable(t: pa.DataType) -> bool:
 
 def encode_keys(table: pa.Table, primary_key: list[str]) -> list[bytes]:
     """One bytes value per row, equal for equal keys and different for different ones. Every key
-    starts with byte 1, so that it never collides with the index's own entries (byte 0)."""
+    starts with byte 1, so that it never collides with the index's own entries (byte 0). A fixed-width
+    column is its int64 value with the sign bit flipped, big-endian: bytes compare as the values do."""
     n = table.num_rows
     columns = [table.column(c) for c in primary_key]
     if all(_fixed(c.type) for c in columns):
         # A one-byte terminator keeps numpy from stripping trailing zero bytes of the fixed width.
-        fields = [("start", "u1"), *[(f"k{i}", ">i8") for i in range(len(columns))], ("end", "u1")]
+        fields = [("start", "u1"), *[(f"k{i}", ">u8") for i in range(len(columns))], ("end", "u1")]
         rec = np.empty(n, dtype=fields)
         rec["start"] = 1
         for i, c in enumerate(columns):
-            rec[f"k{i}"] = int64_values(c)
+            rec[f"k{i}"] = int64_values(c).view(np.uint64) ^ _SIGN
         rec["end"] = 1
         return rec.view(f"S{rec.dtype.itemsize}").tolist()
     parts = []
     for c in columns:
         if _fixed(c.type):
-            parts.append([x.to_bytes(8, "big", signed=True) for x in int64_values(c).tolist()])
+            parts.append([(x + 2**63).to_bytes(8, "big") for x in int64_values(c).tolist()])
         else:
             values = c.to_pylist()
             parts.append([
@@ -140,7 +142,7 @@ def key_order(table: pa.Table, primary_key: list[str]) -> np.ndarray | None:
     """Row indices in the byte order of the rows' encoded keys (:func:`encode_keys`), ties in row order; None
     when the rows are in that order already."""
     if fixed_width(table, primary_key):
-        # Big-endian two's complement compares bytewise as the signed value does.
+        # Encoded with the sign bit flipped, the values compare bytewise as they do as signed integers.
         return _order([int64_values(table.column(c)) for c in primary_key])
     keys = encode_keys(table, primary_key)
     order = np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
@@ -467,13 +469,18 @@ class KeyIndex:
             raise
         return writing
 
-    def lookup(self, keys: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """For each encoded key: found, delta, packed row id, deleted."""
+    def lookup(self, keys: list[bytes], in_order: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                          np.ndarray]:
+        """For each encoded key: found, delta, packed row id, deleted. ``in_order``: the keys are sorted already
+        (distinct keys of fixed width as :func:`key_codes` numbers them), which spares sorting them again."""
         # In key order the lookups walk the files' blocks forwards, which halves their cost; RocksDB reads
         # and decompresses blocks without the GIL, so runs of the sorted keys go to threads of their own.
         # (numpy's bytes order ignores trailing zero bytes: keys that differ only there tie, in no given order)
-        order = np.argsort(np.array(keys, dtype=bytes), kind="stable")
-        ordered = np.array(keys, dtype=object)[order].tolist()
+        if in_order:
+            order, ordered = np.arange(len(keys)), keys
+        else:
+            order = np.argsort(np.array(keys, dtype=bytes), kind="stable")
+            ordered = np.array(keys, dtype=object)[order].tolist()
         step = max(_LOOKUP_CHUNK, -(-len(ordered) // threads()))
         runs = thread_map(lambda start: self.db[ordered[start:start + step]], range(0, len(ordered), step))
         stored = [v for run in runs for v in run]

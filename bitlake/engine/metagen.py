@@ -292,7 +292,7 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
                   index) -> _Folded:
     """Folds ``records`` (keys-file rows of whole keys) against the stored entries of their keys; returns the
     events, the row ids that become valid and the key-store rows they leave."""
-    from bitlake.engine.keyindex import encode_keys, key_codes
+    from bitlake.engine.keyindex import encode_keys, fixed_width, key_codes
 
     meta = state.metadata
     pk = list(meta.primary_key)
@@ -313,7 +313,8 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
         found, prior_d, prior_rid, prior_deleted = np.zeros(k, bool), np.zeros(k, np.int64), np.zeros(k, np.int64), \
             np.zeros(k, bool)
     elif index is not None and len(first) * LOOKUP_COST_IN_ROWS <= stored_rows:
-        found, prior_d, prior_rid, prior_deleted = index.lookup(encode_keys(records.take(pa.array(first)), pk))
+        found, prior_d, prior_rid, prior_deleted = index.lookup(encode_keys(records.take(pa.array(first)), pk),
+                                                                in_order=fixed_width(records, pk))
     else:
         found, prior_d, prior_rid, prior_deleted = scan_keystore(io, state, records.take(pa.array(first)),
                                                                   buckets.tolist())
