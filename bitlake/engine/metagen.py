@@ -202,11 +202,12 @@ def assemble(state: TableState, batches: list[Landed], seg_out: list[dict], adde
 
 
 # A point lookup in the key index costs about as much as scanning this many key-store rows. Measured on TPC-H
-# lineitem (benchmarks/probes): a lookup costs 4-5 us whether the index holds 6M or 60M keys, while a scan
-# that reads the key store bucket by bucket and hash-joins it with the batch's keys costs 0.02 us a row at
-# scale factor 1 (60,000 keys: 0.14 s against 0.25 s of lookups) and 0.013 us at 10 (600,000 keys: 1.06 s
-# against 3.07 s).
-LOOKUP_COST_IN_ROWS = 200
+# lineitem SF 10 (60M keys, 64 buckets, the index's format 2), 600,000 keys of a 1 % batch: lookups 1.6 s for
+# random keys (2.7 us a key on two threads), the scan of the key store 2.2 s (0.036 us a row); whole upserts of
+# keys from random row groups: 3.3-3.5 s with lookups against 4.2-5.2 s with the scan
+# (benchmarks/probes/lookup_vs_scan.py). With the index's format 1 (zstd in 4 KB blocks), lookups cost about
+# twice as much, and this was 200.
+LOOKUP_COST_IN_ROWS = 70
 
 
 # The inline MetaGen folds at most this many records at once: larger commits are folded in groups, a key's
