@@ -293,7 +293,7 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
                   index) -> _Folded:
     """Folds ``records`` (keys-file rows of whole keys) against the stored entries of their keys; returns the
     events, the row ids that become valid and the key-store rows they leave."""
-    from bitlake.engine.keyindex import encode_keys, fixed_width, key_codes
+    from bitlake.engine.keyindex import ascending, encode_keys, fixed_width, key_codes
 
     meta = state.metadata
     pk = list(meta.primary_key)
@@ -309,16 +309,18 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
         stored_rows = sum(f.rows for b in buckets.tolist() for f in state.keystore.get(b, []))
     else:  # an empty key store (a load)
         stored_rows = 0
+    distinct = None
     if stored_rows == 0:  # a load: nothing to look up
         k = len(first)
         found, prior_d, prior_rid, prior_deleted = np.zeros(k, bool), np.zeros(k, np.int64), np.zeros(k, np.int64), \
             np.zeros(k, bool)
-    elif index is not None and len(first) * LOOKUP_COST_IN_ROWS <= stored_rows:
-        found, prior_d, prior_rid, prior_deleted = index.lookup(encode_keys(records.take(pa.array(first)), pk),
-                                                                in_order=fixed_width(records, pk))
     else:
-        found, prior_d, prior_rid, prior_deleted = scan_keystore(io, state, records.take(pa.array(first)),
-                                                                  buckets.tolist())
+        distinct = records.take(pa.array(first))  # a record of each key, in code order
+        if index is not None and len(first) * LOOKUP_COST_IN_ROWS <= stored_rows:
+            found, prior_d, prior_rid, prior_deleted = index.lookup(encode_keys(distinct, pk),
+                                                                    in_order=fixed_width(records, pk))
+        else:
+            found, prior_d, prior_rid, prior_deleted = scan_keystore(io, state, distinct, buckets.tolist())
 
     f = fold(codes, deltas, rids, deleted, bidx, found, prior_d, prior_rid, prior_deleted)
     accepted_upsert, accepted_delete = f.accepted & ~f.deleted, f.accepted & f.deleted
@@ -333,11 +335,16 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
         counts = np.array([[np.count_nonzero(kinds[k]) for k in COUNTS]], dtype=np.int64)
     else:
         counts = np.stack([np.bincount(f.batch[kinds[k]], minlength=len(batches)) for k in COUNTS], axis=1)
-    t_parts, t_seqs, t_offsets = rowid.unpack_arrays(f.last_rid[f.until])
+    # The events in row-id order, which the segment log and the bitmaps take them in (records come in key order).
+    ended = f.last_rid[f.until]
+    by_row = None if ascending([ended]) else lexsort([ended])
+    in_row_order = (lambda a: a) if by_row is None else (lambda a: a[by_row])
+    t_parts, t_seqs, t_offsets = rowid.unpack_arrays(in_row_order(ended))
     until = pa.table({
         rowid.PART_COLUMN: t_parts, rowid.SEQ_COLUMN: t_seqs, rowid.OFFSET_COLUMN: t_offsets,
         "event": np.full(len(t_parts), segmentlog.SET_VALID_UNTIL, np.int8),
-        "t": f.delta[f.until], "cause": f.rid[f.until], "batch_index": f.batch[f.until].astype(np.int32),
+        "t": in_row_order(f.delta[f.until]), "cause": in_row_order(f.rid[f.until]),
+        "batch_index": in_row_order(f.batch[f.until]).astype(np.int32),
     })
     # The key-store rows in code order, which is key order for keys of fixed width: the key index and the
     # key-store files take them sorted (a load of a dump in key order is taken as it is).
@@ -351,7 +358,12 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
     # Strictly increasing row numbers from 0 to n - 1 are all of them, in order.
     in_place = len(final) == n and (n == 0 or (final[0] == 0 and final[-1] == n - 1 and
                                                strictly_increasing(final)))
-    latest = records if in_place else records.take(pa.array(final, pa.int64()))
+    if in_place:
+        latest = records
+    elif final is first and distinct is not None:
+        latest = distinct
+    else:
+        latest = records.take(pa.array(final, pa.int64()))
     ks_rows = latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
         keystore.VERSION, pa.repeat(pa.scalar(version, pa.int64()), latest.num_rows)
     )
@@ -373,8 +385,15 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     keys wanted there on a thread of their own, so memory holds a few buckets, never the whole key store."""
     pk = list(state.metadata.primary_key)
     n = distinct.num_rows
-    wanted = distinct.select([*pk, keystore.BUCKET]).append_column("_code", pa.array(np.arange(n, dtype=np.int64)))
-    wanted_bucket = wanted.column(keystore.BUCKET).to_numpy()
+    # The keys grouped by bucket with one stable sort (a bucket's keys keep their order), each bucket a slice.
+    of_key = distinct.column(keystore.BUCKET).to_numpy()
+    by_bucket = np.argsort(of_key.astype(np.uint16), kind="stable")
+    wanted = distinct.select(pk).append_column("_code", pa.array(np.arange(n, dtype=np.int64))).take(
+        pa.array(by_bucket))
+    sorted_buckets = of_key[by_bucket]
+    starts = np.searchsorted(sorted_buckets, buckets, side="left")
+    ends = np.searchsorted(sorted_buckets, buckets, side="right")
+    slices = {b: (int(a), int(e)) for b, a, e in zip(buckets, starts.tolist(), ends.tolist(), strict=True)}
     columns = [*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.VERSION]
 
     found = np.zeros(n, dtype=bool)
@@ -384,7 +403,8 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
         files = state.keystore.get(bucket, [])
         if not files:
             return
-        keys = wanted.filter(pa.array(wanted_bucket == bucket)).select([*pk, "_code"])
+        a, e = slices[bucket]
+        keys = wanted.slice(a, e - a)
         m = pa.concat_tables([_matches(keystore.read_file(io, f.path, state.metadata, columns=columns), keys, pk)
                               for f in files])
         code = m.column("_code").to_numpy()

@@ -68,8 +68,12 @@ def _spans(row_sets) -> list[tuple[int, int]] | None:
 
 
 def _pack(columns: list[np.ndarray], spans: list[tuple[int, int]]) -> np.ndarray:
-    packed = np.zeros(len(columns[0]), dtype=np.int64)
+    packed = None
     for c, (low, bits) in zip(columns, spans, strict=True):
-        packed <<= bits
-        packed |= c.astype(np.int64) - np.int64(low)  # in [0, 2**bits): the span fits, so no wrap-around
-    return packed
+        value = np.subtract(c, np.int64(low), dtype=np.int64)  # in [0, 2**bits): the span fits, so no wrap-around
+        if packed is None:
+            packed = value
+        else:
+            packed <<= bits
+            packed |= value
+    return np.zeros(0, dtype=np.int64) if packed is None else packed
