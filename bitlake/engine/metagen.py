@@ -248,8 +248,12 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
         rows.append(g.keystore_rows)
     keystore_rows = pa.concat_tables(rows)
     touched = {b: state.keystore.get(b, []) for b in pc.unique(keystore_rows.column(keystore.BUCKET)).to_pylist()}
-    added, replaced = keystore.write_bucket_files(io, meta, touched, keystore_rows) if touched else ([], [])
-    seg_out = write_segments(io, state.segments, pa.concat_tables(until), valid)
+    events = pa.concat_tables(until)
+    # The key-store files and the segment log with its bitmaps are independent: written at once, on two threads.
+    (added, replaced), seg_out = thread_map(lambda write: write(), [
+        lambda: keystore.write_bucket_files(io, meta, touched, keystore_rows) if touched else ([], []),
+        lambda: write_segments(io, state.segments, events, valid),
+    ])
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
     out = assemble(state, batches, seg_out, added, replaced, batch_counts)
     return dataclasses.replace(out, keystore_rows=keystore_rows)
