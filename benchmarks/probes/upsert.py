@@ -1,7 +1,8 @@
-"""Probe: an upsert of a random fraction of lineitem's rows (sampled from random row groups, delta = SEED) into
-the table benchmarks/probes/load_stream.py made; prints the wall time and a profile.
+"""Probe: an upsert of a random fraction of lineitem's rows (sampled from random row groups, or with ``uniform``
+uniformly from all rows as the peers benchmark does; delta = SEED) into the table benchmarks/probes/load_stream.py
+made; prints the wall time, the time of the inline MetaGen's steps and a profile of the calling thread.
 
-    .venv/bin/python benchmarks/probes/upsert.py SF FRACTION SEED
+    .venv/bin/python benchmarks/probes/upsert.py SF FRACTION SEED [uniform]
 """
 
 from __future__ import annotations
@@ -36,17 +37,68 @@ def batch(source: pq.ParquetFile, schema: pa.Schema, fraction: float, seed: int)
     return raw.append_column(schema.field(core.DELTA), pa.array(np.full(raw.num_rows, seed, np.int32)))
 
 
+def uniform_batch(source: pq.ParquetFile, schema: pa.Schema, fraction: float, seed: int) -> pa.Table:
+    """``fraction`` of the source's rows drawn uniformly, shuffled, as the table stores them, delta ``seed``."""
+    rng = np.random.default_rng(seed)
+    meta = source.metadata
+    wanted = np.sort(rng.choice(meta.num_rows, int(meta.num_rows * fraction), replace=False))
+    starts = np.cumsum([0] + [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+    group_of = np.searchsorted(starts, wanted, side="right") - 1
+    columns = pa.schema(list(schema)[:-1])
+    parts = []
+    for g in np.unique(group_of).tolist():
+        raw = source.read_row_group(g)
+        raw = pa.Table.from_arrays([c.cast(f.type) for c, f in zip(raw.columns, columns, strict=False)],
+                                   schema=columns)
+        parts.append(raw.take(pa.array(wanted[group_of == g] - starts[g])))
+    raw = pa.concat_tables(parts)
+    raw = raw.take(pa.array(rng.permutation(raw.num_rows)))
+    return raw.append_column(schema.field(core.DELTA), pa.array(np.full(raw.num_rows, seed, np.int32)))
+
+
+def timed_steps() -> dict[str, float]:
+    """Wraps the inline MetaGen's steps so that each adds its wall time to the returned dict."""
+    from bitlake import ingest
+    from bitlake.engine import keyindex, metagen
+    from bitlake.format import keystore
+
+    times: dict[str, float] = {}
+
+    def wrap(owner, name, label):
+        fn = getattr(owner, name)
+
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                times[label] = times.get(label, 0.0) + time.perf_counter() - t0
+
+        setattr(owner, name, timed)
+
+    for owner, name, label in [(ingest, "land_batch", "landing"), (metagen, "run_inline", "metagen"),
+                               (keyindex, "key_codes", "key codes"), (keyindex.KeyIndex, "lookup", "lookups"),
+                               (metagen, "scan_keystore", "key-store scan"), (metagen, "fold", "fold"),
+                               (keystore, "write_bucket_files", "key-store files"),
+                               (metagen, "write_segments", "segment log and bitmaps")]:
+        wrap(owner, name, label)
+    return times
+
+
 def main() -> None:
     sf, fraction, seed = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
     source = pq.ParquetFile(core.lineitem(sf))
-    changes = batch(source, core.table_schema(source.schema_arrow), fraction, seed)
+    sample = uniform_batch if sys.argv[4:5] == ["uniform"] else batch
+    changes = sample(source, core.table_schema(source.schema_arrow), fraction, seed)
     t = bitlake.open_table(str(core.ROOT / "benchmarks" / "work" / "probes" / f"s{sf}"))
+    steps = timed_steps()
     profile = cProfile.Profile()
     t0 = time.perf_counter()
     profile.enable()
     r = t.ingest(changes, batch_id=f"u{seed}-{fraction}")
     profile.disable()
     print("upsert", sf, fraction, changes.num_rows, round(time.perf_counter() - t0, 3), r.counts, flush=True)
+    print("steps (wall s):", ", ".join(f"{k} {v:.3f}" for k, v in steps.items()), flush=True)
     pstats.Stats(profile).sort_stats("cumulative").print_stats(25)
 
 
