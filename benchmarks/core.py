@@ -246,36 +246,43 @@ def written_between(before: Snapshot, after: Snapshot) -> tuple[int, dict[str, i
 
 
 class PhaseTimer:
-    """Times bitlake's ingestion steps (landing, MetaGen either way, the key-index update after the
+    """Times bitlake's ingestion steps (by default landing, MetaGen either way, the key-index update after the
     commit) by wrapping the functions that run them."""
 
     def __init__(self):
         self.times: dict[str, float] = {}
 
-    @contextlib.contextmanager
-    def installed(self):
+    @staticmethod
+    def ingestion_steps() -> list[tuple[object, str, str]]:
         from bitlake import ingest
         from bitlake.engine.indexsession import IndexSession
         from bitlake.ingest import Ingestion
 
-        originals = (ingest.land_batch, Ingestion._run, IndexSession.after_commit)
+        return [(ingest, "land_batch", "landing"),  # any landing: a Spark job or the driver's
+                (Ingestion, "_run", "metagen"), (IndexSession, "after_commit", "index")]
 
-        def wrap(name, fn):
+    @contextlib.contextmanager
+    def installed(self, steps: list[tuple[object, str, str]] | None = None):
+        """Wraps each (owner, attribute name, label) of ``steps`` (default :meth:`ingestion_steps`) while open."""
+        steps = self.ingestion_steps() if steps is None else steps
+        originals = [(owner, name, getattr(owner, name)) for owner, name, _ in steps]
+
+        def wrap(label, fn):
             def timed(*a, **kw):
                 t0 = time.perf_counter()
                 try:
                     return fn(*a, **kw)
                 finally:
-                    self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - t0
+                    self.times[label] = self.times.get(label, 0.0) + time.perf_counter() - t0
             return timed
 
-        ingest.land_batch = wrap("landing", ingest.land_batch)  # any landing: a Spark job or the driver's
-        Ingestion._run = wrap("metagen", Ingestion._run)
-        IndexSession.after_commit = wrap("index", IndexSession.after_commit)
+        for owner, name, label in steps:
+            setattr(owner, name, wrap(label, getattr(owner, name)))
         try:
             yield self
         finally:
-            ingest.land_batch, Ingestion._run, IndexSession.after_commit = originals
+            for owner, name, fn in originals:
+                setattr(owner, name, fn)
 
     def take(self) -> dict[str, float]:
         out, self.times = self.times, {}

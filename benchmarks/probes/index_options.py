@@ -33,11 +33,9 @@ PK = ["l_orderkey", "l_linenumber"]
 def previous_options():
     """The bottom run's options of the index's format 1: zstd level 3, 4 KB blocks, bloom filters (its values were
     18 bytes; here they are format 2's)."""
-    from rocksdict import BlockBasedOptions, DBCompressionType
+    from rocksdict import BlockBasedOptions
 
-    options = keyindex.KeyIndex._options("upper")
-    options.set_compression_type(DBCompressionType.zstd())
-    options.set_compression_options(-14, 3, 0, 0)
+    options = keyindex.KeyIndex._options("upper", keyindex._SMALL_WRITE_ROWS)  # zstd at level 3
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
     options.set_block_based_table_factory(table)

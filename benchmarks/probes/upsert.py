@@ -56,33 +56,16 @@ def uniform_batch(source: pq.ParquetFile, schema: pa.Schema, fraction: float, se
     return raw.append_column(schema.field(core.DELTA), pa.array(np.full(raw.num_rows, seed, np.int32)))
 
 
-def timed_steps() -> dict[str, float]:
-    """Wraps the inline MetaGen's steps so that each adds its wall time to the returned dict."""
+def metagen_steps() -> list[tuple[object, str, str]]:
+    """The inline MetaGen's steps, for :class:`core.PhaseTimer`."""
     from bitlake import ingest
     from bitlake.engine import keyindex, metagen
     from bitlake.format import keystore
 
-    times: dict[str, float] = {}
-
-    def wrap(owner, name, label):
-        fn = getattr(owner, name)
-
-        def timed(*a, **kw):
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **kw)
-            finally:
-                times[label] = times.get(label, 0.0) + time.perf_counter() - t0
-
-        setattr(owner, name, timed)
-
-    for owner, name, label in [(ingest, "land_batch", "landing"), (metagen, "run_inline", "metagen"),
-                               (keyindex, "key_codes", "key codes"), (keyindex.KeyIndex, "lookup", "lookups"),
-                               (metagen, "scan_keystore", "key-store scan"), (metagen, "fold", "fold"),
-                               (keystore, "write_bucket_files", "key-store files"),
-                               (metagen, "write_segments", "segment log and bitmaps")]:
-        wrap(owner, name, label)
-    return times
+    return [(ingest, "land_batch", "landing"), (metagen, "run_inline", "metagen"),
+            (keyindex, "key_codes", "key codes"), (keyindex.KeyIndex, "lookup", "lookups"),
+            (metagen, "scan_keystore", "key-store scan"), (metagen, "fold", "fold"),
+            (keystore, "write_bucket_files", "key-store files"), (metagen, "write_segments", "segment log and bitmaps")]
 
 
 def main() -> None:
@@ -91,14 +74,14 @@ def main() -> None:
     sample = uniform_batch if sys.argv[4:5] == ["uniform"] else batch
     changes = sample(source, core.table_schema(source.schema_arrow), fraction, seed)
     t = bitlake.open_table(str(core.ROOT / "benchmarks" / "work" / "probes" / f"s{sf}"))
-    steps = timed_steps()
     profile = cProfile.Profile()
-    t0 = time.perf_counter()
-    profile.enable()
-    r = t.ingest(changes, batch_id=f"u{seed}-{fraction}")
-    profile.disable()
+    with core.PhaseTimer().installed(metagen_steps()) as steps:
+        t0 = time.perf_counter()
+        profile.enable()
+        r = t.ingest(changes, batch_id=f"u{seed}-{fraction}")
+        profile.disable()
     print("upsert", sf, fraction, changes.num_rows, round(time.perf_counter() - t0, 3), r.counts, flush=True)
-    print("steps (wall s):", ", ".join(f"{k} {v:.3f}" for k, v in steps.items()), flush=True)
+    print("steps (wall s):", ", ".join(f"{k} {v:.3f}" for k, v in steps.take().items()), flush=True)
     pstats.Stats(profile).sort_stats("cumulative").print_stats(25)
 
 

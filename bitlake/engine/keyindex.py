@@ -62,8 +62,8 @@ _PROCESS_SST_ROWS = 2_000_000
 # the values of the index's format 1, 18 bytes each, 126 MB). Everything else (a commit's
 # memtable flush, its staged SST files, compactions above the bottom run) is zstd at level 6, ~9 % smaller than
 # the default 3, with filters, which keeps a small commit's bytes written small (a 1 % TPC-H SF 1 batch: 0.65 MB
-# of index against 0.71 MB, for 2.67 MB of data); staged files of _SMALL_WRITE_ROWS entries or more keep level 3,
-# which compresses faster.
+# of index against 0.71 MB, for 2.67 MB of data); staged files of _SMALL_WRITE_ROWS entries or more take zstd's
+# default level 3, which compresses faster.
 _SMALL_WRITE_LEVEL = 6
 _SMALL_WRITE_ROWS = 1_000_000
 _BOTTOM_BLOCK_BYTES = 2048
@@ -271,14 +271,15 @@ class KeyIndex:
         return db
 
     @staticmethod
-    def _options(sst: str | None = None):
-        """The database's options, or (``sst``: ``"bottom"`` or ``"upper"``) those of an SST file this index
-        writes for its bottom run or above it (see _BOTTOM_BLOCK_BYTES)."""
+    def _options(sst: str | None = None, entries: int = 0):
+        """The database's options, or (``sst``: ``"bottom"`` or ``"upper"``) those of an SST file of ``entries``
+        entries this index writes for its bottom run or above it (see _BOTTOM_BLOCK_BYTES)."""
         from rocksdict import BlockBasedOptions, DBCompactionStyle, DBCompressionType, Options, UniversalCompactOptions
 
         options = Options(raw_mode=True)
         options.set_compression_type(DBCompressionType.lz4() if sst == "bottom" else DBCompressionType.zstd())
-        options.set_compression_options(-14, _SMALL_WRITE_LEVEL, 0, 0)  # window bits and strategy: RocksDB's
+        level = 3 if sst == "upper" and entries >= _SMALL_WRITE_ROWS else _SMALL_WRITE_LEVEL
+        options.set_compression_options(-14, level, 0, 0)  # window bits and strategy: RocksDB's defaults
         if sst is None:  # (an SST file writer would take the bottom's compression for every file)
             options.set_bottommost_compression_type(DBCompressionType.lz4())
             options.set_optimize_filters_for_hits(True)
@@ -500,10 +501,7 @@ def write_sst(table: pa.Table, primary_key: list[str], path: str, bottom: bool) 
     bottom run, see _BOTTOM_BLOCK_BYTES)."""
     from rocksdict import SstFileWriter
 
-    options = KeyIndex._options("bottom" if bottom else "upper")
-    if not bottom and table.num_rows >= _SMALL_WRITE_ROWS:
-        options.set_compression_options(-14, 3, 0, 0)  # zstd's default level: a large file compresses faster
-    writer = SstFileWriter(options=options)
+    writer = SstFileWriter(options=KeyIndex._options("bottom" if bottom else "upper", table.num_rows))
     writer.open(path)
     for start in range(0, table.num_rows, _PUT_CHUNK):
         chunk = table.slice(start, _PUT_CHUNK)

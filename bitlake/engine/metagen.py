@@ -297,7 +297,7 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
                   index) -> _Folded:
     """Folds ``records`` (keys-file rows of whole keys) against the stored entries of their keys; returns the
     events, the row ids that become valid and the key-store rows they leave."""
-    from bitlake.engine.keyindex import ascending, encode_keys, fixed_width, key_codes
+    from bitlake.engine.keyindex import encode_keys, fixed_width, key_codes
 
     meta = state.metadata
     pk = list(meta.primary_key)
@@ -339,16 +339,17 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
         counts = np.array([[np.count_nonzero(kinds[k]) for k in COUNTS]], dtype=np.int64)
     else:
         counts = np.stack([np.bincount(f.batch[kinds[k]], minlength=len(batches)) for k in COUNTS], axis=1)
-    # The events in row-id order, which the segment log and the bitmaps take them in (records come in key order).
-    ended = f.last_rid[f.until]
-    by_row = None if ascending([ended]) else lexsort([ended])
-    in_row_order = (lambda a: a) if by_row is None else (lambda a: a[by_row])
-    t_parts, t_seqs, t_offsets = rowid.unpack_arrays(in_row_order(ended))
+    # The events in row-id order, which the segment log and the bitmaps take them in (records come in key order;
+    # a row is superseded once, so the ids are distinct).
+    ended, t, cause, batch = f.last_rid[f.until], f.delta[f.until], f.rid[f.until], f.batch[f.until]
+    if not strictly_increasing(ended):
+        by_row = lexsort([ended])
+        ended, t, cause, batch = ended[by_row], t[by_row], cause[by_row], batch[by_row]
+    t_parts, t_seqs, t_offsets = rowid.unpack_arrays(ended)
     until = pa.table({
         rowid.PART_COLUMN: t_parts, rowid.SEQ_COLUMN: t_seqs, rowid.OFFSET_COLUMN: t_offsets,
         "event": np.full(len(t_parts), segmentlog.SET_VALID_UNTIL, np.int8),
-        "t": in_row_order(f.delta[f.until]), "cause": in_row_order(f.rid[f.until]),
-        "batch_index": in_row_order(f.batch[f.until]).astype(np.int32),
+        "t": t, "cause": cause, "batch_index": batch.astype(np.int32),
     })
     # The key-store rows in code order, which is key order for keys of fixed width: the key index and the
     # key-store files take them sorted (a load of a dump in key order is taken as it is).

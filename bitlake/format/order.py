@@ -68,12 +68,9 @@ def _spans(row_sets) -> list[tuple[int, int]] | None:
 
 
 def _pack(columns: list[np.ndarray], spans: list[tuple[int, int]]) -> np.ndarray:
-    packed = None
-    for c, (low, bits) in zip(columns, spans, strict=True):
-        value = np.subtract(c, np.int64(low), dtype=np.int64)  # in [0, 2**bits): the span fits, so no wrap-around
-        if packed is None:
-            packed = value
-        else:
-            packed <<= bits
-            packed |= value
-    return np.zeros(0, dtype=np.int64) if packed is None else packed
+    # Each value less its column's lowest is in [0, 2**bits): the spans fit in 63 bits, so nothing wraps around.
+    packed = np.subtract(columns[0], np.int64(spans[0][0]), dtype=np.int64)
+    for c, (low, bits) in zip(columns[1:], spans[1:], strict=True):
+        packed <<= bits
+        packed |= np.subtract(c, np.int64(low), dtype=np.int64)
+    return packed
