@@ -75,7 +75,8 @@ def _borrow(io: FileIO, meta: TableMetadata) -> KeyIndex:
 
 def _give_back(index: KeyIndex, idle_seconds: float) -> None:
     """Ends a commit's use of ``index``: it stays open ``idle_seconds``, or closes now. Either way its entries
-    reach disk now (no write-ahead log: a killed process loses only what was never flushed)."""
+    start for disk now, on RocksDB's thread when the index stays open (no write-ahead log: a process killed
+    before the flush ends loses them with the version they carry, and the next writer catches the index up)."""
     index.discard_staged()
     with _lock:
         kept = _kept.get(index.path)
@@ -86,7 +87,7 @@ def _give_back(index: KeyIndex, idle_seconds: float) -> None:
                 del _kept[index.path]
             index.close()
             return
-        index.db.flush()
+        index.db.flush(False)
         kept.busy = False
         if idle_seconds <= 0:
             _close(index.path)

@@ -245,7 +245,7 @@ class KeyIndex:
             raise
 
     def _open(self):
-        from rocksdict import Rdict, WriteOptions
+        from rocksdict import ReadOptions, Rdict, WriteOptions
 
         # The folder is held open, so that one deleted or replaced meanwhile can never show this one's inode,
         # and RocksDB reaches it through that descriptor where the system allows: a table deleted and created
@@ -268,6 +268,12 @@ class KeyIndex:
         write = WriteOptions()
         write.disable_wal = True
         db.set_write_options(write)
+        # Lookups of a batch's keys hit blocks all over the index, seldom one another's: putting each block
+        # in RocksDB's block cache, and evicting one for it, cost more than the lookup itself (a 1 % batch
+        # of TPC-H SF 10: 3.3 against 1.7 us a key). The system's page cache keeps the files' blocks.
+        read = ReadOptions()
+        read.fill_cache(False)
+        db.set_read_options(read)
         return db
 
     @staticmethod
@@ -576,7 +582,7 @@ class _SstWriting:
 
 
 def _encode_values(table: pa.Table) -> list[bytes]:
-    """Each key-store row's entry value: its row id (8 bytes, little-endian), its delta (8 more) unless 0, and a
+    """Each key-store row's entry value: its row id (8 bytes, big-endian), its delta (8 more) unless 0, and a
     flag byte, 1 for an upsert and 2 for a delete marker (never 0: numpy's fixed-width bytes drop trailing zeros).
     A load with no delta values stores half the bytes; :func:`_decode_values` reads both lengths."""
     n = table.num_rows
@@ -604,7 +610,14 @@ def _decode_values(values: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndar
     lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
     if np.any((lengths != 9) & (lengths != 17)):
         raise IndexUnavailableError("the key index holds a value of another encoding")
-    raw = np.frombuffer(b"".join(values), dtype=np.uint8)
+    joined = b"".join(values)
+    if len(joined) in (9 * len(values), 17 * len(values)):  # all of one length: read as records
+        short = len(joined) == 9 * len(values)
+        records = np.frombuffer(joined, dtype=[("r", ">i8"), ("f", "u1")] if short else
+                                [("r", ">i8"), ("d", ">i8"), ("f", "u1")])
+        delta = np.zeros(len(values), np.int64) if short else records["d"].astype(np.int64)
+        return delta, records["r"].astype(np.int64), records["f"] == 2
+    raw = np.frombuffer(joined, dtype=np.uint8)
     starts = np.cumsum(lengths) - lengths
     eight = np.arange(8)
     rid = raw[starts[:, None] + eight].view(">i8").reshape(-1).astype(np.int64)
