@@ -331,6 +331,82 @@ class Windows:
         return out
 
 
+class TreeRss:
+    """Resident set sizes of this process tree, sampled every ``interval`` seconds on a thread while it is
+    entered: this process (the driver's Python), its Java descendants (Spark's JVM: in local mode the driver
+    and the executors) and its other descendants (PySpark's Python workers, summed: workers forked from one
+    daemon share pages, so the sum is an upper bound). :meth:`peaks` gives each span's peaks."""
+
+    ROLES = ("driver_python", "jvm", "python_workers", "tree")  # tree: the three at once
+
+    def __init__(self, interval: float = 0.25):
+        self.interval = interval
+        self.samples: list[tuple[float, int, int, int, int]] = []  # (time ms, then bytes per role)
+        self._stop = None
+
+    @staticmethod
+    def sample() -> tuple[int, int, int, int]:
+        page = os.sysconf("SC_PAGE_SIZE")
+        procs: dict[int, tuple[int, str, int]] = {}  # pid: (parent, command, rss bytes)
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    with open(f"/proc/{entry.name}/stat") as f:
+                        stat = f.read()
+                except OSError:
+                    continue  # gone meanwhile
+                command, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+                procs[int(entry.name)] = (int(rest[1]), command, int(rest[21]) * page)
+        children: dict[int, list[int]] = {}
+        for pid, (parent, _, _) in procs.items():
+            children.setdefault(parent, []).append(pid)
+        me = os.getpid()
+        out = [procs.get(me, (0, "", 0))[2], 0, 0]
+        todo = list(children.get(me, []))
+        while todo:
+            pid = todo.pop()
+            todo += children.get(pid, [])
+            out[1 if procs[pid][1] == "java" else 2] += procs[pid][2]
+        return out[0], out[1], out[2], sum(out)
+
+    def mark(self) -> None:
+        """Takes a sample now (an operation shorter than the interval gets one at its start and end)."""
+        self.samples.append((time.time() * 1000, *self.sample()))
+
+    def start(self) -> TreeRss:
+        import threading
+
+        self._stop = threading.Event()
+
+        def run():
+            while not self._stop.wait(self.interval):
+                self.mark()
+
+        threading.Thread(target=run, name="bench-rss", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def __enter__(self) -> TreeRss:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def peaks(self, spans: list[tuple[str, float, float]]) -> dict[str, dict[str, int]]:
+        """Per span name (``Windows.spans``: name, start ms, end ms; a name's spans pooled): the peak bytes
+        of each role in the samples taken inside it."""
+        out: dict[str, dict[str, int]] = {}
+        for name, start, end in spans:
+            peak = out.setdefault(name, dict.fromkeys(self.ROLES, 0))
+            for at, *sizes in self.samples:
+                if start <= at <= end:
+                    for role, size in zip(self.ROLES, sizes, strict=True):
+                        peak[role] = max(peak[role], size)
+        return out
+
+
 def aggregate(df, schema: pa.Schema):
     """A full aggregate over every column: sum of the numbers, max of the rest, and count(*)."""
     from pyspark.sql import functions as F
@@ -459,10 +535,10 @@ def mb(n: int) -> str:
     return f"{n / 1e6:,.2f} MB"
 
 
-def heading(scale_factor: str) -> str:
-    """The doc section of a run at ``scale_factor`` (as :func:`sf_text` writes it): SF 1 under SECTION, others
-    under a heading of their own."""
-    return SECTION if scale_factor == "1" else f"{SECTION}, SF {scale_factor}"
+def heading(scale_factor: str, section: str = SECTION) -> str:
+    """The doc section of a run at ``scale_factor`` (as :func:`sf_text` writes it): SF 1 under ``section``,
+    others under a heading of their own."""
+    return section if scale_factor == "1" else f"{section}, SF {scale_factor}"
 
 
 def markdown(result: dict) -> str:

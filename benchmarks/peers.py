@@ -747,6 +747,7 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
     except Exception as e:  # noqa: BLE001 - recorded, the run goes on
         emit("fatal", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
         return 1
+    rss = core.TreeRss().start()
     for op in spec["ops"]:
         rec = base_record(op["operation"], op["batch_fraction"])
         rec["change_parquet_bytes"] = op["change_parquet_bytes"]
@@ -754,10 +755,13 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
         emit("start", operation=op["operation"], batch_fraction=op["batch_fraction"], engine=None)
         before = core.snapshot(folder)
         try:
-            t0 = time.perf_counter()
+            rss.mark()
+            start_ms, t0 = time.time() * 1000, time.perf_counter()
             fn = {"load": system.load, "upsert": system.upsert, "delete": system.delete}[op["operation"]]
             extra = fn(op["file"], op["k"])
             rec["wall_s"] = time.perf_counter() - t0
+            rss.mark()
+            rec["peak_rss"] = rss.peaks([("op", start_ms, time.time() * 1000)])["op"]
             rec.update(extra or {})
             rec["bytes_written"], _, rec["files_written"] = core.written_between(before, core.snapshot(folder))
             log(f"{system_name} sf {sf_text(sf)} {op['operation']} {fraction_text(op['batch_fraction'])}: "
@@ -769,6 +773,7 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
             emit("fatal", error=f"stopped after {op['operation']} {fraction_text(op['batch_fraction'])} failed")
             return 1
         emit("record", record=rec)
+    rss.stop()
 
     # (engine, scan, plain counterpart): bitlake's scans alternate with a plain scan of the same data files
     # by the same engine in the same process, so their ratio holds on a machine whose other jobs come and go.
@@ -1128,6 +1133,14 @@ def targets(records) -> list[dict]:
     return out
 
 
+def peak_rss_text(record: dict) -> str:
+    """The operation's peak RSS of the system's process tree, and of the JVM in it when there is one."""
+    peak = record.get("peak_rss")
+    if not peak:
+        return "—"
+    return mb(peak["tree"]) + (f" (JVM {mb(peak['jvm'])})" if peak["jvm"] else "")
+
+
 def render(results: dict, img_links: list[str] | None = None) -> str:
     """The doc section, from the results JSON alone."""
     records = results["records"]
@@ -1179,7 +1192,11 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
         "after), whole, except a file of at most 1 MB that only grew (its earlier content unchanged: RocksDB's "
         "LOG and MANIFEST), which counts the bytes appended (runs before 2026-11-25 22:45 UTC counted it "
         "whole). Write amplification: bytes written / the batch alone as one snappy Parquet file "
-        "(pyarrow). Wall times are single runs on a machine shared with other jobs; a Spark system's process "
+        "(pyarrow). Peak RSS: the resident set of the system's process tree (its Python process, Spark's JVM "
+        "and PySpark's workers; the batch read inside the timed call included), sampled every 0.25 s and at the "
+        "operation's start and end, with the JVM's share for Spark systems (runs before 2026-11-26 12:00 UTC did "
+        "not record it). "
+        "Wall times are single runs on a machine shared with other jobs; a Spark system's process "
         "starts its session and runs one small read before the timed operations, so JVM start-up is not in "
         "its load. bitlake-two-step's wall time is given with its two calls (ingest + metagen); the rest is "
         "creating the table (load) and Spark planning the read of the batch file.",
@@ -1189,8 +1206,9 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
         base_rows = next((r.get("records") for r in records
                           if r["scale_factor"] == sf and r["operation"] == "load" and r.get("records")), None)
         lines += [f"### Scale factor {sf_text(sf)}" + (f" ({base_rows:,} rows)" if base_rows else ""), "",
-                  "| operation | batch | records | change as Parquet | system | wall s | bytes written | write amp. |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| operation | batch | records | change as Parquet | system | wall s | bytes written | write amp. "
+                  "| peak RSS |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         ops = [("load", None)] + [("upsert", f) for f in UPSERT_FRACTIONS] + [("delete", DELETE_FRACTION)]
         for op, f in ops:
             rows = [find(records, s, sf, op, f) for s in systems]
@@ -1207,7 +1225,7 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
                 amp = amplification(r)
                 lines.append(f"| {op} | {fraction_text(f)} | {num(first.get('records'), ',')} "
                              f"| {mb(first.get('change_parquet_bytes'))} | {s} | {wall} "
-                             f"| {mb(r['bytes_written'])} | {num(amp, ',.2f')} |")
+                             f"| {mb(r['bytes_written'])} | {num(amp, ',.2f')} | {peak_rss_text(r)} |")
         lines += ["", "Storage after all batches (the whole folder, history included; \"current data\" = "
                       "the data files of the latest view) and scans (one warm-up, median of the timed runs; "
                       "ratio = wall time / the plain scan of bitlake's data files with the same engine: "

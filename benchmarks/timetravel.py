@@ -317,7 +317,7 @@ def markdown(result: dict) -> str:
     make = f"`make bench-timetravel SF={cfg['scale_factor']}`"
     make_note = f"what {make} runs" if result.get("plain_make") else f"{make} runs it without the other options"
     lines = [
-        SECTION,
+        core.heading(cfg["scale_factor"], SECTION),
         "",
         f"Command: `{result['command']}` ({make_note}; `make bench` runs it after the core benchmark), "
         f"{result['date']}.",
@@ -403,6 +403,25 @@ def markdown(result: dict) -> str:
                 f"| {build} | {scan['median_s']:.2f} | {ratio_text(c['ratio'])} | {target} | {cpu} "
                 f"| {read} | {jobs} | {opened} |"
             )
+    if result.get("peak_rss"):
+        lines += [
+            "",
+            "### Peak memory",
+            "",
+            "Resident set sizes of the benchmark's process tree, sampled every 0.25 s, peaks over each step's "
+            "spans: the driver's Python process (the caller of bitlake: the inline MetaGen and the driver path "
+            "run in it), Spark's JVM (in local mode the driver and the executors are one JVM), and PySpark's "
+            "Python workers (landing tasks and the Python parts of reads; summed, an upper bound: workers forked "
+            "from one daemon share pages). Before the load the driver's Python held "
+            f"{mb(result['rss_before_load']['driver_python'])} and the JVM {mb(result['rss_before_load']['jvm'])}: "
+            f"the benchmark keeps the base as an Arrow table ({mb(result['base_arrow_bytes'])}) to draw the "
+            "batches from, which bitlake's own figures do not need.",
+            "",
+            "| step | driver Python | JVM (driver and executors) | Python workers (sum) | the three at once |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        lines += [f"| {step} | {mb(p['driver_python'])} | {mb(p['jvm'])} | {mb(p['python_workers'])} "
+                  f"| {mb(p['tree']) if 'tree' in p else '—'} |" for step, p in result["peak_rss"].items()]
     notes = result.get("notes") or []
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
@@ -410,8 +429,32 @@ def markdown(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write_doc(section: str) -> None:
-    core.write_doc(section, SECTION)
+def write_doc(section: str, scale_factor: str) -> None:
+    core.write_doc(section, core.heading(scale_factor, SECTION))
+
+
+def rss_group(span: str) -> str | None:
+    """The step a span of the run belongs to, for the peak-RSS table (None: not reported)."""
+    kind, _, rest = span.partition("|")
+    if kind == "ingest":
+        return {"base": "load (a Spark DataFrame of the base file)", "0.1 %": "0.1 % batch", "1 %": "1 % batch",
+                "10 %": "10 % batch"}.get(rest, "small batches" if rest.startswith("small") else "feed batches")
+    case = rest.split("|")[1]
+    if case in ("current", "scan"):
+        return "current-view scans"
+    return "time travel reads" if rest.startswith("views") else "change feeds"
+
+
+def rss_table(peaks: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """:meth:`core.TreeRss.peaks` by span, pooled into :func:`rss_group`'s steps (in the run's order)."""
+    out: dict[str, dict[str, int]] = {}
+    for span, peak in peaks.items():
+        group = rss_group(span)
+        if group is not None:
+            pooled = out.setdefault(group, dict.fromkeys(peak, 0))
+            for role, size in peak.items():
+                pooled[role] = max(pooled[role], size)
+    return out
 
 
 # -------------------------------------------------------------------------------------------- main
@@ -440,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
             result["notes"] = [n for n in result["notes"][:1] if n.startswith("During")]
             result["notes"] += explain(result["views"], result["feeds"])
         if not args.no_doc:
-            write_doc(markdown(result))
+            write_doc(markdown(result), result["config"]["scale_factor"])
         print(markdown(result))
         return 0
 
@@ -478,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     spark = bitlake.spark_session(args.master, app_name="bitlake-bench-timetravel", **conf)
     app_id = spark.sparkContext.applicationId
     spans = Spans()
+    rss = core.TreeRss().start()
+    before_load = dict(zip(core.TreeRss.ROLES, core.TreeRss.sample(), strict=True))
     log(f"spark {spark.version} {args.master}")
 
     maker = Maker(base, args.seed)
@@ -650,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
     feed_phase("0.1 % random updates", maker.make_mix(k, n_feed, 0, 0), k,
                {"update_preimage": n_feed, "update_postimage": n_feed}, True, UPDATES_TARGET)
 
+    rss.stop()
     spark.stop()
     event_log = event_dir / app_id
     notes: list[str] = []
@@ -708,6 +754,9 @@ def main(argv: list[str] | None = None) -> int:
         "views": view_phases,
         "feeds": feeds,
         "notes": notes,
+        "peak_rss": rss_table(rss.peaks(spans.spans)),
+        "rss_before_load": before_load,
+        "base_arrow_bytes": base.nbytes,
     }
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     out = RESULTS_DIR / f"timetravel-{date.strftime('%Y-%m-%d')}-sf{sf_text(sf)}.json"
@@ -715,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(result, indent=1) + "\n")
     section = markdown(result)
     if not args.no_doc:
-        write_doc(section)
+        write_doc(section, sf_text(sf))
     print(section)
     shutil.rmtree(table_path, ignore_errors=True)
     shutil.rmtree(work / "batches", ignore_errors=True)
