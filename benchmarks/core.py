@@ -702,6 +702,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("BITLAKE_DRIVER_MEMORY", "8g")
     os.environ.setdefault("BITLAKE_SHUFFLE_PARTITIONS", "16")
     import bitlake
+    from bitlake.engine.indexsession import flush_idle
 
     sf = args.scale_factor
     scan_after = {a.strip() for a in args.scans_after.split(",") if a.strip()}
@@ -747,6 +748,7 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             r = table.ingest(spark.read.parquet(str(path)), op_column=op_column, batch_id=f"bench-{k}")
             wall = time.perf_counter() - t0
+        flush_idle()  # the key index's flush after the commit, on RocksDB's thread: its bytes are the batch's
         written, by_kind, nfiles = written_between(before, snapshot(table_path))
         entry = {
             "name": name, "batch_id": f"bench-{k}", "version": r.version, "composition": composition,

@@ -316,6 +316,10 @@ class System:
     def current_data_bytes(self) -> int | None:
         return None
 
+    def settle(self) -> None:
+        """Waits for writes an operation left running in the background, once its wall time is taken, so that
+        its bytes are counted with it."""
+
 
 class SparkSystem(System):
     def __init__(self, name, folder, schema):
@@ -350,6 +354,11 @@ class Bitlake(SparkSystem):
     @property
     def arrow_input(self) -> bool:
         return self.mode.get("input") == "arrow"
+
+    def settle(self) -> None:
+        from bitlake.engine.indexsession import flush_idle
+
+        flush_idle()  # the key index's flush after a commit runs on RocksDB's thread
 
     def _read(self, path):
         """The batch file as the mode's input: read inside the timed call, as for the peers."""
@@ -760,6 +769,7 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
             fn = {"load": system.load, "upsert": system.upsert, "delete": system.delete}[op["operation"]]
             extra = fn(op["file"], op["k"])
             rec["wall_s"] = time.perf_counter() - t0
+            system.settle()
             rss.mark()
             rec["peak_rss"] = rss.peaks([("op", start_ms, time.time() * 1000)])["op"]
             rec.update(extra or {})
@@ -1195,7 +1205,9 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
         "(pyarrow). Peak RSS: the resident set of the system's process tree (its Python process, Spark's JVM "
         "and PySpark's workers; the batch read inside the timed call included), sampled every 0.25 s and at the "
         "operation's start and end, with the JVM's share for Spark systems (runs before 2026-11-26 12:00 UTC did "
-        "not record it). "
+        "not record it). bitlake's key index flushes a commit's entries on RocksDB's thread after the commit; the "
+        "worker waits for that flush after taking the wall time, before counting the bytes (commit 4aa4468 and "
+        "earlier since dddf22e counted a flush with whichever operation came after it ended). "
         "Wall times are single runs on a machine shared with other jobs; a Spark system's process "
         "starts its session and runs one small read before the timed operations, so JVM start-up is not in "
         "its load. bitlake-two-step's wall time is given with its two calls (ingest + metagen); the rest is "

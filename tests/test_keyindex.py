@@ -346,6 +346,23 @@ def test_a_writer_keeps_the_index_open_between_its_commits_and_closes_it_when_id
         assert index.version == t.version
 
 
+def test_flush_idle_waits_for_the_flush_an_idle_index_started_after_its_commit(tmp_path):
+    """The commit starts the index's flush on RocksDB's thread; flush_idle() returns with nothing left in the
+    memtables, the index at the table's version and answering every key."""
+    from bitlake.engine import indexsession
+
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
+    t.ingest(batch([1, 2], ["a", "b"], [1, 1]))
+    t.ingest(batch([1, 3], ["a2", "c"], [2, 2]))
+    index = indexsession._kept[keyindex.location(t.io, t.metadata)[0]].index
+    indexsession.flush_idle()
+    unflushed = ["rocksdb.num-entries-active-mem-table", "rocksdb.num-entries-imm-mem-tables"]
+    assert [index.db.property_int_value(p) for p in unflushed] == [0, 0]
+    assert index.version == t.version
+    found, delta, _, _ = index.lookup(keyindex.encode_keys(pa.table({"id": pa.array([1, 3], pa.int64())}), ["id"]))
+    assert found.tolist() == [True, True] and delta.tolist() == [2, 2]
+
+
 @pytest.mark.spark
 def test_a_table_restored_at_its_path_keeps_its_own_index(tmp_path, spark, monkeypatch):
     """The process keeps the index of its last commit open while the table's folder is replaced by a backup of an

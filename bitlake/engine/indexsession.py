@@ -117,6 +117,15 @@ def close_idle(path: str | None = None) -> None:
             _close(p)
 
 
+def flush_idle() -> None:
+    """Waits until the idle indexes this process keeps have their entries on disk (the flush after a commit runs
+    on RocksDB's thread): before copying an index's files, or measuring the bytes a commit wrote."""
+    with _lock:
+        for kept in _kept.values():
+            if not kept.busy and kept.index.db is not None:
+                kept.index.db.flush()
+
+
 def _after_fork_in_child() -> None:
     """A forked child must not use or close its parent's open RocksDB: it forgets the indexes that were in use
     (idle ones were closed before the fork) and closes its copy of their lock files."""

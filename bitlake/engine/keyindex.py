@@ -25,6 +25,7 @@ import fcntl
 import hashlib
 import os
 import shutil
+import threading
 from typing import Any
 
 import numpy as np
@@ -245,7 +246,7 @@ class KeyIndex:
             raise
 
     def _open(self):
-        from rocksdict import ReadOptions, Rdict, WriteOptions
+        from rocksdict import Rdict, ReadOptions, WriteOptions
 
         # The folder is held open, so that one deleted or replaced meanwhile can never show this one's inode,
         # and RocksDB reaches it through that descriptor where the system allows: a table deleted and created
@@ -524,7 +525,7 @@ class _SstWriting:
         self.paths = paths
         self.inputs: list[str] = []
         self.workers: list = []
-        self.thread = None
+        self.thread: threading.Thread | None = None
         self.failed: BaseException | None = None
 
     def start_processes(self, slices: list[pa.Table], primary_key: list[str], bottom: bool) -> None:
@@ -548,7 +549,6 @@ class _SstWriting:
 
     def start_thread(self, table: pa.Table, primary_key: list[str], bottom: bool) -> None:
         """Writes the one file on a thread: fewer entries than a process's start-up would cost."""
-        import threading
 
         def run():
             try:

@@ -30,7 +30,7 @@ from bitlake.format.commit import BucketFile, DataFile, KeysFile, LogFile, Segme
 from bitlake.format.order import comparable, latest, lexsort, strictly_increasing
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
-from bitlake.pool import thread_map
+from bitlake.pool import both, thread_map
 
 COUNTS = ("inserted", "updated", "deleted", "stale", "ignored_deletes")
 # Rows of MetaGen's event tables with this kind are the accepted upserts: they become valid, which the data
@@ -250,10 +250,10 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     touched = {b: state.keystore.get(b, []) for b in pc.unique(keystore_rows.column(keystore.BUCKET)).to_pylist()}
     events = pa.concat_tables(until)
     # The key-store files and the segment log with its bitmaps are independent: written at once, on two threads.
-    (added, replaced), seg_out = thread_map(lambda write: write(), [
+    (added, replaced), seg_out = both(
         lambda: keystore.write_bucket_files(io, meta, touched, keystore_rows) if touched else ([], []),
         lambda: write_segments(io, state.segments, events, valid),
-    ])
+    )
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
     out = assemble(state, batches, seg_out, added, replaced, batch_counts)
     return dataclasses.replace(out, keystore_rows=keystore_rows)
