@@ -874,6 +874,9 @@ def run_system(system: str, spec: dict, folder: Path, timeout: float) -> list[di
                  "wall_s": None, "bytes_written": None, "change_parquet_bytes": None,
                  "error": f"not run: no {os.path.relpath(PAIMON_PYTHON, ROOT)} (make setup-paimon)"}
                 for op, fraction, engine in expected_keys(system, spec)]
+    # The batch files just generated, and the previous system's folder, leave dirty pages that the kernel
+    # writes back while the next worker runs: each system starts with them on disk.
+    os.sync()
     log(f"{system} at SF {sf_text(sf)}: starting its worker ({os.path.relpath(python, ROOT)})")
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     records, current, fatal, seen = [], None, None, 0
