@@ -770,6 +770,7 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
             extra = fn(op["file"], op["k"])
             rec["wall_s"] = time.perf_counter() - t0
             system.settle()
+            os.sync()  # the next operation starts with this one's writes on disk, not written back under it
             rss.mark()
             rec["peak_rss"] = rss.peaks([("op", start_ms, time.time() * 1000)])["op"]
             rec.update(extra or {})
@@ -1210,7 +1211,10 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
         "operation's start and end, with the JVM's share for Spark systems (runs before 2026-11-26 12:00 UTC did "
         "not record it). bitlake's key index flushes a commit's entries on RocksDB's thread after the commit; the "
         "worker waits for that flush after taking the wall time, before counting the bytes (commit 4aa4468 and "
-        "earlier since dddf22e counted a flush with whichever operation came after it ended). "
+        "earlier since dddf22e counted a flush with whichever operation came after it ended). Since commit "
+        "after e850109 each worker starts, and each operation follows the one before, after an untimed "
+        "`os.sync()`, so that no operation runs while an earlier one's writes (a 2-3 GB load at SF 10) are "
+        "written back. "
         "Wall times are single runs on a machine shared with other jobs; a Spark system's process "
         "starts its session and runs one small read before the timed operations, so JVM start-up is not in "
         "its load. bitlake-two-step's wall time is given with its two calls (ingest + metagen); the rest is "
