@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import json
 import multiprocessing
 import os
@@ -322,12 +323,20 @@ class System:
 
 
 class SparkSystem(System):
-    def __init__(self, name, folder, schema):
-        super().__init__(name, folder, schema)
+    # Whether its loads and batches run on Spark; if not, the session starts before its scans only, so that no
+    # JVM starting up (its JIT compiling after the first job) shares the cores with them.
+    spark_in_ops = True
+
+    @functools.cached_property
+    def spark(self):
         import bitlake
 
-        self.spark = bitlake.spark_session(os.environ.get("BITLAKE_SPARK_MASTER", "local[2]"),
-                                           app_name=f"bitlake-bench-peers-{name}")
+        return bitlake.spark_session(os.environ.get("BITLAKE_SPARK_MASTER", "local[2]"),
+                                     app_name=f"bitlake-bench-peers-{self.name}")
+
+    def warm_up(self, file: str) -> None:
+        """A first small job, which loads the JVM's classes: they would otherwise be charged to what runs next."""
+        self.spark.read.parquet(file).limit(10).collect()
 
     def aggregate(self, df, selective: bool) -> dict:
         if selective:
@@ -354,6 +363,10 @@ class Bitlake(SparkSystem):
     @property
     def arrow_input(self) -> bool:
         return self.mode.get("input") == "arrow"
+
+    @property
+    def spark_in_ops(self) -> bool:
+        return not self.arrow_input
 
     def settle(self) -> None:
         from bitlake.engine.indexsession import flush_idle
@@ -750,9 +763,8 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
     system = None
     try:
         system = SYSTEM_CLASSES[system_name](system_name, folder, schema)
-        if isinstance(system, SparkSystem):
-            # A first small job loads the JVM's classes, which would otherwise be charged to the load.
-            system.spark.read.parquet(spec["ops"][0]["file"]).limit(10).collect()
+        if isinstance(system, SparkSystem) and system.spark_in_ops:
+            system.warm_up(spec["ops"][0]["file"])
     except Exception as e:  # noqa: BLE001 - recorded, the run goes on
         emit("fatal", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
         return 1
@@ -798,6 +810,12 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
         scans = system.scans()
     else:
         scans = [(system.engine, system.scan, None)]
+    if isinstance(system, SparkSystem) and not system.spark_in_ops and spec.get("scans", True):
+        try:
+            system.warm_up(spec["ops"][0]["file"])
+        except Exception as e:  # noqa: BLE001
+            emit("fatal", error=f"{type(e).__name__}: {e}")
+            return 1
     for selective in (False, True) if spec.get("scans", True) else ():
         op = "scan_selective" if selective else "scan_full"
         for engine, fn, plain in scans:
@@ -1210,15 +1228,16 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
         "and PySpark's workers; the batch read inside the timed call included), sampled every 0.25 s and at the "
         "operation's start and end, with the JVM's share for Spark systems (runs before 2026-11-26 12:00 UTC did "
         "not record it). bitlake's key index flushes a commit's entries on RocksDB's thread after the commit; the "
-        "worker waits for that flush after taking the wall time, before counting the bytes (commit 4aa4468 and "
-        "earlier since dddf22e counted a flush with whichever operation came after it ended). Since commit "
-        "after e850109 each worker starts, and each operation follows the one before, after an untimed "
-        "`os.sync()`, so that no operation runs while an earlier one's writes (a 2-3 GB load at SF 10) are "
-        "written back. "
-        "Wall times are single runs on a machine shared with other jobs; a Spark system's process "
-        "starts its session and runs one small read before the timed operations, so JVM start-up is not in "
-        "its load. bitlake-two-step's wall time is given with its two calls (ingest + metagen); the rest is "
-        "creating the table (load) and Spark planning the read of the batch file.",
+        "worker waits for that flush after taking the wall time, before counting the bytes (runs from commit dddf22e "
+        "to 4aa4468 counted a flush with whichever operation came after it ended). Each worker starts, and each "
+        "operation follows the one before, after an untimed `os.sync()` (since the 12:45 and 12:57 UTC runs of "
+        "2026-11-26), so that no operation runs while an earlier one's writes (a 2-3 GB load at SF 10) are written "
+        "back. Wall times are single runs on a machine shared with other jobs; a Spark system's process starts its "
+        "session and runs one small read before the timed operations, so JVM start-up is not in its load; "
+        "bitlake-arrow's, whose loads and batches run without Spark, starts it before its scans only (since the "
+        "13:12 UTC run of 2026-11-26: before, its JVM started up beside its load). bitlake-two-step's wall time "
+        "is given with its two calls (ingest + metagen); the rest is creating the table (load) and Spark planning "
+        "the read of the batch file.",
         "",
     ]
     for sf in sfs:
