@@ -1235,7 +1235,7 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
         "back. Wall times are single runs on a machine shared with other jobs; a Spark system's process starts its "
         "session and runs one small read before the timed operations, so JVM start-up is not in its load; "
         "bitlake-arrow's, whose loads and batches run without Spark, starts it before its scans only (since the "
-        "13:12 UTC run of 2026-11-26: before, its JVM started up beside its load). bitlake-two-step's wall time "
+        "13:10 UTC run of 2026-11-26: before, its JVM started up beside its load). bitlake-two-step's wall time "
         "is given with its two calls (ingest + metagen); the rest is creating the table (load) and Spark planning "
         "the read of the batch file.",
         "",
