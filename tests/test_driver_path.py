@@ -15,12 +15,9 @@ import pytest
 
 import bitlake
 from bitlake.engine import landing
+from tests.test_table import files_under
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("mod", pa.int64())])
-
-
-def files_under(path):
-    return sorted(os.path.relpath(os.path.join(d, n), path) for d, _, ns in os.walk(path) for n in ns)
 
 
 def test_arrow_and_pandas_input_never_start_spark(tmp_path):
