@@ -65,6 +65,15 @@ def register_data_source(spark) -> None:
     register(spark)
 
 
+def spark_jar() -> str | None:
+    """The path of bitlake's jar for Spark (its row filter for reads; compiled on first use, needs a JDK), for a
+    session :func:`spark_session` did not build: ``.config("spark.jars", bitlake.spark_jar())``. None without a
+    JDK: reads then filter rows by a join, which is slower (docs/spark.md)."""
+    from bitlake.spark.jar import jar_path
+
+    return jar_path()
+
+
 def foreach_batch(path: str, *, op_column: str | None = None, batch_id_prefix: str | None = None,
                   storage_options: dict | None = None):
     """A Structured Streaming ``foreachBatch`` function that ingests each epoch exactly once (docs/spark.md)."""
@@ -79,5 +88,6 @@ __all__ = [
     "NotATableError", "NullValueError", "SchemaMismatchError", "Table", "TableExistsError",
     "TableNotFoundError", "UnknownOperationError", "UnsupportedFormatVersionError", "VersionExpiredError",
     "VersionNotFoundError",
-    "convert", "create_table", "foreach_batch", "open_table", "register_data_source", "spark_session",
+    "convert", "create_table", "foreach_batch", "open_table", "register_data_source", "spark_jar",
+    "spark_session",
 ]

@@ -7,6 +7,15 @@ if ! command -v java >/dev/null 2>&1; then
     echo "bitlake needs Java 17 for Spark and none is on PATH; on Debian: apt-get install -y openjdk-17-jre-headless" >&2
     exit 1
 fi
+# bitlake's row filter for Spark reads is compiled on first use (bitlake/spark/jar.py): it needs javac, a JDK.
+if ! command -v javac >/dev/null 2>&1 && [ ! -x "${JAVA_HOME:-/nonexistent}/bin/javac" ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openjdk-17-jdk-headless >/dev/null
+    else
+        echo "no javac: Spark reads of tables with superseded rows will filter them by a slower join" \
+             "(on Debian: apt-get install -y openjdk-17-jdk-headless)" >&2
+    fi
+fi
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv

@@ -1,19 +1,24 @@
 """The Spark reader: executes a read plan (:mod:`bitlake.engine.plan`) as a Spark DataFrame.
 
-Files of the plan whose rows are all kept are scanned as they are. The others are scanned and left-anti
-joined, on the packed row id, with the ids of the rows the plan drops: broadcast while there are fewer than
-``read.broadcast_invalid_rows``, shuffled beyond. Up to :data:`DRIVER_EXPANSION_ROWS` dropped rows the driver
-expands them from the bitmaps and hands them to Spark as Arrow; beyond, executors expand them, so the
-driver never holds a huge list. Measured against a plain Parquet scan in docs/benchmarks.md.
+Files of the plan whose rows are all kept are scanned as they are. The others are scanned and filtered by
+bitlake's row filter (:mod:`bitlake.spark.jar`): the dropped offsets' bitmaps, per segment, go to the tasks as one
+literal, and each row's packed row id is looked up in its segment's bitmap. Without that filter on the session's
+classpath, or with bitmaps over :data:`FILTER_MAX_BYTES`, the files are left-anti joined, on the packed row id,
+with the ids of the rows the plan drops: broadcast while there are fewer than ``read.broadcast_invalid_rows``,
+shuffled beyond. Up to :data:`DRIVER_EXPANSION_ROWS` dropped rows the driver expands them from the bitmaps and
+hands them to Spark as Arrow; beyond, executors expand them, so the driver never holds a huge list. A join on
+600,000 dropped ids of 6.7M rows cost 1.5x a plain scan; the filter (docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import struct
 from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
+from pyroaring import BitMap
 
 from bitlake.engine.plan import ReadPlan
 from bitlake.format import bitmap, datafile, rowid
@@ -22,7 +27,37 @@ from bitlake.fs import FileIO
 from bitlake.spark import files as spark_files
 
 DRIVER_EXPANSION_ROWS = 2_000_000
+# The row filter's literal at most this big (a 10 % churn of 60M rows: 7.5 MB, a bit a row of the files).
+FILTER_MAX_BYTES = 64 << 20
 _DROP_IN = "segment string, revived binary"
+
+
+def filter_literal(dropped: dict[tuple[int, int], BitMap]) -> bytes:
+    """The row filter's argument (bitlake/spark/jvm/KeepRow.java): a big-endian int32 count, then per segment its
+    packed row-id prefix (int64), the length (int32) and the portable Roaring bitmap of its dropped offsets."""
+    out = [struct.pack(">i", len(dropped))]
+    for (part, seq), bm in sorted(dropped.items()):
+        data = bitmap.serialize(bm)
+        out.append(struct.pack(">qi", rowid.segment_key(part, seq), len(data)))
+        out.append(data)
+    return b"".join(out)
+
+
+def _filtered(spark, io: FileIO, p: ReadPlan):
+    """The plan's filtered files, scanned and filtered by bitlake's row filter; None when the session lacks it
+    or the dropped offsets' bitmaps are too big for a literal."""
+    from pyspark.sql import functions as F
+
+    from bitlake.spark import jar
+    from bitlake.spark.schema import spark_packed
+
+    if not jar.register(spark):
+        return None
+    literal = filter_literal({k: bm for k, bm in p.dropped(bitmap.BitmapCache(io)).items() if len(bm)})
+    if len(literal) > FILTER_MAX_BYTES:
+        return None
+    keep = F.call_udf("bitlake_keep", F.lit(literal), spark_packed())
+    return scan(spark, io, p.state.metadata, p.filtered).filter(keep)
 
 
 def _dropped(cache: bitmap.BitmapCache, p: ReadPlan) -> Iterator[pa.RecordBatch]:
@@ -71,7 +106,10 @@ def read(spark, io: FileIO, p: ReadPlan, include_row_ids: bool = False):
     parts = []
     if p.whole:
         parts.append(scan(spark, io, meta, p.whole))
-    if p.filtered:
+    filtered = _filtered(spark, io, p) if p.filtered else None
+    if filtered is not None:
+        parts.append(filtered)
+    elif p.filtered:
         segments = sorted(p.segments)
         invalid = p.invalid_rows()
         if invalid <= DRIVER_EXPANSION_ROWS:

@@ -49,6 +49,12 @@ def spark_session(master: str | None = None, app_name: str = "bitlake", **conf: 
         .config("spark.driver.memory", os.environ.get("BITLAKE_DRIVER_MEMORY", "4g"))
         .config("spark.python.worker.reuse", "true")
     )
+    from bitlake.spark import jar
+
+    own = jar.jar_path()  # bitlake's row filter (reads of tables with invalid rows)
+    if own is not None:
+        conf = dict(conf)
+        conf["spark.jars"] = ",".join(j for j in (conf.get("spark.jars"), own) if j)
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -42,6 +42,7 @@ def main(master: str, uri: str) -> None:
     spark = (SparkSession.builder.master(master).appName("bitlake-cluster-test")
              .config("spark.executor.memory", "512m").config("spark.executor.cores", "1")
              .config("spark.sql.session.timeZone", "UTC").config("spark.sql.shuffle.partitions", "4")
+             .config("spark.jars", bitlake.spark_jar())  # the row filter, shipped to the workers
              .getOrCreate())
     bitlake.register_data_source(spark)
     assert wait_executors(spark, 2) == 2, "not every worker gave an executor within 120 s"
@@ -53,7 +54,9 @@ def main(master: str, uri: str) -> None:
         "id", "concat('g', id % 3) AS g", "-id AS v", "2L AS ts", "if(id % 5 = 0, 'delete', 'upsert') AS op")
     r = t.ingest(changes, op_column="op", inline=False, spark=spark)
     assert r.counts["deleted"] + r.counts["updated"] == 2858, r
-    assert rows(t.to_spark(spark)) == arrow_rows(t.to_arrow())
+    current = t.to_spark(spark)
+    assert "bitlake_keep" in current._jdf.queryExecution().executedPlan().toString()  # runs on the workers
+    assert rows(current) == arrow_rows(t.to_arrow())
     assert rows(spark.read.format("bitlake").load(uri)) == arrow_rows(t.to_arrow())
     assert rows(t.to_spark(spark, version=1)) == arrow_rows(t.to_arrow(version=1))
     feed = t.changes(spark, start_version=1).groupBy("_change_type").count().collect()

@@ -1,0 +1,70 @@
+"""The Spark reader's two ways of dropping rows, bitlake's row filter (a Java UDF over the plan's bitmaps) and the
+left-anti join it falls back to, read the same rows as the Arrow reader, at every version and event time of a
+churned table with compacted files (rows of several segments in one file) and revived rows."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from pyroaring import BitMap
+
+from bitlake.engine import plan
+from bitlake.format import rowid
+from bitlake.spark import jar
+from bitlake.spark import reader as spark_reader
+from tests.oracle import rows_key
+from tests.test_compaction import COLUMNS, TIMES, batch, churned
+
+pytestmark = pytest.mark.spark
+
+
+def spark_rows(t, spark, version, at):
+    return rows_key([r.asDict() for r in t.to_spark(spark, version=version, valid_at=at).collect()], COLUMNS)
+
+
+def executed(df) -> str:
+    return df._jdf.queryExecution().executedPlan().toString()
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    t = churned(str(tmp_path_factory.mktemp("reader") / "t"))
+    t.metagen()
+    t.compact()
+    t.ingest(batch(range(0, 40, 2), 30, 500), op_column="op", batch_id="b5")  # compacted files now hold old rows
+    assert any(f.offsets for f in plan.plan(t.io, t.state()).filtered)
+    return t
+
+
+@pytest.mark.parametrize("way", ["row filter", "join"])
+def test_both_ways_read_what_the_arrow_reader_reads(table, spark, monkeypatch, way):
+    assert jar.register(spark), "the session bitlake.spark_session built has the row filter"
+    if way == "join":
+        monkeypatch.setattr(spark_reader, "FILTER_MAX_BYTES", -1)
+    df = table.to_spark(spark)
+    assert ("bitlake_keep" in executed(df)) == (way == "row filter")
+    assert ("LeftAnti" in executed(df)) == (way == "join")
+    for v in (table.version - 2, table.version - 1, table.version):
+        for at in TIMES:
+            expected = rows_key(table.to_arrow(version=v, valid_at=at).to_pylist(), COLUMNS)
+            assert spark_rows(table, spark, v, at) == expected, (way, v, at)
+
+
+def test_the_filter_literal_names_each_segment_by_its_row_id_prefix(spark):
+    from pyspark.sql import functions as F
+
+    dropped = {(3, 1): BitMap([0, 5, 70000]), (4, 0): BitMap([2])}
+    literal = spark_reader.filter_literal(dropped)
+    ids = [rowid.pack(3, 1, o) for o in (0, 1, 5, 69999, 70000)] + [rowid.pack(4, 0, o) for o in (1, 2)] + [
+        rowid.pack(5, 0, 0)]
+    df = spark.createDataFrame(pa.table({"id": pa.array(ids, pa.int64())}))
+    kept = df.filter(F.call_udf("bitlake_keep", F.lit(literal), F.col("id"))).collect()
+    assert sorted(r.id for r in kept) == sorted(
+        [rowid.pack(3, 1, 1), rowid.pack(3, 1, 69999), rowid.pack(4, 0, 1), rowid.pack(5, 0, 0)])
+
+
+def test_a_session_without_the_jar_reads_by_the_join(table, spark, monkeypatch):
+    monkeypatch.setattr(spark, "_bitlake_keep_row", False, raising=False)
+    df = table.to_spark(spark)
+    assert "LeftAnti" in executed(df) and "bitlake_keep" not in executed(df)
+    assert rows_key([r.asDict() for r in df.collect()], COLUMNS) == rows_key(table.to_arrow().to_pylist(), COLUMNS)
