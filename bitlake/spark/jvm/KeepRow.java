@@ -37,6 +37,9 @@ public final class KeepRow implements UDF2<byte[], Long, Boolean> {
 
     @Override
     public Boolean call(byte[] dropped, Long packed) throws IOException {
+        if (packed == null) {
+            return true;  // as the join keeps it: a null id matches no dropped one
+        }
         if (parsed == null) {
             parsed = new ThreadLocal<>();
         }
