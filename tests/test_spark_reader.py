@@ -68,3 +68,17 @@ def test_a_session_without_the_jar_reads_by_the_join(table, spark, monkeypatch):
     df = table.to_spark(spark)
     assert "LeftAnti" in executed(df) and "bitlake_keep" not in executed(df)
     assert rows_key([r.asDict() for r in df.collect()], COLUMNS) == rows_key(table.to_arrow().to_pylist(), COLUMNS)
+
+
+def test_building_the_dataframe_of_a_table_of_many_files_runs_no_spark_job(tmp_path, spark):
+    import bitlake
+
+    t = bitlake.create_table(str(tmp_path / "many"), pa.schema([("k", pa.int64()), ("mod", pa.int64())]),
+                             primary_key=["k"], delta_column="mod")
+    for i in range(40):  # more files than Spark's default threshold (32) for listing them in a job
+        t.ingest(pa.table({"k": [i, i + 1], "mod": [i, i]}), batch_id=f"b{i}")
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup(None))
+    df = t.to_spark(spark)
+    assert set(tracker.getJobIdsForGroup(None)) == before
+    assert sorted(tuple(r) for r in df.collect()) == sorted(tuple(r.values()) for r in t.to_arrow().to_pylist())
