@@ -153,10 +153,9 @@ def _stale(io: FileIO, state: TableState, commits: dict[int, Commit], live: dict
     of_own = _of_own_commit(events, live)
     new_segments = {r.segment for f in new_files for r in f.segments if r.part in live}
     own = _own_segments(state, commits, live, new_segments)
-    p = ReadPlan(state, None, [], [], own, {})
-    cache = bitmap.BitmapCache(io)
+    p = ReadPlan(state, None, [], [], own, {}, bitmap.BitmapCache(io))
     stale = [
-        np.setdiff1d(bitmap.invalid_offsets(p.kept(cache, k), s.offsets) | np.int64(rowid.segment_key(*k)),
+        np.setdiff1d(bitmap.invalid_offsets(p.kept(k), s.offsets) | np.int64(rowid.segment_key(*k)),
                      targets[of_own])
         for k, s in p.segments.items()
     ]

@@ -34,8 +34,9 @@ from bitlake.fs import FileIO
 class ReadPlan:
     """``whole``: files every row of which is valid (an event-time view still filters by delta);
     ``filtered``: files read with a row filter; ``segments``: the states of the filtered files' segments;
-    ``revived``: per segment, offsets valid at ``valid_at`` though not now; ``hidden``: the tombstones, as
-    (version, column, values); ``live_version``: the version each segment part was made live at."""
+    ``revived``: per segment, offsets valid at ``valid_at`` though not now; ``cache``: the bitmap files read
+    while planning, which readers of the plan reuse; ``hidden``: the tombstones, as (version, column, values);
+    ``live_version``: the version each segment part was made live at."""
 
     state: TableState
     valid_at: int | None
@@ -43,6 +44,7 @@ class ReadPlan:
     filtered: list[DataFile]
     segments: dict[tuple[int, int], SegmentState]
     revived: dict[tuple[int, int], np.ndarray]
+    cache: bitmap.BitmapCache = dataclasses.field(repr=False, compare=False)
     hidden: list[tuple[int, str, pa.Array]] = dataclasses.field(default_factory=list)
     live_version: dict[int, int] = dataclasses.field(default_factory=dict)
 
@@ -61,15 +63,15 @@ class ReadPlan:
             out |= hit & (live < version)
         return out
 
-    def kept(self, cache: bitmap.BitmapCache, segment: tuple[int, int]) -> BitMap:
+    def kept(self, segment: tuple[int, int]) -> BitMap:
         """The offsets of ``segment`` the view keeps (before the delta filter of an event-time view)."""
         s = self.segments.get(segment)
-        bm = cache.valid(s) if s is not None else BitMap()
+        bm = self.cache.valid(s) if s is not None else BitMap()
         if segment in self.revived:
             bm |= bitmap.of(self.revived[segment])
         return bm
 
-    def dropped(self, cache: bitmap.BitmapCache) -> dict[tuple[int, int], BitMap]:
+    def dropped(self) -> dict[tuple[int, int], BitMap]:
         """Per segment, the offsets of the rows the filtered files hold and the view drops: for a compacted
         file the offsets it holds that are not kept (its offsets file says which), for a landed one every
         offset of its segment not kept. A filter on these reads what filtering on the kept offsets reads."""
@@ -80,9 +82,9 @@ class ReadPlan:
                 if s is None:
                     continue
                 if f.offsets is not None:
-                    drop = cache.file(f.offsets)[r.segment] - self.kept(cache, r.segment)
+                    drop = self.cache.file(f.offsets)[r.segment] - self.kept(r.segment)
                 else:
-                    drop = BitMap(range(s.offsets)) - self.kept(cache, r.segment)
+                    drop = BitMap(range(s.offsets)) - self.kept(r.segment)
                 out[r.segment] = out[r.segment] | drop if r.segment in out else drop
         return out
 
@@ -143,7 +145,7 @@ def plan(io: FileIO, state: TableState, valid_at: int | None = None) -> ReadPlan
                 segments[r.segment] = state.segments[r.segment]
     hidden = tombstones(io, state)
     live = {b.part: b.live_version for b in state.parts.values() if b.live_version is not None} if hidden else {}
-    return ReadPlan(state, valid_at, whole, filtered, segments, back, hidden, live)
+    return ReadPlan(state, valid_at, whole, filtered, segments, back, cache, hidden, live)
 
 
 def tombstones(io: FileIO, state: TableState) -> list[tuple[int, str, pa.Array]]:

@@ -48,7 +48,6 @@ def batches(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Ex
     if p.valid_at is not None and meta.keyed:
         needed.add(str(meta.delta_column))
     read_columns = [c for c in datafile.data_schema(meta).names if c in needed]
-    cache = bitmap.BitmapCache(io)
     filtered = {f.path for f in p.filtered}
     kept_of: dict = {}
     for f, rb in _prefetched(io, p.whole + p.filtered, meta, read_columns, where, batch_rows):
@@ -56,7 +55,7 @@ def batches(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Ex
             continue
         table = pa.Table.from_batches([rb])
         if f.path in filtered:
-            mask = _kept_mask(p, cache, f, table, kept_of)
+            mask = _kept_mask(p, f, table, kept_of)
             if not mask.all():
                 table = table.filter(pa.array(mask))
         if table.num_rows:
@@ -83,7 +82,7 @@ def reader(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Exp
     return pa.RecordBatchReader.from_batches(schema, batches(io, p, include_row_ids, where, columns, batch_rows))
 
 
-def _kept_mask(p: ReadPlan, cache: bitmap.BitmapCache, f: DataFile, table: pa.Table, kept_of: dict) -> np.ndarray:
+def _kept_mask(p: ReadPlan, f: DataFile, table: pa.Table, kept_of: dict) -> np.ndarray:
     """Which rows of ``table`` (a batch of file ``f``) the plan keeps: a lookup of each row's offset in its
     segment's kept offsets, as a boolean array per segment."""
     part = table.column(rowid.PART_COLUMN).to_numpy()
@@ -97,7 +96,7 @@ def _kept_mask(p: ReadPlan, cache: bitmap.BitmapCache, f: DataFile, table: pa.Ta
         kept = kept_of.get(key)
         if kept is None:
             kept_of.clear()  # a reader moves from file to file: one file's segments at a time
-            kept = kept_of[key] = _kept_offsets(p, cache, key)
+            kept = kept_of[key] = _kept_offsets(p, key)
         rows = slice(None) if one else (part == key[0]) & (seq == key[1])
         at = offset[rows]
         inside = at < len(kept)
@@ -105,9 +104,9 @@ def _kept_mask(p: ReadPlan, cache: bitmap.BitmapCache, f: DataFile, table: pa.Ta
     return mask
 
 
-def _kept_offsets(p: ReadPlan, cache: bitmap.BitmapCache, segment: tuple[int, int]) -> np.ndarray:
+def _kept_offsets(p: ReadPlan, segment: tuple[int, int]) -> np.ndarray:
     """A boolean array over a segment's offsets: True where the plan keeps the row."""
-    offsets = bitmap.to_array(p.kept(cache, segment))
+    offsets = bitmap.to_array(p.kept(segment))
     kept = np.zeros(int(offsets.max()) + 1 if len(offsets) else 1, dtype=bool)  # never empty: index 0 is valid
     kept[offsets] = True
     return kept

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bitlake.engine import compaction, plan
-from bitlake.format import commitlog, datafile, rowid
+from bitlake.format import bitmap, commitlog, datafile, rowid
 from bitlake.format import state as state_mod
 from bitlake.format.commit import DataFile, Rewrite
 from bitlake.format.metadata import deltas_as_int
@@ -61,7 +61,7 @@ def prepare(io: FileIO, state: TableState) -> Prepared:
     meta = state.metadata
     hidden = plan.tombstones(io, state)
     live = {b.part: b.live_version for b in state.parts.values() if b.live_version is not None}
-    rule = plan.ReadPlan(state, None, [], [], {}, {}, hidden, live)
+    rule = plan.ReadPlan(state, None, [], [], {}, {}, bitmap.BitmapCache(io), hidden, live)
     files = window_files(io, state)
 
     def may_hold(f: DataFile) -> bool:

@@ -125,6 +125,10 @@ class BitmapCache:
         self.io = io
         self._files: dict[str, dict[tuple[int, int], BitMap]] = {}
 
+    def __getstate__(self) -> dict:
+        """Shipped to a task (with a read plan) empty: the task reads what it needs."""
+        return {"io": self.io, "_files": {}}
+
     def valid(self, s: SegmentState) -> BitMap:
         """The valid offsets of segment state ``s`` (a fresh bitmap the caller may change)."""
         if s.bitmap is None:

@@ -53,17 +53,17 @@ def _filtered(spark, io: FileIO, p: ReadPlan):
 
     if not jar.register(spark):
         return None
-    literal = filter_literal({k: bm for k, bm in p.dropped(bitmap.BitmapCache(io)).items() if len(bm)})
+    literal = filter_literal({k: bm for k, bm in p.dropped().items() if len(bm)})
     if len(literal) > FILTER_MAX_BYTES:
         return None
     keep = F.call_udf("bitlake_keep", F.lit(literal), spark_packed())
     return scan(spark, io, p.state.metadata, p.filtered).filter(keep)
 
 
-def _dropped(cache: bitmap.BitmapCache, p: ReadPlan) -> Iterator[pa.RecordBatch]:
+def _dropped(p: ReadPlan) -> Iterator[pa.RecordBatch]:
     """Packed row ids of the rows the plan drops from its filtered files (a compacted file's own, not its
     segments': the rows compaction moved to history files are not in the join)."""
-    for key, offsets in sorted(p.dropped(cache).items()):
+    for key, offsets in sorted(p.dropped().items()):
         if len(offsets):
             ids = bitmap.to_array(offsets) | np.int64(rowid.segment_key(*key))
             yield pa.RecordBatch.from_arrays([pa.array(ids, pa.int64())], ["_invalid"])
@@ -115,7 +115,7 @@ def read(spark, io: FileIO, p: ReadPlan, include_row_ids: bool = False):
         if invalid <= DRIVER_EXPANSION_ROWS:
             # One Arrow transfer instead of a Spark job with a Python worker: at a few MB it is the cheaper
             # way, and this fixed cost is most of what a read of a small table pays.
-            batches = list(_dropped(bitmap.BitmapCache(io), p))
+            batches = list(_dropped(p))
             ids = spark.createDataFrame(pa.Table.from_batches(batches, schema=pa.schema([("_invalid", pa.int64())])))
         else:
             import json
