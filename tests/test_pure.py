@@ -178,6 +178,35 @@ def test_merge_plan_merges_into_the_base_when_increments_are_large():
     assert keystore.merge_plan(files, 10, max_increments=3, base_ratio=0.25) == files
 
 
+def test_merge_plan_merges_increments_early_when_the_buckets_turn_is_due():
+    files = [_bf(1000, base=True), _bf(10)]
+    assert keystore.merge_plan(files, 10, max_increments=3, base_ratio=0.25) == []
+    assert keystore.merge_plan(files, 10, max_increments=3, base_ratio=0.25, due=True) == files[1:]
+    assert keystore.merge_plan(files[:1], 10, max_increments=3, base_ratio=0.25, due=True) == []  # nothing to merge
+
+
+def test_the_buckets_of_a_commit_take_turns_to_merge(tmp_path):
+    """Commits writing to every bucket: a bucket merges once in max_increments commits, never all in one."""
+    io = LocalFileIO(str(tmp_path))
+    m = meta(properties={"keystore.max_increments": "4"})
+    files: dict[int, list[BucketFile]] = {}
+    merged_per_commit = []
+    for version in range(1, 20):
+        ids = list(range(8))
+        rows = pa.table({"id": ids, keystore.DELTA: [version] * 8, keystore.ROW_ID: [version * 100 + i for i in ids],
+                         keystore.DELETED: [False] * 8, keystore.VERSION: [version] * 8, keystore.BUCKET: ids})
+        added, replaced = keystore.write_bucket_files(io, m, files, rows)
+        merged_per_commit.append(sorted(b for b, fs in files.items() if any(f.path in replaced for f in fs)))
+        for f in added:
+            files[f.bucket] = [g for g in files.get(f.bucket, []) if g.path not in replaced] + [f]
+        assert all(len(fs) <= 5 for fs in files.values())  # a base and at most max_increments increments
+    for b, fs in files.items():
+        entries = keystore.read_bucket(io, fs, m).to_pylist()
+        assert [(e["id"], e[keystore.VERSION], e[keystore.ROW_ID]) for e in entries] == [(b, 19, 1900 + b)]
+    # Once every bucket has an increment, the two buckets whose turn it is merge in each commit.
+    assert merged_per_commit[2:] == [[b for b in range(8) if (v + b) % 4 == 0] for v in range(3, 20)]
+
+
 def test_bucket_files_are_written_as_base_then_increments_and_read_as_the_latest_entry(tmp_path):
     io = LocalFileIO(str(tmp_path))
     m = meta(properties={"keystore.max_increments": "1"})

@@ -1,6 +1,7 @@
 """Probe: an upsert of a random fraction of lineitem's rows (sampled from random row groups, or with ``uniform``
 uniformly from all rows as the peers benchmark does; delta = SEED) into the table benchmarks/probes/load_stream.py
-made; prints the wall time, the time of the inline MetaGen's steps and a profile of the calling thread.
+made; prints the wall time, the process's CPU time, the time of the inline MetaGen's steps and a profile of the
+calling thread.
 
     .venv/bin/python benchmarks/probes/upsert.py SF FRACTION SEED [uniform]
 """
@@ -8,6 +9,7 @@ made; prints the wall time, the time of the inline MetaGen's steps and a profile
 from __future__ import annotations
 
 import cProfile
+import os
 import pstats
 import sys
 import time
@@ -76,11 +78,14 @@ def main() -> None:
     t = bitlake.open_table(str(core.ROOT / "benchmarks" / "work" / "probes" / f"s{sf}"))
     profile = cProfile.Profile()
     with core.PhaseTimer().installed(metagen_steps()) as steps:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), os.times()
         profile.enable()
         r = t.ingest(changes, batch_id=f"u{seed}-{fraction}")
         profile.disable()
-    print("upsert", sf, fraction, changes.num_rows, round(time.perf_counter() - t0, 3), r.counts, flush=True)
+        wall, c1 = time.perf_counter() - t0, os.times()
+    cpu = (c1.user - c0.user) + (c1.system - c0.system)
+    print("upsert", sf, fraction, changes.num_rows, round(wall, 3), r.counts, flush=True)
+    print(f"process CPU {cpu:.2f} s: {cpu / wall:.2f} cores busy on average", flush=True)
     print("steps (wall s):", ", ".join(f"{k} {v:.3f}" for k, v in steps.take().items()), flush=True)
     pstats.Stats(profile).sort_stats("cumulative").print_stats(25)
 
