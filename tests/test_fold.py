@@ -7,8 +7,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bitlake.engine.metagen import _matches, _segment_runs, fold
-from bitlake.format import rowid
+from bitlake.engine import keycache
+from bitlake.engine.metagen import _segment_runs, fold
+from bitlake.format import keystore, rowid
 
 
 def reference(codes, deltas, rids, deleted, batch, found, prior_d, prior_rid, prior_deleted):
@@ -75,18 +76,27 @@ def test_segment_runs_cut_sorted_row_ids_by_segment_up_to_the_last_one(ids):
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(-5, 5), st.integers(0, 3)), max_size=30, unique=True),
        st.lists(st.tuples(st.integers(-6, 6), st.integers(0, 3)), max_size=20, unique=True),
-       st.booleans(), st.sampled_from(["int", "string"]))
-def test_key_store_matches_by_binary_search_are_the_hash_joins(stored_keys, wanted_keys, in_order, kind):
+       st.booleans(), st.sampled_from(["int", "string"]), st.booleans())
+def test_key_store_entries_match_keys_as_a_hash_join_does(stored_keys, wanted_keys, in_order, kind, one_delta):
+    """Keys of integer columns, held packed in the file's order, are found by binary search; others (and files out
+    of order) by a hash join; a column of one value is held as a broadcast scalar."""
     if in_order:
         stored_keys = sorted(stored_keys)
     to = (lambda v: v) if kind == "int" else (lambda v: f"k{v:+d}")
     a, b = (list(c) for c in zip(*stored_keys, strict=True)) if stored_keys else ([], [])
+    n = len(a)
     stored = pa.table({"a": pa.array([to(v) for v in a], pa.int64() if kind == "int" else pa.string()),
-                       "b": pa.array(b, pa.int32()), "_row_id": pa.array(range(len(a)), pa.int64())})
+                       "b": pa.array(b, pa.int32()), keystore.DELTA: pa.array([7 if one_delta else i for i in range(n)],
+                                                                               pa.int64()),
+                       keystore.ROW_ID: pa.array(range(n), pa.int64()), keystore.DELETED: pa.array([i % 2 == 0 for i in range(n)], pa.bool_()),
+                       keystore.VERSION: pa.array([3] * n, pa.int64())})
     wa, wb = (list(c) for c in zip(*wanted_keys, strict=True)) if wanted_keys else ([], [])
     keys = pa.table({"a": pa.array([to(v) for v in wa], stored.schema.field("a").type),
                      "b": pa.array(wb, pa.int32()), "_code": pa.array(range(len(wa)), pa.int64())})
-    got = _matches(stored, keys, ["a", "b"])
+    entries = keycache.Entries(stored, ["a", "b"])
+    assert (entries.packed is not None) == (kind == "int" and n > 0 and stored_keys == sorted(stored_keys))
+    codes, (delta, rid, deleted, version) = entries.match(keys, ["a", "b"])
     want = stored.join(keys, keys=["a", "b"], join_type="inner")
-    assert sorted(zip(got.column("_code").to_pylist(), got.column("_row_id").to_pylist(), strict=True)) == \
-        sorted(zip(want.column("_code").to_pylist(), want.column("_row_id").to_pylist(), strict=True))
+    assert sorted(zip(codes.tolist(), delta.tolist(), rid.tolist(), deleted.tolist(), version.tolist(), strict=True)) \
+        == sorted(zip(*(want.column(c).to_pylist() for c in ["_code", keystore.DELTA, keystore.ROW_ID, keystore.DELETED,
+                                                             keystore.VERSION]), strict=True))

@@ -25,9 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
+from bitlake.engine import keycache
 from bitlake.format import bitmap, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format.commit import BucketFile, DataFile, KeysFile, LogFile, SegmentState
-from bitlake.format.order import comparable, latest, lexsort, strictly_increasing
+from bitlake.format.order import latest, lexsort, strictly_increasing
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.pool import both, thread_map
@@ -208,6 +209,9 @@ def assemble(state: TableState, batches: list[Landed], seg_out: list[dict], adde
 # (benchmarks/probes/lookup_vs_scan.py). With the index's format 1 (zstd in 4 KB blocks), lookups cost about
 # twice as much, and this was 200.
 LOOKUP_COST_IN_ROWS = 70
+# Matching a key with the key-store files this process holds in memory (bitlake.engine.keycache) costs about as
+# much as scanning this many rows of files it must read.
+CACHED_KEY_COST_IN_ROWS = 5
 
 
 # The inline MetaGen folds at most this many records at once: larger commits are folded in groups, a key's
@@ -251,9 +255,12 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     events = pa.concat_tables(until)
     # The key-store files and the segment log with its bitmaps are independent: written at once, on two threads.
     (added, replaced), seg_out = both(
-        lambda: keystore.write_bucket_files(io, meta, touched, keystore_rows) if touched else ([], []),
+        lambda: keystore.write_bucket_files(io, meta, touched, keystore_rows,
+                                            lambda path, rows: keycache.CACHE.written(io, path, rows, meta))
+        if touched else ([], []),
         lambda: write_segments(io, state.segments, events, valid),
     )
+    keycache.CACHE.forget(io, replaced)
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
     out = assemble(state, batches, seg_out, added, replaced, batch_counts)
     return dataclasses.replace(out, keystore_rows=keystore_rows)
@@ -310,7 +317,9 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
     codes, first = key_codes(records, pk)
     if any(state.keystore.values()):
         buckets = np.flatnonzero(np.bincount(records.column(keystore.BUCKET).to_numpy(), minlength=meta.num_buckets))
-        stored_rows = sum(f.rows for b in buckets.tolist() for f in state.keystore.get(b, []))
+        stored = [f for b in buckets.tolist() for f in state.keystore.get(b, [])]
+        stored_rows = sum(f.rows for f in stored)
+        unread_rows = sum(f.rows for f in stored if not keycache.CACHE.holds(io, f.path))
     else:  # an empty key store (a load)
         stored_rows = 0
     distinct = None
@@ -320,7 +329,9 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
             np.zeros(k, bool)
     else:
         distinct = records.take(pa.array(first))  # a record of each key, in code order
-        if index is not None and len(first) * LOOKUP_COST_IN_ROWS <= stored_rows:
+        # Lookups, or a scan of the buckets' files: those this process holds cost a binary search a key.
+        scan_cost = unread_rows + (len(first) * CACHED_KEY_COST_IN_ROWS if unread_rows < stored_rows else 0)
+        if index is not None and len(first) * LOOKUP_COST_IN_ROWS <= scan_cost:
             found, prior_d, prior_rid, prior_deleted = index.lookup(encode_keys(distinct, pk),
                                                                     in_order=fixed_width(records, pk))
         else:
@@ -386,8 +397,9 @@ def _batch_indices(batches: list[Landed], rids: np.ndarray) -> np.ndarray:
 
 def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: list[int]):
     """The stored entries of ``distinct`` keys (key columns and ``_bucket``), from the files of their buckets:
-    found, delta, row id, deleted, in ``distinct``'s order. Each bucket's files are read and joined with the
-    keys wanted there on a thread of their own, so memory holds a few buckets, never the whole key store."""
+    found, delta, row id, deleted, in ``distinct``'s order. Each bucket's files are matched with the keys wanted
+    there on a thread of their own, from this process's memory (:mod:`bitlake.engine.keycache`), which keeps
+    those it reads as far as its budget allows."""
     pk = list(state.metadata.primary_key)
     n = distinct.num_rows
     # The keys grouped by bucket with one stable sort (a bucket's keys keep their order), each bucket a slice.
@@ -399,7 +411,6 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     starts = np.searchsorted(sorted_buckets, buckets, side="left")
     ends = np.searchsorted(sorted_buckets, buckets, side="right")
     slices = {b: (int(a), int(e)) for b, a, e in zip(buckets, starts.tolist(), ends.tolist(), strict=True)}
-    columns = [*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.VERSION]
 
     found = np.zeros(n, dtype=bool)
     delta, rid, deleted = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, dtype=bool)
@@ -410,37 +421,18 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
             return
         a, e = slices[bucket]
         keys = wanted.slice(a, e - a)
-        m = pa.concat_tables([_matches(keystore.read_file(io, f.path, state.metadata, columns=columns), keys, pk)
-                              for f in files])
-        code = m.column("_code").to_numpy()
+        matches = [keycache.CACHE.entries(io, f.path, state.metadata).match(keys, pk) for f in files]
+        code = np.concatenate([c for c, _ in matches])
+        values = [np.concatenate(v) for v in zip(*(v for _, v in matches), strict=True)]
         if len(files) > 1:  # a key may have a row in several of the bucket's files: its highest _ks_version
-            pick = latest(code, m.column(keystore.VERSION).to_numpy())
-            m, code = m.take(pa.array(pick)), code[pick]
+            pick = latest(code, values[3])
+            code, values = code[pick], [v[pick] for v in values]
         # Each bucket's codes are its own keys': the threads write disjoint places.
         found[code] = True
-        delta[code] = m.column(keystore.DELTA).to_numpy()
-        rid[code] = m.column(keystore.ROW_ID).to_numpy()
-        deleted[code] = m.column(keystore.DELETED).to_numpy(zero_copy_only=False)
+        delta[code], rid[code], deleted[code] = values[:3]
 
     thread_map(entries, buckets)
     return found, delta, rid, deleted
-
-
-def _matches(stored: pa.Table, keys: pa.Table, pk: list[str]) -> pa.Table:
-    """The rows of a key-store file ``stored`` whose keys are among ``keys`` (key columns and ``_code``), with
-    their ``_code``. Keys of fixed width packed into one int64 are found by binary search in the file's rows,
-    which writers keep in key order (a 10 % TPC-H SF 10 batch, 5.9M keys in 86M key-store rows: the scan 4.0-5.2 s
-    against 5.3-6.2 s with hash joins, benchmarks/probes/scan_keystore.py); other keys, or rows out of order, are
-    hash-joined."""
-    from bitlake.engine.keyindex import fixed_width, int64_values
-
-    if stored.num_rows and keys.num_rows and fixed_width(keys, pk):
-        packed = comparable([int64_values(stored.column(c)) for c in pk], [int64_values(keys.column(c)) for c in pk])
-        if packed is not None and strictly_increasing(packed[0]):
-            at = np.minimum(np.searchsorted(packed[0], packed[1]), stored.num_rows - 1)
-            hit = packed[0][at] == packed[1]
-            return stored.take(pa.array(at[hit])).append_column("_code", keys.column("_code").filter(pa.array(hit)))
-    return stored.join(keys, keys=pk, join_type="inner", use_threads=False)
 
 
 @dataclasses.dataclass

@@ -17,6 +17,8 @@ against the base, into a new base once they hold ``keystore.base_merge_ratio`` o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -136,9 +138,11 @@ def merge_due(bucket: int, version: int, max_increments: int) -> bool:
 
 
 def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, list[BucketFile]],
-                        rows: pa.Table) -> tuple[list[BucketFile], list[str]]:
+                        rows: pa.Table, written: Callable[[str, pa.Table], None] | None = None
+                        ) -> tuple[list[BucketFile], list[str]]:
     """Writes one key-store file per bucket in ``rows`` (key-store columns plus ``_bucket``), merged with
-    older files of the bucket when its plan says so. Returns the files added and the paths they replace."""
+    older files of the bucket when its plan says so. Returns the files added and the paths they replace;
+    ``written`` is called with each file's path and rows."""
     schema = file_schema(meta)
     pk = list(meta.primary_key)
     added: list[BucketFile] = []
@@ -168,6 +172,8 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
             # Readers pass the file schema, and filter by version alone: the footer need not repeat the Arrow
             # schema nor carry other statistics (a third of a small increment's bytes).
             pq.write_table(new, out, **parquet_options(schema), store_schema=False, write_statistics=[VERSION])
+        if written is not None:
+            written(path, new)
         # A bucket's first file, and a merge of all its files, is its new base.
         base = not files or len(merge) == len(files)
         return BucketFile(bucket, path, new.num_rows, io.size(path), base), [f.path for f in merge]

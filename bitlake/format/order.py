@@ -1,5 +1,5 @@
 """Integer key columns as one int64 a row: sorting rows as ``np.lexsort`` does, in a fraction of its time, and
-matching two sets of rows by key."""
+matching rows by key (:mod:`bitlake.engine.keycache`)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ def lexsort(keys) -> np.ndarray:
     if n < 2 or any(k.dtype.kind not in "bi" for k in keys):
         return np.lexsort(keys) if keys else np.arange(n)
     columns = keys[::-1]
-    spans = _spans([columns])
+    spans = key_spans(columns)
     if spans is None:
         return np.lexsort(keys)
-    packed = _pack(columns, spans)
+    packed = pack(columns, spans)
     index_bits = (n - 1).bit_length()
     if sum(bits for _, bits in spans) + index_bits <= 63:
         packed <<= index_bits
@@ -47,15 +47,7 @@ def latest(ids: np.ndarray, versions: np.ndarray) -> np.ndarray:
     return order[first]
 
 
-def comparable(*row_sets: list[np.ndarray]) -> list[np.ndarray] | None:
-    """Sets of rows of the same integer key columns (in each, one array a column, the first the most
-    significant), each packed into one int64 a row in the same way, so that the packed values compare as the
-    keys do; None when the keys' ranges across the sets need more than 63 bits."""
-    spans = _spans(row_sets)
-    return None if spans is None else [_pack(columns, spans) for columns in row_sets]
-
-
-def _spans(row_sets) -> list[tuple[int, int]] | None:
+def key_spans(*row_sets: list[np.ndarray]) -> list[tuple[int, int]] | None:
     """Per key column, the lowest value across ``row_sets`` and the bits the values take above it; None when
     they add up to more than 63."""
     spans = []
@@ -67,7 +59,8 @@ def _spans(row_sets) -> list[tuple[int, int]] | None:
     return spans if sum(bits for _, bits in spans) <= 63 else None
 
 
-def _pack(columns: list[np.ndarray], spans: list[tuple[int, int]]) -> np.ndarray:
+def pack(columns: list[np.ndarray], spans: list[tuple[int, int]]) -> np.ndarray:
+    """Rows of integer key columns, each within its span (:func:`key_spans`), packed into one int64 a row."""
     # Each value less its column's lowest is in [0, 2**bits): the spans fit in 63 bits, so nothing wraps around.
     packed = np.subtract(columns[0], np.int64(spans[0][0]), dtype=np.int64)
     for c, (low, bits) in zip(columns[1:], spans[1:], strict=True):

@@ -1,0 +1,155 @@
+"""Key-store files decoded in this process's memory, by file: what a writer wrote or read, kept for its next
+commits' MetaGen.
+
+A key-store file never changes once written (a merge writes a new file), so its decoded rows stay right for as
+long as anything names it: no commit, no other writer can make them stale. A writer's inline MetaGen finds the
+stored entries of a batch's keys by matching them against the files of their buckets
+(:func:`bitlake.engine.metagen.scan_keystore`); from memory that costs a binary search a key, where reading the
+files costs their every row and the key index's point lookups 3-5 us a key. The inline MetaGen puts in what it
+writes, and a scan what it reads; the least recently used files go when the cache passes its budget:
+``BITLAKE_KEYSTORE_CACHE_BYTES`` (environment), by default a quarter of the machine's memory; ``0`` turns it off.
+
+Keys of integer-like columns (the key index's fixed width) are held packed into one int64 a row, in the file's
+key order, with the deltas, row ids, delete flags and versions beside them (a column of one value as a
+broadcast scalar: a load's deltas and versions cost nothing): 17-33 bytes a key. Other keys are held as the
+file's Arrow table and matched by a hash join.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+
+import numpy as np
+import pyarrow as pa
+
+from bitlake.format import keystore
+from bitlake.format.metadata import TableMetadata
+from bitlake.format.order import key_spans, pack, strictly_increasing
+from bitlake.fs import FileIO
+
+_VALUES = [keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.VERSION]
+
+
+class Entries:
+    """One key-store file's rows, ready to be matched with wanted keys (:meth:`match`)."""
+
+    def __init__(self, table: pa.Table, primary_key: list[str]):
+        from bitlake.engine.keyindex import fixed_width, int64_values
+
+        self.rows = table.num_rows
+        self.packed: np.ndarray | None = None
+        self.spans: list[tuple[int, int]] = []
+        self.highs: list[int] = []
+        self.table: pa.Table | None = None
+        if self.rows and fixed_width(table, primary_key):
+            columns = [int64_values(table.column(c)) for c in primary_key]
+            spans = key_spans(columns)
+            if spans is not None:
+                packed = pack(columns, spans)
+                if strictly_increasing(packed):  # writers keep a file in key order, one row a key
+                    self.packed, self.spans, self.highs = packed, spans, [int(c.max()) for c in columns]
+        if self.packed is None:
+            self.table = table.select([*primary_key, *_VALUES])
+            self.values: list[np.ndarray] = []
+            self.nbytes = self.table.nbytes
+            return
+        self.values = [_compact(table.column(c).to_numpy(zero_copy_only=False)) for c in _VALUES]
+        self.nbytes = self.packed.nbytes + sum(v.nbytes for v in self.values if v.strides[0])  # broadcast: none
+
+    def match(self, keys: pa.Table, primary_key: list[str]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The rows of ``keys`` (key columns and ``_code``) found here: their codes, and the delta, row id,
+        deleted and version of each."""
+        codes = keys.column("_code").to_numpy()
+        if self.packed is None:
+            assert self.table is not None
+            m = self.table.join(keys, keys=primary_key, join_type="inner", use_threads=False)
+            return m.column("_code").to_numpy(), [m.column(c).to_numpy(zero_copy_only=False) for c in _VALUES]
+        from bitlake.engine.keyindex import int64_values
+
+        columns = [int64_values(keys.column(c)) for c in primary_key]
+        inside = np.ones(len(codes), dtype=bool)  # a key beyond a column's values here is none of this file's
+        for c, (low, _), high in zip(columns, self.spans, self.highs, strict=True):
+            inside &= (c >= low) & (c <= high)
+        if not inside.all():
+            columns, codes = [c[inside] for c in columns], codes[inside]
+        wanted = pack(columns, self.spans)
+        at = np.minimum(np.searchsorted(self.packed, wanted), self.rows - 1)
+        hit = self.packed[at] == wanted
+        at = at[hit]
+        return codes[hit], [v[at] for v in self.values]
+
+
+def _compact(values: np.ndarray) -> np.ndarray:
+    """``values``, or when they are all one value that value broadcast to their length (no memory)."""
+    if len(values) and (values == values[0]).all():
+        return np.broadcast_to(values[:1], values.shape)
+    return values
+
+
+class KeyStoreCache:
+    """Decoded key-store files by (table URI, path), least recently used first, within ``budget`` bytes."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.held = 0
+        self._files: collections.OrderedDict[tuple[str, str], Entries] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, io: FileIO, path: str) -> Entries | None:
+        with self._lock:
+            entries = self._files.get((io.uri(), path))
+            if entries is not None:
+                self._files.move_to_end((io.uri(), path))
+            return entries
+
+    def holds(self, io: FileIO, path: str) -> bool:
+        with self._lock:
+            return (io.uri(), path) in self._files
+
+    def put(self, io: FileIO, path: str, entries: Entries) -> None:
+        if entries.nbytes > self.budget:
+            return
+        with self._lock:
+            old = self._files.pop((io.uri(), path), None)
+            self.held += entries.nbytes - (old.nbytes if old is not None else 0)
+            self._files[(io.uri(), path)] = entries
+            while self.held > self.budget:
+                _, gone = self._files.popitem(last=False)
+                self.held -= gone.nbytes
+
+    def forget(self, io: FileIO, paths: list[str]) -> None:
+        """Drops the files ``paths`` (a merge replaced them)."""
+        with self._lock:
+            for path in paths:
+                gone = self._files.pop((io.uri(), path), None)
+                if gone is not None:
+                    self.held -= gone.nbytes
+
+    def entries(self, io: FileIO, path: str, meta: TableMetadata) -> Entries:
+        """The file's entries, read and kept when this process holds none."""
+        entries = self.get(io, path)
+        if entries is None:
+            table = keystore.read_file(io, path, meta, columns=[*meta.primary_key, *_VALUES])
+            entries = Entries(table, list(meta.primary_key))
+            self.put(io, path, entries)
+        return entries
+
+    def written(self, io: FileIO, path: str, table: pa.Table, meta: TableMetadata) -> None:
+        """Keeps a file this process has just written (``table``: its rows)."""
+        if self.budget:
+            self.put(io, path, Entries(table, list(meta.primary_key)))
+
+
+def _budget() -> int:
+    value = os.environ.get("BITLAKE_KEYSTORE_CACHE_BYTES")
+    if value is not None:
+        return int(value)
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - systems without sysconf
+        return 1 << 30
+
+
+CACHE = KeyStoreCache(_budget())
