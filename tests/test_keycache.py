@@ -28,19 +28,20 @@ def _rows(ids, mod, op=None):
 
 @pytest.fixture
 def reads(monkeypatch):
-    """Counts the key-store files read and the keys looked up in the key index."""
+    """Counts the key-store files MetaGen's scans read (merges read theirs too) and the keys looked up in the key
+    index."""
     counted = {"files": 0, "lookups": 0}
-    read_file, lookup = keystore.read_file, keyindex.KeyIndex.lookup
+    entries, lookup = keycache.KeyStoreCache.entries, keyindex.KeyIndex.lookup
 
-    def counting_read(*args, **kwargs):
-        counted["files"] += 1
-        return read_file(*args, **kwargs)
+    def counting_entries(self, io, path, meta):
+        counted["files"] += not self.holds(io, path)
+        return entries(self, io, path, meta)
 
     def counting_lookup(self, keys, *args, **kwargs):
         counted["lookups"] += len(keys)
         return lookup(self, keys, *args, **kwargs)
 
-    monkeypatch.setattr(keystore, "read_file", counting_read)
+    monkeypatch.setattr(keycache.KeyStoreCache, "entries", counting_entries)
     monkeypatch.setattr(keyindex.KeyIndex, "lookup", counting_lookup)
     return counted
 
@@ -111,3 +112,19 @@ def _meta():
     from bitlake.format.metadata import TableMetadata
 
     return TableMetadata(schema=SCHEMA, primary_key=("id",), delta_column="mod", name="t")
+
+
+def test_a_writer_that_starts_cold_reads_the_files_once_its_lookups_have_cost_as_much(tmp_path, reads, monkeypatch):
+    """Ski rental: a process that did not write the key store looks keys up until its lookups have cost what
+    reading the files does (70 rows a key against 2,000 rows: five batches of 5 keys), then scans, which keeps
+    the files: no lookup and no read after that."""
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=1)
+    t.ingest(_rows(range(2000), 1))
+    monkeypatch.setattr(keycache, "CACHE", keycache.KeyStoreCache(budget=1 << 30))  # a process starting now
+    seen = []
+    for mod in range(2, 10):
+        reads.update(files=0, lookups=0)
+        r = t.ingest(_rows([mod * 10 + k for k in range(5)], mod))
+        assert r.counts["updated"] == 5
+        seen.append((reads["lookups"], reads["files"]))
+    assert seen == [(5, 0)] * 5 + [(0, 1)] + [(0, 0)] * 2

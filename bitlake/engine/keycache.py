@@ -6,7 +6,8 @@ long as anything names it: no commit, no other writer can make them stale. A wri
 stored entries of a batch's keys by matching them against the files of their buckets
 (:func:`bitlake.engine.metagen.scan_keystore`); from memory that costs a binary search a key, where reading the
 files costs their every row and the key index's point lookups 3-5 us a key. The inline MetaGen puts in what it
-writes, and a scan what it reads; the least recently used files go when the cache passes its budget:
+writes, and a scan what it reads (the inline MetaGen of a process that has spent on lookups what reading the
+files costs scans, so that it reads them); the least recently used files go when the cache passes its budget:
 ``BITLAKE_KEYSTORE_CACHE_BYTES`` (environment), by default a quarter of the machine's memory; ``0`` turns it off.
 
 Keys of integer-like columns (the key index's fixed width) are held packed into one int64 a row, in the file's
@@ -30,6 +31,7 @@ from bitlake.format.order import key_spans, pack, strictly_increasing
 from bitlake.fs import FileIO
 
 _VALUES = [keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.VERSION]
+_MOST_BYTES_A_KEY = 33  # packed key, delta, row id, deleted, version
 
 
 class Entries:
@@ -95,7 +97,21 @@ class KeyStoreCache:
         self.budget = budget
         self.held = 0
         self._files: collections.OrderedDict[tuple[str, str], Entries] = collections.OrderedDict()
+        self._spent: dict[str, int] = {}  # by table URI: the cost of the key-index lookups made, in key-store rows
         self._lock = threading.Lock()
+
+    def spend(self, io: FileIO, rows: int) -> None:
+        """Counts key-index lookups this process made on the table, at their cost in key-store rows read."""
+        with self._lock:
+            self._spent[io.uri()] = self._spent.get(io.uri(), 0) + rows
+
+    def spent(self, io: FileIO) -> int:
+        with self._lock:
+            return self._spent.get(io.uri(), 0)
+
+    def can_hold(self, rows: int) -> bool:
+        """Whether key-store files of ``rows`` rows would fit in the budget (at the most a key can take)."""
+        return rows * _MOST_BYTES_A_KEY <= self.budget
 
     def get(self, io: FileIO, path: str) -> Entries | None:
         with self._lock:

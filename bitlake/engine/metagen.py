@@ -329,9 +329,15 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
             np.zeros(k, bool)
     else:
         distinct = records.take(pa.array(first))  # a record of each key, in code order
-        # Lookups, or a scan of the buckets' files: those this process holds cost a binary search a key.
+        # Lookups, or a scan of the buckets' files: those this process holds cost a binary search a key. Once
+        # this process's lookups on the table have cost as much as reading the files it lacks, it reads them
+        # (a writer of many small batches then finds every later batch's keys in memory): never more than
+        # twice what the best choice in hindsight would have cost.
+        lookup_cost = len(first) * LOOKUP_COST_IN_ROWS
         scan_cost = unread_rows + (len(first) * CACHED_KEY_COST_IN_ROWS if unread_rows < stored_rows else 0)
-        if index is not None and len(first) * LOOKUP_COST_IN_ROWS <= scan_cost:
+        buy = keycache.CACHE.spent(io) + lookup_cost > unread_rows and keycache.CACHE.can_hold(unread_rows)
+        if index is not None and lookup_cost <= scan_cost and not buy:
+            keycache.CACHE.spend(io, lookup_cost)
             found, prior_d, prior_rid, prior_deleted = index.lookup(encode_keys(distinct, pk),
                                                                     in_order=fixed_width(records, pk))
         else:
