@@ -115,11 +115,11 @@ def merge_plan(files: list[BucketFile], new_rows: int, max_increments: int, base
 
     Tiering keeps the bytes a commit writes proportional to its batch: increments are merged among
     themselves until together they are a sizeable fraction of the base, and only then into it. They are merged
-    when the bucket would pass ``max_increments``, or earlier at the commits where its turn is ``due``
-    (:func:`merge_due`), so that the buckets a commit writes do not all merge in that same commit.
+    when the bucket would pass ``max_increments``, or earlier, from half as many, at the commits where its turn
+    is ``due`` (:func:`merge_due`), so that the buckets a commit writes do not all merge in that same commit.
     """
     increments = [f for f in files if not f.base]
-    if not (len(increments) + 1 > max_increments or (due and increments)):
+    if not (len(increments) + 1 > max_increments or (due and len(increments) >= max(1, max_increments // 2))):
         return []
     base = [f for f in files if f.base]
     increment_rows = sum(f.rows for f in increments) + new_rows
