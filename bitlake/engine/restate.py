@@ -69,9 +69,13 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
         return _unkeyed(io, state, removed, new)
     start = fold_start(state, removed) if removed is not None else version
     if state.window is not None and start - 1 < state.window.version:
+        made_live = state.parts[removed].live_version if removed is not None else version
+        why = "" if start == made_live else (
+            f", after a batch made live at version {start} that a restatement removed since")
         raise VersionExpiredError(
-            f"the batch was made live at version {start}, before the retention window (versions from "
-            f"{state.window.version}): a major compaction purged the history a revert needs")
+            f"the batch was made live at version {made_live}{why}: a revert folds from the key store before "
+            f"version {start}, which is not in the retention window (versions from {state.window.version}; "
+            "a major compaction purged the history a revert needs)")
     later = sorted((b for b in state.parts.values() if b.status == LIVE and b.live_version is not None
                     and b.live_version >= start and b.part != removed),
                    key=lambda b: (b.live_version, b.landed_version, b.part))
