@@ -3,7 +3,10 @@ uniformly from all rows as the peers benchmark does; delta = SEED) into the tabl
 made; prints the wall time, the process's CPU time, the time of the inline MetaGen's steps and a profile of the
 calling thread.
 
-    .venv/bin/python benchmarks/probes/upsert.py SF FRACTION SEED [uniform]
+    .venv/bin/python benchmarks/probes/upsert.py SF FRACTION SEED [uniform] [warm]
+
+``warm`` reads every key-store file into the process's memory first (bitlake/engine/keycache.py), as a writer
+holds them after a load or a scan; BITLAKE_KEYSTORE_CACHE_BYTES=0 keeps nothing there.
 """
 
 from __future__ import annotations
@@ -73,9 +76,19 @@ def metagen_steps() -> list[tuple[object, str, str]]:
 def main() -> None:
     sf, fraction, seed = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
     source = pq.ParquetFile(core.lineitem(sf))
-    sample = uniform_batch if sys.argv[4:5] == ["uniform"] else batch
+    sample = uniform_batch if "uniform" in sys.argv[4:] else batch
     changes = sample(source, core.table_schema(source.schema_arrow), fraction, seed)
     t = bitlake.open_table(str(core.ROOT / "benchmarks" / "work" / "probes" / f"s{sf}"))
+    if "warm" in sys.argv[4:]:
+        from bitlake.engine import keycache
+        from bitlake.pool import thread_map
+
+        state = t.state()
+        files = [f for fs in state.keystore.values() for f in fs]
+        t0 = time.perf_counter()
+        thread_map(lambda f: keycache.CACHE.entries(t.io, f.path, state.metadata), files)
+        print("warm:", len(files), "key-store files,", sum(f.rows for f in files), "rows,",
+              keycache.CACHE.held >> 20, "MB held, in", round(time.perf_counter() - t0, 2), "s", flush=True)
     profile = cProfile.Profile()
     with core.PhaseTimer().installed(metagen_steps()) as steps:
         t0, c0 = time.perf_counter(), os.times()
