@@ -210,8 +210,10 @@ def assemble(state: TableState, batches: list[Landed], seg_out: list[dict], adde
 # twice as much, and this was 200.
 LOOKUP_COST_IN_ROWS = 70
 # Matching a key with the key-store files this process holds in memory (bitlake.engine.keycache) costs about as
-# much as scanning this many rows of files it must read.
-CACHED_KEY_COST_IN_ROWS = 5
+# much as scanning this many rows of files it must read: a binary search in each of its bucket's files, from
+# 0.3 us a key for a 10 % batch to 2-3 us for a 0.1 % batch (sparser keys miss the CPU's caches) on the churned
+# SF 10 probe table, 5-6 files a bucket (benchmarks/probes/upsert.py ... warm).
+CACHED_KEY_COST_IN_ROWS = 20
 
 
 # The inline MetaGen folds at most this many records at once: larger commits are folded in groups, a key's
