@@ -154,9 +154,11 @@ def crash_all(root, cases: dict, spark, path_of):
         harness.kill_all([w for _, w in started.values()])
 
 
-def check_died(writer: Writer) -> None:
+def check_died(writer: Writer, acknowledged: bool = False) -> None:
+    """The writer was killed; before, it acknowledged nothing, or (``acknowledged``) at most the one step it was
+    killed after."""
     assert writer.proc.returncode == -9, f"expected SIGKILL, got {writer.proc.returncode}:\n{writer.output()}"
-    assert writer.acks() == [], "a killed writer acknowledged nothing"
+    assert len(writer.acks()) <= acknowledged, "a killed writer acknowledged only what it had committed"
 
 
 def landed_once(table, batch_id) -> int:
@@ -200,7 +202,9 @@ def test_crash_during_ingest_on_s3(crashed_on_s3, spark, point):
 
 def check_crash_during_ingest(crashed, spark, point):
     path, writer = crashed[f"ingest-{point}"]
-    check_died(writer)
+    # The key index takes a commit's entries on a thread while the ingest returns: killed there, the writer may
+    # have acknowledged its commit.
+    check_died(writer, acknowledged=point == "in_index_update")
     table = bitlake.open_table(path)
     harness.check_log(table)
     committed = point in ("after_commit", "in_index_update")

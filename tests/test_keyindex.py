@@ -233,7 +233,9 @@ def test_a_commit_folded_in_groups_gives_the_index_one_sorted_run_per_key_range(
     they are sets of buckets, and the commit's rows reach the index after it as one sorted run. Either way
     every key is answered, and a later commit in groups (input in no order) folds against them."""
     monkeypatch.setattr(metagen, "GROUP_RECORDS", 250)
-    monkeypatch.setattr(keyindex, "_SST_MIN_ROWS", 1)  # each group stages one SST file, written on a thread
+    monkeypatch.setattr(keyindex, "_SST_MIN_ROWS", 1)
+    monkeypatch.setattr(keyindex, "_PROCESS_SST_ROWS", 1)  # each group stages its entries, written by a process
+    monkeypatch.setattr(keyindex, "threads", lambda: 1)  # one file a group
     schema = pa.schema([("id", key), ("v", pa.string()), ("mod", pa.int64())])
     t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="mod", num_buckets=8)
     t.ingest(pa.table({"id": pa.array(range(1000)).cast(key), "v": ["a"] * 1000, "mod": [1] * 1000}))
@@ -330,9 +332,11 @@ def test_a_writer_keeps_the_index_open_between_its_commits_and_closes_it_when_id
     assert r.counts == {"inserted": 0, "updated": 1, "deleted": 0, "stale": 1, "ignored_deletes": 0}
     assert len(opens) == n and view(t) == [(1, "a2", 2), (2, "b9", 9), (3, "c1", 3)]
 
-    # With an idle time of 0 the index closes after every commit; a short one closes it when it is up.
+    # With an idle time of 0 the index closes after every commit (once the commit's entries are in, on a thread of
+    # this process, which flush_idle waits for); a short one closes it when it is up.
     t.set_properties({"keystore.index_idle_seconds": "0"})
     t.ingest(batch([4], ["d"], [1]))
+    indexsession.flush_idle()
     kept = keyindex.location(t.io, t.metadata)[0]
     assert kept not in indexsession._kept
     t.set_properties({"keystore.index_idle_seconds": "0.05"})

@@ -9,11 +9,18 @@ index still holds its lock, so a writer in another process that comes meanwhile 
 commit, as it does while a commit uses the index; a table written by several processes in turn sets the
 property to 0. An idle index is closed when its time is up, when this process exits or forks, and by
 :func:`close_idle`.
+
+A commit's own entries go into the index after the commit, on a thread of this process (``bitlake-index``),
+while the writer returns: the index serves only later commits, and writing its entries costs 0.3-0.8 us an
+entry with the GIL held (600,000 entries of a 1 % TPC-H SF 10 upsert: ~0.45 s, a third of that upsert). The
+index stays busy until the thread ends; this process's next commit on the table waits for it, as do
+:func:`flush_idle`, :func:`close_idle`, an exit and a fork.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 
@@ -25,6 +32,8 @@ from bitlake.format.metadata import TableMetadata
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 
+log = logging.getLogger(__name__)
+
 
 class _Kept:
     """An index this process opened: in use by a commit (``busy``), or idle until its timer closes it."""
@@ -33,6 +42,7 @@ class _Kept:
         self.index = index
         self.busy = True
         self.timer: threading.Timer | None = None
+        self.update: threading.Thread | None = None  # the update after a commit, while it runs
 
     def still_there(self) -> bool:
         """Whether the folder and lock file are still the ones it opened (a deleted table's are not)."""
@@ -56,8 +66,10 @@ _forked: list[KeyIndex] = []  # a forked child's copies of indexes its parent wa
 
 
 def _borrow(io: FileIO, meta: TableMetadata) -> KeyIndex:
-    """The table's index for one commit: the one this process keeps idle, else a newly opened one."""
+    """The table's index for one commit: the one this process keeps idle (once its update after the last commit
+    has ended), else a newly opened one."""
     path, _ = location(io, meta)
+    _join_updates(path)
     with _lock:
         kept = _kept.get(path)
         if kept is not None and kept.busy:  # another thread's commit
@@ -97,6 +109,15 @@ def _give_back(index: KeyIndex, idle_seconds: float) -> None:
         kept.timer.start()
 
 
+def _join_updates(path: str | None = None) -> None:
+    """Waits for the updates after a commit that run on this process's threads (of the index at ``path``)."""
+    with _lock:
+        running = [k.update for p, k in _kept.items() if k.update is not None and path in (None, p)]
+    for thread in running:
+        if thread is not threading.current_thread():
+            thread.join()
+
+
 def _close(path: str) -> None:
     """Closes and forgets the index at ``path`` unless a commit is using it."""
     kept = _kept.get(path)
@@ -111,7 +132,9 @@ def _close(path: str) -> None:
 
 
 def close_idle(path: str | None = None) -> None:
-    """Closes the idle indexes this process keeps (the one at ``path`` only, when given)."""
+    """Closes the idle indexes this process keeps (the one at ``path`` only, when given), once their updates after
+    a commit have ended."""
+    _join_updates(path)
     with _lock:
         for p in [path] if path is not None else list(_kept):
             _close(p)
@@ -119,7 +142,9 @@ def close_idle(path: str | None = None) -> None:
 
 def flush_idle() -> None:
     """Waits until the idle indexes this process keeps have their entries on disk (the flush after a commit runs
-    on RocksDB's thread): before copying an index's files, or measuring the bytes a commit wrote."""
+    on RocksDB's thread, after the update on this process's thread): before copying an index's files, or measuring
+    the bytes a commit wrote."""
+    _join_updates()
     with _lock:
         for kept in _kept.values():
             if not kept.busy and kept.index.db is not None:
@@ -177,20 +202,39 @@ class IndexSession:
         return self.index
 
     def after_commit(self, state: TableState, version: int, rows: pa.Table | None = None) -> None:
-        """Brings the index to ``state`` after this writer committed ``version``, whose key-store rows are
-        ``rows`` when the writer has them (else they are read back from the key store). Best effort: the
-        commit has landed, and an index that is busy or behind only costs the next writer a catch-up."""
+        """Starts bringing the index to ``state`` after this writer committed ``version``, whose key-store rows are
+        ``rows`` when the writer has them (else they are read back from the key store), on a thread that gives
+        the index back when it ends. Best effort: the commit has landed, and an index that is busy, behind or
+        left by a failed update only costs the next writer a catch-up (or a rebuild)."""
         if not supported(state.metadata):
             return
         try:
             index = self._take(state.metadata)
-            if index.commit_staged(version):
-                pass
-            elif rows is not None and index.version == version - 1:
-                index.put([rows], version)
-            index.catch_up(state)
         except IndexUnavailableError:
-            pass
+            return
+        self.index, idle_seconds = None, self._idle_seconds  # the thread gives it back
+
+        def update() -> None:
+            try:
+                if not index.commit_staged(version) and rows is not None and index.version == version - 1:
+                    index.put([rows], version)
+                index.catch_up(state)
+            except Exception:  # noqa: BLE001 - a cache: the commit stands whatever befalls its index
+                log.warning("updating the key index at %s after commit %d failed; the next writer catches it up",
+                            index.path, version, exc_info=True)
+            finally:
+                with _lock:
+                    kept = _kept.get(index.path)
+                    if kept is not None and kept.index is index:
+                        kept.update = None
+                _give_back(index, idle_seconds)
+
+        thread = threading.Thread(target=update, name="bitlake-index", daemon=True)
+        with _lock:
+            kept = _kept.get(index.path)
+            if kept is not None and kept.index is index:
+                kept.update = thread
+        thread.start()
 
     def close(self) -> None:
         if self.index is not None:

@@ -25,7 +25,6 @@ import fcntl
 import hashlib
 import os
 import shutil
-import threading
 from typing import Any
 
 import numpy as np
@@ -49,9 +48,9 @@ _FORMAT_KEY = b"\x00bitlake:format"
 _FORMAT = b"2"
 _SIGN = np.uint64(1 << 63)
 _PUT_CHUNK = 200_000
-# At least this many entries go in as SST files rather than as puts, and a commit of this many records stages
-# its entries, written while it commits (KeyIndex.stage) on a thread; from _PROCESS_SST_ROWS entries, any SST
-# files are written by one process per core (fewer entries cost less than a process's start-up).
+# At least this many entries go in as SST files rather than as puts; from _PROCESS_SST_ROWS entries, the SST
+# files are written by one process per core (fewer entries cost less than a process's start-up), and a commit of
+# that many records stages its entries, written by those processes while it commits (KeyIndex.stage).
 _SST_MIN_ROWS = 200_000
 _PROCESS_SST_ROWS = 2_000_000
 # Two kinds of files. The bottom run, which holds most keys (the SST files of a load into an empty index, and
@@ -74,9 +73,12 @@ _LOOKUP_CHUNK = 4096
 
 def stages(records: int) -> bool:
     """Whether a commit of ``records`` records gains by staging its key-index entries (:meth:`KeyIndex.stage`):
-    an SST file costs 0.6-0.9 us an entry (600,000 entries, a 10 % TPC-H SF 1 upsert: 0.4-0.5 s), which a
-    thread, or processes for a large one, started while the commit finishes take off its path."""
-    return records >= _SST_MIN_ROWS
+    an SST file costs 0.6-0.9 us an entry, which processes started while the commit finishes take off its path.
+    A thread would not: it holds the GIL for each entry, and the commit's own threads, which write its files,
+    then wait for it at every call (the key-store files of a 1 % TPC-H SF 10 upsert took 0.5 s instead of
+    0.06 s beside a thread writing its 600,000 entries). Smaller commits' entries go in after the commit
+    (:meth:`bitlake.engine.indexsession.IndexSession.after_commit`)."""
+    return records >= _PROCESS_SST_ROWS
 
 
 def location(io: FileIO, meta: TableMetadata) -> tuple[str, str]:
@@ -405,7 +407,7 @@ class KeyIndex:
             self.discard_staged()
         if self._staged is None:
             self._staged = (version, [])
-        self._staged[1].append(self._start_ssts(rows, f"stage-{version}-{len(self._staged[1])}", apart=True))
+        self._staged[1].append(self._start_ssts(rows, f"stage-{version}-{len(self._staged[1])}"))
 
     def commit_staged(self, version: int) -> bool:
         """Takes in the files staged for ``version``, which this writer has just committed with the index at
@@ -451,10 +453,10 @@ class KeyIndex:
         it.seek(b"\x01")
         return not it.valid()
 
-    def _start_ssts(self, table: pa.Table, name: str, apart: bool = False) -> _SstWriting:
+    def _start_ssts(self, table: pa.Table, name: str) -> _SstWriting:
         """Starts writing ``table``'s entries, in key order, as SST files. rocksdict takes an entry per call,
         holding the GIL, so a large table is cut into key ranges written by processes of their own, one per
-        core; a smaller one is written on a thread (``apart``) or here and now."""
+        core; a smaller one is written here and now."""
         pk = list(self.meta.primary_key)
         table = table.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED])
         order = key_order(table, pk)
@@ -469,8 +471,6 @@ class KeyIndex:
         try:
             if large:
                 writing.start_processes(slices, pk, bottom)
-            elif apart:
-                writing.start_thread(slices[0], pk, bottom)
             else:
                 write_sst(slices[0], pk, writing.paths[0], bottom)
         except BaseException:
@@ -525,8 +525,6 @@ class _SstWriting:
         self.paths = paths
         self.inputs: list[str] = []
         self.workers: list = []
-        self.thread: threading.Thread | None = None
-        self.failed: BaseException | None = None
 
     def start_processes(self, slices: list[pa.Table], primary_key: list[str], bottom: bool) -> None:
         import subprocess
@@ -547,25 +545,8 @@ class _SstWriting:
                                                   "bottom" if bottom else "upper", *primary_key], env=env,
                                                  stderr=subprocess.PIPE))
 
-    def start_thread(self, table: pa.Table, primary_key: list[str], bottom: bool) -> None:
-        """Writes the one file on a thread: fewer entries than a process's start-up would cost."""
-
-        def run():
-            try:
-                write_sst(table, primary_key, self.paths[0], bottom)
-            except BaseException as e:  # noqa: BLE001 - raised by wait()
-                self.failed = e
-
-        self.thread = threading.Thread(target=run, name="bitlake-sst", daemon=True)
-        self.thread.start()
-
     def wait(self, check: bool = True) -> None:
-        """Waits for the processes or the thread; with ``check``, raises when one failed."""
-        thread, self.thread = self.thread, None
-        if thread is not None:
-            thread.join()
-            if check and self.failed is not None:
-                raise RuntimeError(f"writing the key index's SST file failed: {self.failed!r}") from self.failed
+        """Waits for the processes; with ``check``, raises when one failed."""
         workers, self.workers = self.workers, []
         if not check:
             for w in workers:
