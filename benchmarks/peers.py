@@ -1069,8 +1069,20 @@ def cell_error(r: dict | None) -> str:
     return "failed"
 
 
+def spent(r: dict) -> float:
+    """An operation's wall time with the background work it left (bitlake's key-index update after a commit)."""
+    return r["wall_s"] + (r.get("settle_s") or 0.0)
+
+
+def spent_text(r: dict) -> str:
+    after = r.get("settle_s") or 0.0
+    return f"{spent(r):.2f} s" + (f" ({r['wall_s']:.2f} + {after:.2f} after)" if after >= 0.005 else "")
+
+
 def targets(records) -> list[dict]:
-    """The issue's targets, each with the figure and met / MISSED / not assessed."""
+    """The issue's targets, each with the figure and met / MISSED / not assessed. bitlake's times count the
+    background work an operation left (the worker waits for it before the next one): a stream of batches pays
+    for it."""
     out = []
     sfs = sorted({r["scale_factor"] for r in records})
     modes = [m for m in BITLAKE_MODES if any(r["system"] == m for r in records)]
@@ -1102,16 +1114,16 @@ def targets(records) -> list[dict]:
                 text = ", ".join(
                     f"{p} {num(w, '.2f') if w is not None else cell_error(find(records, p, sf, 'upsert', f))}"
                     for p, w in faster)
-                figure = f"{fraction_text(f)}: {mode} {r['wall_s']:.2f} s; {text}"
+                figure = f"{fraction_text(f)}: {mode} {spent_text(r)}; {text}"
                 if sf >= 3:
-                    lower = all(w is None or r["wall_s"] < w for _, w in faster)
+                    lower = all(w is None or spent(r) < w for _, w in faster)
                     out.append({"target": "upsert faster than every peer (scale factors 3 and 10)", "system": mode,
                                 "scale_factor": sf, "figure": figure, "status": "met" if lower else "MISSED"})
                 lance = dict(faster).get("lance")
                 if sf == 1 and lance:
                     out.append({"target": "upsert within 1.5x of lance (scale factor 1)", "system": mode,
-                                "scale_factor": sf, "figure": f"{figure}: {r['wall_s'] / lance:.2f}x lance",
-                                "status": "met" if r["wall_s"] <= 1.5 * lance else "MISSED"})
+                                "scale_factor": sf, "figure": f"{figure}: {spent(r) / lance:.2f}x lance",
+                                "status": "met" if spent(r) <= 1.5 * lance else "MISSED"})
                 amp = amplification(r)
                 if amp is not None:
                     out.append({"target": "write amplification at most 1.5 on every batch", "system": mode,
@@ -1123,11 +1135,11 @@ def targets(records) -> list[dict]:
             if r and not r.get("error") and loads:
                 best, peer = min(loads)
                 out.append({"target": "base load at most 1.5x the fastest peer's", "system": mode,
-                            "scale_factor": sf, "figure": f"{mode} {r['wall_s']:.1f} s; {peer} {best:.1f} s: "
-                                                          f"{r['wall_s'] / best:.2f}x",
-                            "status": "met" if r["wall_s"] <= 1.5 * best else "MISSED"})
+                            "scale_factor": sf, "figure": f"{mode} {spent_text(r)}; {peer} {best:.1f} s: "
+                                                          f"{spent(r) / best:.2f}x",
+                            "status": "met" if spent(r) <= 1.5 * best else "MISSED"})
         small = [(sf, find(records, mode, sf, "upsert", UPSERT_FRACTIONS[0])) for sf in sfs]
-        small = [(sf, r["wall_s"]) for sf, r in small if r and not r.get("error")]
+        small = [(sf, spent(r)) for sf, r in small if r and not r.get("error")]
         if 1 in dict(small) and 10 in dict(small):
             w1, w10 = dict(small)[1], dict(small)[10]
             out.append({"target": "the 0.1 % batch within 1.5x between scale factors 1 and 10", "system": mode,
@@ -1142,7 +1154,7 @@ def targets(records) -> list[dict]:
                         if b > a and abs(a * fa - b * fb) < 1e-9 * max(a, b) + 1e-12:
                             ra, rb = find(records, mode, a, "upsert", fa), find(records, mode, b, "upsert", fb)
                             if ra and rb and not ra.get("error") and not rb.get("error"):
-                                pairs.append((a, fa, b, fb, ra["wall_s"], rb["wall_s"], rb.get("records") or 0))
+                                pairs.append((a, fa, b, fb, spent(ra), spent(rb), rb.get("records") or 0))
         if not pairs:
             out.append({"target": "upsert wall time grows with the batch size, not the table size",
                         "system": mode, "scale_factor": None,
@@ -1230,10 +1242,13 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
         "(pyarrow). Peak RSS: the resident set of the system's process tree (its Python process, Spark's JVM "
         "and PySpark's workers; the batch read inside the timed call included), sampled every 0.25 s and at the "
         "operation's start and end, with the JVM's share for Spark systems (runs before 2026-11-26 12:00 UTC did "
-        "not record it). bitlake's key index flushes a commit's entries on RocksDB's thread after the commit; the "
-        "worker waits for that flush after taking the wall time, before counting the bytes (runs from commit dddf22e "
-        "to 4aa4468 counted a flush with whichever operation came after it ended). Each worker starts, and each "
-        "operation follows the one before, after an untimed `os.sync()` (since the 12:45 and 12:57 UTC runs of "
+        "not record it). bitlake's key index takes a commit's entries on a thread after the commit, while the call "
+        "returns (since commit 2347b9d; before, commits of 200,000 entries or more staged them on a thread during "
+        "the call), and flushes them on RocksDB's thread; the worker waits for both after taking the wall time, "
+        "before counting the bytes, and records that wait as the operation's background time, \"(+x after)\" in "
+        "the wall time's cell (since run s of 2026-11-26; runs from commit dddf22e to 4aa4468 counted a flush "
+        "with whichever operation came after it ended). Each worker starts, and each operation follows the one "
+        "before, after an untimed `os.sync()` (since the 12:45 and 12:57 UTC runs of "
         "2026-11-26), so that no operation runs while an earlier one's writes (a 2-3 GB load at SF 10) are written "
         "back. Wall times are single runs on a machine shared with other jobs; a Spark system's process starts its "
         "session and runs one small read before the timed operations, so JVM start-up is not in its load; "
@@ -1263,6 +1278,8 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
                 wall = num(r["wall_s"]) if not r["error"] else cell_error(r)
                 if "metagen_s" in phases and not r["error"]:
                     wall += f" ({phases['ingest_s']:.2f} + {phases['metagen_s']:.2f})"
+                if (r.get("settle_s") or 0) >= 0.005 and not r["error"]:
+                    wall += f" (+{r['settle_s']:.2f} after)"
                 amp = amplification(r)
                 lines.append(f"| {op} | {fraction_text(f)} | {num(first.get('records'), ',')} "
                              f"| {mb(first.get('change_parquet_bytes'))} | {s} | {wall} "
