@@ -440,3 +440,51 @@ def test_an_index_reopened_by_a_later_writer_flushes_files_with_bloom_filters(tm
         files = len(index.db.live_files())
     assert files >= 3
     assert int(props["# entries for filter"]) == int(props["# entries"]) > 30
+
+
+def test_the_index_takes_a_commits_entries_after_the_call_returns_and_the_next_commit_waits(tmp_path, monkeypatch):
+    """The ingest returns while a thread puts its commit's entries into the key index; the process's next commit
+    waits for that thread and looks its keys up in an index at the version before it (a failed update leaves the
+    index behind: the next commit catches it up)."""
+    import threading
+
+    from bitlake.engine import indexsession
+
+    monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)  # lookups whenever the index is free
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
+    t.ingest(batch([1, 2], ["a", "b"], [1, 1]))
+    indexsession.flush_idle()
+    release, putting = threading.Event(), threading.Event()
+    real_put = keyindex.KeyIndex.put
+
+    def held_put(self, tables, version):
+        putting.set()
+        assert release.wait(10)
+        return real_put(self, tables, version)
+
+    monkeypatch.setattr(keyindex.KeyIndex, "put", held_put)
+    r = t.ingest(batch([2, 3], ["b2", "c"], [2, 2]))  # returns with its entries not yet in the index
+    assert r.counts["updated"] == 1 and putting.wait(10)
+    waited = []
+    second = threading.Thread(target=lambda: waited.append(t.ingest(batch([3, 4], ["c3", "d"], [3, 3]))))
+    second.start()
+    second.join(0.5)
+    assert second.is_alive(), "the next commit waits for the update of the commit before"
+    release.set()
+    second.join(10)
+    assert waited[0].counts == {"inserted": 1, "updated": 1, "deleted": 0, "stale": 0, "ignored_deletes": 0}
+
+    def failing_put(self, tables, version):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(keyindex.KeyIndex, "put", failing_put)
+    r = t.ingest(batch([5], ["e"], [1]))
+    assert r.committed
+    indexsession.flush_idle()
+    with opened(t) as index:
+        assert index.version == t.version - 1  # behind by the commit whose update failed
+    monkeypatch.setattr(keyindex.KeyIndex, "put", real_put)
+    assert t.ingest(batch([5, 1], ["e2", "a2"], [2, 2])).counts["updated"] == 2
+    with opened(t) as index:
+        assert index.version == t.version
+    assert view(t) == [(1, "a2", 2), (2, "b2", 2), (3, "c3", 3), (4, "d", 3), (5, "e2", 2)]
