@@ -49,7 +49,7 @@ _FORMAT_KEY = b"\x00bitlake:format"
 _FORMAT = b"2"
 _SIGN = np.uint64(1 << 63)
 _PUT_CHUNK = 200_000
-_YIELD_EVERY = 1024
+_YIELD_EVERY = 1024  # entries written between two releases of the GIL (_put_each)
 # At least this many entries go in as SST files rather than as puts; from _PROCESS_SST_ROWS entries, the SST
 # files are written by one process per core (fewer entries cost less than a process's start-up), and a commit of
 # that many records stages its entries, written by those processes while it commits (KeyIndex.stage).
@@ -77,9 +77,9 @@ def stages(records: int) -> bool:
     """Whether a commit of ``records`` records gains by staging its key-index entries (:meth:`KeyIndex.stage`):
     an SST file costs 0.6-0.9 us an entry, which processes started while the commit finishes take off its path.
     A thread would not: it holds the GIL for each entry, and the commit's own threads, which write its files,
-    then wait for it at every call (the key-store files of a 1 % TPC-H SF 10 upsert took 0.5 s instead of
-    0.06 s beside a thread writing its 600,000 entries). Smaller commits' entries go in after the commit
-    (:meth:`bitlake.engine.indexsession.IndexSession.after_commit`)."""
+    then wait for it (the key-store files of a 1 % TPC-H SF 10 upsert took 0.5 s instead of 0.06 s beside a
+    thread writing its 600,000 entries, before entries released the GIL every _YIELD_EVERY). Smaller commits'
+    entries go in after the commit (:meth:`bitlake.engine.indexsession.IndexSession.after_commit`)."""
     return records >= _PROCESS_SST_ROWS
 
 
