@@ -38,6 +38,8 @@ import pyarrow as pa
 
 from bitlake import cdc
 from bitlake.errors import BitlakeError, InvalidInputError
+from bitlake.format import commitlog
+from bitlake.fs import file_io
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +166,11 @@ class PostgresMirror:
         key = self.primary_key()
         try:
             t = bitlake.open_table(self.path, self.storage_options)
-        except bitlake.TableNotFoundError:
+        except (bitlake.TableNotFoundError, bitlake.NotATableError) as e:
+            # A mirror killed while it created the table leaves its folder without commit 0: create it again.
+            if isinstance(e, bitlake.NotATableError) and commitlog.list_versions(file_io(self.path,
+                                                                                       self.storage_options)):
+                raise
             columns = self.columns()
             schema = pa.schema([pa.field(c.name, arrow_type(c.pg_type), c.nullable or c.name in key)
                                 for c in columns] + [pa.field(LSN_COLUMN, pa.int64())])

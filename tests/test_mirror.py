@@ -140,6 +140,28 @@ def test_schema_changes_truncate_and_tables_without_a_key(server, tmp_path):
     assert os.path.isdir(tmp_path / "log")
 
 
+def test_a_mirror_creates_its_table_in_a_folder_a_killed_creation_left_without_a_commit(server, tmp_path):
+    """Killed between making the table's folder and writing its commit 0, a mirror left a folder that is no table
+    yet (the random kills above once hit it): the next mirror creates the table there."""
+    from bitlake.format import layout
+
+    with server.connect() as c:
+        c.execute("CREATE TABLE crashed (id int PRIMARY KEY, v text)")
+        c.execute("INSERT INTO crashed VALUES (1, 'a'), (2, 'b')")
+    path = tmp_path / "crashed"
+    commits = path / layout.COMMITS_DIR
+    commits.mkdir(parents=True)
+    (commits / ".tmp-0123").write_bytes(b"{")  # a commit 0 cut short before its link
+    with pytest.raises(bitlake.NotATableError):
+        bitlake.open_table(str(path))
+    m = PostgresMirror(server.dsn(), "public.crashed", str(path), slot="crashed_slot")
+    try:
+        m.run(until_caught_up=True, interval=0.1)
+        assert sorted((r["id"], r["v"]) for r in m.table.to_arrow().to_pylist()) == [(1, "a"), (2, "b")]
+    finally:
+        m.close()
+
+
 def test_values_of_every_mapped_type_survive_snapshot_and_changes(server, tmp_path):
     with server.connect() as c:
         c.execute("CREATE TABLE kinds (id bigint PRIMARY KEY, b boolean, d date, ts timestamptz, n numeric(10,3), "
