@@ -1,4 +1,4 @@
-"""bitlake.format.order.lexsort is np.lexsort, packed or not."""
+"""bitlake.format.order: lexsort is np.lexsort, packed or not; SortedSearch finds what np.searchsorted finds."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bitlake.format.order import lexsort
+import bitlake.format.order as order
+from bitlake.format.order import SortedSearch, lexsort
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 
@@ -41,3 +42,40 @@ def test_lexsort_of_large_inputs_packed_with_or_without_the_index_or_not():
     assert np.array_equal(lexsort((tied,)), np.lexsort((tied,)))
     wide = [rng.integers(-(2**62), 2**62, 200_000) for _ in range(3)]  # no room at all
     assert np.array_equal(lexsort(wide), np.lexsort(wide))
+
+
+def _found(values: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    at = np.minimum(np.searchsorted(values, wanted), max(len(values) - 1, 0))
+    return np.where((len(values) > 0) & (values[at] == wanted) if len(values) else np.zeros(len(wanted), bool), at, -1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.sampled_from([0, 10**9]))
+def test_sorted_search_finds_what_searchsorted_finds_bisecting_or_dense(data, dense):
+    """Any distinct non-negative values (clustered, spread over all 63 bits, a few far apart), any wanted values;
+    each way of finding (the windows bisected at once, or numpy's search for dense wants)."""
+    kind = data.draw(st.sampled_from(["small", "wide", "clusters"]))
+    raw = {"small": st.integers(0, 50), "wide": st.integers(0, 2**63 - 1),
+           "clusters": st.sampled_from([0, 2**20, 2**62]).flatmap(lambda c: st.integers(c, c + 40))}[kind]
+    values = np.unique(np.array(data.draw(st.lists(raw, max_size=300)), dtype=np.int64))
+    present = st.sampled_from(values.tolist()) if len(values) else st.integers(0, 5)
+    wanted = np.array(data.draw(st.lists(st.one_of(present, st.integers(0, 2**63 - 1), raw), max_size=60)),
+                      dtype=np.int64)
+    search = SortedSearch(values)
+    before, order.DENSE_SEARCH = order.DENSE_SEARCH, dense
+    try:
+        assert search.find(wanted).tolist() == _found(values, wanted).tolist()
+    finally:
+        order.DENSE_SEARCH = before
+
+
+def test_sorted_search_of_millions_of_packed_keys():
+    rng = np.random.default_rng(11)
+    values = np.unique(rng.integers(0, 2**45, 3_000_000))
+    wanted = np.concatenate([values[rng.integers(0, len(values), 5_000)], rng.integers(0, 2**45, 5_000)])
+    search = SortedSearch(values)
+    assert search.nbytes <= len(values)  # its table: about half a byte a value
+    for few in (np.sort(wanted), wanted):  # in key order (as a bucket's keys come) or not
+        assert np.array_equal(search.find(few), _found(values, few))
+    many = np.sort(rng.choice(values, 500_000, replace=False))  # dense: numpy's search
+    assert np.array_equal(search.find(many), np.searchsorted(values, many))

@@ -12,8 +12,9 @@ files costs scans, so that it reads them); the least recently used files go when
 
 Keys of integer-like columns (the key index's fixed width) are held packed into one int64 a row, in the file's
 key order, with the deltas, row ids, delete flags and versions beside them (a column of one value as a
-broadcast scalar: a load's deltas and versions cost nothing): 17-33 bytes a key. Other keys are held as the
-file's Arrow table and matched by a hash join.
+broadcast scalar: a load's deltas and versions cost nothing), and searched by :class:`SortedSearch`, whose
+table takes half a byte a key: 17-34 bytes a key. Other keys are held as the file's Arrow table and matched by a
+hash join.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ import pyarrow as pa
 
 from bitlake.format import keystore
 from bitlake.format.metadata import TableMetadata
-from bitlake.format.order import key_spans, pack, strictly_increasing
+from bitlake.format.order import SortedSearch, key_spans, pack, strictly_increasing
 from bitlake.fs import FileIO
 
 _VALUES = [keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.VERSION]
-_MOST_BYTES_A_KEY = 33  # packed key, delta, row id, deleted, version
+_MOST_BYTES_A_KEY = 34  # packed key, delta, row id, deleted, version, the search's table
 
 
 class Entries:
@@ -42,6 +43,7 @@ class Entries:
 
         self.rows = table.num_rows
         self.packed: np.ndarray | None = None
+        self.search: SortedSearch | None = None
         self.spans: list[tuple[int, int]] = []
         self.highs: list[int] = []
         self.table: pa.Table | None = None
@@ -52,19 +54,21 @@ class Entries:
                 packed = pack(columns, spans)
                 if strictly_increasing(packed):  # writers keep a file in key order, one row a key
                     self.packed, self.spans, self.highs = packed, spans, [int(c.max()) for c in columns]
+                    self.search = SortedSearch(packed)
         if self.packed is None:
             self.table = table.select([*primary_key, *_VALUES])
             self.values: list[np.ndarray] = []
             self.nbytes = self.table.nbytes
             return
         self.values = [_compact(table.column(c).to_numpy(zero_copy_only=False)) for c in _VALUES]
-        self.nbytes = self.packed.nbytes + sum(v.nbytes for v in self.values if v.strides[0])  # broadcast: none
+        assert self.search is not None
+        self.nbytes = self.packed.nbytes + self.search.nbytes + sum(v.nbytes for v in self.values if v.strides[0])
 
     def match(self, keys: pa.Table, primary_key: list[str]) -> tuple[np.ndarray, list[np.ndarray]]:
         """The rows of ``keys`` (key columns and ``_code``) found here: their codes, and the delta, row id,
         deleted and version of each."""
         codes = keys.column("_code").to_numpy()
-        if self.packed is None:
+        if self.search is None:
             assert self.table is not None
             m = self.table.join(keys, keys=primary_key, join_type="inner", use_threads=False)
             return m.column("_code").to_numpy(), [m.column(c).to_numpy(zero_copy_only=False) for c in _VALUES]
@@ -76,9 +80,8 @@ class Entries:
             inside &= (c >= low) & (c <= high)
         if not inside.all():
             columns, codes = [c[inside] for c in columns], codes[inside]
-        wanted = pack(columns, self.spans)
-        at = np.minimum(np.searchsorted(self.packed, wanted), self.rows - 1)
-        hit = self.packed[at] == wanted
+        at = self.search.find(pack(columns, self.spans))
+        hit = at >= 0
         at = at[hit]
         return codes[hit], [v[at] for v in self.values]
 

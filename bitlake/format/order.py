@@ -67,3 +67,60 @@ def pack(columns: list[np.ndarray], spans: list[tuple[int, int]]) -> np.ndarray:
         packed <<= bits
         packed |= np.subtract(c, np.int64(low), dtype=np.int64)
     return packed
+
+
+class SortedSearch:
+    """Finds values in a sorted array of distinct non-negative int64 (packed keys) faster than ``np.searchsorted``
+    when they are few against the array and it is far larger than the CPU's caches: a table of where each value
+    of its top bits starts (a quarter of a byte a value) narrows each wanted value to a window of about 8
+    values, then all of them are bisected at once, a numpy gather a step. numpy's binary search walks each
+    value's ~22 steps one after the other, each a cache (and TLB) miss in an array of millions; gathers let the
+    CPU have many misses in flight. 3,500 random keys of a 3.7M-key file of a TPC-H SF 10 key store (a 0.1 %
+    batch's share of one bucket): 0.38-0.48 us a key with ``np.searchsorted``, 0.09 us with this; 35,000 keys
+    0.20 against 0.08 us. The table costs one search of the array's slots (~17 ms for that file)."""
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+        n = len(values)
+        self.low = int(values[0]) if n else 0
+        span = int(values[-1]) - self.low if n else 0
+        self.shift = max(span.bit_length() - max((n // 8).bit_length(), 1), 0)
+        # Where each slot's values start: a search of the slots' lowest values, sorted (a pass over the array);
+        # the last slot ends at the end (its bound could pass int64).
+        bounds = (np.arange((span >> self.shift) + 1, dtype=np.int64) << self.shift) + self.low
+        starts = np.append(np.searchsorted(values, bounds), n)
+        self.starts = starts.astype(np.int32 if n < 2**31 else np.int64)
+        self.nbytes = self.starts.nbytes
+
+    def find(self, wanted: np.ndarray) -> np.ndarray:
+        """Where each of ``wanted`` is in the values, or -1."""
+        values, n = self.values, len(self.values)
+        if not n or not len(wanted):
+            return np.full(len(wanted), -1, np.int64)
+        if len(wanted) * DENSE_SEARCH > n:  # dense: numpy's search finds the lines it needs in the caches
+            at = np.minimum(np.searchsorted(values, wanted), n - 1)
+            return np.where(values[at] == wanted, at, -1)
+        out = np.full(len(wanted), -1, np.int64)
+        inside = np.flatnonzero((wanted >= self.low) & (wanted <= values[-1]))
+        q = wanted[inside]
+        if not len(q):
+            return out
+        slot = (q - self.low) >> self.shift
+        base = self.starts[slot].astype(np.int64)
+        length = self.starts[slot + 1] - base  # the first value >= q is in [base, base + length]
+        for _ in range(int(length.max()).bit_length()):
+            half = length >> 1
+            mid = base + half
+            right = (values[np.minimum(mid, n - 1)] < q) & (length > 0)
+            base += right * (half + 1)
+            length = np.where(right, length - half - 1, half)
+        at = np.minimum(base, n - 1)
+        hit = values[at] == q
+        out[inside[hit]] = at[hit]
+        return out
+
+
+# SortedSearch.find bisects wanted values at once when they are fewer than one in this many of the array's; denser
+# ones share the cache lines numpy's search walks (350,000 keys of that 3.7M-key file: 0.04-0.06 us a key with
+# np.searchsorted, 0.05-0.07 us bisected).
+DENSE_SEARCH = 32
