@@ -101,6 +101,21 @@ def test_targets(peers):
     assert [t["status"] for t in same_size] == ["met", "met"]  # SF 0.1 at 1 % against SF 1 at 0.1 %, and 10 % vs 1 %
 
 
+def test_load_targets_by_input_and_targets_without_peers(peers):
+    """Arrow input's load is held to the fastest peer's (1.5x), a Spark DataFrame's to plain Spark writing it; a
+    target with nothing to compare with is not assessed, never met."""
+    rs = records() + [rec("bitlake-arrow", 1.0, "load", None, 16.0), rec("bitlake-arrow", 3.0, "upsert", 0.001, 0.1),
+                      rec("bitlake", 3.0, "load", None, 30.0)]
+    by = {(t["system"], t["scale_factor"], t["target"]): t for t in peers.targets(rs)}
+    arrow = by[("bitlake-arrow", 1.0, "base load at most 1.5x the fastest peer's (Arrow input)")]
+    assert arrow["status"] == "MISSED" and "10.0 s: 1.60x" in arrow["figure"] and "spark-rewrite" not in arrow["figure"]
+    spark = "base load of a Spark DataFrame at most plain Spark writing it as Parquet"
+    assert by[("bitlake", 1.0, spark)]["status"] == "met" and "spark-rewrite 10.0 s: 1.00x" in by[("bitlake", 1.0, spark)]["figure"]
+    assert by[("bitlake", 3.0, spark)]["status"] == "not assessed"
+    alone = by[("bitlake-arrow", 3.0, "upsert faster than every peer (scale factors 3 and 10)")]
+    assert alone["status"] == "not assessed" and "lance not run" in alone["figure"]
+
+
 def test_targets_count_the_background_work_an_operation_left(peers):
     """bitlake's key-index update runs after the call returns: the wall cell shows it, the targets count it."""
     rs = records()
