@@ -8,7 +8,7 @@ import datetime as dt
 import uuid
 from typing import Any
 
-from bitlake import changeevent, faults, transaction
+from bitlake import changeevent, faults, memory, transaction
 from bitlake.engine import conform, indexsession, keyindex, landing
 from bitlake.engine import metagen as engine_metagen
 from bitlake.engine.metagen import COUNTS, Landed, MetaGenOutput
@@ -195,6 +195,8 @@ class Ingestion:
             index.after_commit(self.refresh(), c.version, outputs[c.version].keystore_rows)
         finally:
             index.close()
+        if sum(b.records or 0 for b in c.batches) >= memory.RELEASE_AFTER_RECORDS:
+            memory.release_unused()
         counts = c.batch_counts.get(batch.batch_id, {}) if batch else dict(c.counts)
         return IngestResult(batch.batch_id if batch else None, c.version, True, True, counts, c.made_live)
 

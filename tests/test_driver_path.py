@@ -179,3 +179,20 @@ def test_only_delete_records_have_keys_files(tmp_path, request, landing):
     keys = pa.concat_tables([pq.read_table(t.io.local_path(f.path)) for f in batch.keys_files])
     assert keys.column("id").to_pylist() == [3] and keys.column("_deleted").to_pylist() == [True]
     assert sorted((x["id"], x["name"]) for x in t.to_arrow().to_pylist()) == [(1, "a"), (2, "B"), (4, "d")]
+
+
+def test_a_large_commit_gives_its_freed_memory_back(tmp_path, monkeypatch):
+    """A commit of RELEASE_AFTER_RECORDS records or more returns what it freed to the system (pyarrow's pool and
+    the C library's heap), a smaller one leaves it to the next allocations."""
+    from bitlake import memory
+
+    released = []
+    real = memory.release_unused
+    monkeypatch.setattr(memory, "release_unused", lambda: released.append(1) or real())
+    monkeypatch.setattr(memory, "RELEASE_AFTER_RECORDS", 100)
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod")
+    t.ingest(pa.table({"id": list(range(99)), "name": ["a"] * 99, "mod": [1] * 99}, schema=SCHEMA))
+    assert released == []
+    t.ingest(pa.table({"id": list(range(100)), "name": ["b"] * 100, "mod": [2] * 100}, schema=SCHEMA))
+    assert released == [1] and t.to_arrow().num_rows == 100
+    assert memory._malloc_trim() is not None  # glibc here: the heap is trimmed too
