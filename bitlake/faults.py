@@ -12,7 +12,7 @@ import signal
 
 POINTS = (
     "after_claim",  # a segment part is claimed, nothing landed
-    "after_landing",  # data files written, no commit references them
+    "after_landing",  # the input taken in, data files written or being written, no commit references them
     "after_metagen",  # logs, bitmaps and key-store files written, not committed
     "after_compaction_write",  # a compaction's files written, not committed
     "after_commit",  # the commit file exists; the writer never returns

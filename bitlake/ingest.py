@@ -68,14 +68,16 @@ def already_committed(io: FileIO, state: TableState, batch_id: str) -> IngestRes
     return IngestResult(batch_id, version, False, b.status != PENDING, c.batch_counts.get(batch_id, {}), c.made_live)
 
 
-def land_batch(io: FileIO, state: TableState, land, batch_id: str) -> Landed:
-    """Claims a segment part and lands a batch in it (``land``: what :func:`landing_of` returns)."""
+def land_batch(io: FileIO, state: TableState, land, batch_id: str, settle: bool = True) -> Landed:
+    """Claims a segment part and lands a batch in it (``land``: what :func:`landing_of` returns); unless
+    ``settle``, returns while the last of its files are still being written (:meth:`Landed.settled`)."""
     part = transaction.claim_part(io, state)
     faults.point("after_claim")
-    data_files, keys_files, rows = land(io, part)
+    data_files, keys_files, rows, writing = land(io, part)
     faults.point("after_landing")
     records = sum(f.rows for f in data_files) + sum(f.rows for f in keys_files)
-    return Landed(batch_id, part, records, tuple(data_files), tuple(keys_files), rows)
+    batch = Landed(batch_id, part, records, tuple(data_files), tuple(keys_files), rows, writing)
+    return batch.settled() if settle else batch
 
 
 @contextlib.contextmanager
@@ -108,7 +110,8 @@ class Ingestion:
         if done is not None:
             return done
         land = landing_of(data, meta, op_column)  # checks the input before anything is written
-        batch = land_batch(self.io, state, land, batch_id)
+        # The batch's MetaGen needs its records' keys, not its files: it runs while the files are written.
+        batch = land_batch(self.io, state, land, batch_id, settle=False)
         return self.finish(batch, metagen=metagen, inline=inline, spark=spark, operation=operation)
 
     def finish(self, batch: Landed, *, metagen: bool, inline: bool | None, spark: Any,
@@ -116,9 +119,14 @@ class Ingestion:
         """Commits a landed batch: its landing (LAND), or its MetaGen with it (``operation``). Its files go when
         that fails and no commit took its part; a batch id another writer committed first is a no-op."""
         with dropped_unless_committed(self.io, self.refresh, batch.part):
-            if metagen:
-                return self._metagen(spark, batch, inline, operation)
-            return self._land(batch)
+            try:
+                if metagen:
+                    return self._metagen(spark, batch, inline, operation)
+                return self._land(batch.settled())
+            except Exception:
+                with contextlib.suppress(Exception):
+                    batch.settled()  # its files are written before they go
+                raise
 
     def metagen(self, *, inline: bool | None, spark: Any) -> IngestResult:
         self.refresh().protocol.check_write(self.io.uri())
@@ -127,6 +135,7 @@ class Ingestion:
     def _check_not_taken(self, state: TableState, batch: Landed) -> None:
         done = already_committed(self.io, state, batch.batch_id)
         if done is not None:
+            batch.settled()  # its files are written before they go
             landing.remove_part_files(self.io, batch.part)
             raise _Done(done)
 
@@ -150,6 +159,7 @@ class Ingestion:
         outputs: dict[int, MetaGenOutput] = {}  # by version: the attempt that commits is the last of its version
 
         def build(state: TableState):
+            nonlocal batch
             if batch is not None:
                 self._check_not_taken(state, batch)
             batches = engine_metagen.pending_batches(state) + ([batch] if batch else [])
@@ -161,6 +171,13 @@ class Ingestion:
             except keyindex.IndexAheadError:
                 raise transaction.Rebuild from None
             outputs[version] = out
+            if batch is not None and batch.writing is not None:
+                try:
+                    batch = batches[-1] = batch.settled()  # the commit names its files with their sizes
+                except BaseException:
+                    for path in out.written():  # no commit can name them
+                        self.io.delete(path)
+                    raise
             timestamp_ms = now_ms(state.timestamp_ms)
             # Status changes of the pending batches, then the landing of the batch being ingested.
             records = [BatchRecord(b.batch_id, b.part, LIVE) for b in batches if b is not batch]
@@ -209,7 +226,10 @@ class Ingestion:
         if not meta.keyed:
             return engine_metagen.unkeyed_output(batches)
         if inline is False or (inline is None and rows > meta.int_prop("metagen.inline_max_rows")):
+            batches = [b.settled() for b in batches]  # Spark reads their files
             return spark_metagen.run(spark or _session(), self.io, state, batches, version)
+        # The inline MetaGen reads the files of a batch whose records' rows the landing did not keep.
+        batches = [b if b.rows is not None else b.settled() for b in batches]
         return engine_metagen.run_inline(self.io, state, batches, version, index.at(state))
 
 
@@ -230,7 +250,7 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
 
         reader, rows, land = spark_landing.landing(data, meta, op_column, meta.int_prop("ingest.driver_max_bytes"))
         if land is not None:
-            return lambda io, part: (*land(io, part), None)
+            return lambda io, part: (*land(io, part), None, None)
     if reader is None:
         raise InvalidInputError(
             f"cannot ingest a {type(data).__name__}: pass a pyarrow Table, RecordBatch or RecordBatchReader, a "
@@ -239,7 +259,12 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
     batches = conform.conformed(reader, meta, op_column)
     # A batch of known size that the inline MetaGen will take keeps its records for it.
     keep = meta.keyed and rows is not None and rows <= meta.int_prop("metagen.inline_max_rows")
-    return lambda io, part: landing.land_local(io, meta, part, op_column is not None, batches, rows, keep=keep)
+
+    def land_here(io: FileIO, part: int):
+        landed = landing.land_local(io, meta, part, op_column is not None, batches, rows, keep=keep)
+        return landed.data, landed.keys, landed.rows, landed.files
+
+    return land_here
 
 
 def _is_spark_dataframe(data: Any) -> bool:

@@ -219,7 +219,9 @@ def check_crash_during_ingest(crashed, spark, point):
 
     left = harness.orphans(table)
     if point == "after_landing":
-        assert data_files(left) and not metadata_files(left), left
+        # The input is taken in and its files are being written (the MetaGen would run meanwhile): some may be
+        # there (a local file as it is opened), none on S3, where a file appears whole when it is closed.
+        assert not metadata_files(left), left
     elif point == "after_metagen":
         assert data_files(left) and metadata_files(left), left
     else:
@@ -243,7 +245,7 @@ def test_crash_while_landing_a_pending_batch(crashed, spark):
     assert table.version == 1 and "b1" not in table.state().batches
     before = harness.check_view(table, BATCHES, spark)
     left = harness.orphans(table)
-    assert data_files(left) and not metadata_files(left), left
+    assert not metadata_files(left), left  # its data files were being written
 
     r = ingest(table, "b1", metagen=False, spark=spark)
     assert (r.version, r.committed, r.visible) == (2, True, False)
@@ -382,7 +384,9 @@ def check_crash_during_restatement(crashed, spark, mode, point):
 
     left = harness.orphans(table)
     if point == "after_landing":
-        assert data_files(left) and not metadata_files(left), left
+        # The input is taken in and its files are being written (the MetaGen would run meanwhile): some may be
+        # there (a local file as it is opened), none on S3, where a file appears whole when it is closed.
+        assert not metadata_files(left), left
     elif point == "after_metagen":
         assert metadata_files(left) and bool(data_files(left)) is (mode == "replace"), left
         assert any(p.startswith("_bitlake/changes/") for p in left), left

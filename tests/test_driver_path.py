@@ -196,3 +196,46 @@ def test_a_large_commit_gives_its_freed_memory_back(tmp_path, monkeypatch):
     t.ingest(pa.table({"id": list(range(100)), "name": ["b"] * 100, "mod": [2] * 100}, schema=SCHEMA))
     assert released == [1] and t.to_arrow().num_rows == 100
     assert memory._malloc_trim() is not None  # glibc here: the heap is trimmed too
+
+
+def test_metagen_runs_while_the_landing_still_writes_the_files(tmp_path, monkeypatch):
+    """The inline MetaGen needs the records' keys, not the files: it starts before the batch's data file is
+    written (here the file's last write waits for it), and the commit names the file at its size."""
+    import threading
+
+    from bitlake.engine import metagen
+    from bitlake.format import datafile
+
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod")
+    t.ingest(pa.table({"id": [1, 2], "name": ["a", "b"], "mod": [1, 1]}, schema=SCHEMA))
+    started = threading.Event()
+    real_run, real_close = metagen.run_inline, datafile.FileWriter.close
+    monkeypatch.setattr(metagen, "run_inline", lambda *a, **k: started.set() or real_run(*a, **k))
+    monkeypatch.setattr(datafile.FileWriter, "close", lambda self: started.wait(30) and real_close(self))
+    r = t.ingest(pa.table({"id": [2, 3], "name": ["B", "c"], "mod": [2, 2]}, schema=SCHEMA))
+    assert r.counts["updated"] == 1 and r.counts["inserted"] == 1
+    assert sorted(x["name"] for x in t.to_arrow().to_pylist()) == ["B", "a", "c"]
+    for f in t.state().data_files():
+        assert f.bytes == os.path.getsize(t.io.local_path(f.path)) > 0
+
+
+def test_a_landing_write_that_fails_after_metagen_leaves_nothing(tmp_path, monkeypatch):
+    """A data file whose write fails once MetaGen has run (a full disk): the error is raised, the table stays at
+    its last commit, and neither the landing's files nor MetaGen's are left."""
+    from bitlake.format import datafile
+
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod")
+    t.ingest(pa.table({"id": [1, 2], "name": ["a", "b"], "mod": [1, 1]}, schema=SCHEMA))
+    before = files_under(tmp_path / "t")
+    version = t.state().version
+
+    def close(self):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(datafile.FileWriter, "close", close)
+    with pytest.raises(OSError, match="No space left"):
+        t.ingest(pa.table({"id": [2, 3], "name": ["B", "c"], "mod": [2, 2]}, schema=SCHEMA))
+    monkeypatch.undo()
+    assert t.state().version == version
+    after = [f for f in files_under(tmp_path / "t") if not f.startswith("_bitlake/parts/")]
+    assert after == [f for f in before if not f.startswith("_bitlake/parts/")]

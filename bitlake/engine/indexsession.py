@@ -91,9 +91,7 @@ def _give_back(index: KeyIndex, idle_seconds: float) -> None:
     before the flush ends loses them with the version they carry, and the next writer catches the index up)."""
     index.discard_staged()
     with _lock:
-        kept = _kept.get(index.path)
-        if kept is not None and kept.index is not index:
-            kept = None  # not kept here
+        kept = _kept_for(index)
         if kept is None or index.db is None:  # or left closed by a rebuild that failed midway
             if kept is not None:
                 del _kept[index.path]
@@ -107,6 +105,12 @@ def _give_back(index: KeyIndex, idle_seconds: float) -> None:
         kept.timer = threading.Timer(idle_seconds, close_idle, args=(index.path,))
         kept.timer.daemon = True
         kept.timer.start()
+
+
+def _kept_for(index: KeyIndex) -> _Kept | None:
+    """What this process keeps of ``index`` (None when the index it keeps at that folder is another one)."""
+    kept = _kept.get(index.path)
+    return kept if kept is not None and kept.index is index else None
 
 
 def _join_updates(path: str | None = None) -> None:
@@ -224,15 +228,13 @@ class IndexSession:
                             index.path, version, exc_info=True)
             finally:
                 with _lock:
-                    kept = _kept.get(index.path)
-                    if kept is not None and kept.index is index:
+                    if (kept := _kept_for(index)) is not None:
                         kept.update = None
                 _give_back(index, idle_seconds)
 
         thread = threading.Thread(target=update, name="bitlake-index", daemon=True)
         with _lock:
-            kept = _kept.get(index.path)
-            if kept is not None and kept.index is index:
+            if (kept := _kept_for(index)) is not None:
                 kept.update = thread
         thread.start()
 

@@ -59,6 +59,11 @@ class LandTask:
     def run(self, task: int, batches: Iterable[pa.RecordBatch]) -> list[dict]:
         """Lands ``batches`` (the table's columns, conformed, and the op column when ``has_op``) as task
         ``task``; returns its report rows (:data:`REPORT_SCHEMA`)."""
+        return self.cut(task, batches).close()
+
+    def cut(self, task: int, batches: Iterable[pa.RecordBatch]) -> _Cut:
+        """Takes ``batches`` into task ``task``'s files, checked and with their row ids, and keeps their keys-file
+        rows (``keep``); what is still buffered is encoded when the result is closed."""
         meta = TableMetadata.from_json(self.metadata)
         checked = list(meta.primary_key) + ([meta.delta_column] if meta.delta_column else [])
         nulls = dict.fromkeys(checked, 0)
@@ -140,14 +145,27 @@ class LandTask:
 
         if self.keep:
             self.kept[task] = kept
-        rows = []
-        for (kind, _, _), (w, partition, file_seq) in writers.items():
-            size = w.close()
-            rows.append(_report(kind=kind, path=w.path, seq=file_seq, rows=w.rows, bytes=size,
-                                partition=json.dumps(partition) if partition is not None else None))
-        rows.append(_report(kind="check", seq=task, nulls=json.dumps(nulls), bad_ops=bad_ops,
-                            bad_op_sample=bad_sample, infinite_deltas=infinite))
-        return rows
+        check = _report(kind="check", seq=task, nulls=json.dumps(nulls), bad_ops=bad_ops, bad_op_sample=bad_sample,
+                        infinite_deltas=infinite)
+        return _Cut([(kind, *w) for (kind, _, _), w in writers.items()], check)
+
+
+@dataclasses.dataclass
+class _Cut:
+    """A task's input taken into its files' writers, which may still buffer rows: :meth:`reports` as they will be
+    but for the files' sizes (0), :meth:`close` once they are written."""
+
+    writers: list[tuple[str, datafile.FileWriter, dict | None, int]]  # kind ("data", "keys"), writer, partition, seq
+    check: dict
+
+    def reports(self, sizes: list[int] | None = None) -> list[dict]:
+        rows = [_report(kind=kind, path=w.path, seq=seq, rows=w.rows, bytes=sizes[i] if sizes else 0,
+                        partition=json.dumps(partition) if partition is not None else None)
+                for i, (kind, w, partition, seq) in enumerate(self.writers)]
+        return rows + [self.check]
+
+    def close(self) -> list[dict]:
+        return self.reports([w.close() for _, w, _, _ in self.writers])
 
 
 # Driver landing: a segment per task, of at least this many rows when the input's size is known (so that a
@@ -159,13 +177,13 @@ STREAM_TASK_ROWS = 1 << 22
 
 
 def land_local(io: FileIO, meta: TableMetadata, part: int, has_op: bool, batches: Iterable[pa.RecordBatch],
-               rows: int | None = None, threads: int | None = None, keep: bool = False
-               ) -> tuple[list[DataFile], list[KeysFile], pa.Table | None]:
+               rows: int | None = None, threads: int | None = None, keep: bool = False) -> LocalLanding:
     """Lands conformed ``batches`` on this machine, without Spark: the input is cut, in order, into segments
     that a pool of threads writes at once (Parquet encoding releases the GIL); at most ``threads`` segments
     are held in memory, so a stream lands in bounded memory. ``rows`` (the input's size, when known) picks the
-    segment size that gives every thread work. Same files and checks as the Spark landing. With ``keep``, also
-    returns the records' keys-file rows (what MetaGen reads of the files; else None)."""
+    segment size that gives every thread work. Same files and checks as the Spark landing. Returns once every
+    segment has been taken in and checked: the files of the last ones are still being written then
+    (:class:`LocalLanding`), while the caller goes on, with ``keep`` with the records' keys-file rows."""
     threads = threads or pool_threads()
     if rows is None:
         per_task = STREAM_TASK_ROWS
@@ -173,28 +191,80 @@ def land_local(io: FileIO, meta: TableMetadata, part: int, has_op: bool, batches
         per_task = min(max(-(-rows // threads), MIN_TASK_ROWS), rowid.MAX_OFFSET + 1)
     # Each task is one segment, never more: a task's seq is its place in the input, so row ids follow it.
     task = LandTask(io, meta.to_json(), part, 1, has_op, keep)
-    reports: list[dict] = []
-    running: list[Future] = []
+    workers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bitlake-land")
+    landing = LocalLanding(io, meta, part, workers)
     try:
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bitlake-land") as workers:
-            for seq, segment in enumerate(_cut(batches, per_task)):
-                if seq > rowid.MAX_SEQ:
-                    raise InvalidInputError("batch too large: more segments than segment_seq can number")
-                if len(running) >= threads:
-                    reports.extend(running.pop(0).result())
-                running.append(workers.submit(task.run, seq, segment))
-            for f in running:
-                reports.extend(f.result())
+        for seq, segment in enumerate(_cut(batches, per_task)):
+            if seq > rowid.MAX_SEQ:
+                raise InvalidInputError("batch too large: more segments than segment_seq can number")
+            landing.start(task, seq, segment, threads)
+        landing.taken_in()
     except BaseException:
-        for f in running:
-            f.cancel()
-        remove_part_files(io, part)
+        landing.abandon()
         raise
-    data, keys = collect(io, meta, part, iter(reports))
-    if not keep:
-        return data, keys, None
-    kept = [t for seq in sorted(task.kept) for t in task.kept[seq]]
-    return data, keys, pa.concat_tables(kept) if kept else datafile.keys_schema(meta).empty_table()
+    if keep:
+        kept = [t for seq in sorted(task.kept) for t in task.kept[seq]]
+        landing.rows = pa.concat_tables(kept) if kept else datafile.keys_schema(meta).empty_table()
+    return landing
+
+
+class LocalLanding:
+    """A landing on this machine once every segment is taken in and checked: :attr:`data` and :attr:`keys` are its
+    files as they will be, but for their sizes (0), and :attr:`rows` the records' keys-file rows when kept; the
+    last segments' files are still being written on the pool, which :meth:`files` waits for (then the sizes are
+    known). Until then the caller can do what needs only the rows (a batch's MetaGen) beside the writes."""
+
+    def __init__(self, io: FileIO, meta: TableMetadata, part: int, workers: ThreadPoolExecutor):
+        self.io, self.meta, self.part = io, meta, part
+        self.workers = workers
+        self.data: list[DataFile] = []
+        self.keys: list[KeysFile] = []
+        self.rows: pa.Table | None = None
+        self._running: list[tuple[Future, Future]] = []  # per segment: its cut, its whole run
+        self._reports: list[dict] = []  # of the segments that have ended
+        self._files: tuple[list[DataFile], list[KeysFile]] | None = None
+
+    def start(self, task: LandTask, seq: int, segment: list[pa.RecordBatch], threads: int) -> None:
+        """Starts landing segment ``seq``, once fewer than ``threads`` segments are under way."""
+        if len(self._running) >= threads:
+            self._reports.extend(self._running.pop(0)[1].result())
+        cut: Future = Future()
+
+        def run() -> list[dict]:
+            try:
+                result = task.cut(seq, segment)
+            except BaseException as e:
+                cut.set_exception(e)
+                raise
+            cut.set_result(result.reports())
+            return result.close()
+
+        self._running.append((cut, self.workers.submit(run)))
+
+    def taken_in(self) -> None:
+        """Waits until every segment is taken in; raises the contract's errors (null keys, unknown operations)
+        when the input breaks it (the caller then abandons the landing)."""
+        reports = self._reports + [r for cut, _ in self._running for r in cut.result()]
+        self.data, self.keys = collect(self.io, self.meta, self.part, iter(reports), remove=False)
+
+    def files(self) -> tuple[list[DataFile], list[KeysFile]]:
+        """The landed files, once written (the same every call); raises what failed, after removing every file."""
+        if self._files is None:
+            try:
+                reports = self._reports + [r for _, run in self._running for r in run.result()]
+            except BaseException:
+                self.abandon()
+                raise
+            self.workers.shutdown()
+            self._files = collect(self.io, self.meta, self.part, iter(reports))
+        return self._files
+
+    def abandon(self) -> None:
+        """Stops the landing and removes every file it wrote."""
+        for _, run in self._running:
+            run.cancel()
+        self.workers.shutdown(wait=True)
+        remove_part_files(self.io, self.part)
 
 
 def _cut(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[list[pa.RecordBatch]]:
@@ -227,11 +297,11 @@ def _deletes(rows: pa.Table, offsets: np.ndarray, deltas: np.ndarray, part: int,
     return datafile.keys_rows(rows, meta, deltas, packed, True)
 
 
-def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict]
+def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict], remove: bool = True
             ) -> tuple[list[DataFile], list[KeysFile]]:
     """The files the tasks of segment part ``part`` wrote, from their reports; raises NullValueError /
-    UnknownOperationError / InvalidInputError, after removing every file they wrote, when the input breaks
-    the contract (docs/semantics.md, rule 3)."""
+    UnknownOperationError / InvalidInputError, after removing every file they wrote (unless not ``remove``),
+    when the input breaks the contract (docs/semantics.md, rule 3)."""
     nulls: dict[str, int] = {}
     bad_ops, bad_sample, infinite = 0, None, 0
     data, keys = [], []
@@ -265,7 +335,8 @@ def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict]
             "reserves for +infinity; nothing of this batch was written"
         )
     if error is not None:
-        remove_part_files(io, part)
+        if remove:
+            remove_part_files(io, part)
         raise error
     data.sort(key=lambda f: (f.segments[0].seq, f.path))
     keys.sort(key=lambda k: (k[0], k[1].path))

@@ -18,7 +18,7 @@ which the Spark MetaGen calls inside its tasks.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -50,6 +50,17 @@ class Landed:
     keys_files: tuple[KeysFile, ...]
     # The records' keys-file rows when the landing kept them (else MetaGen reads them from the files).
     rows: pa.Table | None = dataclasses.field(default=None, compare=False, repr=False)
+    # While the landing still writes the files (their sizes 0 here until then): what waits for them and returns
+    # them written, as (data files, keys files).
+    writing: Callable[[], tuple[list[DataFile], list[KeysFile]]] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
+
+    def settled(self) -> Landed:
+        """This batch once its files are written (the same batch when they were)."""
+        if self.writing is None:
+            return self
+        data, keys = self.writing()
+        return dataclasses.replace(self, data_files=tuple(data), keys_files=tuple(keys), writing=None)
 
 
 def pending_batches(state: TableState) -> list[Landed]:
