@@ -44,6 +44,9 @@ from bitlake.fs import file_io
 log = logging.getLogger(__name__)
 
 LSN_COLUMN = "_lsn"
+# How long a mirror waits for a server process that holds its replication slot to let it go (that of a mirror
+# killed while it read the slot goes on until the server notices) before it takes the slot for another mirror's.
+SLOT_WAIT_SECONDS = 30
 _WAL2JSON = ("'format-version', '2', 'include-lsn', '1', 'include-transaction', '1', 'include-types', '1', "
              "'add-tables', %s")
 
@@ -193,8 +196,10 @@ class PostgresMirror:
 
         if self.table.refresh().batch(self._snapshot_id()) is not None:
             return
-        exists = self.conn.execute("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.slot,)).fetchone()
+        exists = self.conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                                   (self.slot,)).fetchone()
         if exists:  # a mirror killed before its snapshot committed: start over
+            self._wait_for_slot(exists[0])
             self.conn.execute("SELECT pg_drop_replication_slot(%s)", (self.slot,))
         replication = psycopg.connect(self.dsn, autocommit=True, replication="database")
         try:
@@ -267,15 +272,30 @@ class PostgresMirror:
                 if b.batch_id.startswith(prefix) and "-part" not in b.batch_id[len(prefix):]]
         return max(ends) if ends else None
 
+    def _wait_for_slot(self, pid: int | None) -> None:
+        """Waits until no server process holds the slot (``pid``: the one that did). A mirror killed while it read
+        the slot leaves its server process at work until the server notices, for a moment; a slot held for
+        SLOT_WAIT_SECONDS is another mirror's, and this one stops."""
+        deadline = time.monotonic() + SLOT_WAIT_SECONDS
+        while pid is not None:
+            if time.monotonic() > deadline:
+                raise BitlakeError(f"the replication slot {self.slot} has been in use by server process {pid} for "
+                                   f"{SLOT_WAIT_SECONDS} s: another mirror of {self.source} runs on it")
+            time.sleep(0.1)
+            row = self.conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                                    (self.slot,)).fetchone()
+            pid = row[0] if row is not None else None
+
     def step(self) -> Progress:
         """One micro-batch: peek, ingest, advance. Returns its progress (``changes`` 0: nothing was waiting)."""
         started = time.perf_counter()
         committed = self.committed_lsn()
-        slot = self.conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                                 (self.slot,)).fetchone()
+        slot = self.conn.execute("SELECT confirmed_flush_lsn::text, active_pid FROM pg_replication_slots "
+                                 "WHERE slot_name = %s", (self.slot,)).fetchone()
         if slot is None:
             raise BitlakeError(f"the replication slot {self.slot} is gone (dropped?): the changes since the table's "
                                "last commit are lost to it; mirror into a new table")
+        self._wait_for_slot(slot[1])
         confirmed = lsn_int(slot[0])
         if committed is not None and committed > confirmed:  # killed between a commit and its advance
             self.conn.execute("SELECT pg_replication_slot_advance(%s, %s::pg_lsn)", (self.slot, lsn_text(committed)))

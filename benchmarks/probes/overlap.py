@@ -1,0 +1,59 @@
+"""Probe: the inline MetaGen beside the landing's writes, or after them. N ingests of BATCH on a copy of TABLE whose
+key store this process first reads into memory (as a writer that loaded it holds it), alternating: even calls as
+bitlake runs them (the MetaGen while the last segments' files are written), odd ones with the landing settled
+first; each call's wall time, the key index caught up between calls.
+
+    .venv/bin/python benchmarks/probes/overlap.py TABLE BATCH.parquet N
+
+TABLE and BATCH as for benchmarks/probes/stream.py (e.g. the SF 10 table `benchmarks/peers.py --keep-work` leaves
+right after its load, and that run's batches/2-upsert-0.01.parquet).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import pyarrow.parquet as pq
+
+import bitlake
+from bitlake import ingest
+from bitlake.engine import keycache
+from bitlake.engine.indexsession import close_idle, flush_idle
+from bitlake.pool import thread_map
+
+
+def main() -> None:
+    source, batch_file, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    land_batch = ingest.land_batch
+    times: dict[str, list[float]] = {"beside the writes": [], "after the writes": []}
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(source))) as work:
+        path = os.path.join(work, "table")
+        shutil.copytree(source, path)
+        t = bitlake.open_table(path)
+        state = t.state()
+        thread_map(lambda f: keycache.CACHE.entries(t.io, f.path, state.metadata),
+                   [f for fs in state.keystore.values() for f in fs])
+        try:
+            for i in range(n):
+                serial = i % 2 == 1
+                ingest.land_batch = (lambda *a, **k: land_batch(*a[:4], settle=True)) if serial else land_batch
+                batch = pq.read_table(batch_file)
+                os.sync()
+                t0 = time.perf_counter()
+                t.ingest(batch, batch_id=f"overlap-{i}")
+                times["after the writes" if serial else "beside the writes"].append(time.perf_counter() - t0)
+                flush_idle()
+        finally:
+            ingest.land_batch = land_batch
+            close_idle()
+    for name, ts in times.items():
+        print(f"MetaGen {name}: median {statistics.median(ts):.3f} s; calls " + " / ".join(f"{x:.2f}" for x in ts))
+
+
+if __name__ == "__main__":
+    main()
