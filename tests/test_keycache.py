@@ -28,8 +28,7 @@ def _rows(ids, mod, op=None):
 
 @pytest.fixture
 def reads(monkeypatch):
-    """Counts the key-store files MetaGen's scans read (merges read theirs too) and the keys looked up in the key
-    index."""
+    """Counts the key-store files MetaGen's scans read and the keys looked up in the key index."""
     counted = {"files": 0, "lookups": 0}
     entries, lookup = keycache.KeyStoreCache.entries, keyindex.KeyIndex.lookup
 
@@ -62,6 +61,22 @@ def test_a_writers_next_batch_finds_its_keys_in_memory(tmp_path, reads, key):
     assert sorted(r["id"] for r in view.to_pylist() if r["mod"] == 3) == list(range(0, 2000, 100))
 
 
+def test_merges_of_small_increments_take_their_rows_from_memory(tmp_path, monkeypatch):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2,
+                             properties={"keystore.max_increments": "2"})
+    t.ingest(_rows(range(1000), 1))
+    read = []
+    real = keystore.read_file
+    monkeypatch.setattr(keystore, "read_file", lambda io, path, *a, **k: read.append(path) or real(io, path, *a, **k))
+    for mod in range(2, 12):
+        t.ingest(_rows(range(mod, 1000, 97), mod))
+    state = t.state()
+    assert max(len(files) for files in state.keystore.values()) <= 3  # merged all along
+    assert read == []
+    assert {r["id"]: r["mod"] for r in t.to_arrow().to_pylist()} == {
+        i: max([1] + [m for m in range(2, 12) if i >= m and (i - m) % 97 == 0]) for i in range(1000)}
+
+
 def test_files_another_writer_committed_are_read_once_and_never_taken_for_older_ones(tmp_path, reads):
     path = str(tmp_path / "t")
     t = bitlake.create_table(path, SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2,
@@ -90,10 +105,13 @@ def test_the_cache_keeps_the_most_recently_used_files_within_its_budget(tmp_path
                                           keystore.ROW_ID: np.arange(n), keystore.DELETED: np.zeros(n, bool),
                                           keystore.VERSION: np.ones(n, np.int64)}), ["id"])
 
-    one = entries(100)
+    n = keycache._KEEP_TABLE_ROWS + 1
+    large = entries(n)
     # Packed keys, deltas, row ids and the search's table (about half a byte a key); the flags and versions, one
     # value each: none.
-    assert one.nbytes == 100 * (8 + 8 + 8) + one.search.nbytes and one.search.nbytes <= 100
+    assert large.table is None and large.nbytes == n * (8 + 8 + 8) + large.search.nbytes <= n * 25
+    one = entries(100)  # a small file also keeps its Arrow rows, for merges
+    assert one.table is not None and one.nbytes == 100 * (8 + 8 + 8) + one.search.nbytes + one.table.nbytes
     cache = keycache.KeyStoreCache(budget=3 * one.nbytes)
     for name in "abc":
         cache.put(io, name, entries(100))

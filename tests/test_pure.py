@@ -178,6 +178,37 @@ def test_merge_plan_merges_into_the_base_when_increments_are_large():
     assert keystore.merge_plan(files, 10, max_increments=3, base_ratio=0.25) == files
 
 
+def test_merge_plan_leaves_an_increment_larger_than_the_new_rows_gather():
+    """Size tiers: the new rows take the newest increments while each holds at most twice what they gathered."""
+    files = [_bf(10_000, base=True), _bf(2000), _bf(10), _bf(10)]
+    assert keystore.merge_plan(files, 10, max_increments=3, base_ratio=0.25) == files[2:]
+    files = [_bf(10_000, base=True), _bf(80), _bf(30), _bf(10)]
+    assert keystore.merge_plan(files, 10, max_increments=3, base_ratio=0.25) == files[1:]  # 10 + 10, + 30, + 80
+
+
+def test_merge_plan_past_the_limit_takes_the_adjacent_increments_cheapest_a_file_merged_away():
+    files = [_bf(10_000, base=True), _bf(300), _bf(50), _bf(60), _bf(400)]
+    assert keystore.merge_plan(files, 10, max_increments=4, base_ratio=0.25) == files[2:4]  # 120 rows: 60 a file
+    assert keystore.merge_plan(files, 10, max_increments=3, base_ratio=0.25) == files[2:4]
+    assert keystore.merge_plan(files, 10, max_increments=2, base_ratio=0.25) == files[1:4]
+
+
+@pytest.mark.parametrize("turns", [True, False])
+def test_merge_plan_rewrites_a_row_a_few_times_before_the_base(turns):
+    """Many small commits into one bucket, after a large one: merges rewrite 6.5 rows a row added (36 without
+    the bucket's turns, which writers always take), where merging every increment rewrote 313."""
+    files, added, rewritten = [_bf(1_000_000, base=True), _bf(10_000)], 0, 0
+    for version in range(3000):
+        due = turns and keystore.merge_due(0, version, 8)
+        merge = keystore.merge_plan(files, 10, max_increments=8, base_ratio=0.25, due=due)
+        assert merge != files  # never reaches the base's ratio here
+        rewritten += sum(f.rows for f in merge)
+        added += 10
+        files = [f for f in files if f not in merge] + [_bf(10 + sum(f.rows for f in merge))]
+        assert len(files) <= 9
+    assert rewritten <= (8 if turns else 40) * added
+
+
 def test_merge_plan_merges_increments_early_when_the_buckets_turn_is_due():
     files = [_bf(1000, base=True), _bf(10), _bf(10)]
     assert keystore.merge_plan(files, 10, max_increments=4, base_ratio=0.25) == []

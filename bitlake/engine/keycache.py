@@ -33,6 +33,9 @@ from bitlake.fs import FileIO
 
 _VALUES = [keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.VERSION]
 _MOST_BYTES_A_KEY = 34  # packed key, delta, row id, deleted, version, the search's table
+# Files of at most this many rows are also held as their Arrow rows, which a merge of the bucket's increments
+# takes instead of reading the file again (a commit of 100 keys merges ~15 small files; reading each cost 1-2 ms).
+_KEEP_TABLE_ROWS = 65_536
 
 
 class Entries:
@@ -55,26 +58,30 @@ class Entries:
                 if strictly_increasing(packed):  # writers keep a file in key order, one row a key
                     self.packed, self.spans, self.highs = packed, spans, [int(c.max()) for c in columns]
                     self.search = SortedSearch(packed)
-        if self.packed is None:
+        if self.packed is None or self.rows <= _KEEP_TABLE_ROWS:
             self.table = table.select([*primary_key, *_VALUES])
-            self.values: list[np.ndarray] = []
-            self.nbytes = self.table.nbytes
+        self.nbytes = self.table.nbytes if self.table is not None else 0
+        self.values: list[np.ndarray] = []
+        if self.packed is None:
             return
         self.values = [_compact(table.column(c).to_numpy(zero_copy_only=False)) for c in _VALUES]
         assert self.search is not None
-        self.nbytes = self.packed.nbytes + self.search.nbytes + sum(v.nbytes for v in self.values if v.strides[0])
+        self.nbytes += self.packed.nbytes + self.search.nbytes + sum(v.nbytes for v in self.values if v.strides[0])
 
-    def match(self, keys: pa.Table, primary_key: list[str]) -> tuple[np.ndarray, list[np.ndarray]]:
+    def match(self, keys: pa.Table, primary_key: list[str], columns: list[np.ndarray] | None = None
+              ) -> tuple[np.ndarray, list[np.ndarray]]:
         """The rows of ``keys`` (key columns and ``_code``) found here: their codes, and the delta, row id,
-        deleted and version of each."""
+        deleted and version of each. ``columns``: the key columns as :func:`~bitlake.engine.keyindex.int64_values`
+        gives them, when the caller has them (a bucket's keys are matched against each of its files)."""
         codes = keys.column("_code").to_numpy()
         if self.search is None:
             assert self.table is not None
             m = self.table.join(keys, keys=primary_key, join_type="inner", use_threads=False)
             return m.column("_code").to_numpy(), [m.column(c).to_numpy(zero_copy_only=False) for c in _VALUES]
-        from bitlake.engine.keyindex import int64_values
+        if columns is None:
+            from bitlake.engine.keyindex import int64_values
 
-        columns = [int64_values(keys.column(c)) for c in primary_key]
+            columns = [int64_values(keys.column(c)) for c in primary_key]
         inside = np.ones(len(codes), dtype=bool)  # a key beyond a column's values here is none of this file's
         for c, (low, _), high in zip(columns, self.spans, self.highs, strict=True):
             inside &= (c >= low) & (c <= high)
@@ -154,6 +161,13 @@ class KeyStoreCache:
             entries = Entries(table, list(meta.primary_key))
             self.put(io, path, entries)
         return entries
+
+    def rows(self, io: FileIO, path: str, meta: TableMetadata) -> pa.Table:
+        """The file's rows (:func:`bitlake.format.keystore.read_file`), from memory when this process holds them."""
+        entries = self.get(io, path)
+        if entries is not None and entries.table is not None:
+            return entries.table
+        return keystore.read_file(io, path, meta)
 
     def written(self, io: FileIO, path: str, table: pa.Table, meta: TableMetadata) -> None:
         """Keeps a file this process has just written (``table``: its rows)."""

@@ -225,6 +225,9 @@ LOOKUP_COST_IN_ROWS = 70
 # 0.3 us a key for a 10 % batch to 2-3 us for a 0.1 % batch (sparser keys miss the CPU's caches) on the churned
 # SF 10 probe table, 5-6 files a bucket (benchmarks/probes/upsert.py ... warm).
 CACHED_KEY_COST_IN_ROWS = 20
+# Fewer keys than this, all in key-store files this process holds, are matched on the calling thread: a few binary
+# searches a file cost less than handing the buckets to threads.
+_FEW_KEYS = 4096
 
 
 # The inline MetaGen folds at most this many records at once: larger commits are folded in groups, a key's
@@ -269,7 +272,8 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     # The key-store files and the segment log with its bitmaps are independent: written at once, on two threads.
     (added, replaced), seg_out = both(
         lambda: keystore.write_bucket_files(io, meta, touched, keystore_rows,
-                                            lambda path, rows: keycache.CACHE.written(io, path, rows, meta))
+                                            lambda path, rows: keycache.CACHE.written(io, path, rows, meta),
+                                            lambda path: keycache.CACHE.rows(io, path, meta))
         if touched else ([], []),
         lambda: write_segments(io, state.segments, events, valid),
     )
@@ -419,6 +423,8 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     found, delta, row id, deleted, in ``distinct``'s order. Each bucket's files are matched with the keys wanted
     there on a thread of their own, from this process's memory (:mod:`bitlake.engine.keycache`), which keeps
     those it reads as far as its budget allows."""
+    from bitlake.engine.keyindex import fixed_width, int64_values
+
     pk = list(state.metadata.primary_key)
     n = distinct.num_rows
     # The keys grouped by bucket with one stable sort (a bucket's keys keep their order), each bucket a slice.
@@ -434,13 +440,16 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     found = np.zeros(n, dtype=bool)
     delta, rid, deleted = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, dtype=bool)
 
+    fixed = fixed_width(distinct, pk)
+
     def entries(bucket: int) -> None:
         files = state.keystore.get(bucket, [])
         if not files:
             return
         a, e = slices[bucket]
         keys = wanted.slice(a, e - a)
-        matches = [keycache.CACHE.entries(io, f.path, state.metadata).match(keys, pk) for f in files]
+        columns = [int64_values(keys.column(c)) for c in pk] if fixed else None
+        matches = [keycache.CACHE.entries(io, f.path, state.metadata).match(keys, pk, columns) for f in files]
         code = np.concatenate([c for c, _ in matches])
         values = [np.concatenate(v) for v in zip(*(v for _, v in matches), strict=True)]
         if len(files) > 1:  # a key may have a row in several of the bucket's files: its highest _ks_version
@@ -450,7 +459,11 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
         found[code] = True
         delta[code], rid[code], deleted[code] = values[:3]
 
-    thread_map(entries, buckets)
+    if n < _FEW_KEYS and all(keycache.CACHE.holds(io, f.path) for b in buckets for f in state.keystore.get(b, [])):
+        for bucket in buckets:  # a few searches a file in memory: threads would cost more than they share
+            entries(bucket)
+    else:
+        thread_map(entries, buckets)
     return found, delta, rid, deleted
 
 

