@@ -88,7 +88,7 @@ def write_holes(io: FileIO, path: str, rows: list[tuple[int, int, BitMap, int]])
     """Writes bitmaps of several segments, each given by its holes, the offsets of ``[0, universe)`` that are not
     valid (``(part, seq, holes, universe)``), into one file; returns its size in bytes. A segment is stored as
     its holes (``complement_of``), or as its valid offsets when they are fewer."""
-    stored = []
+    stored: list[tuple[bytes, int | None]] = []
     for _, _, holes, universe in rows:
         if universe - len(holes) < len(holes):
             stored.append((serialize(holes.flip(0, universe)), None))
