@@ -35,7 +35,7 @@ def previous_options():
     18 bytes; here they are format 2's)."""
     from rocksdict import BlockBasedOptions
 
-    options = keyindex.KeyIndex._options("upper", keyindex._SMALL_WRITE_ROWS)  # zstd at level 3
+    options = keyindex.KeyIndex._options("upper")  # zstd at level 3
     table = BlockBasedOptions()
     table.set_bloom_filter(10, False)
     options.set_block_based_table_factory(table)

@@ -62,12 +62,12 @@ _PROCESS_SST_ROWS = 2_000_000
 # keys as a load leaves them, one lookup a 1,000 keys: 3.7-4.0 us a key, 162 MB, written in 5.5 s, against
 # 7.1-7.6 us, 105 MB and 6.8 s as zstd in 4 KB blocks with filters (benchmarks/probes/index_options.py; with
 # the values of the index's format 1, 18 bytes each, 126 MB). Everything else (a commit's
-# memtable flush, its staged SST files, compactions above the bottom run) is zstd at level 6, ~9 % smaller than
-# the default 3, with filters, which keeps a small commit's bytes written small (a 1 % TPC-H SF 1 batch: 0.65 MB
-# of index against 0.71 MB, for 2.67 MB of data); staged files of _SMALL_WRITE_ROWS entries or more take zstd's
-# default level 3, which compresses faster.
-_SMALL_WRITE_LEVEL = 6
-_SMALL_WRITE_ROWS = 1_000_000
+# memtable flush, its staged SST files, compactions above the bottom run) is zstd at its default level 3 in blocks of
+# 16 KB, with filters: a commit waits for its flush, and zstd at level 6 in 4 KB blocks took twice as long for 5 %
+# more bytes (180,000 entries of a 1 % TPC-H SF 3 upsert: 0.12-0.14 s and 2.09 MB against 0.05-0.06 s and 1.99 MB).
+# Larger blocks cost a lookup that finds its key above the bottom more to decompress; most keys are in the bottom.
+_UPPER_LEVEL = 3
+_UPPER_BLOCK_BYTES = 16384
 _BOTTOM_BLOCK_BYTES = 2048
 # Lookups of fewer keys than this run on one thread.
 _LOOKUP_CHUNK = 4096
@@ -282,15 +282,14 @@ class KeyIndex:
         return db
 
     @staticmethod
-    def _options(sst: str | None = None, entries: int = 0):
-        """The database's options, or (``sst``: ``"bottom"`` or ``"upper"``) those of an SST file of ``entries``
-        entries this index writes for its bottom run or above it (see _BOTTOM_BLOCK_BYTES)."""
+    def _options(sst: str | None = None):
+        """The database's options, or (``sst``: ``"bottom"`` or ``"upper"``) those of an SST file this index writes
+        for its bottom run or above it (see _BOTTOM_BLOCK_BYTES)."""
         from rocksdict import BlockBasedOptions, DBCompactionStyle, DBCompressionType, Options, UniversalCompactOptions
 
         options = Options(raw_mode=True)
         options.set_compression_type(DBCompressionType.lz4() if sst == "bottom" else DBCompressionType.zstd())
-        level = 3 if sst == "upper" and entries >= _SMALL_WRITE_ROWS else _SMALL_WRITE_LEVEL
-        options.set_compression_options(-14, level, 0, 0)  # window bits and strategy: RocksDB's defaults
+        options.set_compression_options(-14, _UPPER_LEVEL, 0, 0)  # window bits and strategy: RocksDB's defaults
         if sst is None:  # (an SST file writer would take the bottom's compression for every file)
             options.set_bottommost_compression_type(DBCompressionType.lz4())
             options.set_optimize_filters_for_hits(True)
@@ -310,6 +309,7 @@ class KeyIndex:
         if sst == "bottom":
             table.set_block_size(_BOTTOM_BLOCK_BYTES)
         else:
+            table.set_block_size(_UPPER_BLOCK_BYTES)
             table.set_bloom_filter(10, False)
         options.set_block_based_table_factory(table)
         return options
@@ -509,7 +509,7 @@ def write_sst(table: pa.Table, primary_key: list[str], path: str, bottom: bool) 
     bottom run, see _BOTTOM_BLOCK_BYTES)."""
     from rocksdict import SstFileWriter
 
-    writer = SstFileWriter(options=KeyIndex._options("bottom" if bottom else "upper", table.num_rows))
+    writer = SstFileWriter(options=KeyIndex._options("bottom" if bottom else "upper"))
     writer.open(path)
     for start in range(0, table.num_rows, _PUT_CHUNK):
         chunk = table.slice(start, _PUT_CHUNK)
