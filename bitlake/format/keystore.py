@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from bitlake.format import layout
 from bitlake.format.commit import BucketFile
 from bitlake.format.metadata import TableMetadata
+from bitlake.format.order import strictly_increasing
 from bitlake.fs import FileIO
 from bitlake.pool import thread_map
 
@@ -104,6 +105,20 @@ def in_key_order(table: pa.Table, primary_key: list[str]) -> bool:
     return not pc.any(undecided).as_py()
 
 
+def _ascending_pairs(table: pa.Table, primary_key: list[str]) -> np.ndarray:
+    """For each row but the last, whether the next row's key is above its own (keys compared column by column)."""
+    n = table.num_rows
+    if n < 2:
+        return np.ones(0, dtype=bool)
+    above, tied = np.zeros(n - 1, dtype=bool), np.ones(n - 1, dtype=bool)
+    for c in primary_key:
+        column = table.column(c)
+        after, before = column.slice(1), column.slice(0, n - 1)
+        above |= tied & pc.greater(after, before).to_numpy(zero_copy_only=False)
+        tied &= pc.equal(after, before).to_numpy(zero_copy_only=False)
+    return above
+
+
 def read_bucket(io: FileIO, files: list[BucketFile], meta: TableMetadata) -> pa.Table:
     """A bucket's entries: the latest row of each key across its files."""
     rows = pa.concat_tables([read_file(io, f.path, meta) for f in files]) if files else file_schema(meta).empty_table()
@@ -169,26 +184,32 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
     pk = list(meta.primary_key)
     added: list[BucketFile] = []
     replaced: list[str] = []
-    # A stable sort by bucket keeps the rows' order within a bucket; on 16 bits numpy sorts by radix. Each
-    # bucket's rows are taken on its own thread.
+    # A stable sort by bucket keeps the rows' order within a bucket (on 16 bits numpy sorts by radix); taken and
+    # checked for key order once, each bucket a slice, written on a thread of its own.
     of_row = rows.column(BUCKET).to_numpy()
     by_bucket = np.argsort(of_row.astype(np.uint16), kind="stable")
     buckets = of_row[by_bucket]
     starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
     ends = np.r_[starts[1:], len(buckets)]
     columns = rows.select(schema.names)
+    if not strictly_increasing(by_bucket):
+        columns = columns.take(pa.array(by_bucket))
+    columns = columns.cast(schema)
+    # Where the next row's key is not above this row's: a bucket without one is in key order, one row a key.
+    disorder = np.r_[0, np.cumsum(~_ascending_pairs(columns, pk))]
     max_increments = meta.int_prop("keystore.max_increments")
+    version = columns.column(VERSION)[0].as_py() if columns.num_rows else 0  # one commit's rows: one version
 
     def write(span: tuple[int, int]) -> tuple[BucketFile, list[str]]:
         bucket = int(buckets[span[0]])
-        new = columns.take(pa.array(by_bucket[span[0]:span[1]])).cast(schema)
+        new = columns.slice(span[0], span[1] - span[0])
         files = bucket_files.get(bucket, [])
-        version = new.column(VERSION)[0].as_py()  # one commit's rows: one version
         merge = merge_plan(files, new.num_rows, max_increments, float(meta.prop("keystore.base_merge_ratio")),
                            due=merge_due(bucket, version, max_increments))
         if merge:
             new = pa.concat_tables([read(f.path) if read else read_file(io, f.path, meta) for f in merge] + [new])
-        new = latest_per_key(new, pk)
+        if merge or disorder[span[1] - 1] != disorder[span[0]]:
+            new = latest_per_key(new, pk)
         path = layout.keystore_path(bucket)
         with io.open_output(path) as out:
             # Readers pass the file schema, and filter by version alone: the footer need not repeat the Arrow

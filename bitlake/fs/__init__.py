@@ -160,9 +160,13 @@ class LocalFileIO(FileIO):
 
     def open_output(self, rel: str) -> pa.NativeFile:
         path = self._path(rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        try:
+            file = pa.OSFile(path, "wb")
+        except FileNotFoundError:  # its folder is new (a folder is made once, not checked at every file)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            file = pa.OSFile(path, "wb")
         # Writers of Parquet and ORC issue many small writes: one system call each without a buffer.
-        return pa.BufferedOutputStream(pa.OSFile(path, "wb"), buffer_size=1 << 20)
+        return pa.BufferedOutputStream(file, buffer_size=1 << 20)
 
     def listdir(self, rel: str) -> list[str]:
         try:
