@@ -159,3 +159,17 @@ def test_a_run_without_scans_keeps_the_earlier_scans(peers):
     assert [r["wall_s"] for r in mine if r["operation"] == "load"] == [99.0]
     assert before and [r for r in mine if r["operation"].startswith("scan")] == before
     assert not [r for r in mine if r["operation"].startswith("upsert")]  # the rest of the old run is replaced
+
+
+def test_repeated_sequences_report_each_operation_from_its_round_of_median_time(peers):
+    rounds = [[rec("bitlake", 1.0, "load", None, 10.0), rec("bitlake", 1.0, "upsert", 0.001, 0.30, settle_s=0.05)],
+              [rec("bitlake", 1.0, "load", None, 12.0), rec("bitlake", 1.0, "upsert", 0.001, 0.10, settle_s=0.01)],
+              [rec("bitlake", 1.0, "load", None, 9.0), rec("bitlake", 1.0, "upsert", 0.001, 0.20, settle_s=0.30)]]
+    load, upsert = peers.median_records(rounds)
+    assert (load["wall_s"], load["rounds_s"]) == (10.0, [10.0, 12.0, 9.0])
+    assert (upsert["wall_s"], upsert["settle_s"]) == (0.30, 0.05)  # 0.35 s in all: the median of 0.35, 0.11, 0.50
+    rounds[1][1].update(wall_s=None, error="crashed: the worker process died")
+    assert peers.median_records(rounds)[1]["error"].startswith("crashed")  # failed once: reported as failed
+    assert peers.median_records(rounds[:1]) == rounds[0]
+    run = {**results()["runs"][0], "repeat": 3}
+    assert "ran 3 times" in peers.render({**results(), "runs": [run]})

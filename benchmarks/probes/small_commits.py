@@ -1,0 +1,61 @@
+"""Probe: a writer's commits of ROWS records each. N ingests of consecutive ROWS-row slices of BATCH on a copy of
+TABLE whose key store this process first reads into memory (as a writer that loaded it holds it); each call's wall
+time, and the key index's update after it (waited for between calls, as `benchmarks/peers.py` counts it).
+
+    .venv/bin/python benchmarks/probes/small_commits.py TABLE BATCH.parquet N ROWS
+
+TABLE and BATCH as for benchmarks/probes/stream.py: e.g. the SF 3 table `benchmarks/peers.py --scale-factors 3
+--systems bitlake-arrow --no-scans --keep-work` leaves after its batches (benchmarks/work/peers/sf3/bitlake-arrow/
+table) and that run's batches/1-upsert-0.001.parquet with ROWS 100; or the SF 10 table right after its load and
+batches/3-upsert-0.1.parquet with ROWS 60000 (a 0.1 % batch's size). To compare two versions of bitlake, run it
+from each one's checkout (`PYTHONPATH=<checkout>`) on the same TABLE: the copy leaves TABLE as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import pyarrow.parquet as pq
+
+import bitlake
+from bitlake.engine import keycache
+from bitlake.engine.indexsession import close_idle, flush_idle
+from bitlake.pool import thread_map
+
+
+def main() -> None:
+    source, batch_file, n, rows = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    calls, after = [], []
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(source))) as work:
+        path = os.path.join(work, "table")
+        shutil.copytree(source, path)
+        t = bitlake.open_table(path)
+        state = t.state()
+        thread_map(lambda f: keycache.CACHE.entries(t.io, f.path, state.metadata),
+                   [f for fs in state.keystore.values() for f in fs])
+        batch = pq.read_table(batch_file)
+        if batch.num_rows < n * rows:
+            sys.exit(f"{batch_file} has {batch.num_rows:,} rows: fewer than {n} slices of {rows:,}")
+        try:
+            for i in range(n):
+                piece = batch.slice(i * rows, rows)
+                t0 = time.perf_counter()
+                t.ingest(piece, batch_id=f"small-{i}")
+                t1 = time.perf_counter()
+                flush_idle()
+                calls.append(t1 - t0)
+                after.append(time.perf_counter() - t1)
+        finally:
+            close_idle()
+    print(f"{n} commits of {rows:,} records: call median {1000 * statistics.median(calls):.1f} ms "
+          f"(mean {1000 * statistics.mean(calls):.1f}), "
+          f"key index after median {1000 * statistics.median(after):.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
