@@ -37,6 +37,7 @@ DELETED = "_deleted"
 VERSION = "_ks_version"
 BUCKET = "_bucket"
 _TIER_RATIO = 2  # merge_plan: an increment joins the new rows while it holds at most this many times the rows gathered
+_AT_ONCE_ROWS = 65_536  # write_bucket_files: a commit of at most this many rows prepares its buckets' rows at once
 
 
 def file_schema(meta: TableMetadata) -> pa.Schema:
@@ -184,31 +185,36 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
     pk = list(meta.primary_key)
     added: list[BucketFile] = []
     replaced: list[str] = []
-    # A stable sort by bucket keeps the rows' order within a bucket (on 16 bits numpy sorts by radix); taken and
-    # checked for key order once, each bucket a slice, written on a thread of its own.
+    # A stable sort by bucket keeps the rows' order within a bucket (on 16 bits numpy sorts by radix). A small
+    # commit's rows are taken, cast and checked for key order at once, each bucket a slice: per bucket those steps
+    # cost more than the rows (a 100-row commit writes 16 files); a large commit's buckets take theirs on their
+    # threads, in parallel.
     of_row = rows.column(BUCKET).to_numpy()
     by_bucket = np.argsort(of_row.astype(np.uint16), kind="stable")
     buckets = of_row[by_bucket]
     starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
     ends = np.r_[starts[1:], len(buckets)]
     columns = rows.select(schema.names)
-    if not strictly_increasing(by_bucket):
-        columns = columns.take(pa.array(by_bucket))
-    columns = columns.cast(schema)
-    # Where the next row's key is not above this row's: a bucket without one is in key order, one row a key.
-    disorder = np.r_[0, np.cumsum(~_ascending_pairs(columns, pk))]
+    at_once = rows.num_rows <= _AT_ONCE_ROWS
+    if at_once:
+        columns = (columns if strictly_increasing(by_bucket) else columns.take(pa.array(by_bucket))).cast(schema)
+        # Where the next row's key is not above this row's: a bucket without one is in key order, one row a key.
+        disorder = np.r_[0, np.cumsum(~_ascending_pairs(columns, pk))]
     max_increments = meta.int_prop("keystore.max_increments")
-    version = columns.column(VERSION)[0].as_py() if columns.num_rows else 0  # one commit's rows: one version
+    version = rows.column(VERSION)[0].as_py() if rows.num_rows else 0  # one commit's rows: one version
 
     def write(span: tuple[int, int]) -> tuple[BucketFile, list[str]]:
         bucket = int(buckets[span[0]])
-        new = columns.slice(span[0], span[1] - span[0])
+        if at_once:
+            new, ordered = columns.slice(span[0], span[1] - span[0]), disorder[span[1] - 1] == disorder[span[0]]
+        else:
+            new, ordered = columns.take(pa.array(by_bucket[span[0]:span[1]])).cast(schema), False
         files = bucket_files.get(bucket, [])
         merge = merge_plan(files, new.num_rows, max_increments, float(meta.prop("keystore.base_merge_ratio")),
                            due=merge_due(bucket, version, max_increments))
         if merge:
             new = pa.concat_tables([read(f.path) if read else read_file(io, f.path, meta) for f in merge] + [new])
-        if merge or disorder[span[1] - 1] != disorder[span[0]]:
+        if merge or not ordered:
             new = latest_per_key(new, pk)
         path = layout.keystore_path(bucket)
         with io.open_output(path) as out:
