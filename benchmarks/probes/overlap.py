@@ -12,32 +12,22 @@ right after its load, and that run's batches/2-upsert-0.01.parquet).
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 import pyarrow.parquet as pq
+from warm import warm_copy
 
-import bitlake
 from bitlake import ingest
-from bitlake.engine import keycache
-from bitlake.engine.indexsession import close_idle, flush_idle
-from bitlake.pool import thread_map
+from bitlake.engine.indexsession import flush_idle
 
 
 def main() -> None:
     source, batch_file, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
     land_batch = ingest.land_batch
     times: dict[str, list[float]] = {"beside the writes": [], "after the writes": []}
-    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(source))) as work:
-        path = os.path.join(work, "table")
-        shutil.copytree(source, path)
-        t = bitlake.open_table(path)
-        state = t.state()
-        thread_map(lambda f: keycache.CACHE.entries(t.io, f.path, state.metadata),
-                   [f for fs in state.keystore.values() for f in fs])
+    with warm_copy(source) as t:
         try:
             for i in range(n):
                 serial = i % 2 == 1
@@ -50,7 +40,6 @@ def main() -> None:
                 flush_idle()
         finally:
             ingest.land_batch = land_batch
-            close_idle()
     for name, ts in times.items():
         print(f"MetaGen {name}: median {statistics.median(ts):.3f} s; calls " + " / ".join(f"{x:.2f}" for x in ts))
 

@@ -13,45 +13,31 @@ from each one's checkout (`PYTHONPATH=<checkout>`) on the same TABLE: the copy l
 
 from __future__ import annotations
 
-import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 
 import pyarrow.parquet as pq
+from warm import warm_copy
 
-import bitlake
-from bitlake.engine import keycache
-from bitlake.engine.indexsession import close_idle, flush_idle
-from bitlake.pool import thread_map
+from bitlake.engine.indexsession import flush_idle
 
 
 def main() -> None:
     source, batch_file, n, rows = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    batch = pq.read_table(batch_file)
+    if batch.num_rows < n * rows:
+        sys.exit(f"{batch_file} has {batch.num_rows:,} rows: fewer than {n} slices of {rows:,}")
     calls, after = [], []
-    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(source))) as work:
-        path = os.path.join(work, "table")
-        shutil.copytree(source, path)
-        t = bitlake.open_table(path)
-        state = t.state()
-        thread_map(lambda f: keycache.CACHE.entries(t.io, f.path, state.metadata),
-                   [f for fs in state.keystore.values() for f in fs])
-        batch = pq.read_table(batch_file)
-        if batch.num_rows < n * rows:
-            sys.exit(f"{batch_file} has {batch.num_rows:,} rows: fewer than {n} slices of {rows:,}")
-        try:
-            for i in range(n):
-                piece = batch.slice(i * rows, rows)
-                t0 = time.perf_counter()
-                t.ingest(piece, batch_id=f"small-{i}")
-                t1 = time.perf_counter()
-                flush_idle()
-                calls.append(t1 - t0)
-                after.append(time.perf_counter() - t1)
-        finally:
-            close_idle()
+    with warm_copy(source) as t:
+        for i in range(n):
+            piece = batch.slice(i * rows, rows)
+            t0 = time.perf_counter()
+            t.ingest(piece, batch_id=f"small-{i}")
+            t1 = time.perf_counter()
+            flush_idle()
+            calls.append(t1 - t0)
+            after.append(time.perf_counter() - t1)
     print(f"{n} commits of {rows:,} records: call median {1000 * statistics.median(calls):.1f} ms "
           f"(mean {1000 * statistics.mean(calls):.1f}), "
           f"key index after median {1000 * statistics.median(after):.1f} ms")

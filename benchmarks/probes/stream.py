@@ -13,28 +13,18 @@ batches/2-upsert-0.01.parquet (each call takes it under a new batch id: the same
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 import pyarrow.parquet as pq
+from warm import warm_copy
 
-import bitlake
-from bitlake.engine import keycache
-from bitlake.engine.indexsession import close_idle, flush_idle
-from bitlake.pool import thread_map
+from bitlake.engine.indexsession import flush_idle
 
 
 def main() -> None:
     source, batch_file, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(source))) as work:
-        path = os.path.join(work, "table")
-        shutil.copytree(source, path)
-        t = bitlake.open_table(path)
-        state = t.state()
-        files = [f for fs in state.keystore.values() for f in fs]
-        thread_map(lambda f: keycache.CACHE.entries(t.io, f.path, state.metadata), files)
+    with warm_copy(source) as t:
         os.sync()
         batches = [pq.read_table(batch_file) for _ in range(n)]
         calls = []
@@ -45,7 +35,6 @@ def main() -> None:
             calls.append(time.perf_counter() - c0)
         flush_idle()
         total = time.perf_counter() - t0
-        close_idle()  # before the copy goes
     print("calls (s):", " / ".join(f"{c:.2f}" for c in calls), f"; total with the index caught up: {total:.2f} s")
 
 
