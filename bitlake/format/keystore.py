@@ -91,19 +91,7 @@ def latest_per_key(table: pa.Table, primary_key: list[str]) -> pa.Table:
 
 def in_key_order(table: pa.Table, primary_key: list[str]) -> bool:
     """Whether ``table``'s rows (keys not null) are in strictly ascending key order: one row a key, sorted."""
-    n = table.num_rows
-    if n < 2:
-        return True
-    undecided = None
-    for c in primary_key:
-        column = table.column(c).combine_chunks()
-        after, before = column.slice(1), column.slice(0, n - 1)
-        less = pc.less(after, before)
-        if pc.any(less if undecided is None else pc.and_(undecided, less)).as_py():
-            return False
-        equal = pc.equal(after, before)
-        undecided = equal if undecided is None else pc.and_(undecided, equal)
-    return not pc.any(undecided).as_py()
+    return bool(_ascending_pairs(table, primary_key).all())
 
 
 def _ascending_pairs(table: pa.Table, primary_key: list[str]) -> np.ndarray:
