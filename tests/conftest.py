@@ -1,5 +1,7 @@
+import atexit
 import importlib.metadata
 import os
+import shutil
 import sys
 import tempfile
 
@@ -21,8 +23,11 @@ collect_ignore = [] if _has_airflow() else ["airflow"]
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("BITLAKE_SHUFFLE_PARTITIONS", "4")
-# The key indexes of remote tables (a local cache) go to a folder of this test session, not the user's.
-os.environ.setdefault("BITLAKE_CACHE", tempfile.mkdtemp(prefix="bitlake-cache-"))
+# The key indexes of remote tables (a local cache) go to a folder of this test session, not the user's,
+# removed when the session ends.
+if "BITLAKE_CACHE" not in os.environ:
+    os.environ["BITLAKE_CACHE"] = tempfile.mkdtemp(prefix="bitlake-cache-")
+    atexit.register(shutil.rmtree, os.environ["BITLAKE_CACHE"], True)
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ the segment states, the key index after the commit) and the peak RSS.
 from __future__ import annotations
 
 import functools
+import os
 import resource
 import shutil
 import sys
@@ -29,7 +30,8 @@ from bitlake.format import keystore  # noqa: E402
 STEPS = [(landing, "land_local"), (metagen, "run_inline"), (metagen, "_groups"), (metagen, "_fold_records"),
          (keyindex, "key_codes"), (metagen, "fold"), (keyindex.KeyIndex, "stage"),
          (keystore, "write_bucket_files"), (metagen, "write_segments"), (indexsession.IndexSession, "after_commit"),
-         (keyindex.KeyIndex, "_ingest_sorted"), (keyindex, "key_order")]
+         (keyindex.KeyIndex, "_ingest_sorted"), (keyindex, "key_order"), (keyindex._SstWriting, "start_processes"),
+         (keyindex._SstWriting, "wait"), (keyindex.KeyIndex, "commit_staged")]
 
 
 def timed(steps: list[tuple[float, float, str]], clock: list[float]):
@@ -65,9 +67,16 @@ def main() -> None:
     shutil.rmtree(path, ignore_errors=True)
     t = bitlake.create_table(str(path), schema, primary_key=core.PRIMARY_KEY, delta_column=core.DELTA,
                              num_buckets=16)
+    cpu = os.times()
     clock[0] = time.perf_counter()
     r = t.ingest(data, batch_id="load")
     print(f"ingest {time.perf_counter() - clock[0]:.2f} s, {r.counts}")
+    settled = time.perf_counter()
+    indexsession.flush_idle()  # the key index's update after the commit, before the folder goes
+    print(f"after {time.perf_counter() - settled:.2f} s")
+    spent = [b - a for a, b in zip(cpu, os.times(), strict=True)]
+    print(f"CPU of the ingest and after: {spent[0] + spent[1]:.2f} s in this process, "
+          f"{spent[2] + spent[3]:.2f} s in its children")
     for start, took, name in sorted(steps):
         print(f"  {start:7.2f} +{took:6.2f}  {name}")
     print(f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.1f} GB")

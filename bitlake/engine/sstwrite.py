@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import sys
 
-import pyarrow as pa
+# pyarrow imports pandas, when installed, the first time it converts an array to numpy (0.2-0.3 s): this process
+# never needs it, and an import of a module mapped to None fails, which pyarrow takes for "pandas is missing".
+sys.modules.setdefault("pandas", None)  # type: ignore[arg-type]
 
-from bitlake.engine.keyindex import write_sst
+import pyarrow as pa  # noqa: E402
+
+from bitlake.engine.keyindex import write_sst  # noqa: E402
 
 
 def main(argv: list[str]) -> None:
