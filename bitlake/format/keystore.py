@@ -75,6 +75,17 @@ def read_file(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | N
     return pq.read_table(io.open_input(path), schema=file_schema(meta), columns=columns, filters=filters)
 
 
+def _constant_columns(table: pa.Table, names: list[str]) -> tuple[pa.Table, dict[str, pa.Scalar]]:
+    """``table`` without those of columns ``names`` that hold one value throughout, and that value by name: a
+    large commit's buckets repeat it rather than gather it (a load's deltas, delete flags and versions)."""
+    constant = {}
+    for name in names:
+        values = table.column(name).to_numpy()
+        if len(values) and (values == values[0]).all():
+            constant[name] = pa.scalar(values[0].item(), table.schema.field(name).type)
+    return table.drop_columns(list(constant)), constant
+
+
 def latest_per_key(table: pa.Table, primary_key: list[str]) -> pa.Table:
     """Keeps, for each key, the row with the highest ``_ks_version``; sorted by key."""
     if table.num_rows == 0 or in_key_order(table, primary_key):
@@ -177,26 +188,32 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
     # commit's rows are taken, cast and checked for key order at once, each bucket a slice: per bucket those steps
     # cost more than the rows (a 100-row commit writes 16 files); a large commit's buckets take theirs on their
     # threads, in parallel.
-    of_row = rows.column(BUCKET).to_numpy()
-    by_bucket = np.argsort(of_row.astype(np.uint16), kind="stable")
-    buckets = of_row[by_bucket]
-    starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
-    ends = np.r_[starts[1:], len(buckets)]
+    of_row = rows.column(BUCKET).to_numpy().astype(np.uint16)
+    by_bucket = np.argsort(of_row, kind="stable")
+    counts = np.bincount(of_row)
+    buckets = np.flatnonzero(counts)
+    ends = np.cumsum(counts)[buckets]
+    starts = ends - counts[buckets]
     columns = rows.select(schema.names)
     at_once = rows.num_rows <= _AT_ONCE_ROWS
     if at_once:
         columns = (columns if strictly_increasing(by_bucket) else columns.take(pa.array(by_bucket))).cast(schema)
         # Where the next row's key is not above this row's: a bucket without one is in key order, one row a key.
         disorder = np.r_[0, np.cumsum(~_ascending_pairs(columns, pk))]
+    else:
+        columns, constant = _constant_columns(columns.cast(schema), [DELTA, DELETED, VERSION])
     max_increments = meta.int_prop("keystore.max_increments")
     version = rows.column(VERSION)[0].as_py() if rows.num_rows else 0  # one commit's rows: one version
 
-    def write(span: tuple[int, int]) -> tuple[BucketFile, list[str]]:
-        bucket = int(buckets[span[0]])
+    def write(span: tuple[int, int, int]) -> tuple[BucketFile, list[str]]:
+        bucket, start, end = span
         if at_once:
-            new, ordered = columns.slice(span[0], span[1] - span[0]), disorder[span[1] - 1] == disorder[span[0]]
+            new, ordered = columns.slice(start, end - start), disorder[end - 1] == disorder[start]
         else:
-            new, ordered = columns.take(pa.array(by_bucket[span[0]:span[1]])).cast(schema), False
+            taken = columns.take(pa.array(by_bucket[start:end]))
+            new = pa.table({f.name: taken.column(f.name) if f.name in taken.column_names
+                            else pa.repeat(constant[f.name], end - start) for f in schema}, schema=schema)
+            ordered = False
         files = bucket_files.get(bucket, [])
         merge = merge_plan(files, new.num_rows, max_increments, float(meta.prop("keystore.base_merge_ratio")),
                            due=merge_due(bucket, version, max_increments))
@@ -215,7 +232,7 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
         base = not files or len(merge) == len(files)
         return BucketFile(bucket, path, new.num_rows, io.size(path), base), [f.path for f in merge]
 
-    for file, merged in thread_map(write, zip(starts.tolist(), ends.tolist(), strict=True)):
+    for file, merged in thread_map(write, zip(buckets.tolist(), starts.tolist(), ends.tolist(), strict=True)):
         added.append(file)
         replaced.extend(merged)
     return added, replaced
