@@ -32,7 +32,7 @@ from bitlake.errors import (
     UnsupportedFormatVersionError,
     VersionNotFoundError,
 )
-from bitlake.format import bitmap, bucket, commitlog, keystore, layout, rowid, segmentlog
+from bitlake.format import bitmap, bucket, commitlog, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format.commit import (
     CREATE,
     INGEST,
@@ -151,6 +151,27 @@ def test_bitmaps_written_as_holes_read_back_as_valid_offsets_and_as_holes(tmp_pa
     # Stored as valid offsets: the holes below the largest valid one, which bounds the universe.
     assert cache.holes(SegmentState(1, 1, 100_000, 100_000, "h.parquet", 10)) == (BitMap(range(99_990)), 100_000)
     assert cache.holes(SegmentState(1, 2, 7, 7, None, 4)) == (BitMap(), 4)
+
+
+def test_a_data_file_tries_a_dictionary_on_the_columns_its_first_rows_repeat(tmp_path):
+    """Columns whose first row group holds mostly distinct values are written plain; the others, and every column
+    of a file too small to judge, with a dictionary. Either way the rows read back as written."""
+    io = LocalFileIO(str(tmp_path))
+    n = 40_000
+    schema = pa.schema([("id", pa.int64()), ("kind", pa.string()), ("note", pa.string()), ("_segment_offset", pa.int32())])
+    rows = pa.table({"id": np.arange(n), "kind": [f"k{i % 7}" for i in range(n)], "note": [f"n{i}" for i in range(n)],
+                     "_segment_offset": np.arange(n, dtype=np.int32)}, schema=schema)
+    options = datafile.data_parquet_options(schema)
+    for name, table in (("large.parquet", rows), ("small.parquet", rows.slice(0, 100))):
+        writer = datafile.FileWriter(io, name, schema, "parquet", options)
+        writer.write(table)
+        writer.close()
+        assert pq.read_table(tmp_path / name).equals(table)
+    group = pq.ParquetFile(tmp_path / "large.parquet").metadata.row_group(0)
+    dictionary = {group.column(i).path_in_schema: "RLE_DICTIONARY" in group.column(i).encodings for i in range(4)}
+    assert dictionary == {"id": False, "kind": True, "note": False, "_segment_offset": False}
+    group = pq.ParquetFile(tmp_path / "small.parquet").metadata.row_group(0)
+    assert ["RLE_DICTIONARY" in group.column(i).encodings for i in range(3)] == [True, True, True]
 
 
 # -- key store -----------------------------------------------------------------------------------
