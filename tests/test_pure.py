@@ -305,6 +305,29 @@ def test_bucket_files_are_written_as_base_then_increments_and_read_as_the_latest
     assert [(e["id"], e[keystore.VERSION]) for e in entries] == [(1, 1), (2, 2), (3, 3), (4, 3)]
 
 
+@pytest.mark.parametrize("at_once", [True, False])
+def test_a_commits_rows_land_in_their_buckets_files_in_key_order(tmp_path, monkeypatch, at_once):
+    """Small commits sort their rows by bucket at once, large ones find each bucket's rows on its thread and
+    repeat a column of one value instead of gathering it: the same files either way."""
+    if not at_once:
+        monkeypatch.setattr(keystore, "_AT_ONCE_ROWS", 0)
+    io = LocalFileIO(str(tmp_path))
+    m = meta()
+    ids = np.random.default_rng(7).permutation(200)
+    bucket_of = ids % 3 * 2  # buckets 0, 2 and 4; none in 1 and 3
+    rows = pa.table({"id": ids, keystore.DELTA: np.zeros(200, np.int64), keystore.ROW_ID: ids * 10,
+                     keystore.DELETED: ids % 7 == 0, keystore.VERSION: np.full(200, 5, np.int64),
+                     keystore.BUCKET: bucket_of.astype(np.int32)})
+    added, replaced = keystore.write_bucket_files(io, m, {}, rows)
+    assert sorted(f.bucket for f in added) == [0, 2, 4] and replaced == []
+    for f in added:
+        got = keystore.read_bucket(io, [f], m).to_pylist()
+        want = sorted(i for i in ids.tolist() if i % 3 * 2 == f.bucket)
+        assert [e["id"] for e in got] == want and f.rows == len(want)
+        assert all(e[keystore.ROW_ID] == e["id"] * 10 and e[keystore.DELETED] == (e["id"] % 7 == 0)
+                   and e[keystore.DELTA] == 0 and e[keystore.VERSION] == 5 for e in got)
+
+
 # -- the bucket hash: bitlake/format/bucket.py against the spec in its module docstring ---------------
 
 
