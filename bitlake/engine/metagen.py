@@ -234,9 +234,11 @@ LOOKUP_COST_IN_ROWS = 70
 # 0.3 us a key for a 10 % batch to 2-3 us for a 0.1 % batch (sparser keys miss the CPU's caches) on the churned
 # SF 10 probe table, 5-6 files a bucket (benchmarks/probes/upsert.py ... warm).
 CACHED_KEY_COST_IN_ROWS = 20
-# Fewer keys than this, all in key-store files this process holds, are matched on the calling thread: a few binary
-# searches a file cost less than handing the buckets to threads.
-_FEW_KEYS = 4096
+# Fewer keys than this, all in key-store files this process holds, are matched on the calling thread: numpy's small
+# steps hold the GIL, so threads share little of the work and add their hand-offs (the keys of TPC-H SF 3 batches
+# against the files a load left: 18,000 keys 4.4 ms against 6.1 ms on two threads, 180,000 keys 22 against 24 ms,
+# 1.8M keys 161 against 108 ms).
+_FEW_KEYS = 262_144
 
 
 # The inline MetaGen folds at most this many records at once: larger commits are folded in groups, a key's
@@ -469,7 +471,7 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
         delta[code], rid[code], deleted[code] = values[:3]
 
     if n < _FEW_KEYS and all(keycache.CACHE.holds(io, f.path) for b in buckets for f in state.keystore.get(b, [])):
-        for bucket in buckets:  # a few searches a file in memory: threads would cost more than they share
+        for bucket in buckets:  # searches in memory: threads would cost more than they share
             entries(bucket)
     else:
         thread_map(entries, buckets)
