@@ -1019,6 +1019,8 @@ def median_records(rounds: list[list[dict]]) -> list[dict]:
             continue
         chosen = dict(timed[(len(timed) - 1) // 2])
         chosen["rounds_s"] = [round(total(r), 4) for r in same]
+        if any(r.get("phases") for r in same):
+            chosen["rounds_phases"] = [r.get("phases") for r in same]
         out.append(chosen)
     return out
 
@@ -1247,8 +1249,10 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
                      f"{', '.join(sf_text(s) for s in run['scale_factors'])}; systems {', '.join(run['systems'])}; "
                      f"bitlake at commit {code.get('git_head', '?')}"
                      + (" with uncommitted changes in bitlake/" if code.get("bitlake_dirty") else "") + ")."
-                     + (f" Each system's sequence ran {run['repeat']} times, the systems in turn; an operation's "
-                        "figures are those of its round of median time (the call and the work after it)."
+                     + (f" Each system's sequence ran {run['repeat']} times, the systems in turn"
+                        + (", every other round in reverse order" if run.get("serpentine") else "")
+                        + "; an operation's figures are those of its round of median time (the call and the work "
+                        "after it)."
                         if run.get("repeat", 1) > 1 else "")
                      + (f" {run['note']}" if run.get("note") else "")
                      + (f" Load average (1 min) {run['load_average_start']:.1f} at the start, "
@@ -1551,7 +1555,8 @@ def main(argv: list[str] | None = None) -> int:
     given = sys.argv[1:] if argv is None else argv
     run = {"command": shlex.join([".venv/bin/python", "benchmarks/peers.py", *given]),
            "date": date.strftime("%Y-%m-%d %H:%M UTC"), "scale_factors": sfs, "systems": systems,
-           "timeout_s": args.timeout, "quick": args.quick, "repeat": args.repeat, "machine": core.machine(),
+           "timeout_s": args.timeout, "quick": args.quick, "repeat": args.repeat, "serpentine": True,
+           "machine": core.machine(),
            "versions": versions(),
            "master": os.environ["BITLAKE_SPARK_MASTER"], "driver_memory": os.environ["BITLAKE_DRIVER_MEMORY"],
            "code": core.code_version(), "note": args.note, "load_average_start": os.getloadavg()[0]}
@@ -1568,8 +1573,12 @@ def main(argv: list[str] | None = None) -> int:
             (work / "spec.json").write_text(json.dumps(spec, indent=1))
         new["expected"][sf_text(sf)] = spec["expected"]
         rounds: dict[str, list[list[dict]]] = {system: [] for system in systems}
-        for _ in range(args.repeat):  # the systems interleaved, so that a slow spell of the machine hits them all
-            for system in systems:
+        # The systems interleaved, so that a slow spell of the machine hits them all, in a serpentine order (every
+        # other round reversed), so that no system always follows the same one: a worker that follows one which
+        # freed gigabytes runs slower (on this machine bitlake-arrow's SF 1 load read its file in 2.1-2.2 s after
+        # paimon's worker, against 1.0 s after none).
+        for r in range(args.repeat):
+            for system in systems if r % 2 == 0 else systems[::-1]:
                 rounds[system].append(run_system(system, spec, work / system, args.timeout))
         sf_records = [r for system in systems for r in median_records(rounds[system])]
         check(sf_records, spec["expected"])
