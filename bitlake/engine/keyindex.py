@@ -526,14 +526,13 @@ def _put_each(put, keys: list[bytes], values: list[bytes]) -> None:
     numpy) would wait up to a switch interval (5 ms) every time: writing the key-store files of a 1 % TPC-H SF 10
     upsert took 0.30-0.34 s beside a thread writing 600,000 entries, 0.11-0.12 s with these pauses, 0.08-0.12 s
     alone (the entries took as long either way)."""
-    if threading.active_count() == 1:  # no thread to let in (a process of its own, sstwrite): 80 us a pause
-        for k, v in zip(keys, values, strict=True):
+    alone = threading.active_count() == 1  # no thread to let in (a process of its own, sstwrite): no pauses
+    step = max(len(keys), 1) if alone else _YIELD_EVERY
+    for start in range(0, len(keys), step):
+        for k, v in zip(keys[start:start + step], values[start:start + step], strict=True):
             put(k, v)
-        return
-    for start in range(0, len(keys), _YIELD_EVERY):
-        for k, v in zip(keys[start:start + _YIELD_EVERY], values[start:start + _YIELD_EVERY], strict=True):
-            put(k, v)
-        time.sleep(0)  # releases the GIL: a thread waiting for it takes it now
+        if not alone:
+            time.sleep(0)  # releases the GIL: a thread waiting for it takes it now (80 us a pause)
 
 
 class _SstWriting:
