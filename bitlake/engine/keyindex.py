@@ -370,7 +370,7 @@ class KeyIndex:
         db.close()  # safe under the index lock: no other writer can open the folder meanwhile
         shutil.rmtree(self.path, ignore_errors=True)
         self.db = self._open()
-        tables = [keystore.read_bucket(self.io, files, self.meta) for files in state.keystore.values() if files]
+        tables = keystore.read_entries(self.io, state.keystore, self.meta)
         self.put(tables, state.version)
 
     def put(self, tables: list[pa.Table], version: int) -> None:

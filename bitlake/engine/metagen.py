@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from bitlake.engine import keycache
@@ -278,14 +277,13 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
         valid.append(g.valid)
         rows.append(g.keystore_rows)
     keystore_rows = pa.concat_tables(rows)
-    touched = {b: state.keystore.get(b, []) for b in pc.unique(keystore_rows.column(keystore.BUCKET)).to_pylist()}
     events = pa.concat_tables(until)
     # The key-store files and the segment log with its bitmaps are independent: written at once, on two threads.
     (added, replaced), seg_out = both(
-        lambda: keystore.write_bucket_files(io, meta, touched, keystore_rows,
+        lambda: keystore.write_bucket_files(io, meta, state.keystore, keystore_rows,
                                             lambda path, rows: keycache.CACHE.written(io, path, rows, meta),
-                                            lambda path: keycache.CACHE.rows(io, path, meta))
-        if touched else ([], []),
+                                            lambda path: keycache.CACHE.rows(io, path, meta), shared=True)
+        if keystore_rows.num_rows else ([], []),
         lambda: write_segments(io, state.segments, events, valid),
     )
     keycache.CACHE.forget(io, replaced)
@@ -345,7 +343,7 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
     codes, first = key_codes(records, pk)
     if any(state.keystore.values()):
         buckets = np.flatnonzero(np.bincount(records.column(keystore.BUCKET).to_numpy(), minlength=meta.num_buckets))
-        stored = [f for b in buckets.tolist() for f in state.keystore.get(b, [])]
+        stored = [f for b in [*buckets.tolist(), keystore.SHARED] for f in state.keystore.get(b, [])]
         stored_rows = sum(f.rows for f in stored)
         unread_rows = sum(f.rows for f in stored if not keycache.CACHE.holds(io, f.path))
     else:  # an empty key store (a load)
@@ -430,19 +428,19 @@ def _batch_indices(batches: list[Landed], rids: np.ndarray) -> np.ndarray:
 
 
 def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: list[int]):
-    """The stored entries of ``distinct`` keys (key columns and ``_bucket``), from the files of their buckets:
-    found, delta, row id, deleted, in ``distinct``'s order. Each bucket's files are matched with the keys wanted
-    there on a thread of their own, from this process's memory (:mod:`bitlake.engine.keycache`), which keeps
-    those it reads as far as its budget allows."""
+    """The stored entries of ``distinct`` keys (key columns and ``_bucket``), from the files of their buckets and
+    the shared files: found, delta, row id, deleted, in ``distinct``'s order. Each bucket's files are matched with
+    the keys wanted there on a thread of their own, then each shared file with all of them, from this process's
+    memory (:mod:`bitlake.engine.keycache`), which keeps those it reads as far as its budget allows."""
     from bitlake.engine.keyindex import fixed_width, int64_values
 
     pk = list(state.metadata.primary_key)
     n = distinct.num_rows
+    codes = pa.array(np.arange(n, dtype=np.int64))
     # The keys grouped by bucket with one stable sort (a bucket's keys keep their order), each bucket a slice.
     of_key = distinct.column(keystore.BUCKET).to_numpy()
     by_bucket = np.argsort(of_key.astype(np.uint16), kind="stable")
-    wanted = distinct.select(pk).append_column("_code", pa.array(np.arange(n, dtype=np.int64))).take(
-        pa.array(by_bucket))
+    wanted = distinct.select(pk).append_column("_code", codes).take(pa.array(by_bucket))
     sorted_buckets = of_key[by_bucket]
     starts = np.searchsorted(sorted_buckets, buckets, side="left")
     ends = np.searchsorted(sorted_buckets, buckets, side="right")
@@ -450,6 +448,7 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
 
     found = np.zeros(n, dtype=bool)
     delta, rid, deleted = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, dtype=bool)
+    version = np.full(n, -1, np.int64)
 
     fixed = fixed_width(distinct, pk)
 
@@ -468,13 +467,24 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
             code, values = code[pick], [v[pick] for v in values]
         # Each bucket's codes are its own keys': the threads write disjoint places.
         found[code] = True
-        delta[code], rid[code], deleted[code] = values[:3]
+        delta[code], rid[code], deleted[code], version[code] = values
 
-    if n < _FEW_KEYS and all(keycache.CACHE.holds(io, f.path) for b in buckets for f in state.keystore.get(b, [])):
+    shared = state.keystore.get(keystore.SHARED, [])
+    held = all(keycache.CACHE.holds(io, f.path) for b in [*buckets, keystore.SHARED] for f in state.keystore.get(b, []))
+    if n < _FEW_KEYS and held:
         for bucket in buckets:  # searches in memory: threads would cost more than they share
             entries(bucket)
     else:
         thread_map(entries, buckets)
+    if shared:  # rows of every bucket: all the keys at once, a row taken where its version is higher
+        keys = distinct.select(pk).append_column("_code", codes)
+        columns = [int64_values(keys.column(c)) for c in pk] if fixed else None
+        for f in shared:
+            code, values = keycache.CACHE.entries(io, f.path, state.metadata).match(keys, pk, columns)
+            newer = values[3] > version[code]
+            code = code[newer]
+            found[code] = True
+            delta[code], rid[code], deleted[code], version[code] = (v[newer] for v in values)
     return found, delta, rid, deleted
 
 

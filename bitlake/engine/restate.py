@@ -154,7 +154,7 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
         keystore.ROW_ID, pa.array(final_rid)).append_column(keystore.DELETED, pa.array(final_deleted)).append_column(
         keystore.BUCKET, distinct.column(keystore.BUCKET)).append_column(
         keystore.VERSION, pa.array(np.full(nd, version, np.int64)))
-    files, replaced = keystore.write_bucket_files(io, meta, {b: state.keystore.get(b, []) for b in buckets}, ks_rows)
+    files, replaced = keystore.write_bucket_files(io, meta, state.keystore, ks_rows, shared=True)
     changes, counts = diff(before, after)
     out = metagen.assemble(state, [new] if new is not None else [], seg_out, files, replaced, {0: counts})
     out.logs = [dataclasses.replace(f, resets=True) for f in out.logs]

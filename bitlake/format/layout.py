@@ -88,7 +88,9 @@ def bucket_dir(bucket: int) -> str:
 
 
 def keystore_path(bucket: int) -> str:
-    return f"{bucket_dir(bucket)}/{uuid.uuid4().hex}.parquet"
+    """A new key-store file of bucket ``bucket``, or of several (:data:`bitlake.format.keystore.SHARED`)."""
+    folder = f"{KEYSTORE_DIR}/shared" if bucket < 0 else bucket_dir(bucket)
+    return f"{folder}/{uuid.uuid4().hex}.parquet"
 
 
 def escape(text: str) -> str:

@@ -18,8 +18,11 @@ FORMAT_VERSION = 2
 V1_HISTORY = "v1History"  # the table was upgraded from format v1: its earlier commits are v1 files
 TOMBSTONES = "tombstones"  # commits may hide rows by value (docs/FORMAT.md, "Tombstones")
 RESTATEMENTS = "restatements"  # commits may revert or replace batches (docs/FORMAT.md, "Restatements")
+# the key store may list shared files (docs/FORMAT.md, "Key store"): writers only, readers never read the key store
+SHARED_KEYSTORE_FILES = "sharedKeystoreFiles"
 READER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES, RESTATEMENTS})
-WRITER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES, RESTATEMENTS})
+WRITER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES, RESTATEMENTS, SHARED_KEYSTORE_FILES})
+_WRITER_ONLY = WRITER_FEATURES - READER_FEATURES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +46,19 @@ class Protocol:
                    tuple(d.get("writer_features", ())))
 
     def with_features(self, *names: str) -> Protocol:
+        """This protocol with the features ``names``: as writer features, and as reader features too unless they
+        are for writers only."""
         return dataclasses.replace(
-            self, reader_features=tuple(sorted({*self.reader_features, *names})),
+            self, reader_features=tuple(sorted({*self.reader_features, *(set(names) - _WRITER_ONLY)})),
             writer_features=tuple(sorted({*self.writer_features, *names})),
         )
+
+    def needing(self, *names: str) -> Protocol | None:
+        """This protocol with the features ``names`` for a commit that starts using them, or None when it has them
+        (the commit then carries no protocol)."""
+        if set(names) <= set(self.writer_features):
+            return None
+        return self.with_features(*names)
 
     def check_read(self, where: str) -> None:
         _check(where, "read", self.reader_version, self.reader_features, READER_FEATURES)

@@ -69,7 +69,7 @@ def run(spark, io: FileIO, state: TableState, batches: list[Landed], version: in
     )
 
     touched = sorted(r[0] for r in batch.select(keystore.BUCKET).distinct().collect())
-    ks_paths = [f.path for b in touched for f in state.keystore.get(b, [])]
+    ks_paths = [f.path for b in [*touched, keystore.SHARED] for f in state.keystore.get(b, [])]
     combined = batch
     if ks_paths:
         latest = Window.partitionBy(*pk).orderBy(F.col(keystore.VERSION).desc())
