@@ -132,12 +132,19 @@ def test_bitmap_file_round_trip_uses_portable_serialization(tmp_path):
     assert cache.valid(SegmentState(1, 2, 100_000, 100_000, "b.parquet", len(bm))) == bm
 
 
-def test_bitmaps_written_as_holes_read_back_as_valid_offsets_and_as_holes(tmp_path):
+@pytest.mark.parametrize("remembered", [True, False], ids=["from-the-writer's-memory", "from-the-file"])
+def test_bitmaps_written_as_holes_read_back_as_valid_offsets_and_as_holes(tmp_path, monkeypatch, remembered):
     """A commit hands a segment's holes in [0, universe) to write_holes: few holes are stored as such, many as
-    the valid offsets; readers get the valid offsets either way, and a later commit the holes again."""
+    the valid offsets; readers get the valid offsets either way, and a later commit the holes again (in the process
+    that wrote the file, from what it wrote, which the caller may change afterwards)."""
+    if not remembered:
+        monkeypatch.setattr(bitmap, "_WRITTEN", bitmap._Recent(0))
     io = LocalFileIO(str(tmp_path))
     few, many = BitMap([3, 70_000, 99_999]), BitMap(range(0, 99_990))
-    bitmap.write_holes(io, "h.parquet", [(1, 0, few, 100_000), (1, 1, many, 100_000)])
+    given = [BitMap(few), BitMap(many)]
+    bitmap.write_holes(io, "h.parquet", [(1, 0, given[0], 100_000), (1, 1, given[1], 100_000)])
+    given[0].add(4)
+    given[1].add(99_995)
     table = pq.read_table(tmp_path / "h.parquet")
     assert table.column("complement_of").to_pylist() == [100_000, None]
     assert table.column("cardinality").to_pylist() == [99_997, 10]

@@ -9,6 +9,8 @@ that are not valid (a segment with a few holes: half the bytes of its valid offs
 from __future__ import annotations
 
 import array
+import collections
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -89,12 +91,18 @@ def write_holes(io: FileIO, path: str, rows: list[tuple[int, int, BitMap, int]])
     valid (``(part, seq, holes, universe)``), into one file; returns its size in bytes. A segment is stored as
     its holes (``complement_of``), or as its valid offsets when they are fewer."""
     stored: list[tuple[bytes, int | None]] = []
-    for _, _, holes, universe in rows:
+    kept: dict[tuple[int, int], tuple[BitMap, int | None]] = {}
+    for part, seq, holes, universe in rows:
         if universe - len(holes) < len(holes):
-            stored.append((serialize(holes.flip(0, universe)), None))
+            valid = holes.flip(0, universe)
+            stored.append((serialize(valid), None))
+            kept[(part, seq)] = (valid, None)
         else:
             stored.append((serialize(holes), universe))
-    return _write(io, path, rows, stored, [universe - len(holes) for _, _, holes, universe in rows])
+            kept[(part, seq)] = (BitMap(holes), universe)
+    size = _write(io, path, rows, stored, [universe - len(holes) for _, _, holes, universe in rows])
+    _WRITTEN.put((io.uri(), path), kept)
+    return size
 
 
 def write_file(io: FileIO, path: str, rows: list[tuple[int, int, BitMap]]) -> int:
@@ -121,8 +129,37 @@ def _write(io: FileIO, path: str, rows: list, stored: list[tuple[bytes, int | No
     return io.size(path)
 
 
+class _Recent:
+    """The bitmaps of the last few files this process wrote, as :func:`read_stored` gives them (shared: never
+    changed): a writer's next commit starts from the segments' holes its last one wrote, which after churn are
+    megabytes to read back (TPC-H SF 10 after a 10 % batch: 3.7 MB a commit, 15 ms). Files never change, so they
+    stay right for as long as they are kept."""
+
+    def __init__(self, files: int):
+        self.files = files
+        self._held: collections.OrderedDict[tuple[str, str], dict] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, key: tuple[str, str], stored: dict) -> None:
+        with self._lock:
+            self._held[key] = stored
+            while len(self._held) > self.files:
+                self._held.popitem(last=False)
+
+    def get(self, key: tuple[str, str]) -> dict | None:
+        with self._lock:
+            return self._held.get(key)
+
+
+_WRITTEN = _Recent(4)
+
+
 def read_stored(io: FileIO, path: str) -> dict[tuple[int, int], tuple[BitMap, int | None]]:
-    """The bitmaps of a file as stored, by segment: the valid offsets and None, or the holes and their universe."""
+    """The bitmaps of a file as stored, by segment: the valid offsets and None, or the holes and their universe
+    (shared with other callers: do not change them)."""
+    written = _WRITTEN.get((io.uri(), path))
+    if written is not None:
+        return written
     table = pq.read_table(io.open_input(path))
     parts = table.column(PART_COLUMN).to_pylist()
     seqs = table.column(SEQ_COLUMN).to_pylist()
