@@ -74,7 +74,7 @@ def tombstone(io: FileIO, refresh, column: str, values: Any) -> Commit:
         with io.open_output(path) as out:
             pq.write_table(pa.table({column: arr}), out, compression="zstd")
         total = sum(t.count for _, t in state.tombstones) + len(arr)
-        protocol = None if TOMBSTONES in state.protocol.reader_features else state.protocol.with_features(TOMBSTONES)
+        protocol = state.protocol.needing(TOMBSTONES)
         c = Commit(state.version + 1, TOMBSTONE, commitlog.now_ms(state.timestamp_ms),
                    parameters={"column": column, "tombstones_added": len(arr), "tombstones_removed": 0,
                                "tombstones_total": total},
