@@ -13,7 +13,6 @@ from bitlake.engine import conform, indexsession, keyindex, landing
 from bitlake.engine import metagen as engine_metagen
 from bitlake.engine.metagen import COUNTS, Landed, MetaGenOutput
 from bitlake.errors import InvalidInputError
-from bitlake.format import keystore
 from bitlake.format.commit import INGEST, LAND, LIVE, METAGEN, PENDING, BatchRecord, Commit
 from bitlake.format.commitlog import now_ms
 from bitlake.format.metadata import TableMetadata
@@ -189,7 +188,7 @@ class Ingestion:
                 operation=operation if batch else METAGEN,
                 timestamp_ms=timestamp_ms,
                 parameters={"batch_id": batch.batch_id} if batch else {},
-                protocol=state.protocol.needing(*keystore.features(out.keystore_add)),
+                protocol=state.protocol.needing(*out.features()),
                 batches=tuple(records),
                 add_files=batch.data_files if batch else (),
                 segments=tuple(out.segments),

@@ -37,7 +37,7 @@ def referenced(io: FileIO, latest: TableState) -> set[str]:
     out.update(f.offsets for f in base.files.values() if f.offsets)
     out.update(f.path for b in base.parts.values() if b.live_version is None for f in b.keys_files)
     out.update(f.path for _, f in base.logs)
-    out.update(s.bitmap for s in base.segments.values() if s.bitmap)
+    out.update(p for s in base.segments.values() for p in (s.bitmap, s.delta) if p)
     out.update(f.path for files in base.keystore.values() for f in files)
     out.update(t.path for _, t in base.tombstones)
     for v in range(start + 1, latest.version + 1):
@@ -46,7 +46,7 @@ def referenced(io: FileIO, latest: TableState) -> set[str]:
         out.update(f.offsets for f in c.add_files if f.offsets)
         out.update(f.path for b in c.batches for f in b.keys_files)
         out.update(f.path for f in c.logs)
-        out.update(s.bitmap for s in c.segments if s.bitmap)
+        out.update(p for s in c.segments for p in (s.bitmap, s.delta) if p)
         out.update(f.path for f in c.keystore_add)
         out.update(t.path for t in c.tombstones)
         out.update(f.path for f in c.change_files)

@@ -19,7 +19,7 @@ from bitlake.engine import restate as engine_restate
 from bitlake.engine import vacuum as engine_vacuum
 from bitlake.engine.metagen import Landed, MetaGenOutput
 from bitlake.errors import CommitConflictError, InvalidInputError
-from bitlake.format import changefile, commitlog, keystore, layout
+from bitlake.format import changefile, commitlog, layout
 from bitlake.format.commit import (
     COMPACT,
     LIVE,
@@ -161,7 +161,7 @@ def commit(io: FileIO, refresh, operation: str, new: Landed | None, plan, more=N
                                            [new] if new is not None else [], r.output.segments, r.counts)
         for e in events:
             e["tags"] = {**e["tags"], **{k: str(v) for k, v in parameters.items()}, "operation": operation}
-        protocol = state.protocol.needing(RESTATEMENTS, *keystore.features(r.output.keystore_add))
+        protocol = state.protocol.needing(RESTATEMENTS, *r.output.features())
         c = Commit(
             version, operation, timestamp_ms, parameters=parameters, protocol=protocol, batches=tuple(records),
             add_files=new.data_files if new is not None else (), segments=tuple(r.output.segments),

@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from pyroaring import BitMap
 
 READER_VERSION = 2                          # "Protocol and features": R
-READER_FEATURES = {"v1History", "tombstones", "restatements"}  # "Protocol and features": F
+READER_FEATURES = {"v1History", "tombstones", "restatements", "bitmapDeltas"}  # "Protocol and features": F
 INFINITY = 2**63 - 1                        # "Delta values": the largest int64 means +infinity
 SET_VALID_UNTIL = 2                         # "Segment logs": event = 2
 ROW_ID_COLUMNS = ("_segment_part", "_segment_seq", "_segment_offset")
@@ -448,12 +448,14 @@ def delta_int64(arr) -> np.ndarray:
 
 
 def _is_valid(files: _Files, seg: dict, offset: int, cache: dict) -> bool:
-    """"Bitmaps": the valid offsets are the named bitmap, or `0 .. cardinality - 1` when `bitmap` is null."""
+    """"Bitmaps": the valid offsets are the named bitmap, or `0 .. cardinality - 1` when `bitmap` is null; with a
+    `delta` ("Deltas"), the bitmap's valid offsets XOR the offsets the delta file's row holds."""
     if seg.get("bitmap") is None:
         return offset < int(seg["cardinality"])
-    key = (seg["bitmap"], int(seg["part"]), int(seg["seq"]))
+    key = (seg["bitmap"], seg.get("delta"), int(seg["part"]), int(seg["seq"]))
     if key not in cache:
-        cache[key] = files.bitmap(*key)
+        valid = files.bitmap(seg["bitmap"], *key[2:])
+        cache[key] = valid ^ files.bitmap(seg["delta"], *key[2:]) if seg.get("delta") else valid
     return offset in cache[key]
 
 

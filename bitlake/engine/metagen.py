@@ -86,9 +86,14 @@ class MetaGenOutput:
     def counts(self) -> dict[str, int]:
         return {k: sum(c[k] for c in self.batch_counts.values()) for k in COUNTS}
 
+    def features(self) -> tuple[str, ...]:
+        """The protocol features a commit of this output needs."""
+        return (*keystore.features(self.keystore_add), *bitmap.features(self.segments))
+
     def written(self) -> list[str]:
         paths = [f.path for f in self.logs] + [f.path for f in self.keystore_add]
-        return paths + sorted({s.bitmap for s in self.segments if s.bitmap})
+        # A segment state with a delta names the bitmap of an earlier commit, and the delta this one wrote.
+        return paths + sorted({s.delta or s.bitmap for s in self.segments if s.bitmap})
 
 
 def new_segments(batches: list[Landed]) -> dict[tuple[int, int], SegmentState]:
@@ -148,14 +153,14 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
     until_runs = _segment_runs(_sorted(packed(until)))
     cache = bitmap.BitmapCache(io)
     with_file: list[tuple[int, int, BitMap, int]] = []
+    deltas: list[tuple[int, int, BitMap, int]] = []
     for seg in sorted(valid_runs.keys() | until_runs.keys()):
         part, seq = seg >> rowid.SEQ_BITS, seg & rowid.MAX_SEQ
         before = prior.get((part, seq))
         run, gone = valid_runs.get(seg, _NO_IDS), until_runs.get(seg, _NO_IDS)
         if before is None and len(run) and (int(run[-1]) & rowid.MAX_OFFSET) == len(run) - 1 and not len(gone):
             # A new segment whose rows are all valid (a load): a prefix, known without a bitmap.
-            rows.append({"kind": "bitmap", "path": None, "part": part, "seq": seq, "count": len(run), "bytes": 0,
-                         "min_t": None, "max_t": None})
+            rows.append(_bitmap_row("bitmap", None, part, seq, len(run)))
             continue
         # The segment's holes in [0, universe) change, not its valid offsets: a commit costs what it changes.
         holes, universe = cache.holes(before) if before is not None else (BitMap(), 0)
@@ -170,17 +175,24 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
         holes |= bitmap.of(gone[gone < universe])  # an offset past the universe is not valid already
         count = universe - len(holes)
         if not len(holes) or holes.min() == count:  # valid offsets 0 .. count - 1
-            rows.append({"kind": "bitmap", "path": None, "part": part, "seq": seq, "count": count, "bytes": 0,
-                         "min_t": None, "max_t": None})
-        else:
+            rows.append(_bitmap_row("bitmap", None, part, seq, count))
+        elif (flips := cache.delta(before, holes, universe, len(run) + len(gone))) is None:
             with_file.append((part, seq, holes, universe))
-    if with_file:
+        else:
+            deltas.append((part, seq, flips, count))
+    if with_file or deltas:
         path = layout.bitmap_path()
-        bitmap.write_holes(io, path, with_file)
-        for part, seq, holes, universe in with_file:
-            rows.append({"kind": "bitmap", "path": path, "part": part, "seq": seq, "count": universe - len(holes),
-                         "bytes": 0, "min_t": None, "max_t": None})
+        bitmap.write_holes(io, path, with_file, [d[:3] for d in deltas])
+        rows += [_bitmap_row("bitmap", path, part, seq, top - len(holes)) for part, seq, holes, top in with_file]
+        rows += [_bitmap_row("delta", path, part, seq, count) for part, seq, _, count in deltas]
     return rows
+
+
+def _bitmap_row(kind: str, path: str | None, part: int, seq: int, count: int) -> dict:
+    """A row of :data:`SEGMENT_ARROW`: segment ``(part, seq)`` has ``count`` valid offsets, in the bitmap (kind
+    ``bitmap``; None: ``0 .. count - 1``) or in the delta to its bitmap (``delta``) of file ``path``."""
+    return {"kind": kind, "path": path, "part": part, "seq": seq, "count": count, "bytes": 0, "min_t": None,
+            "max_t": None}
 
 
 def _sorted(ids: np.ndarray) -> np.ndarray:
@@ -214,7 +226,7 @@ def assemble(state: TableState, batches: list[Landed], seg_out: list[dict], adde
             continue
         key = (r["part"], r["seq"])
         current = segments.get(key) or state.segments[key]
-        segments[key] = dataclasses.replace(current, bitmap=r["path"], cardinality=r["count"])
+        segments[key] = (current.with_delta if r["kind"] == "delta" else current.with_bitmap)(r["path"], r["count"])
     return MetaGenOutput(
         sorted(segments.values(), key=lambda s: (s.part, s.seq)), sorted(logs, key=lambda f: f.path),
         sorted(added, key=lambda f: (f.bucket, f.path)), replaced, batch_counts,

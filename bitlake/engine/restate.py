@@ -250,13 +250,13 @@ def remove_rows(io: FileIO, state: TableState, rids: np.ndarray, new: Landed | N
         bm = cache.valid(s)
         bm.difference_update(bitmap.of(rids[segment == seg] & rowid.MAX_OFFSET))
         if bitmap.is_prefix(bm):
-            segments.append(dataclasses.replace(s, bitmap=None, cardinality=len(bm)))
+            segments.append(s.with_bitmap(None, len(bm)))
         else:
             with_file.append((s, bm))
     if with_file:
         path = layout.bitmap_path()
         bitmap.write_file(io, path, [(s.part, s.seq, bm) for s, bm in with_file])
-        segments += [dataclasses.replace(s, bitmap=path, cardinality=len(bm)) for s, bm in with_file]
+        segments += [s.with_bitmap(path, len(bm)) for s, bm in with_file]
     out = metagen.unkeyed_output([new]) if new is not None else MetaGenOutput([], [], [], [], {})
     came = [np.arange(s.data_rows, dtype=np.int64) | np.int64(rowid.segment_key(s.part, s.seq)) for s in out.segments]
     after = np.sort(np.concatenate(came)) if came else np.empty(0, np.int64)

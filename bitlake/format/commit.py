@@ -121,7 +121,9 @@ class BatchRecord:
 class SegmentState:
     """A segment's validity as of a commit: ``offsets`` row ids allocated (upserts and deletes), ``data_rows``
     of them in data files, ``cardinality`` valid now. ``bitmap`` names the bitmap file holding the valid
-    offsets; None means they are exactly ``0 .. cardinality - 1`` (every offset, or none)."""
+    offsets; None means they are exactly ``0 .. cardinality - 1`` (every offset, or none). ``delta``, when set
+    (only with a ``bitmap``), names the bitmap file holding the offsets whose validity differs from that
+    bitmap's: a commit that changes a few offsets of a large bitmap writes them, not the whole bitmap again."""
 
     part: int
     seq: int
@@ -129,13 +131,24 @@ class SegmentState:
     data_rows: int
     bitmap: str | None = None
     cardinality: int = 0
+    delta: str | None = None
 
     @property
     def segment(self) -> tuple[int, int]:
         return (self.part, self.seq)
 
+    def with_bitmap(self, path: str | None, cardinality: int) -> SegmentState:
+        return dataclasses.replace(self, bitmap=path, delta=None, cardinality=cardinality)
+
+    def with_delta(self, path: str, cardinality: int) -> SegmentState:
+        assert self.bitmap is not None, "a delta is to a bitmap"
+        return dataclasses.replace(self, delta=path, cardinality=cardinality)
+
     def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.delta is None:  # tables without deltas keep the JSON that readers before them read
+            del d["delta"]
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> SegmentState:

@@ -20,8 +20,10 @@ TOMBSTONES = "tombstones"  # commits may hide rows by value (docs/FORMAT.md, "To
 RESTATEMENTS = "restatements"  # commits may revert or replace batches (docs/FORMAT.md, "Restatements")
 # the key store may list shared files (docs/FORMAT.md, "Key store"): writers only, readers never read the key store
 SHARED_KEYSTORE_FILES = "sharedKeystoreFiles"
-READER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES, RESTATEMENTS})
-WRITER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES, RESTATEMENTS, SHARED_KEYSTORE_FILES})
+# a segment's valid offsets may be a bitmap and a delta to it (docs/FORMAT.md, "Bitmaps")
+BITMAP_DELTAS = "bitmapDeltas"
+READER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES, RESTATEMENTS, BITMAP_DELTAS})
+WRITER_FEATURES = READER_FEATURES | {SHARED_KEYSTORE_FILES}
 _WRITER_ONLY = WRITER_FEATURES - READER_FEATURES
 
 

@@ -1,0 +1,112 @@
+"""Bitmap deltas: a commit that changes a few offsets of a segment with a large bitmap writes the offsets whose
+validity differs from that bitmap, not the bitmap again (docs/FORMAT.md, "Bitmaps")."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyroaring import BitMap
+
+import bitlake
+from bitlake.format import bitmap, commitlog
+from bitlake.format.commit import SegmentState
+from bitlake.format.protocol import BITMAP_DELTAS
+from bitlake.fs import LocalFileIO
+from tests import spec_reader
+
+SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.int64())])
+
+
+@pytest.mark.parametrize("remembered", [True, False], ids=["from-the-writer's-memory", "from-the-files"])
+def test_a_delta_flips_offsets_of_its_bitmap_and_may_grow_the_universe(tmp_path, monkeypatch, remembered):
+    if not remembered:
+        monkeypatch.setattr(bitmap, "_WRITTEN", bitmap._Recent(0))
+    io = LocalFileIO(str(tmp_path))
+    holes = BitMap(range(0, 100_000, 10))  # 10,000 holes in [0, 100,000)
+    bitmap.write_holes(io, "base.parquet", [(1, 0, holes, 100_000)])
+    base = SegmentState(1, 0, 100_010, 100_010, "base.parquet", 90_000)
+    cache = bitmap.BitmapCache(io)
+    # The commit invalidates offsets 1 and 2, makes hole 10 valid again and offsets 100,000 .. 100,004 valid.
+    after = BitMap(holes)
+    after.update([1, 2])
+    after.discard(10)
+    flips = cache.delta(base, after, 100_005, changed=8)
+    assert flips == BitMap([1, 2, 10, 100_000, 100_001, 100_002, 100_003, 100_004])
+    bitmap.write_holes(io, "delta.parquet", [], [(1, 0, flips)])
+    table = pq.read_table(tmp_path / "delta.parquet")
+    assert table.column("complement_of").to_pylist() == [None] and table.column("cardinality").to_pylist() == [8]
+    state = base.with_delta("delta.parquet", 100_005 - len(after))
+    cache = bitmap.BitmapCache(io)
+    expected = BitMap(range(100_005)) - after
+    assert cache.valid(state) == expected and len(expected) == state.cardinality
+    assert cache.holes(state) == (after, 100_005)
+    # A delta that would cost more than writing the bitmap again is not made: every other offset flips.
+    assert cache.delta(base, BitMap(range(1, 100_000, 2)), 100_000, changed=50_000) is None
+    # Nor one that says nothing: the segment is valid as in its bitmap.
+    assert cache.delta(base, BitMap(holes), 100_000, changed=3) is None
+    assert state.with_bitmap(None, 3) == SegmentState(1, 0, 100_010, 100_010, None, 3)
+
+
+def _batch(ids, v, deleted=()) -> pa.Table:
+    ids = [int(i) for i in ids]
+    ops = ["delete" if i in set(deleted) else "upsert" for i in ids]
+    return pa.table({"id": pa.array(ids, pa.int64()), "v": pa.array([v] * len(ids), pa.int64()), "op": ops})
+
+
+def test_small_commits_after_churn_write_deltas_and_every_version_reads_right(tmp_path, monkeypatch):
+    rng = np.random.default_rng(7)
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="v", num_buckets=2)
+    expected: dict[int, dict[int, int]] = {}
+    live: dict[int, int] = {}
+
+    def ingest(batch: pa.Table) -> int:
+        r = t.ingest(batch, op_column="op")
+        for row in batch.to_pylist():
+            if row["op"] == "delete":
+                live.pop(row["id"], None)
+            else:
+                live[row["id"]] = row["v"]
+        expected[r.version] = dict(live)
+        return r.version
+
+    ingest(_batch(range(200_000), 1))
+    ingest(_batch(rng.choice(200_000, 40_000, replace=False), 2))  # churn: holes all over the load's segments
+    sizes = {}
+    for v in range(3, 13):
+        keys = rng.choice(200_010, 300, replace=False)
+        version = ingest(_batch(keys, v, deleted=keys[:20]))
+        c = commitlog.read(t.io, version)
+        sizes[version] = {p: t.io.size(p) for p in {s.delta or s.bitmap for s in c.segments} if p}  # its own
+        assert all(s.delta is None or s.bitmap not in {x.delta for x in c.segments} for s in c.segments)
+    state = t.state()
+    with_delta = [s for s in state.segments.values() if s.delta]
+    assert with_delta, "small commits after churn write deltas"
+    assert BITMAP_DELTAS in state.protocol.reader_features and BITMAP_DELTAS in state.protocol.writer_features
+    stored = bitmap.BitmapCache(t.io)
+    for s in with_delta:  # never more than half the bitmap it is to
+        assert stored.stored(s.delta)[s.segment].nbytes * 2 <= stored.stored(s.bitmap)[s.segment].nbytes
+    # A commit after churn writes much less than the bitmaps it changes.
+    churned = sum(t.io.size(s.bitmap) for s in commitlog.read(t.io, 2).segments if s.bitmap)
+    assert sorted(sum(v.values()) for v in sizes.values())[len(sizes) // 2] * 4 < churned, (sizes, churned)
+
+    def check_every_version():
+        for version, rows in expected.items():
+            got = t.to_arrow(version=version)
+            assert dict(zip(got.column("id").to_pylist(), got.column("v").to_pylist(), strict=True)) == rows
+            assert sum(s.cardinality for s in t.state(version).segments.values()) == len(rows)
+        feed = t.changes_to_arrow(start_version=3, end_version=12)
+        assert feed.num_rows > 0
+        # tests/spec_reader.py, written from docs/FORMAT.md alone, reads the same.
+        for version in (6, max(expected)):
+            assert {r["id"]: r["v"] for r in spec_reader.read_view(t.path, version=version)} == expected[version]
+
+    check_every_version()
+    # Read by a process that wrote none of the files, after a cleanup of unreferenced ones.
+    monkeypatch.setattr(bitmap, "_WRITTEN", bitmap._Recent(0))
+    t.cleanup(min_age_seconds=0)
+    check_every_version()
+    # And the writer goes on from the files alone.
+    ingest(_batch(rng.choice(200_000, 300, replace=False), 20))
+    check_every_version()
