@@ -391,15 +391,27 @@ class Bitlake(SparkSystem):
         return r
 
     def upsert(self, path, k):
-        return self._ingest(self._read(path), k, None)
+        t0 = time.perf_counter()
+        batch = self._read(path)
+        return self._phased(self._ingest(batch, k, None), read_s=time.perf_counter() - t0)
 
     def delete(self, path, k):
+        t0 = time.perf_counter()
         if self.arrow_input:
             keys = pq.read_table(path)
-            return self._ingest(keys.append_column("op", pa.array(["delete"] * keys.num_rows, pa.string())), k, "op")
-        from pyspark.sql import functions as F
+            keys = keys.append_column("op", pa.array(["delete"] * keys.num_rows, pa.string()))
+        else:
+            from pyspark.sql import functions as F
 
-        return self._ingest(self.spark.read.parquet(path).withColumn("op", F.lit("delete")), k, "op")
+            keys = self.spark.read.parquet(path).withColumn("op", F.lit("delete"))
+        return self._phased(self._ingest(keys, k, "op"), read_s=time.perf_counter() - t0)
+
+    @staticmethod
+    def _phased(r: dict, **phases: float) -> dict:
+        """``r`` with the timed call's other phases: reading the batch (the input's own cost, inside the wall
+        time as for the peers: `spark.read.parquet` plans a scan of the file, which takes Spark 0.1 s or so)."""
+        r["phases"].update(phases)
+        return r
 
     def scan(self, selective):
         return self.aggregate(self.table.to_spark(self.spark), selective)
@@ -1300,7 +1312,10 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
         "the call), and flushes them on RocksDB's thread; the worker waits for both after taking the wall time, "
         "before counting the bytes, and records that wait as the operation's background time, \"(+x after)\" in "
         "the wall time's cell (since run s of 2026-11-26; runs from commit dddf22e to 4aa4468 counted a flush "
-        "with whichever operation came after it ended). Each worker starts, and each operation follows the one "
+        "with whichever operation came after it ended). A bitlake mode's batch and delete cells also give the "
+        "part of the wall time that read the batch, \"(reading the batch x)\": `spark.read.parquet` (Spark "
+        "planning the file's scan) or `pq.read_table` (since 2026-11-27 10:40 UTC). Each worker starts, and each "
+        "operation follows the one "
         "before, after an untimed `os.sync()` (since the 12:45 and 12:57 UTC runs of "
         "2026-11-26), so that no operation runs while an earlier one's writes (a 2-3 GB load at SF 10) are written "
         "back. Wall times are single runs on a machine shared with other jobs; a Spark system's process starts its "
@@ -1333,6 +1348,8 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
                     wall += f" ({phases['ingest_s']:.2f} + {phases['metagen_s']:.2f})"
                 if (r.get("settle_s") or 0) >= 0.005 and not r["error"]:
                     wall += f" (+{r['settle_s']:.2f} after)"
+                if "read_s" in phases and op != "load" and not r["error"]:  # a bitlake mode's input, in its wall time
+                    wall += f" (reading the batch {phases['read_s']:.2f})"
                 amp = amplification(r)
                 lines.append(f"| {op} | {fraction_text(f)} | {num(first.get('records'), ',')} "
                              f"| {mb(first.get('change_parquet_bytes'))} | {s} | {wall} "
