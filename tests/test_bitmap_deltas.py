@@ -110,3 +110,18 @@ def test_small_commits_after_churn_write_deltas_and_every_version_reads_right(tm
     # And the writer goes on from the files alone.
     ingest(_batch(rng.choice(200_000, 300, replace=False), 20))
     check_every_version()
+
+
+def test_a_writer_keeps_the_bitmaps_it_used_last_up_to_its_bytes():
+    recent = bitmap._Recent(max_bytes=100)
+
+    def stored(nbytes):
+        return {(1, 0): bitmap.Stored(BitMap([1]), None, nbytes)}
+
+    recent.put(("io", "a"), stored(40))
+    recent.put(("io", "b"), stored(40))
+    assert recent.get(("io", "a")) is not None  # used: the most recent now
+    recent.put(("io", "c"), stored(40))  # 120 bytes: the least recently used goes
+    assert recent.get(("io", "b")) is None and recent.get(("io", "a")) and recent.get(("io", "c"))
+    recent.put(("io", "d"), stored(500))  # more than the bound: nothing stays
+    assert all(recent.get(("io", k)) is None for k in "acd")
