@@ -393,7 +393,8 @@ class Bitlake(SparkSystem):
     def upsert(self, path, k):
         t0 = time.perf_counter()
         batch = self._read(path)
-        return self._phased(self._ingest(batch, k, None), read_s=time.perf_counter() - t0)
+        read_s = time.perf_counter() - t0
+        return self._phased(self._ingest(batch, k, None), read_s=read_s)
 
     def delete(self, path, k):
         t0 = time.perf_counter()
@@ -404,7 +405,8 @@ class Bitlake(SparkSystem):
             from pyspark.sql import functions as F
 
             keys = self.spark.read.parquet(path).withColumn("op", F.lit("delete"))
-        return self._phased(self._ingest(keys, k, "op"), read_s=time.perf_counter() - t0)
+        read_s = time.perf_counter() - t0
+        return self._phased(self._ingest(keys, k, "op"), read_s=read_s)
 
     @staticmethod
     def _phased(r: dict, **phases: float) -> dict:
