@@ -123,5 +123,41 @@ def test_a_writer_keeps_the_bitmaps_it_used_last_up_to_its_bytes():
     assert recent.get(("io", "a")) is not None  # used: the most recent now
     recent.put(("io", "c"), stored(40))  # 120 bytes: the least recently used goes
     assert recent.get(("io", "b")) is None and recent.get(("io", "a")) and recent.get(("io", "c"))
-    recent.put(("io", "d"), stored(500))  # more than the bound: nothing stays
-    assert all(recent.get(("io", k)) is None for k in "acd")
+    recent.put(("io", "d"), stored(500))  # more than the bound: not kept, and the others stay
+    assert recent.get(("io", "d")) is None and recent.get(("io", "a")) and recent.get(("io", "c"))
+
+
+def test_an_unkeyed_tables_deletes_write_deltas_too(tmp_path):
+    import pyarrow.compute as pc
+
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA)
+    t.ingest(pa.table({"id": pa.array(range(200_000), pa.int64()), "v": pa.array([0] * 200_000, pa.int64())}))
+    def delete(ids) -> set[int]:
+        t.delete(pc.field("id").isin(pa.array(sorted(ids), pa.int64())))
+        return set(ids)
+
+    gone = delete(range(0, 200_000, 5))  # churn: a hole every 5 rows
+    for k in range(1, 6):
+        gone |= delete(range(k, 200_000, 997))
+    state = t.state()
+    assert [s.delta for s in state.segments.values()] != [None] * len(state.segments)
+    assert BITMAP_DELTAS in state.protocol.reader_features
+    assert sorted(t.to_arrow().column("id").to_pylist()) == [i for i in range(200_000) if i not in gone]
+    assert sum(s.cardinality for s in state.segments.values()) == 200_000 - len(gone)
+    assert len(spec_reader.read_view(t.path)) == 200_000 - len(gone)
+
+
+def test_a_table_may_keep_to_whole_bitmaps(tmp_path):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="v",
+                             properties={"bitmap.deltas": "false"})
+    t.ingest(_batch(range(100_000), 1), op_column="op")
+    t.ingest(_batch(range(0, 100_000, 4), 2), op_column="op")
+    for v in range(3, 6):
+        t.ingest(_batch(range(v, 100_000, 1_000), v), op_column="op")
+    state = t.state()
+    assert all(s.delta is None for s in state.segments.values()) and any(s.bitmap for s in state.segments.values())
+    assert BITMAP_DELTAS not in state.protocol.reader_features
+    t.set_properties({"bitmap.deltas": "true"})
+    t.ingest(_batch(range(7, 100_000, 1_000), 6), op_column="op")
+    assert any(s.delta for s in t.state().segments.values())
+    assert len(t.to_arrow()) == 100_000

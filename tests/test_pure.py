@@ -110,8 +110,6 @@ def test_a_segment_without_a_bitmap_file_has_the_offsets_below_its_cardinality(t
     cache = bitmap.BitmapCache(LocalFileIO(str(tmp_path)))
     assert list(cache.valid(SegmentState(1, 0, 5, 5, None, 5))) == [0, 1, 2, 3, 4]
     assert list(cache.valid(SegmentState(1, 0, 5, 5, None, 0))) == []
-    assert bitmap.is_prefix(BitMap([0, 1, 2])) and bitmap.is_prefix(BitMap())
-    assert not bitmap.is_prefix(BitMap([0, 2])) and not bitmap.is_prefix(BitMap([1, 2]))
 
 
 def test_bitmap_file_round_trip_uses_portable_serialization(tmp_path):

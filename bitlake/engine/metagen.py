@@ -126,13 +126,14 @@ SEGMENT_DDL = "kind string, path string, part int, seq int, count long, bytes lo
 
 
 def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], events: pa.Table,
-                   valid: Sequence[np.ndarray] = ()) -> list[dict]:
+                   valid: Sequence[np.ndarray] = (), deltas: bool = True) -> list[dict]:
     """Writes the SET_VALID_UNTIL rows of ``events`` as one log file, and the new valid offsets of the
     segments the events name as one bitmap file (segments whose valid offsets are a prefix need none).
 
     ``events`` has the columns of :data:`segmentlog.FILE_SCHEMA`; its :data:`BECOMES_VALID` rows, and the
     packed row ids in the arrays ``valid``, are the accepted upserts (the inline MetaGen passes them as row ids
     alone, an array a group: a load's are every row). ``prior`` holds the segments' states before the commit.
+    ``deltas``: a segment's bitmap may be written as a delta to its bitmap (the table property ``bitmap.deltas``).
     Returns rows of :data:`SEGMENT_ARROW`: one ``log`` row, and a ``bitmap`` row per segment (path null: no
     bitmap file).
     """
@@ -152,8 +153,7 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
     valid_runs = _segment_runs(_sorted(becomes[0] if len(becomes) == 1 else np.concatenate(becomes or [_NO_IDS])))
     until_runs = _segment_runs(_sorted(packed(until)))
     cache = bitmap.BitmapCache(io)
-    with_file: list[tuple[int, int, BitMap, int]] = []
-    deltas: list[tuple[int, int, BitMap, int]] = []
+    new = bitmap.NewBitmaps(cache, deltas)
     for seg in sorted(valid_runs.keys() | until_runs.keys()):
         part, seq = seg >> rowid.SEQ_BITS, seg & rowid.MAX_SEQ
         before = prior.get((part, seq))
@@ -173,19 +173,8 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
             holes.difference_update(bitmap.of(offsets))
         gone = gone & rowid.MAX_OFFSET
         holes |= bitmap.of(gone[gone < universe])  # an offset past the universe is not valid already
-        count = universe - len(holes)
-        if not len(holes) or holes.min() == count:  # valid offsets 0 .. count - 1
-            rows.append(_bitmap_row("bitmap", None, part, seq, count))
-        elif (flips := cache.delta(before, holes, universe, len(run) + len(gone))) is None:
-            with_file.append((part, seq, holes, universe))
-        else:
-            deltas.append((part, seq, flips, count))
-    if with_file or deltas:
-        path = layout.bitmap_path()
-        bitmap.write_holes(io, path, with_file, [d[:3] for d in deltas])
-        rows += [_bitmap_row("bitmap", path, part, seq, top - len(holes)) for part, seq, holes, top in with_file]
-        rows += [_bitmap_row("delta", path, part, seq, count) for part, seq, _, count in deltas]
-    return rows
+        new.add(before, part, seq, holes, universe, len(run) + len(gone))
+    return rows + [_bitmap_row(*r) for r in new.write(layout.bitmap_path())]
 
 
 def _bitmap_row(kind: str, path: str | None, part: int, seq: int, count: int) -> dict:
@@ -296,7 +285,7 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
                                             lambda path, rows: keycache.CACHE.written(io, path, rows, meta),
                                             lambda path: keycache.CACHE.rows(io, path, meta), shared=True)
         if keystore_rows.num_rows else ([], []),
-        lambda: write_segments(io, state.segments, events, valid),
+        lambda: write_segments(io, state.segments, events, valid, meta.bool_prop("bitmap.deltas")),
     )
     keycache.CACHE.forget(io, replaced)
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}

@@ -149,7 +149,8 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
         "event": np.full(len(target), segmentlog.SET_VALID_UNTIL, np.int8), "t": t, "cause": cause,
         "batch_index": np.zeros(len(target), np.int32),
     })
-    seg_out = metagen.write_segments(io, state.segments, until, [after[after != NO_ROW]])
+    seg_out = metagen.write_segments(io, state.segments, until, [after[after != NO_ROW]],
+                                     state.metadata.bool_prop("bitmap.deltas"))
     ks_rows = distinct.select(pk).append_column(keystore.DELTA, pa.array(final_d)).append_column(
         keystore.ROW_ID, pa.array(final_rid)).append_column(keystore.DELETED, pa.array(final_deleted)).append_column(
         keystore.BUCKET, distinct.column(keystore.BUCKET)).append_column(
@@ -241,22 +242,18 @@ def remove_rows(io: FileIO, state: TableState, rids: np.ndarray, new: Landed | N
                 pair: bool = False) -> Restatement:
     """An unkeyed table's rows ``rids`` (packed, valid now) become invalid, and ``new``'s rows valid. The change
     rows are deletes and inserts, or with ``pair`` (an update), preimages and postimages paired in order."""
-    cache = bitmap.BitmapCache(io)
+    bitmaps = bitmap.NewBitmaps(bitmap.BitmapCache(io), state.metadata.bool_prop("bitmap.deltas"))
     rids = np.sort(rids)
     segment = rids >> rowid.OFFSET_BITS
-    segments, with_file = [], []
     for seg in np.unique(segment).tolist():
         s = state.segments[(seg >> rowid.SEQ_BITS, seg & rowid.MAX_SEQ)]
-        bm = cache.valid(s)
-        bm.difference_update(bitmap.of(rids[segment == seg] & rowid.MAX_OFFSET))
-        if bitmap.is_prefix(bm):
-            segments.append(s.with_bitmap(None, len(bm)))
-        else:
-            with_file.append((s, bm))
-    if with_file:
-        path = layout.bitmap_path()
-        bitmap.write_file(io, path, [(s.part, s.seq, bm) for s, bm in with_file])
-        segments += [s.with_bitmap(path, len(bm)) for s, bm in with_file]
+        holes, universe = bitmaps.cache.holes(s)
+        gone = rids[segment == seg] & rowid.MAX_OFFSET  # valid now: below the universe
+        holes |= bitmap.of(gone)
+        bitmaps.add(s, s.part, s.seq, holes, universe, len(gone))
+    segments = [(s.with_delta if kind == "delta" else s.with_bitmap)(path, count)
+                for kind, path, part, seq, count in bitmaps.write(layout.bitmap_path())
+                for s in [state.segments[(part, seq)]]]
     out = metagen.unkeyed_output([new]) if new is not None else MetaGenOutput([], [], [], [], {})
     came = [np.arange(s.data_rows, dtype=np.int64) | np.int64(rowid.segment_key(s.part, s.seq)) for s in out.segments]
     after = np.sort(np.concatenate(came)) if came else np.empty(0, np.int64)

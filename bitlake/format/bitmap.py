@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap
 
+from bitlake.errors import CorruptTableError
 from bitlake.format.commit import SegmentState
 from bitlake.format.protocol import BITMAP_DELTAS
 from bitlake.format.rowid import PART_COLUMN, SEQ_COLUMN
@@ -51,11 +52,6 @@ def of(offsets) -> BitMap:
     if isinstance(offsets, np.ndarray):
         return BitMap(array.array("I", offsets.astype(np.uint32).tobytes()))
     return BitMap(offsets)
-
-
-def is_prefix(bm: BitMap) -> bool:
-    """Whether the valid offsets are exactly ``0 .. len - 1``: then the segment needs no bitmap file."""
-    return len(bm) == 0 or (bm.min() == 0 and bm.max() == len(bm) - 1)
 
 
 def to_array(bm: BitMap) -> np.ndarray:
@@ -98,6 +94,10 @@ class Stored(NamedTuple):
     bitmap: BitMap
     complement_of: int | None
     nbytes: int
+
+    def valid(self) -> BitMap:
+        """The valid offsets (shared when stored as such: do not change them)."""
+        return self.bitmap if self.complement_of is None else self.bitmap.flip(0, self.complement_of)
 
     def holes(self) -> tuple[BitMap, int]:
         """The offsets of ``[0, universe)`` that are not valid, and that universe, beyond which no offset is valid
@@ -174,6 +174,8 @@ class _Recent:
 
     def put(self, key: tuple[str, str], stored: dict[tuple[int, int], Stored]) -> None:
         size = sum(st.nbytes for st in stored.values())
+        if size > self.max_bytes:  # it would push everything else out, and itself
+            return
         with self._lock:
             if key in self._held:
                 self._bytes -= self._held.pop(key)[1]
@@ -210,8 +212,7 @@ def read_stored(io: FileIO, path: str) -> dict[tuple[int, int], Stored]:
 
 def read_file(io: FileIO, path: str) -> dict[tuple[int, int], BitMap]:
     """The valid offsets of the segments of a bitmap file (not of a delta's rows: they are offsets to flip)."""
-    return {seg: st.bitmap if st.complement_of is None else st.bitmap.flip(0, st.complement_of)
-            for seg, st in read_stored(io, path).items()}
+    return {seg: st.valid() for seg, st in read_stored(io, path).items()}
 
 
 def features(segments) -> tuple[str, ...]:
@@ -237,7 +238,7 @@ class BitmapCache:
             return BitMap(range(s.cardinality))
         out = BitMap(self.file(s.bitmap)[s.segment])
         if s.delta is not None:
-            out ^= self.stored(s.delta)[s.segment].bitmap
+            out ^= self._flips(s)
         return out
 
     def holes(self, s: SegmentState) -> tuple[BitMap, int]:
@@ -248,7 +249,7 @@ class BitmapCache:
             return BitMap(), s.cardinality
         holes, universe = self.stored(s.bitmap)[s.segment].holes()
         if s.delta is not None:
-            flips = self.stored(s.delta)[s.segment].bitmap
+            flips = self._flips(s)
             if len(flips) and flips.max() >= universe:  # offsets past the bitmap's universe that became valid
                 holes.add_range(universe, flips.max() + 1)
                 universe = flips.max() + 1
@@ -280,6 +281,14 @@ class BitmapCache:
             return None
         return flips
 
+    def _flips(self, s: SegmentState) -> BitMap:
+        """The offsets segment state ``s``'s delta flips (shared: do not change them)."""
+        assert s.delta is not None
+        row = self.stored(s.delta)[s.segment]
+        if row.complement_of is not None:
+            raise CorruptTableError(f"bitmap file {s.delta}: the delta of segment {s.segment} has complement_of set")
+        return row.bitmap
+
     def stored(self, path: str) -> dict[tuple[int, int], Stored]:
         """The rows of a bitmap file as stored, by segment (shared: do not change them)."""
         if path not in self._stored:
@@ -289,8 +298,43 @@ class BitmapCache:
     def file(self, path: str) -> dict[tuple[int, int], BitMap]:
         """The bitmaps of a bitmap file, by segment (shared: do not change them)."""
         if path not in self._files:
-            self._files[path] = read_file(self.io, path)
+            self._files[path] = {seg: st.valid() for seg, st in self.stored(path).items()}
         return self._files[path]
+
+
+class NewBitmaps:
+    """A commit's new segment bitmaps, given by each segment's holes, written into one file: none for a segment
+    whose valid offsets are a prefix, a delta to its bitmap when :meth:`BitmapCache.delta` says it is worth it
+    (and ``deltas``: the table property ``bitmap.deltas``), else its whole bitmap."""
+
+    def __init__(self, cache: BitmapCache, deltas: bool):
+        self.cache, self.deltas = cache, deltas
+        self._none: list[tuple[int, int, int]] = []
+        self._whole: list[tuple[int, int, BitMap, int]] = []
+        self._flips: list[tuple[int, int, BitMap, int]] = []
+
+    def add(self, before: SegmentState | None, part: int, seq: int, holes: BitMap, universe: int,
+            changed: int) -> None:
+        """Segment ``(part, seq)``, whose state was ``before``, has ``holes`` in ``[0, universe)`` after the commit,
+        which changed the validity of at most ``changed`` of its offsets."""
+        count = universe - len(holes)
+        if not len(holes) or holes.min() == count:  # valid offsets 0 .. count - 1
+            self._none.append((part, seq, count))
+        elif self.deltas and (flips := self.cache.delta(before, holes, universe, changed)) is not None:
+            self._flips.append((part, seq, flips, count))
+        else:
+            self._whole.append((part, seq, holes, universe))
+
+    def write(self, path: str) -> list[tuple[str, str | None, int, int, int]]:
+        """Writes the bitmaps and deltas into ``path`` (when there are any); returns each segment's new state as
+        ``(kind, path, part, seq, valid offsets)``, kind ``bitmap`` (path None: no file) or ``delta``."""
+        out: list[tuple[str, str | None, int, int, int]] = [("bitmap", None, part, seq, count)
+                                                             for part, seq, count in self._none]
+        if self._whole or self._flips:
+            write_holes(self.cache.io, path, self._whole, [f[:3] for f in self._flips])
+            out += [("bitmap", path, part, seq, top - len(holes)) for part, seq, holes, top in self._whole]
+            out += [("delta", path, part, seq, count) for part, seq, _, count in self._flips]
+        return out
 
 
 # What an offset costs in a bitmap whose offsets are sparse (roaring's array containers): a commit's change.

@@ -140,8 +140,8 @@ class SegmentState:
     def with_bitmap(self, path: str | None, cardinality: int) -> SegmentState:
         return dataclasses.replace(self, bitmap=path, delta=None, cardinality=cardinality)
 
-    def with_delta(self, path: str, cardinality: int) -> SegmentState:
-        assert self.bitmap is not None, "a delta is to a bitmap"
+    def with_delta(self, path: str | None, cardinality: int) -> SegmentState:
+        assert self.bitmap is not None and path is not None, "a delta is a file, to a bitmap"
         return dataclasses.replace(self, delta=path, cardinality=cardinality)
 
     def to_json(self) -> dict:

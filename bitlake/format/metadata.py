@@ -64,6 +64,9 @@ DEFAULT_PROPERTIES = {
     # maintain.auto_budget times the bytes that commit added (a small batch never pays for a large one).
     "maintain.auto": "false",
     "maintain.auto_budget": "10",
+    # "true": a commit that changes a few offsets of a segment with a large bitmap writes a delta to it (table
+    # feature bitmapDeltas, docs/FORMAT.md "Bitmaps"); "false": whole bitmaps only, for readers without that feature.
+    "bitmap.deltas": "true",
     # A state checkpoint is written every this many commits, so opening a table reads at most one
     # checkpoint plus this many commit files.
     "checkpoint.interval": "20",

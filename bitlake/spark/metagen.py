@@ -177,7 +177,7 @@ def _write(spark, io, state, batches, fold, touched, version) -> MetaGenOutput:
         F.col("event").cast("byte").alias("event"), "t", "cause", F.col("batch_index").cast("int"),
     )
     prior = [s.to_json() for s in state.segments.values()]
-    task = _SegmentTask(io, spark_files.shared(spark, prior))
+    task = _SegmentTask(io, spark_files.shared(spark, prior), state.metadata.bool_prop("bitmap.deltas"))
     seg_out = events.repartition(rowid.PART_COLUMN, rowid.SEQ_COLUMN).mapInArrow(task, SEGMENT_DDL).collect()
 
     # Key-store increments, grouped by bucket.
@@ -207,13 +207,14 @@ class _SegmentTask:
 
     io: FileIO
     prior: object  # the segment states before the commit, as JSON, shared with the tasks (spark_files.shared)
+    deltas: bool  # the table property bitmap.deltas
 
     def __call__(self, batches):
         batches = list(batches)
         if not batches:
             return
         prior = {(s["part"], s["seq"]): SegmentState.from_json(s) for s in self.prior.value}
-        rows = write_segments(self.io, prior, pa.Table.from_batches(batches))
+        rows = write_segments(self.io, prior, pa.Table.from_batches(batches), deltas=self.deltas)
         if rows:
             yield pa.RecordBatch.from_pylist(rows, schema=SEGMENT_ARROW)
 
