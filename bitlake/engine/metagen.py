@@ -160,7 +160,7 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
         run, gone = valid_runs.get(seg, _NO_IDS), until_runs.get(seg, _NO_IDS)
         if before is None and len(run) and (int(run[-1]) & rowid.MAX_OFFSET) == len(run) - 1 and not len(gone):
             # A new segment whose rows are all valid (a load): a prefix, known without a bitmap.
-            rows.append(_bitmap_row("bitmap", None, part, seq, len(run)))
+            new.add(None, part, seq, BitMap(), len(run), len(run))
             continue
         # The segment's holes in [0, universe) change, not its valid offsets: a commit costs what it changes.
         holes, universe = cache.holes(before) if before is not None else (BitMap(), 0)
