@@ -161,3 +161,67 @@ def test_a_table_may_keep_to_whole_bitmaps(tmp_path):
     t.ingest(_batch(range(7, 100_000, 1_000), 6), op_column="op")
     assert any(s.delta for s in t.state().segments.values())
     assert len(t.to_arrow()) == 100_000
+
+
+def test_the_property_takes_true_false_or_always(tmp_path):
+    with pytest.raises(bitlake.InvalidInputError, match="bitmap.deltas.*one of"):
+        bitlake.create_table(str(tmp_path / "x"), SCHEMA, properties={"bitmap.deltas": "sometimes"})
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="v",
+                             properties={"bitmap.deltas": "always"})
+    t.ingest(_batch(range(10), 1, deleted=[3]), op_column="op")
+    t.ingest(_batch([5], 2), op_column="op")  # a hole at 3, then one at 5: too small for the cost rule
+    t.ingest(_batch([7], 3), op_column="op")
+    assert [s.delta is not None for s in t.state().segments.values()] == [True, False, False]
+    assert sorted(t.to_arrow().column("id").to_pylist()) == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+
+
+@pytest.mark.parametrize("deltas", ["always", "true"])
+def test_random_upserts_deletes_reverts_and_replaces_read_as_their_replay(tmp_path, deltas):
+    """Every version reads as the replay of its live batches in arrival order (each record's delta value is its
+    commit's step, so the latest arrival of a key wins), whether segments' bitmaps are deltas or whole."""
+    rng = np.random.default_rng(11)
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="v", num_buckets=2,
+                             properties={"bitmap.deltas": deltas})
+    live: list[tuple[str, pa.Table]] = []  # in arrival order
+    expected: dict[int, dict[int, int]] = {}
+
+    def replay() -> dict[int, int]:
+        rows: dict[int, int] = {}
+        for _, batch in live:
+            for r in batch.to_pylist():
+                if r["op"] == "delete":
+                    rows.pop(r["id"], None)
+                else:
+                    rows[r["id"]] = r["v"]
+        return rows
+
+    def ingest(batch_id: str, batch: pa.Table) -> None:
+        version = t.ingest(batch, op_column="op", batch_id=batch_id).version
+        live.append((batch_id, batch))
+        expected[version] = replay()
+
+    ingest("b0", _batch(range(5_000), 0))
+    ingest("b1", _batch(rng.choice(5_000, 1_500, replace=False), 1))  # holes all over the load's segment
+    for step in range(2, 30):
+        action = rng.choice(["upsert", "delete", "revert", "replace"], p=[0.4, 0.25, 0.2, 0.15])
+        keys = rng.choice(5_200, 60, replace=False)
+        if action in ("revert", "replace") and len(live) > 2:
+            batch_id = live[int(rng.integers(1, len(live)))][0]
+            live[:] = [b for b in live if b[0] != batch_id]
+            if action == "revert":
+                version = t.revert_batch(batch_id).version
+            else:
+                batch = _batch(keys, step)
+                version = t.replace_batch(batch_id, batch, op_column="op").version
+                live.append((batch_id, batch))
+            expected[version] = replay()
+        else:
+            ingest(f"s{step}", _batch(keys, step, deleted=keys if action == "delete" else ()))
+    state = t.state()
+    if deltas == "always":
+        assert any(s.delta for s in state.segments.values())
+    for version, rows in expected.items():
+        got = t.to_arrow(version=version)
+        assert dict(zip(got.column("id").to_pylist(), got.column("v").to_pylist(), strict=True)) == rows, version
+        assert sum(s.cardinality for s in t.state(version).segments.values()) == len(rows)
+    assert {r["id"]: r["v"] for r in spec_reader.read_view(t.path)} == expected[t.version]

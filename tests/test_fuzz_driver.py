@@ -34,8 +34,10 @@ EXAMPLES = int(os.environ.get("BITLAKE_FUZZ_EXAMPLES", "10"))
 PHASES = [p for p in Phase if os.environ.get("BITLAKE_FUZZ_SHRINK") or p is not Phase.shrink]
 FULL = bool(os.environ.get("BITLAKE_FUZZ_FULL"))
 STATS: collections.Counter = collections.Counter()  # step outcomes; BITLAKE_FUZZ_STATS=1 prints them
+# bitmap.deltas "always": every change to a segment's bitmap is a delta (these tables are too small for the cost
+# rule to choose one; tests/test_bitmap_deltas.py checks the rule on larger ones).
 PROPERTIES = {"keystore.max_increments": "2", "checkpoint.interval": "3", "compact.min_log_files": "2",
-              "compact.min_input_files": "2"}
+              "compact.min_input_files": "2", "bitmap.deltas": "always"}
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 GROUPS = ["a", "b", None, "p q/r=1"]  # values of the non-key string column (a partition column in some cases)
 DELTAS = range(5)  # generated delta values, mapped to the kind's delta type

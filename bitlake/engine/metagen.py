@@ -126,14 +126,14 @@ SEGMENT_DDL = "kind string, path string, part int, seq int, count long, bytes lo
 
 
 def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], events: pa.Table,
-                   valid: Sequence[np.ndarray] = (), deltas: bool = True) -> list[dict]:
+                   valid: Sequence[np.ndarray] = (), deltas: str = "true") -> list[dict]:
     """Writes the SET_VALID_UNTIL rows of ``events`` as one log file, and the new valid offsets of the
     segments the events name as one bitmap file (segments whose valid offsets are a prefix need none).
 
     ``events`` has the columns of :data:`segmentlog.FILE_SCHEMA`; its :data:`BECOMES_VALID` rows, and the
     packed row ids in the arrays ``valid``, are the accepted upserts (the inline MetaGen passes them as row ids
     alone, an array a group: a load's are every row). ``prior`` holds the segments' states before the commit.
-    ``deltas``: a segment's bitmap may be written as a delta to its bitmap (the table property ``bitmap.deltas``).
+    ``deltas``: the table property ``bitmap.deltas`` (whether a segment's new bitmap may be a delta to its bitmap).
     Returns rows of :data:`SEGMENT_ARROW`: one ``log`` row, and a ``bitmap`` row per segment (path null: no
     bitmap file).
     """
@@ -285,7 +285,7 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
                                             lambda path, rows: keycache.CACHE.written(io, path, rows, meta),
                                             lambda path: keycache.CACHE.rows(io, path, meta), shared=True)
         if keystore_rows.num_rows else ([], []),
-        lambda: write_segments(io, state.segments, events, valid, meta.bool_prop("bitmap.deltas")),
+        lambda: write_segments(io, state.segments, events, valid, meta.prop("bitmap.deltas")),
     )
     keycache.CACHE.forget(io, replaced)
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}

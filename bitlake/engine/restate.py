@@ -150,7 +150,7 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
         "batch_index": np.zeros(len(target), np.int32),
     })
     seg_out = metagen.write_segments(io, state.segments, until, [after[after != NO_ROW]],
-                                     state.metadata.bool_prop("bitmap.deltas"))
+                                     state.metadata.prop("bitmap.deltas"))
     ks_rows = distinct.select(pk).append_column(keystore.DELTA, pa.array(final_d)).append_column(
         keystore.ROW_ID, pa.array(final_rid)).append_column(keystore.DELETED, pa.array(final_deleted)).append_column(
         keystore.BUCKET, distinct.column(keystore.BUCKET)).append_column(
@@ -242,7 +242,7 @@ def remove_rows(io: FileIO, state: TableState, rids: np.ndarray, new: Landed | N
                 pair: bool = False) -> Restatement:
     """An unkeyed table's rows ``rids`` (packed, valid now) become invalid, and ``new``'s rows valid. The change
     rows are deletes and inserts, or with ``pair`` (an update), preimages and postimages paired in order."""
-    bitmaps = bitmap.NewBitmaps(bitmap.BitmapCache(io), state.metadata.bool_prop("bitmap.deltas"))
+    bitmaps = bitmap.NewBitmaps(bitmap.BitmapCache(io), state.metadata.prop("bitmap.deltas"))
     rids = np.sort(rids)
     segment = rids >> rowid.OFFSET_BITS
     for seg in np.unique(segment).tolist():

@@ -256,7 +256,8 @@ class BitmapCache:
             holes ^= flips
         return holes, universe
 
-    def delta(self, s: SegmentState | None, holes: BitMap, universe: int, changed: int) -> BitMap | None:
+    def delta(self, s: SegmentState | None, holes: BitMap, universe: int, changed: int,
+              always: bool = False) -> BitMap | None:
         """For a commit that leaves the segment of state ``s`` with ``holes`` in ``[0, universe)``, having changed
         the validity of at most ``changed`` of its offsets: the offsets whose validity then differs from ``s``'s
         bitmap, when writing them is worth more than writing the segment's bitmap again; else None.
@@ -266,7 +267,8 @@ class BitmapCache:
         the bitmap when the delta reaches ``sqrt(2 c b)`` bytes, ``c`` a commit's own change, makes the bytes of a
         run of commits the least: on average ``sqrt(2 c b)`` a commit, against ``b`` with no deltas (TPC-H SF 10
         after a 10 % batch, a 0.1 % batch's commit: ~0.5 MB of bitmaps against 3.7 MB). A delta is never more than
-        half its bitmap's size, so that reading the two costs at most 1.5x reading one."""
+        half its bitmap's size, so that reading the two costs at most 1.5x reading one. ``always``: a delta
+        whatever it costs (the table property ``bitmap.deltas`` set to ``always``)."""
         if s is None or s.bitmap is None:
             return None
         base = self.stored(s.bitmap)[s.segment]
@@ -276,6 +278,8 @@ class BitmapCache:
             flips.flip_inplace(min(top, universe), max(top, universe))
         if not len(flips):  # valid as in its bitmap again: that bitmap is written again, as no delta names it
             return None
+        if always:
+            return flips
         size = len(serialize(flips))
         if size * 2 > base.nbytes or size * size > 2 * _OFFSET_BYTES * max(changed, 1) * base.nbytes:
             return None
@@ -305,10 +309,10 @@ class BitmapCache:
 class NewBitmaps:
     """A commit's new segment bitmaps, given by each segment's holes, written into one file: none for a segment
     whose valid offsets are a prefix, a delta to its bitmap when :meth:`BitmapCache.delta` says it is worth it
-    (and ``deltas``: the table property ``bitmap.deltas``), else its whole bitmap."""
+    (``deltas``, the table property ``bitmap.deltas``: ``true``, ``false`` or ``always``), else its whole bitmap."""
 
-    def __init__(self, cache: BitmapCache, deltas: bool):
-        self.cache, self.deltas = cache, deltas
+    def __init__(self, cache: BitmapCache, deltas: str):
+        self.cache, self.deltas = cache, deltas.lower()
         self._none: list[tuple[int, int, int]] = []
         self._whole: list[tuple[int, int, BitMap, int]] = []
         self._flips: list[tuple[int, int, BitMap, int]] = []
@@ -320,7 +324,8 @@ class NewBitmaps:
         count = universe - len(holes)
         if not len(holes) or holes.min() == count:  # valid offsets 0 .. count - 1
             self._none.append((part, seq, count))
-        elif self.deltas and (flips := self.cache.delta(before, holes, universe, changed)) is not None:
+        elif self.deltas != "false" and (flips := self.cache.delta(before, holes, universe, changed,
+                                                                    self.deltas == "always")) is not None:
             self._flips.append((part, seq, flips, count))
         else:
             self._whole.append((part, seq, holes, universe))

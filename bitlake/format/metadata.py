@@ -65,7 +65,8 @@ DEFAULT_PROPERTIES = {
     "maintain.auto": "false",
     "maintain.auto_budget": "10",
     # "true": a commit that changes a few offsets of a segment with a large bitmap writes a delta to it (table
-    # feature bitmapDeltas, docs/FORMAT.md "Bitmaps"); "false": whole bitmaps only, for readers without that feature.
+    # feature bitmapDeltas, docs/FORMAT.md "Bitmaps"); "false": whole bitmaps only, for readers without that feature;
+    # "always": a delta for every change to a segment that has a bitmap, whatever it costs (tests use it).
     "bitmap.deltas": "true",
     # A state checkpoint is written every this many commits, so opening a table reads at most one
     # checkpoint plus this many commit files.
@@ -213,16 +214,24 @@ class TableMetadata:
         )
 
 
+# Properties that take one of a few words.
+PROPERTY_CHOICES = {"bitmap.deltas": ("true", "false", "always")}
+
+
 def _check_properties(properties: dict[str, str]) -> None:
     for name, value in properties.items():
         if name not in DEFAULT_PROPERTIES:
             raise InvalidInputError(f"unknown table property {name!r}; known: {sorted(DEFAULT_PROPERTIES)}")
-        if DEFAULT_PROPERTIES[name].lstrip("-").replace(".", "", 1).isdigit():
+        if name in PROPERTY_CHOICES:
+            if str(value).lower() not in PROPERTY_CHOICES[name]:
+                raise InvalidInputError(f"table property {name!r} must be one of {PROPERTY_CHOICES[name]}, not "
+                                        f"{value!r}")
+        elif DEFAULT_PROPERTIES[name].lstrip("-").replace(".", "", 1).isdigit():
             try:
                 float(value)
             except (TypeError, ValueError):
                 raise InvalidInputError(f"table property {name!r} must be a number, not {value!r}") from None
-        if DEFAULT_PROPERTIES[name] in ("true", "false") and str(value).lower() not in ("true", "false"):
+        elif DEFAULT_PROPERTIES[name] in ("true", "false") and str(value).lower() not in ("true", "false"):
             raise InvalidInputError(f"table property {name!r} must be true or false, not {value!r}")
 
 

@@ -177,7 +177,7 @@ def _write(spark, io, state, batches, fold, touched, version) -> MetaGenOutput:
         F.col("event").cast("byte").alias("event"), "t", "cause", F.col("batch_index").cast("int"),
     )
     prior = [s.to_json() for s in state.segments.values()]
-    task = _SegmentTask(io, spark_files.shared(spark, prior), state.metadata.bool_prop("bitmap.deltas"))
+    task = _SegmentTask(io, spark_files.shared(spark, prior), state.metadata.prop("bitmap.deltas"))
     seg_out = events.repartition(rowid.PART_COLUMN, rowid.SEQ_COLUMN).mapInArrow(task, SEGMENT_DDL).collect()
 
     # Key-store increments, grouped by bucket.
@@ -207,7 +207,7 @@ class _SegmentTask:
 
     io: FileIO
     prior: object  # the segment states before the commit, as JSON, shared with the tasks (spark_files.shared)
-    deltas: bool  # the table property bitmap.deltas
+    deltas: str  # the table property bitmap.deltas
 
     def __call__(self, batches):
         batches = list(batches)
