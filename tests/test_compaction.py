@@ -56,7 +56,7 @@ def check_offsets(t) -> None:
         held: dict = {}
         for p, s, o in zip(*(rows.column(c).to_pylist() for c in rowid.ROW_ID_COLUMNS), strict=True):
             held.setdefault((p, s), set()).add(o)
-        named = {seg: set(bm) for seg, bm in bitmap.read_file(t.io, f.offsets).items()}
+        named = {seg: set(bm) for seg, bm in bitmap.BitmapCache(t.io).file(f.offsets).items()}
         assert named == held, f.path
         assert {r.segment: r.rows for r in f.segments} == {seg: len(o) for seg, o in held.items()}
 

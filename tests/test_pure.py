@@ -116,7 +116,7 @@ def test_bitmap_file_round_trip_uses_portable_serialization(tmp_path):
     io = LocalFileIO(str(tmp_path))
     bm = BitMap(range(0, 100_000, 3))
     bitmap.write_file(io, "b.parquet", [(1, 2, bm), (1, 3, BitMap())])
-    back = bitmap.read_file(io, "b.parquet")
+    back = bitmap.BitmapCache(io).file("b.parquet")
     assert back[(1, 2)] == bm and len(back[(1, 3)]) == 0
     table = pq.read_table(tmp_path / "b.parquet")
     assert table.schema == bitmap.FILE_SCHEMA
@@ -146,7 +146,7 @@ def test_bitmaps_written_as_holes_read_back_as_valid_offsets_and_as_holes(tmp_pa
     table = pq.read_table(tmp_path / "h.parquet")
     assert table.column("complement_of").to_pylist() == [100_000, None]
     assert table.column("cardinality").to_pylist() == [99_997, 10]
-    back = bitmap.read_file(io, "h.parquet")
+    back = bitmap.BitmapCache(io).file("h.parquet")
     assert back[(1, 0)] == BitMap(range(100_000)) - few and back[(1, 1)] == BitMap(range(99_990, 100_000))
     cache = bitmap.BitmapCache(io)
     holes, universe = cache.holes(SegmentState(1, 0, 100_000, 100_000, "h.parquet", 99_997))

@@ -210,11 +210,6 @@ def read_stored(io: FileIO, path: str) -> dict[tuple[int, int], Stored]:
     return {(p, s): Stored(deserialize(b), n, len(b)) for p, s, b, n in zip(parts, seqs, blobs, universes, strict=True)}
 
 
-def read_file(io: FileIO, path: str) -> dict[tuple[int, int], BitMap]:
-    """The valid offsets of the segments of a bitmap file (not of a delta's rows: they are offsets to flip)."""
-    return {seg: st.valid() for seg, st in read_stored(io, path).items()}
-
-
 def features(segments) -> tuple[str, ...]:
     """The protocol features commits of segment states ``segments`` need."""
     return (BITMAP_DELTAS,) if any(s.delta for s in segments) else ()
@@ -300,7 +295,8 @@ class BitmapCache:
         return self._stored[path]
 
     def file(self, path: str) -> dict[tuple[int, int], BitMap]:
-        """The bitmaps of a bitmap file, by segment (shared: do not change them)."""
+        """The valid offsets of a bitmap file's segments (not of a delta's rows: they are offsets to flip), by
+        segment (shared: do not change them)."""
         if path not in self._files:
             self._files[path] = {seg: st.valid() for seg, st in self.stored(path).items()}
         return self._files[path]
