@@ -17,8 +17,10 @@ Usage: ``python writer.py SPEC.json``. The spec is a JSON object:
     the tombstone's commit);
   - ``{"op": "vacuum"}``: ``Table.vacuum`` (the ack's ``version`` is its commit, or null).
 
-A writer starts a SparkSession only when a step takes one (ingest, metagen, compact): a writer that only
-restates (revert, replace, tombstone, vacuum: work in the driver) starts in a second or two.
+An ingest, metagen or compact step with ``"driver": true`` runs without Spark (Arrow input landed and its
+MetaGen run on the driver). A writer starts a SparkSession only when a step takes one: a writer that only
+restates (revert, replace, tombstone, vacuum: work in the driver) or runs driver steps starts in a second or
+two.
 
 An ack line is written (and fsynced) only after the step returned, so a writer killed by a crash
 point never acknowledges the step it died in.
@@ -67,7 +69,7 @@ def main(spec_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
     spark = None
-    if any(step["op"] in SPARK_OPS for step in spec["steps"]):
+    if any(step["op"] in SPARK_OPS and not step.get("driver") for step in spec["steps"]):
         # A short-lived driver: C1-only JIT and the serial GC start it in about half the time on 2 cores.
         spark = bitlake.spark_session("local[1]", app_name=f"bitlake-writer-{os.getpid()}", **{
             "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
@@ -88,9 +90,10 @@ def main(spec_path: str) -> None:
     with open(spec["ack"], "a") as ack:
         for i, step in enumerate(spec["steps"]):
             started = time.monotonic()
+            on = None if step.get("driver") else spark
             if step["op"] == "ingest":
                 r = table.ingest(batch_table(step["rows"]), op_column="op", batch_id=step["batch_id"],
-                                 metagen=step["metagen"], spark=spark)
+                                 metagen=step["metagen"], spark=on)
             elif step["op"] == "revert":
                 r = table.revert_batch(step["batch_id"])
             elif step["op"] == "replace":
@@ -108,7 +111,7 @@ def main(spec_path: str) -> None:
                 _ack(ack, line)
                 continue
             else:
-                r = table.metagen(spark=spark)
+                r = table.metagen(spark=on)
             line = {"step": i, "op": step["op"], "batch_id": r.batch_id, "version": r.version,
                     "committed": r.committed, "visible": r.visible, "counts": r.counts,
                     "seconds": round(time.monotonic() - started, 2), "lost_races": LOST_RACES[0]}
