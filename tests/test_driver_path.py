@@ -80,7 +80,7 @@ def test_arrow_representations_are_conformed(table):
      bitlake.SchemaMismatchError, "'local' has type timestamp"),
     (pa.table({"id": [1], "mod": [1], "ID": [2]}), bitlake.SchemaMismatchError, "repeat a name"),
     (pa.table({"id": [1], "mod": [1], "at": pa.array([1_000_000_001], pa.timestamp("ns"))}),
-     bitlake.InvalidInputError, "'at'.* do not fit"),
+     bitlake.InvalidInputError, "'at'.* do not fit.*floor_temporal"),
     (pa.table({"id": [1], "mod": [1], "op": [1]}), bitlake.SchemaMismatchError, "must be a string column"),
     ({"id": [1], "mod": [1]}, bitlake.InvalidInputError, "cannot ingest a dict"),
 ])
@@ -90,6 +90,32 @@ def test_input_that_does_not_conform_writes_nothing(table, data, error, message)
         table.ingest(data, op_column="op" if isinstance(data, pa.Table) and "op" in data.column_names else None)
     assert table.version == 0
     assert [p for p in files_under(table.path) if p not in before and not p.startswith("_bitlake/parts/")] == []
+
+
+@pytest.mark.parametrize("lookups", [True, False], ids=["key-index", "key-store-scan"])
+def test_unsigned_64_bit_keys_and_deltas_beyond_the_int64_range(tmp_path, monkeypatch, lookups):
+    """uint64 keys from 2^63 on (hash ids) are keys like any other, found by the key index's lookups and by the
+    key-store scan; a uint64 delta value from 2^63 - 1 on, which bitlake cannot order among its int64 deltas, is
+    refused with the column named and nothing written; valid_at beyond the int64 range is +infinity."""
+    from bitlake.engine import metagen
+
+    monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0 if lookups else 10**12)
+    schema = pa.schema([("k", pa.uint64()), ("d", pa.uint64()), ("v", pa.string())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["k"], delta_column="d", num_buckets=4)
+    big = [2**63, 2**63 + 5, 2**64 - 1]
+    keys = pa.array([*big, 0, 7], pa.uint64())
+    t.ingest(pa.table({"k": keys, "d": pa.array([1, 1, 2**63 - 2, 1, 1], pa.uint64()), "v": list("abcde")}))
+    r = t.ingest(pa.table({"k": pa.array([2**63 + 5, 2**64 - 1, 7, 2**63 + 6], pa.uint64()),
+                           "d": pa.array([2, 3, 0, 1], pa.uint64()), "v": ["B", "C", "E", "f"]}))
+    assert r.counts == {"inserted": 1, "updated": 1, "deleted": 0, "stale": 2, "ignored_deletes": 0}
+    view = {row["k"]: row["v"] for row in t.to_arrow().to_pylist()}
+    assert view == {2**63: "a", 2**63 + 5: "B", 2**64 - 1: "c", 0: "d", 7: "e", 2**63 + 6: "f"}
+    assert len(t.to_arrow(valid_at=2**64 + 1).to_pylist()) == 6
+    before = files_under(t.path)
+    with pytest.raises(bitlake.InvalidInputError, match="delta column 'd' holds 1 value.* at or above the largest"):
+        t.ingest(pa.table({"k": pa.array([1], pa.uint64()), "d": pa.array([2**63], pa.uint64()), "v": ["x"]}))
+    assert t.version == 2
+    assert [p for p in files_under(t.path) if p not in before and not p.startswith("_bitlake/parts/")] == []
 
 
 def test_a_stream_lands_in_segments_in_input_order(tmp_path, monkeypatch):

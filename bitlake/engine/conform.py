@@ -137,5 +137,12 @@ def _cast(name: str, column: pa.Array, target: pa.DataType) -> pa.Array:
     try:
         return pc.cast(column, target, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        hint = ""
+        if pa.types.is_timestamp(column.type) and pa.types.is_timestamp(target):
+            hint = (f"; truncate them to the table's unit first (pyarrow.compute.floor_temporal(column, "
+                    f"unit={_UNIT_NAMES.get(target.unit, target.unit)!r}), or pandas' .dt.floor())")
         raise InvalidInputError(f"column {name!r}: its {column.type} values do not fit the table's {target}: {e}"
-                                ) from None
+                                f"{hint}") from None
+
+
+_UNIT_NAMES = {"s": "second", "ms": "millisecond", "us": "microsecond", "ns": "nanosecond"}

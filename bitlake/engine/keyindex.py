@@ -199,8 +199,11 @@ def key_codes(table: pa.Table, primary_key: list[str]) -> tuple[np.ndarray, np.n
 
 
 def int64_values(column) -> np.ndarray:
-    """A fixed-width key column as int64 values, in the order its encoded keys compare."""
+    """A fixed-width key column as int64 values, in the order its encoded keys compare (an unsigned 64-bit
+    column as its bits: values from 2^63 on come first, as negative int64s)."""
     t = column.type
+    if pa.types.is_unsigned_integer(t) and t.bit_width == 64:
+        return pc.cast(column, pa.uint64()).to_numpy(zero_copy_only=False).view(np.int64)
     if pa.types.is_boolean(t):
         column = pc.cast(column, pa.int8())
     elif pa.types.is_date(t):

@@ -331,8 +331,8 @@ def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict],
         )
     if error is None and infinite:
         error = InvalidInputError(
-            f"delta column {meta.delta_column!r} holds {infinite} value(s) equal to the largest int64, which bitlake "
-            "reserves for +infinity; nothing of this batch was written"
+            f"delta column {meta.delta_column!r} holds {infinite} value(s) at or above the largest int64 "
+            f"({DELTA_INFINITY}), which bitlake reserves for +infinity; nothing of this batch was written"
         )
     if error is not None:
         if remove:

@@ -1,10 +1,11 @@
 """The key-store bucket of a key, computed the same way by every engine (docs/FORMAT.md, "Bucket hash").
 
-Each key column's value is encoded in primary-key order: integers, booleans, dates (days since 1970-01-01)
-and timestamps (microseconds since 1970-01-01 UTC) as the 8 big-endian bytes of their int64 two's
-complement; strings (UTF-8), binaries and decimals (their text with exactly ``scale`` digits after the
-point) as a 4-byte big-endian length and the bytes. The bucket is ``fmix64(FNV-1a-64(encoding)) mod
-num_buckets`` (unsigned), fmix64 being MurmurHash3's 64-bit finaliser, which spreads FNV's low bits.
+Each key column's value is encoded in primary-key order: integers, booleans, dates (days since 1970-01-01) and
+timestamps (microseconds since 1970-01-01 UTC) as the 8 big-endian bytes of their int64 two's complement (an
+unsigned 64-bit value: its own 8 bytes); strings (UTF-8), binaries and decimals (their text with exactly
+``scale`` digits after the point) as a 4-byte big-endian length and the bytes. The bucket is
+``fmix64(FNV-1a-64(encoding)) mod num_buckets`` (unsigned), fmix64 being MurmurHash3's 64-bit finaliser, which
+spreads FNV's low bits.
 
 The implementation is vectorised with numpy: one pass per encoded byte position, no Python loop per row.
 """
@@ -24,6 +25,8 @@ _BYTE = np.uint64(0xFF)
 
 def _fixed_as_int64(column: pa.Array) -> np.ndarray:
     t = column.type
+    if pa.types.is_unsigned_integer(t) and t.bit_width == 64:  # its bits: values from 2^63 on are negative int64s
+        return pc.cast(column, pa.uint64()).fill_null(0).to_numpy(zero_copy_only=False).view(np.int64)
     if pa.types.is_boolean(t):
         column = pc.cast(column, pa.int8())
     elif pa.types.is_date(t):

@@ -264,13 +264,16 @@ MICROS_PER_DAY = 86_400_000_000
 def delta_to_int(value: Any, delta_type: pa.DataType) -> int:
     """A delta-column value (or a ``valid_at`` argument) as the int64 that metadata stores.
 
-    Integers stay as they are; dates and timestamps become microseconds since 1970-01-01 UTC (a date is its
-    midnight UTC, a timestamp without a time zone is read as UTC).
+    Integers stay as they are (one above the int64 range as +infinity, which is past every stored delta value);
+    dates and timestamps become microseconds since 1970-01-01 UTC (a date is its midnight UTC, a
+    timestamp without a time zone is read as UTC).
     """
     if pa.types.is_integer(delta_type):
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidInputError(f"expected an integer delta value, got {value!r}")
-        return value
+        if value < -DELTA_INFINITY - 1:
+            raise InvalidInputError(f"delta value {value} is below the int64 range that delta values take")
+        return min(value, DELTA_INFINITY)
     if isinstance(value, str):
         try:
             value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
@@ -290,7 +293,11 @@ def delta_to_int(value: Any, delta_type: pa.DataType) -> int:
 
 
 def deltas_as_int(column: pa.ChunkedArray | pa.Array, delta_type: pa.DataType) -> np.ndarray:
-    """Vectorised :func:`delta_to_int` of a delta column (a null becomes 0: the caller refuses nulls)."""
+    """Vectorised :func:`delta_to_int` of a delta column (a null becomes 0: the caller refuses nulls; an unsigned
+    value beyond the int64 range becomes DELTA_INFINITY, which the landing refuses)."""
+    if pa.types.is_unsigned_integer(delta_type) and delta_type.bit_width == 64:
+        values = column.cast(pa.uint64()).fill_null(0).to_numpy(zero_copy_only=False)
+        return np.minimum(values, np.uint64(DELTA_INFINITY)).astype(np.int64)
     if pa.types.is_integer(delta_type):
         ints = column.cast(pa.int64())
     elif pa.types.is_date(delta_type):

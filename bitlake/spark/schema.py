@@ -23,10 +23,41 @@ def to_arrow_schema(schema: Any) -> pa.Schema:
     raise InvalidInputError(f"schema must be a pyarrow.Schema or a Spark StructType, not {type(schema).__name__}")
 
 
+# Unsigned integers as the Spark types Spark's Parquet reader gives them: the next wider signed type.
+_SIGNED = {8: pa.int16(), 16: pa.int32(), 32: pa.int64()}
+
+
 def spark_schema(schema: pa.Schema):
+    """``schema`` as a Spark StructType (of :func:`spark_arrow_schema`)."""
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    return from_arrow_schema(schema)
+    return from_arrow_schema(spark_arrow_schema(schema))
+
+
+def spark_arrow_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with the Arrow types Spark takes: unsigned integers of up to 32 bits become the next wider signed
+    type, as Spark reads them from Parquet (Arrow batches a Spark task yields are cast to it). An unsigned 64-bit
+    column has no Spark type that keeps its values as integers (Spark reads it as a decimal), so a table with
+    one is read and written without Spark."""
+    fields = []
+    for f in schema:
+        if pa.types.is_unsigned_integer(f.type) and f.type.bit_width <= 32:
+            f = f.with_type(_SIGNED[f.type.bit_width])
+        elif _has_unsigned(f.type):
+            raise SchemaMismatchError(
+                f"column {f.name!r} has type {f.type}, which Spark cannot take as it is: read this table without "
+                "Spark (Table.to_arrow, Table.view) and write it with Arrow input, or store the column as int64 "
+                "or a decimal")
+        fields.append(f)
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def _has_unsigned(t: pa.DataType) -> bool:
+    if pa.types.is_unsigned_integer(t):
+        return True
+    if pa.types.is_dictionary(t):
+        return _has_unsigned(t.value_type)
+    return any(_has_unsigned(t.field(i).type) for i in range(t.num_fields))
 
 
 _WIDENINGS = {
