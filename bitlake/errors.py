@@ -34,7 +34,7 @@ class SchemaMismatchError(InvalidInputError):
 
 
 class NullValueError(InvalidInputError):
-    """A key column or the delta column holds a null."""
+    """A key column, the delta column or a non-nullable column holds a null."""
 
 
 class UnknownOperationError(InvalidInputError):

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from bitlake import dml, maintenance, read, restatement, transaction
 from bitlake.engine import upkeep
-from bitlake.errors import NotATableError, TableExistsError, TableNotFoundError
+from bitlake.errors import InvalidInputError, NotATableError, TableExistsError, TableNotFoundError
 from bitlake.format import commitlog
 from bitlake.format import state as state_mod
 from bitlake.format.commit import CREATE, SET_METADATA, Commit
@@ -190,6 +190,8 @@ class Table:
     def add_columns(self, columns: pa.Schema | list[pa.Field]) -> int:
         """Adds nullable columns at the end of the schema in one commit; earlier rows read them as null."""
         schema = columns if isinstance(columns, pa.Schema) else pa.schema(columns)
+        if not len(schema):
+            raise InvalidInputError("add_columns needs at least one column")
         return self._set_metadata(lambda m: m.evolve(add_columns=schema), {"add_columns": schema.names})
 
     def _set_metadata(self, change, parameters: dict) -> int:

@@ -243,3 +243,33 @@ def test_a_tombstone_hides_rows_committed_before_it_in_every_later_view(tmp_path
     assert sorted(r["id"] for r in t.to_arrow(version=c.version - 1).to_pylist()) == [1, 2, 3]
     assert sorted(r["id"] for r in t.to_arrow(version=c.version, valid_at=1).to_pylist()) == [2, 3]
     assert path not in t.cleanup(min_age_seconds=0, dry_run=True)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"primary_key": ["id", "mod"], "delta_column": "mod"}, "delta column 'mod' cannot be a key column"),
+    ({"primary_key": ["id", "id"], "delta_column": "mod"}, r"names a column twice"),
+    ({"partition_by": ["name", "name"]}, r"names a column twice"),
+    ({"properties": {"compact.look_back": "a week"}}, "must be a version, an age"),
+    ({"properties": {"maintain.major_interval": "daily"}}, "must be an age"),
+])
+def test_a_table_that_cannot_work_is_refused_at_creation(tmp_path, kwargs, message):
+    with pytest.raises(bitlake.InvalidInputError, match=message):
+        bitlake.create_table(str(tmp_path / "t"), SCHEMA, **kwargs)
+    assert not (tmp_path / "t").exists() or not any((tmp_path / "t").rglob("*.json"))
+
+
+def test_a_null_in_a_non_nullable_column_is_refused_by_name(tmp_path):
+    schema = pa.schema([("id", pa.int64()), pa.field("name", pa.string(), nullable=False), ("mod", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="mod")
+    with pytest.raises(bitlake.NullValueError, match="non-nullable column 'name' holds 1 null"):
+        t.ingest(pa.table({"id": [1, 2], "name": pa.array(["a", None]), "mod": [1, 1]}))
+    assert t.version == 0 and [p for p in files_under(t.path) if p.startswith("data/")] == []
+    r = t.ingest(pa.table({"id": [1], "name": pa.array([None], pa.string()), "mod": [1], "op": ["delete"]}),
+                 op_column="op")  # a delete stores no row: its other columns may be null
+    assert r.counts["ignored_deletes"] == 1
+    for ok in ("7d", "12", "2026-11-01T00:00:00Z"):
+        t.set_properties({"compact.look_back": ok})
+    with pytest.raises(bitlake.InvalidInputError, match="at least one column"):
+        t.add_columns([])
+    with pytest.raises(bitlake.InvalidInputError, match="must not be empty"):
+        t.add_columns([pa.field(" ", pa.int64())])

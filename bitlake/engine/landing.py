@@ -66,7 +66,9 @@ class LandTask:
         rows (``keep``); what is still buffered is encoded when the result is closed."""
         meta = TableMetadata.from_json(self.metadata)
         checked = list(meta.primary_key) + ([meta.delta_column] if meta.delta_column else [])
-        nulls = dict.fromkeys(checked, 0)
+        # Columns the schema declares non-nullable: checked in the rows that are stored (a delete stores none).
+        required = [f.name for f in meta.schema if not f.nullable and f.name not in checked]
+        nulls = dict.fromkeys(checked + required, 0)
         bad_ops, bad_sample, infinite = 0, None, 0
         writers: dict[tuple, tuple[datafile.FileWriter, dict | None, int]] = {}
         seq, offset = task, 0
@@ -122,6 +124,11 @@ class LandTask:
                         kept.append(deletes)
                 if is_delete is not None:
                     chunk = chunk.filter(pc.invert(is_delete))
+                missing = {c: chunk.column(c).null_count for c in required}
+                if any(missing.values()):  # the batch is refused: nothing of it is written
+                    for c, n in missing.items():
+                        nulls[c] += n
+                    continue
                 chunk = chunk.select(datafile.data_schema(meta).names).cast(datafile.data_schema(meta))
                 if chunk.num_rows == 0:
                     continue
@@ -321,7 +328,8 @@ def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict],
     error: Exception | None = None
     for c, n in nulls.items():
         if n:
-            role = "delta column" if c == meta.delta_column else "primary key column"
+            role = ("delta column" if c == meta.delta_column else "primary key column" if c in meta.primary_key
+                    else "non-nullable column")
             error = NullValueError(f"{role} {c!r} holds {n} null value(s); nothing of this batch was written")
             break
     if error is None and bad_ops:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import re
 from typing import Any
 
 import numpy as np
@@ -23,12 +22,11 @@ from bitlake.engine import timetravel
 from bitlake.errors import InvalidInputError, VersionNotFoundError
 from bitlake.format import datafile, keystore, layout, order, rowid, segmentlog
 from bitlake.format.commit import LogFile
-from bitlake.format.metadata import deltas_as_int
+from bitlake.format.metadata import AGE, deltas_as_int
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 
 NO_WATERMARK = -(1 << 63)  # nothing committed yet: every event time is inside the window
-_AGE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")
 _UNIT_MS = {"s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
@@ -46,7 +44,7 @@ def start(io: FileIO, state: TableState, look_back: Any) -> int:
             raise InvalidInputError(f"look_back version {look_back} is not one of the table's 0 to {state.version}")
         return max(look_back, current)
     as_of = look_back
-    if isinstance(look_back, str) and _AGE.match(look_back.strip()):
+    if isinstance(look_back, str) and AGE.match(look_back.strip()):
         ms = dt.datetime.now(dt.UTC).timestamp() * 1000 - age_ms(look_back)
         as_of = dt.datetime.fromtimestamp(ms / 1000, dt.UTC)
     try:
@@ -58,7 +56,7 @@ def start(io: FileIO, state: TableState, look_back: Any) -> int:
 
 def age_ms(text: str) -> float:
     """An age (``"7d"``, ``"12h"``, ``"30m"``, ``"90s"``) in milliseconds."""
-    age = _AGE.match(text.strip())
+    age = AGE.match(text.strip())
     if not age:
         raise InvalidInputError(f"{text!r} is not an age such as '7d', '12h', '30m' or '90s'")
     return float(age.group(1)) * _UNIT_MS[age.group(2)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime as dt
+import re
 import uuid
 from typing import Any
 
@@ -126,6 +127,8 @@ class TableMetadata:
         if not isinstance(self.name, str) or not self.name.strip():
             raise InvalidInputError("a table needs a non-empty name")
         for name in names:
+            if not name.strip():
+                raise InvalidInputError(f"column names must not be empty: {names}")
             if lower.count(name.lower()) > 1:
                 raise InvalidInputError(f"column {name!r} appears more than once (names are case-insensitive)")
             if name in RESERVED_COLUMNS or name.startswith("_bitlake"):
@@ -137,6 +140,11 @@ class TableMetadata:
         _check_properties(self.properties)
         if bool(self.primary_key) != bool(self.delta_column):
             raise InvalidInputError("a keyed table needs both primary_key and delta_column; an unkeyed one neither")
+        if len(set(self.primary_key)) != len(self.primary_key):
+            raise InvalidInputError(f"primary_key {list(self.primary_key)} names a column twice")
+        if self.delta_column is not None and self.delta_column in self.primary_key:
+            raise InvalidInputError(f"the delta column {self.delta_column!r} cannot be a key column: it orders the "
+                                    "records of a key, so each of its values would make another key")
         for col in self.primary_key:
             if col not in names:
                 raise InvalidInputError(f"primary key column {col!r} is not in the schema")
@@ -151,6 +159,8 @@ class TableMetadata:
                 raise InvalidInputError(
                     f"delta column {self.delta_column!r} has type {t}; it must be an integer, a date or a timestamp"
                 )
+        if len(set(self.partition_by)) != len(self.partition_by):
+            raise InvalidInputError(f"partition_by {list(self.partition_by)} names a column twice")
         if self.partition_by and len(set(self.partition_by)) >= len(names):
             raise InvalidInputError(f"partition_by {list(self.partition_by)} leaves no column in the data files")
         for col in self.partition_by:
@@ -216,6 +226,9 @@ class TableMetadata:
 
 # Properties that take one of a few words.
 PROPERTY_CHOICES = {"bitmap.deltas": ("true", "false", "always")}
+AGE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")  # an age: "7d", "12h", "30m", "90s"
+_AGES = ("maintain.major_interval",)
+_LOOK_BACKS = ("compact.look_back",)  # a version, an age or an ISO-8601 commit time
 
 
 def _check_properties(properties: dict[str, str]) -> None:
@@ -233,6 +246,21 @@ def _check_properties(properties: dict[str, str]) -> None:
                 raise InvalidInputError(f"table property {name!r} must be a number, not {value!r}") from None
         elif DEFAULT_PROPERTIES[name] in ("true", "false") and str(value).lower() not in ("true", "false"):
             raise InvalidInputError(f"table property {name!r} must be true or false, not {value!r}")
+        elif name in _AGES and not AGE.match(str(value).strip()):
+            raise InvalidInputError(f"table property {name!r} must be an age such as '7d', '12h', '30m' or '90s', "
+                                    f"not {value!r}")
+        elif name in _LOOK_BACKS and not (str(value).strip().isdigit() or AGE.match(str(value).strip())
+                                          or _iso_time(str(value))):
+            raise InvalidInputError(f"table property {name!r} must be a version, an age such as '7d' or an ISO-8601 "
+                                    f"commit time, not {value!r}")
+
+
+def _iso_time(text: str) -> bool:
+    try:
+        dt.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return True
 
 
 def normalize_schema(schema: pa.Schema) -> pa.Schema:
