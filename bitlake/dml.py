@@ -98,10 +98,13 @@ def _unkeyed(io: FileIO, refresh, rids: np.ndarray, new: Landed | None, operatio
     """One commit invalidating rows ``rids`` of an unkeyed table (those still valid when it commits) and making
     ``new`` live."""
     def plan_(state: TableState, version: int):
-        still = rids[engine_restate.valid_now(io, state, rids)]
+        valid = engine_restate.valid_now(io, state, rids)
+        still = rids[valid]
         if not len(still) and new is None:
             raise restatement.Done(DmlResult(len(rids), None, {}))
-        r = engine_restate.remove_rows(io, state, still, new, pair=operation == UPDATE)
+        # An update landed the i-th matched row's new version as its i-th row.
+        pair = np.flatnonzero(valid) if operation == UPDATE else None
+        r = engine_restate.remove_rows(io, state, still, new, pair=pair)
         return r, [], {"rows": int(len(rids))}
 
     c = restatement.commit(io, refresh, operation, new, plan_)

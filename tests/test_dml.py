@@ -120,3 +120,21 @@ def test_merge_by_key_with_clauses(tmp_path):
     with pytest.raises(bitlake.InvalidInputError, match="at least one"):
         t.merge(source).execute()
     assert t.version == version
+
+
+def test_unkeyed_update_pairs_each_preimage_with_its_own_postimage(tmp_path):
+    """The view reads a whole file before a filtered one, so the matched rows come out of row-id order: each
+    update_preimage must still be followed by its own row's update_postimage."""
+    schema = pa.schema([("name", pa.string()), ("v", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema)
+    t.ingest(pa.table({"name": ["x1", "x2"], "v": [1, 2]}, schema=schema))
+    t.delete(pc.field("name") == "x2")
+    t.ingest(pa.table({"name": ["y"], "v": [3]}, schema=schema))
+    r = t.update(pc.field("name").isin(["x1", "y"]), {"v": pc.field("v") + 100})
+    assert r.counts["updated"] == 2
+    feed = t.changes_to_arrow(start_version=3).to_pylist()
+    pairs = [(a["name"], a["v"], b["v"]) for a, b in zip(feed[::2], feed[1::2], strict=True)]
+    assert [(a["_change_type"], b["_change_type"]) for a, b in zip(feed[::2], feed[1::2], strict=True)] == \
+        [("update_preimage", "update_postimage")] * 2
+    assert sorted(pairs) == [("x1", 1, 101), ("y", 3, 103)]
+    assert all(a["name"] == b["name"] for a, b in zip(feed[::2], feed[1::2], strict=True))

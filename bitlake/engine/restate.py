@@ -239,16 +239,17 @@ def _unkeyed(io: FileIO, state: TableState, removed: int | None, new: Landed | N
 
 
 def remove_rows(io: FileIO, state: TableState, rids: np.ndarray, new: Landed | None,
-                pair: bool = False) -> Restatement:
+                pair: np.ndarray | None = None) -> Restatement:
     """An unkeyed table's rows ``rids`` (packed, valid now) become invalid, and ``new``'s rows valid. The change
-    rows are deletes and inserts, or with ``pair`` (an update), preimages and postimages paired in order."""
+    rows are deletes and inserts, or with ``pair`` (an update) preimages and postimages: ``rids[i]`` was
+    rewritten as ``new``'s row ``pair[i]`` (its place in the order the rows were landed)."""
     bitmaps = bitmap.NewBitmaps(bitmap.BitmapCache(io), state.metadata.prop("bitmap.deltas"))
-    rids = np.sort(rids)
-    segment = rids >> rowid.OFFSET_BITS
+    by_row = np.sort(rids)
+    segment = by_row >> rowid.OFFSET_BITS
     for seg in np.unique(segment).tolist():
         s = state.segments[(seg >> rowid.SEQ_BITS, seg & rowid.MAX_SEQ)]
         holes, universe = bitmaps.cache.holes(s)
-        gone = rids[segment == seg] & rowid.MAX_OFFSET  # valid now: below the universe
+        gone = by_row[segment == seg] & rowid.MAX_OFFSET  # valid now: below the universe
         holes |= bitmap.of(gone)
         bitmaps.add(s, s.part, s.seq, holes, universe, len(gone))
     segments = [(s.with_delta if kind == "delta" else s.with_bitmap)(path, count)
@@ -258,14 +259,15 @@ def remove_rows(io: FileIO, state: TableState, rids: np.ndarray, new: Landed | N
     came = [np.arange(s.data_rows, dtype=np.int64) | np.int64(rowid.segment_key(s.part, s.seq)) for s in out.segments]
     after = np.sort(np.concatenate(came)) if came else np.empty(0, np.int64)
     out.segments = segments + out.segments
-    if pair:
-        n = min(len(rids), len(after))
+    if pair is not None:
+        n = len(rids)
         places = np.arange(n, dtype=np.int64) * 2
-        changes = changefile.table((rids[:n], "update_preimage", places), (after[:n], "update_postimage", places + 1),
-                                   (rids[n:], "delete", np.arange(len(rids) - n, dtype=np.int64) + 2 * n),
-                                   (after[n:], "insert", np.arange(len(after) - n, dtype=np.int64) + 2 * n))
-        counts = {**dict.fromkeys(COUNTS, 0), "updated": n, "deleted": len(rids) - n, "inserted": len(after) - n}
+        alone = np.setdiff1d(np.arange(len(after)), pair)  # rewrites of rows another commit removed meanwhile
+        changes = changefile.table((rids, "update_preimage", places), (after[pair], "update_postimage", places + 1),
+                                   (after[alone], "insert", np.arange(len(alone), dtype=np.int64) + 2 * n))
+        counts = {**dict.fromkeys(COUNTS, 0), "updated": n, "inserted": len(alone)}
     else:
+        rids = by_row
         changes = changefile.table((rids, "delete", np.arange(len(rids), dtype=np.int64)),
                                    (after, "insert", np.arange(len(after), dtype=np.int64) + len(rids)))
         counts = {**dict.fromkeys(COUNTS, 0), "deleted": len(rids), "inserted": len(after)}
