@@ -41,6 +41,8 @@ class View:
         if where is not None and not isinstance(where, pc.Expression):
             raise InvalidInputError(f"filter must be a pyarrow compute expression (pyarrow.compute.field('x') > 1), "
                                     f"not {type(where).__name__}")
+        if where is not None:
+            _check_filter(where, state.metadata.schema)
         self._io, self._columns, self._where, self._ids = io, columns, where, include_row_ids
         self._plan = plan.plan(io, state, valid_at)
         self.version = state.version
@@ -97,3 +99,13 @@ def _older(io: FileIO, latest: TableState, version: int) -> TableState:
     state = state_mod.load(io, version)
     state.read_through(latest.rewritten)
     return state
+
+
+def _check_filter(where: pc.Expression, schema: pa.Schema) -> None:
+    """Refuses a filter that names no column of the table or compares values of types that do not compare,
+    before any file is read (on an empty table of the table's schema, so nothing but the types is checked)."""
+    try:
+        schema.empty_table().filter(where)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+        raise InvalidInputError(f"filter {where} does not apply to the table's columns {schema.names}: "
+                                f"{str(e).splitlines()[0]}") from None

@@ -273,3 +273,15 @@ def test_a_null_in_a_non_nullable_column_is_refused_by_name(tmp_path):
         t.add_columns([])
     with pytest.raises(bitlake.InvalidInputError, match="must not be empty"):
         t.add_columns([pa.field(" ", pa.int64())])
+
+
+def test_a_filter_that_does_not_apply_is_refused_by_name(tmp_path):
+    import pyarrow.compute as pc
+
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod")
+    t.ingest(pa.table({"id": [1, 2], "name": ["a", "b"], "mod": [1, 1]}))
+    with pytest.raises(bitlake.InvalidInputError, match=r"filter \(nope > 1\) does not apply.*No match"):
+        t.to_arrow(filter=pc.field("nope") > 1)
+    with pytest.raises(bitlake.InvalidInputError, match="does not apply.*no kernel"):
+        t.view(filter=pc.field("id") > "a")
+    assert t.to_arrow(filter=pc.field("id") > 1).column("name").to_pylist() == ["b"]
