@@ -298,8 +298,8 @@ def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = No
     purge: window.Purge | None = None
     if major:
         start = window.start(io, state, meta.prop("compact.look_back") if look_back is None else look_back)
-        mark = window.watermark(io, state, state_mod.load(io, start))
-        purge = window.purge(io, state, start, mark)
+        at_start = state if start == state.version else state_mod.load(io, start)
+        purge = window.purge(io, state, at_start, window.watermark(io, state, at_start))
         groups = _with_purgeable(groups, found, purge, cache, state)
     logs = regroupable(state) if purge is None and budget is None else []  # a major compaction folds instead
     if dry_run:

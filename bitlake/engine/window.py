@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from bitlake.engine import timetravel
 from bitlake.errors import InvalidInputError, VersionNotFoundError
-from bitlake.format import datafile, keystore, layout, order, rowid, segmentlog
+from bitlake.format import bitmap, datafile, keystore, layout, order, rowid, segmentlog
 from bitlake.format.commit import LogFile
 from bitlake.format.metadata import AGE, deltas_as_int
 from bitlake.format.state import TableState
@@ -99,11 +99,17 @@ class Purge:
     version: np.ndarray
     t: np.ndarray
     recent: np.ndarray  # the segment parts made live after ``start``, sorted
+    # An unkeyed table's rows leave the view by their bitmaps alone (a revert, a delete), with no log event to
+    # date it: the state at ``start``, whose valid rows a view or change range inside the window still reads.
+    at_start: TableState | None = None
+    cache: bitmap.BitmapCache | None = None
     dropped: list[np.ndarray] = dataclasses.field(default_factory=list)
 
     def gone(self, ids: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """A mask of the rows ``ids`` (with their validity now) that no view inside the window can see."""
         old = ~np.isin(ids >> rowid.PART_SHIFT, self.recent)
+        if self.at_start is not None:
+            return ~valid & old & ~self._valid_at_start(ids)
         if not len(self.rid):
             return ~valid & old
         pos = np.minimum(np.searchsorted(self.rid, ids), len(self.rid) - 1)
@@ -111,6 +117,17 @@ class Purge:
         mark = NO_WATERMARK if self.watermark is None else self.watermark
         late = (self.version[pos] > self.start) | (self.t[pos] > mark)
         return ~valid & ~(has & late) & old
+
+    def _valid_at_start(self, ids: np.ndarray) -> np.ndarray:
+        assert self.at_start is not None and self.cache is not None
+        out = np.zeros(len(ids), dtype=bool)
+        segment = ids >> rowid.OFFSET_BITS
+        for seg in np.unique(segment).tolist():
+            s = self.at_start.segments.get((seg >> rowid.SEQ_BITS, seg & rowid.MAX_SEQ))
+            if s is not None:
+                mine = segment == seg
+                out[mine] = bitmap.valid_mask(self.cache.valid(s), ids[mine] & rowid.MAX_OFFSET)
+        return out
 
     def drop(self, ids: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """:meth:`gone`, remembering the rows it drops (their log events are folded away)."""
@@ -122,12 +139,16 @@ class Purge:
         return np.sort(np.concatenate(self.dropped)) if self.dropped else np.empty(0, np.int64)
 
 
-def purge(io: FileIO, state: TableState, start_version: int, mark: int | None) -> Purge:
+def purge(io: FileIO, state: TableState, at_start: TableState, mark: int | None) -> Purge:
+    """What the window starting at the version of ``at_start`` (the state then) lets a major compaction purge."""
+    start_version = at_start.version
     events = segmentlog.latest_until(io, state.logs, with_version=True)
     recent = np.array(sorted(b.part for b in state.parts.values()
                              if b.live_version is not None and b.live_version > start_version), dtype=np.int64)
+    unkeyed = not state.metadata.keyed
     return Purge(start_version, mark, events.column("_row_id").to_numpy(), events.column("version").to_numpy(),
-                 events.column("t").to_numpy(), recent)
+                 events.column("t").to_numpy(), recent, at_start if unkeyed else None,
+                 bitmap.BitmapCache(io) if unkeyed else None)
 
 
 def fold(io: FileIO, state: TableState, start_version: int, dropped: np.ndarray
