@@ -118,6 +118,27 @@ def test_unsigned_64_bit_keys_and_deltas_beyond_the_int64_range(tmp_path, monkey
     assert [p for p in files_under(t.path) if p not in before and not p.startswith("_bitlake/parts/")] == []
 
 
+@pytest.mark.parametrize("lookups", [True, False], ids=["key-index", "key-store-scan"])
+def test_decimal_keys(tmp_path, monkeypatch, lookups):
+    """Decimal key columns, alone and with an integer: updates find their stored entries by the key index and by
+    the key-store scan (an ingest crashed in the key encoding before)."""
+    import decimal
+
+    from bitlake.engine import metagen
+
+    monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0 if lookups else 10**12)
+    D = decimal.Decimal
+    schema = pa.schema([("a", pa.int64()), ("k", pa.decimal128(10, 3)), ("v", pa.string()), ("d", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["a", "k"], delta_column="d", num_buckets=2)
+    t.ingest(pa.table({"a": [1, 1, 2], "k": pa.array([D("-1"), D("0.001"), D("-1")], schema.field("k").type),
+                       "v": ["x", "y", "z"], "d": [1, 1, 1]}))
+    r = t.ingest(pa.table({"a": [1, 2, 1], "k": pa.array([D("-1.000"), D("-1"), D("5")], pa.decimal128(8, 2)),
+                           "v": ["X", "old", "new"], "d": [2, 0, 1]}))
+    assert r.counts == {"inserted": 1, "updated": 1, "deleted": 0, "stale": 1, "ignored_deletes": 0}
+    view = {(row["a"], row["k"]): row["v"] for row in t.to_arrow().to_pylist()}
+    assert view == {(1, D("-1.000")): "X", (1, D("0.001")): "y", (2, D("-1.000")): "z", (1, D("5.000")): "new"}
+
+
 def test_a_stream_lands_in_segments_in_input_order(tmp_path, monkeypatch):
     monkeypatch.setattr(landing, "STREAM_TASK_ROWS", 7)
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod")

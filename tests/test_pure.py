@@ -900,7 +900,7 @@ def test_state_does_not_skip_versions():
         (dict(partition_by=("mod",)), "delta column 'mod' cannot partition"),
         (dict(primary_key=(), delta_column=None, partition_by=tuple(SCHEMA.names)), "leaves no column"),
         (dict(properties={"nope": "1"}), "unknown table property"),
-        (dict(properties={"checkpoint.interval": "often"}), "must be a number"),
+        (dict(properties={"checkpoint.interval": "often"}), "must be a whole number"),
         (dict(name=""), "non-empty name"),
         (dict(name="  "), "non-empty name"),
         (dict(schema=pa.schema([("id", pa.int64()), ("_segment_part", pa.int32()), ("mod", pa.int64())])), "reserved"),

@@ -201,7 +201,7 @@ def test_properties_change_in_a_commit(table):
     assert table.metadata.properties == {}
     with pytest.raises(bitlake.InvalidInputError, match="unknown table property"):
         table.set_properties({"no.such": "1"})
-    with pytest.raises(bitlake.InvalidInputError, match="must be a number"):
+    with pytest.raises(bitlake.InvalidInputError, match="must be a whole number"):
         table.set_properties({"checkpoint.interval": "often"})
 
 
@@ -251,6 +251,10 @@ def test_a_tombstone_hides_rows_committed_before_it_in_every_later_view(tmp_path
     ({"partition_by": ["name", "name"]}, r"names a column twice"),
     ({"properties": {"compact.look_back": "a week"}}, "must be a version, an age"),
     ({"properties": {"maintain.major_interval": "daily"}}, "must be an age"),
+    ({"properties": {"checkpoint.interval": "0"}}, "whole number of at least 1"),
+    ({"properties": {"keystore.max_increments": "1.5"}}, "whole number"),
+    ({"properties": {"maintain.auto_budget": "inf"}}, "number of at least 0"),
+    ({"properties": {"keystore.index": "bogus"}}, "must be one of"),
 ])
 def test_a_table_that_cannot_work_is_refused_at_creation(tmp_path, kwargs, message):
     with pytest.raises(bitlake.InvalidInputError, match=message):

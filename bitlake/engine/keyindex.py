@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from bitlake import faults
 from bitlake.errors import IndexUnavailableError
-from bitlake.format import commitlog, keystore, layout
+from bitlake.format import bucket, commitlog, keystore, layout
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.order import lexsort, strictly_increasing
 from bitlake.format.state import TableState
@@ -119,7 +119,8 @@ def _variable(t: pa.DataType) -> bool:
 def encode_keys(table: pa.Table, primary_key: list[str]) -> list[bytes]:
     """One bytes value per row, equal for equal keys and different for different ones. Every key
     starts with byte 1, so that it never collides with the index's own entries (byte 0). A fixed-width
-    column is its int64 value with the sign bit flipped, big-endian: bytes compare as the values do."""
+    column is its int64 value with the sign bit flipped, big-endian: bytes compare as the values do; a decimal
+    is its text with exactly its scale's digits (as the bucket hash takes it)."""
     n = table.num_rows
     columns = [table.column(c) for c in primary_key]
     if all(_fixed(c.type) for c in columns):
@@ -136,7 +137,7 @@ def encode_keys(table: pa.Table, primary_key: list[str]) -> list[bytes]:
         if _fixed(c.type):
             parts.append([(x + 2**63).to_bytes(8, "big") for x in int64_values(c).tolist()])
         else:
-            values = c.to_pylist()
+            values = (bucket.decimal_text(c) if pa.types.is_decimal(c.type) else c).to_pylist()
             parts.append([
                 len(b).to_bytes(4, "big") + b for b in (v.encode() if isinstance(v, str) else v for v in values)
             ])

@@ -56,7 +56,7 @@ def _feed_int64(h: np.ndarray, values: np.ndarray, width: int = 8) -> np.ndarray
     return h
 
 
-def _decimal_text(column: pa.Array) -> pa.Array:
+def decimal_text(column: pa.Array) -> pa.Array:
     """Digits with exactly ``scale`` decimals. Arrow's cast writes an exponent for small magnitudes
     ('1E-10'); those few values are rendered again in plain digits."""
     text = pc.cast(column, pa.string())
@@ -70,7 +70,7 @@ def _decimal_text(column: pa.Array) -> pa.Array:
 
 def _feed_variable(h: np.ndarray, column: pa.Array) -> np.ndarray:
     if pa.types.is_decimal(column.type):
-        column = _decimal_text(column)
+        column = decimal_text(column)
     column = pc.cast(column, pa.large_binary()).fill_null(b"")
     offsets = np.frombuffer(column.buffers()[1], dtype=np.int64)[column.offset:column.offset + len(column) + 1]
     data_buffer = column.buffers()[2]

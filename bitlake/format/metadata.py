@@ -225,7 +225,11 @@ class TableMetadata:
 
 
 # Properties that take one of a few words.
-PROPERTY_CHOICES = {"bitmap.deltas": ("true", "false", "always")}
+PROPERTY_CHOICES = {"bitmap.deltas": ("true", "false", "always"), "keystore.index": ("rocksdb", "none")}
+# Counts and sizes that must be at least 1 (an interval of 0 divides by zero, a file target of 0 never fills).
+_POSITIVE = ("checkpoint.interval", "keystore.max_increments", "compact.min_input_files", "compact.min_log_files",
+             "compact.target_file_bytes")
+_SECONDS = ("keystore.index_idle_seconds",)  # a number of seconds, whole or not
 AGE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhd])$")  # an age: "7d", "12h", "30m", "90s"
 _AGES = ("maintain.major_interval",)
 _LOOK_BACKS = ("compact.look_back",)  # a version, an age or an ISO-8601 commit time
@@ -239,11 +243,18 @@ def _check_properties(properties: dict[str, str]) -> None:
             if str(value).lower() not in PROPERTY_CHOICES[name]:
                 raise InvalidInputError(f"table property {name!r} must be one of {PROPERTY_CHOICES[name]}, not "
                                         f"{value!r}")
-        elif DEFAULT_PROPERTIES[name].lstrip("-").replace(".", "", 1).isdigit():
+        elif DEFAULT_PROPERTIES[name].isdigit() and name not in _SECONDS:  # an integer property
+            text = str(value).strip()
+            if not text.isdigit() or (name in _POSITIVE and int(text) < 1):
+                raise InvalidInputError(f"table property {name!r} must be a whole number of at least "
+                                        f"{1 if name in _POSITIVE else 0}, not {value!r}")
+        elif DEFAULT_PROPERTIES[name].replace(".", "", 1).isdigit():
             try:
-                float(value)
+                number = float(value)
             except (TypeError, ValueError):
-                raise InvalidInputError(f"table property {name!r} must be a number, not {value!r}") from None
+                number = float("nan")
+            if not 0 <= number < float("inf"):
+                raise InvalidInputError(f"table property {name!r} must be a number of at least 0, not {value!r}")
         elif DEFAULT_PROPERTIES[name] in ("true", "false") and str(value).lower() not in ("true", "false"):
             raise InvalidInputError(f"table property {name!r} must be true or false, not {value!r}")
         elif name in _AGES and not AGE.match(str(value).strip()):
