@@ -266,3 +266,28 @@ def test_a_vacuum_killed_after_its_commit_leaves_its_files_to_the_next_one(tmp_p
     assert t.state().tombstones == [] and files_holding(t.path, "SECRET-ann-1#")  # committed, files left
     assert t.vacuum().version is None and files_holding(t.path, "SECRET-ann-1#") == []
     assert [x["user"] for x in t.to_arrow().to_pylist()] == ["bob"]
+
+
+def test_a_restatement_across_a_vacuum_that_purged_rows_is_refused(tmp_path):
+    """A vacuum erases rows whose records a later revert or replace would have to apply again (here the stale
+    record that must keep a late, older record stale): such a restatement is refused, nothing is committed, and
+    a batch made live after the vacuum is reverted as usual."""
+    schema = pa.schema([("k", pa.int64()), ("grp", pa.string()), ("mod", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["k"], delta_column="mod")
+
+    def batch(k, grp, mod):
+        return pa.table({"k": [k], "grp": [grp], "mod": [mod]}, schema=schema)
+
+    t.ingest(batch(1, "a", 3), batch_id="b1")
+    t.ingest(batch(1, "b", 1), batch_id="b2")  # stale
+    t.tombstone("grp", ["b"])
+    assert t.vacuum().rows_purged == 1
+    version = t.version
+    with pytest.raises(bitlake.VersionExpiredError, match="vacuumed at version 4"):
+        t.revert_batch("b1")
+    with pytest.raises(bitlake.VersionExpiredError, match="vacuumed"):
+        t.replace_batch("b1", batch(1, "c", 5))
+    assert t.version == version
+    t.ingest(batch(2, "a", 1), batch_id="b3")
+    assert t.revert_batch("b3").committed
+    assert [r["k"] for r in t.to_arrow().to_pylist()] == [1]

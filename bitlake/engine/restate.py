@@ -26,9 +26,9 @@ from bitlake.engine import metagen
 from bitlake.engine.keyindex import key_codes
 from bitlake.engine.metagen import COUNTS, Landed, MetaGenOutput
 from bitlake.errors import VersionExpiredError
-from bitlake.format import bitmap, changefile, datafile, keystore, layout, rowid, segmentlog
+from bitlake.format import bitmap, changefile, commitlog, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format import state as state_mod
-from bitlake.format.commit import LIVE, REPLACED, REVERTED, DataFile, KeysFile
+from bitlake.format.commit import LIVE, REPLACED, REVERTED, VACUUM, DataFile, KeysFile
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.state import BatchState, TableState
 from bitlake.fs import FileIO
@@ -76,6 +76,8 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
             f"the batch was made live at version {made_live}{why}: a revert folds from the key store before "
             f"version {start}, which is not in the retention window (versions from {state.window.version}; "
             "a major compaction purged the history a revert needs)")
+    if removed is not None:
+        _refuse_after_vacuum(io, state, start)
     later = sorted((b for b in state.parts.values() if b.status == LIVE and b.live_version is not None
                     and b.live_version >= start and b.part != removed),
                    key=lambda b: (b.live_version, b.landed_version, b.part))
@@ -161,6 +163,21 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
     out.logs = [dataclasses.replace(f, resets=True) for f in out.logs]
     out.keystore_rows = ks_rows
     return Restatement(out, changes, counts)
+
+
+def _refuse_after_vacuum(io: FileIO, state: TableState, start: int) -> None:
+    """A restatement re-applies the records of every batch made live from ``start`` on; a vacuum committed since
+    then that purged rows may have erased some of those records (a stale or superseded row of a later batch, a
+    row of the batch itself), whose keys and delta values the fold needs: such a restatement is refused rather
+    than folded without them (docs/restatement.md, "Vacuum")."""
+    versions = list(range(start + 1, state.version + 1))
+    commits = thread_map(lambda v: commitlog.read(io, v), versions) if versions else []
+    purging = [c.version for c in commits if c.operation == VACUUM and c.parameters.get("rows_purged")]
+    if purging:
+        raise VersionExpiredError(
+            f"the batch's history from version {start} on was vacuumed at version {purging[-1]}: the vacuum erased "
+            "rows whose records a revert or replace must apply again, so batches made live before it can no "
+            "longer be restated")
 
 
 def rids_of(records: pa.Table) -> np.ndarray:
