@@ -319,8 +319,9 @@ def _evaluate(table: pa.Table, projection: dict[str, pc.Expression]) -> pa.Table
 
 
 def _source_table(source: Any, meta) -> pa.Table:
-    """The source rows as an Arrow table with the table's column names and types (the key and delta columns
-    required; other columns may be left out, and an update_all then keeps the target's)."""
+    """The source rows as an Arrow table (the key and delta columns required; other columns may be left out, and
+    an update_all then keeps the target's; columns the table lacks, such as a change feed's op, are there for
+    the predicates and written nowhere)."""
     from bitlake.engine import conform
 
     reader_ = conform.arrow_input(source)
@@ -331,10 +332,8 @@ def _source_table(source: Any, meta) -> pa.Table:
     missing = [c for c in [*meta.primary_key, meta.delta_column] if c not in table.column_names]
     if missing:
         raise InvalidInputError(f"merge: the source lacks the columns {missing}")
-    unknown = [c for c in table.column_names if c not in meta.column_names]
-    if unknown:
-        raise InvalidInputError(f"merge: the source has columns {unknown} the table does not")
     try:
-        return table.cast(pa.schema([meta.schema.field(c) for c in table.column_names]))
+        return table.cast(pa.schema([meta.schema.field(c) if c in meta.column_names else table.schema.field(c)
+                                     for c in table.column_names]))
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
         raise InvalidInputError(f"merge: the source does not cast to the table's types: {e}") from None

@@ -48,6 +48,9 @@ def tombstone_values(state: TableState, column: str, values: Any) -> pa.Array:
     if isinstance(values, str | bytes) or not hasattr(values, "__iter__"):
         raise InvalidInputError(f"tombstone: values must be a list or an array of {column!r} values, not {values!r}")
     target = meta.schema.field(column).type
+    if pa.types.is_nested(target):
+        raise InvalidInputError(f"tombstone: column {column!r} has type {target}: a tombstone matches values of a "
+                                "column of single values (numbers, strings, dates, times, booleans, binaries)")
     try:
         arr = values if isinstance(values, pa.Array | pa.ChunkedArray) else pa.array(list(values))
         arr = pc.cast(arr, target)

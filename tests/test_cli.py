@@ -227,3 +227,21 @@ def test_demo_runs_end_to_end(spark, tmp_path, capsys):
     assert [h["operation"] for h in table.history()] == ["VACUUM", "TOMBSTONE", "REVERT", "METAGEN", "LAND",
                                                           "INGEST", "INGEST", "CREATE"]
     assert table.describe()["valid_rows"] == 3049  # account 7 is erased
+
+
+def test_input_that_is_not_what_it_claims_exits_2_without_traceback(tmp_path, capsys):
+    assert main(["create", str(tmp_path / "t"), "--schema", "k:int64,v:string,mod:int64", "--primary-key", "k",
+                 "--delta-column", "mod"]) == 0
+    (tmp_path / "garbage.parquet").write_text("not parquet")
+    (tmp_path / "bad.jsonl").write_text("{not json\n")
+    (tmp_path / "file").write_text("")
+    for argv, message in [
+        (["ingest", tmp_path / "t", tmp_path / "garbage.parquet"], "ArrowInvalid"),
+        (["cdc", tmp_path / "t", tmp_path / "bad.jsonl"], "JSONDecodeError"),
+        (["cdc", tmp_path / "t", tmp_path / "nope.jsonl"], "FileNotFoundError"),
+        (["create", "weird://x/y", "--schema", "k:int64"], "unsupported storage scheme 'weird'"),
+        (["create", tmp_path / "file" / "x", "--schema", "k:int64"], "NotADirectoryError"),
+    ]:
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and "Traceback" not in err and message in " ".join(err.split()), (argv, err)
+    assert bitlake.open_table(str(tmp_path / "t")).version == 0

@@ -138,3 +138,19 @@ def test_unkeyed_update_pairs_each_preimage_with_its_own_postimage(tmp_path):
         [("update_preimage", "update_postimage")] * 2
     assert sorted(pairs) == [("x1", 1, 101), ("y", 3, 103)]
     assert all(a["name"] == b["name"] for a, b in zip(feed[::2], feed[1::2], strict=True))
+
+
+def test_merge_of_a_change_feed_with_an_op_column(tmp_path):
+    """The source's columns the table lacks (a change feed's op) are there for the predicates, written nowhere."""
+    t = keyed(str(tmp_path / "t"))
+    feed = pa.table({"k": [1, 2, 30], "region": ["X", "X", "N"], "amount": [0, 20, 3], "mod": [2, 2, 2],
+                     "op": ["D", "U", "I"]})
+    r = (t.merge(feed)
+         .when_matched_delete(predicate=pc.field("source.op") == "D")
+         .when_matched_update_all()
+         .when_not_matched_insert_all()
+         .execute())
+    assert (r.deleted, r.updated, r.inserted) == (1, 1, 1)
+    now = rows(t)
+    assert 1 not in now and now[2] == ("X", 20, 2) and now[30] == ("N", 3, 2)
+    assert t.to_arrow().column_names == COLUMNS

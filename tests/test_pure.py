@@ -867,7 +867,7 @@ def test_missing_versions_and_paths_are_clear_errors(tmp_path):
 
 
 def test_unsupported_scheme_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="unsupported storage scheme"):
+    with pytest.raises(bitlake.InvalidInputError, match="unsupported storage scheme"):
         file_io("hdfs://namenode/table")
     assert file_io(str(tmp_path)) == LocalFileIO(str(tmp_path)) == file_io("file://" + str(tmp_path))
 

@@ -289,3 +289,22 @@ def test_a_filter_that_does_not_apply_is_refused_by_name(tmp_path):
     with pytest.raises(bitlake.InvalidInputError, match="does not apply.*no kernel"):
         t.view(filter=pc.field("id") > "a")
     assert t.to_arrow(filter=pc.field("id") > 1).column("name").to_pylist() == ["b"]
+
+
+def test_small_refusals_and_an_empty_projection(tmp_path):
+    import pandas as pd
+
+    schema = pa.schema([("id", pa.int64()), ("tags", pa.list_(pa.string())), ("at", pa.timestamp("us", tz="UTC"))])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="at")
+    t.ingest(pa.table({"id": [1, 2, 3], "tags": [["a"], [], None],
+                       "at": pa.array([1_000_000] * 3, pa.timestamp("us", tz="UTC"))}))
+    assert t.to_arrow(columns=[]).num_rows == 3 and t.to_arrow(columns=[]).num_columns == 0
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(bitlake.InvalidInputError, match="finite number of seconds"):
+            t.to_arrow(valid_at=bad)
+    with pytest.raises(bitlake.InvalidInputError, match="column 'tags' has type list"):
+        t.tombstone("tags", [["a"]])
+    twice = pd.DataFrame([[4, None, pd.Timestamp("2026-01-01", tz="UTC")]], columns=["id", "id", "at"])
+    with pytest.raises(bitlake.SchemaMismatchError, match="Duplicate column names"):
+        t.ingest(twice)
+    assert t.version == 1

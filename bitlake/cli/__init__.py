@@ -10,8 +10,11 @@ its first line and exits with 1.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+
+import pyarrow as pa
 
 import bitlake
 from bitlake.cli import events, tables
@@ -43,6 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = args.run(args, out, err)
     except BitlakeError as e:
         say(err, f"bitlake {args.command}: error: {e}")
+        return 2
+    except (OSError, ValueError, OverflowError, pa.ArrowException) as e:
+        # An input that is not what it claims (a missing file, Parquet or JSON that does not parse, a number
+        # out of range): one line, as for bitlake's own errors; BITLAKE_DEBUG=1 shows the traceback.
+        if os.environ.get("BITLAKE_DEBUG"):
+            raise
+        say(err, f"bitlake {args.command}: error: {type(e).__name__}: {_first_line(e)}")
         return 2
     except Exception as e:
         # httpx and pyspark are optional (bitlake[client], bitlake[spark]): an error of either comes from

@@ -25,7 +25,7 @@ def arrow_input(data: Any) -> pa.RecordBatchReader | None:
     if _is_pandas(data):
         try:
             return pa.Table.from_pandas(data, preserve_index=False).to_reader()
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as e:  # ValueError: a column name twice
             raise SchemaMismatchError(f"the pandas DataFrame does not convert to Arrow: {e}") from None
     return None
 

@@ -71,6 +71,8 @@ def batches(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Ex
 def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
          columns: list[str] | None = None) -> pa.Table:
     """:func:`batches` as one table."""
+    if columns == [] and not include_row_ids:  # no column, but the rows' count: a table of zero columns keeps it
+        return read(io, p, True, where, columns).select([])
     schema = output_schema(p, columns, include_row_ids)
     return pa.Table.from_batches(list(batches(io, p, include_row_ids, where, columns)), schema=schema)
 

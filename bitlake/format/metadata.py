@@ -327,6 +327,8 @@ def delta_to_int(value: Any, delta_type: pa.DataType) -> int:
         return (value - dt.date(1970, 1, 1)).days * MICROS_PER_DAY
     if isinstance(value, int | float):
         # A number for a timestamp column is read as seconds since the epoch.
+        if value != value or value in (float("inf"), float("-inf")):
+            raise InvalidInputError(f"cannot use {value!r} as a time: give a finite number of seconds since 1970")
         return int(value * 1_000_000)
     raise InvalidInputError(f"cannot use {value!r} as a value of a {delta_type} delta column")
 

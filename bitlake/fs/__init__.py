@@ -29,6 +29,8 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 
+from bitlake.errors import InvalidInputError
+
 
 class FileIO:
     """The interface."""
@@ -240,7 +242,7 @@ def file_io(base: str | FileIO, storage_options: dict | None = None) -> FileIO:
     try:
         factory = _IMPLEMENTATIONS[scheme]
     except KeyError:
-        raise ValueError(
+        raise InvalidInputError(
             f"unsupported storage scheme {scheme!r} in {base!r}; supported: local paths, "
             + ", ".join(f"{s}://" for s in sorted(_IMPLEMENTATIONS) if s)) from None
     return factory(base, storage_options)
