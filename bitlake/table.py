@@ -13,7 +13,7 @@ import pyarrow as pa
 from bitlake import dml, maintenance, read, restatement, transaction
 from bitlake.engine import upkeep
 from bitlake.errors import InvalidInputError, NotATableError, TableExistsError, TableNotFoundError
-from bitlake.format import commitlog
+from bitlake.format import commitlog, datafile
 from bitlake.format import state as state_mod
 from bitlake.format.commit import CREATE, SET_METADATA, Commit
 from bitlake.format.metadata import TableMetadata, normalize_schema
@@ -72,6 +72,7 @@ def create_table(
         name=name if name is not None else _default_name(io),
     )
     meta.validate()
+    datafile.check_storable(meta.schema, meta.file_format)
     if commitlog.list_versions(io):
         raise TableExistsError(f"{io.uri()} already holds a bitlake table")
     commit = Commit(0, CREATE, commitlog.now_ms(0), protocol=Protocol(), metadata=meta.to_json())
@@ -192,6 +193,7 @@ class Table:
         schema = columns if isinstance(columns, pa.Schema) else pa.schema(columns)
         if not len(schema):
             raise InvalidInputError("add_columns needs at least one column")
+        datafile.check_storable(schema, self.metadata.file_format)
         return self._set_metadata(lambda m: m.evolve(add_columns=schema), {"add_columns": schema.names})
 
     def _set_metadata(self, change, parameters: dict) -> int:

@@ -308,3 +308,13 @@ def test_small_refusals_and_an_empty_projection(tmp_path):
     with pytest.raises(bitlake.SchemaMismatchError, match="Duplicate column names"):
         t.ingest(twice)
     assert t.version == 1
+
+
+def test_a_type_the_file_format_cannot_store_is_refused_at_creation(tmp_path):
+    with pytest.raises(bitlake.InvalidInputError, match="'u' has type uint32, which orc files cannot store"):
+        bitlake.create_table(str(tmp_path / "o"), pa.schema([("k", pa.int64()), ("u", pa.uint32())]),
+                             file_format="orc")
+    t = bitlake.create_table(str(tmp_path / "p"), pa.schema([("k", pa.int64())]))
+    with pytest.raises(bitlake.InvalidInputError, match="'iv' has type month_day_nano_interval, which parquet"):
+        t.add_columns([pa.field("iv", pa.month_day_nano_interval())])
+    assert t.version == 0

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from bitlake.errors import InvalidInputError
 from bitlake.format import bucket, keystore, rowid
 from bitlake.format.metadata import TableMetadata, deltas_as_int
 from bitlake.fs import FileIO
@@ -178,6 +179,26 @@ class FileWriter:
         (self._orc or self._parquet(self._schema.empty_table())).close()
         self._out.close()
         return self.io.size(self.path)
+
+
+def check_storable(schema: pa.Schema, file_format: str) -> None:
+    """Refuses a column whose type the table's file format cannot store (ORC has no unsigned integers, times or
+    durations; neither format stores Arrow's interval types), before anything is written: each column is
+    written as an empty file into memory."""
+    import io as _io
+
+    for field in schema:
+        empty = pa.schema([field]).empty_table()
+        try:
+            if file_format == "orc":
+                import pyarrow.orc as orc
+
+                orc.write_table(empty, _io.BytesIO())
+            else:
+                pq.write_table(empty, _io.BytesIO())
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+            raise InvalidInputError(f"column {field.name!r} has type {field.type}, which {file_format} files cannot "
+                                    "store") from None
 
 
 def data_writer(io: FileIO, path: str, meta: TableMetadata) -> FileWriter:
