@@ -20,7 +20,7 @@ from bitlake.fs import FileIO
 def view(io: FileIO, latest: TableState, version: int | None, as_of: Any, valid_at: Any
          ) -> tuple[TableState, int | None]:
     """The state of the version a read asks for, and its event time as an int64 (None: current)."""
-    v = timetravel.resolve_version(io, latest.version, version, as_of)
+    v = timetravel.inside_window(io, latest.window, timetravel.resolve_version(io, latest.version, version, as_of))
     state = latest if v == latest.version else _older(io, latest, v)
     t = None
     if valid_at is not None:
@@ -71,8 +71,8 @@ def change_plan(io: FileIO, latest: TableState, start_version: int, end_version:
                 change_types: list[str] | None) -> changes_mod.ChangePlan:
     """The plan of the changes of commits ``(start_version, end_version]`` (default: to the latest)."""
     end = latest.version if end_version is None else end_version
-    end = timetravel.resolve_version(io, latest.version, end)
-    start = timetravel.resolve_version(io, latest.version, start_version)
+    end = timetravel.inside_window(io, latest.window, timetravel.resolve_version(io, latest.version, end))
+    start = timetravel.inside_window(io, latest.window, timetravel.resolve_version(io, latest.version, start_version))
     if start > end:
         raise InvalidInputError(f"start_version {start} is after end_version {end}")
     timetravel.check_window(latest.window, start, what="start_version")

@@ -174,6 +174,7 @@ class Run:
         self.live: dict[str, int] = {}  # batch id -> the version its current incarnation was made live at
         self.window: tuple[int, int] | None = None  # (W, watermark as an int), as the harness expects it
         self.vacuumed: list[int] = []  # versions of the vacuums that purged rows
+        self.readable_from = 0  # the first version a read may ask for (the window's, or the look-back's before it)
         self.ordered: set[int] = set()  # versions whose change rows follow acceptance order exactly
         self.log: list[str] = []
         self.reader = t  # the table object the checks read
@@ -388,6 +389,10 @@ class Run:
                 mark = self.watermark(start)
                 if previous is not None:
                     mark = max(mark, previous[1])
+                if w != (previous[0] if previous else None):
+                    # A window at the latest version starts at this commit, and the look-back's version (the one
+                    # before, which reads the same) still reads.
+                    self.readable_from = start
                 self.window = (w, mark)
             got = t.state().window
             if self.window is None:
@@ -444,7 +449,7 @@ class Run:
     def refused(self, v: int, at: Any) -> bool:
         if self.window is None:
             return False
-        return v < self.window[0] or (at is not None and _micros(at) < self.window[1])
+        return v < self.readable_from or (at is not None and _micros(at) < self.window[1])
 
     def check_view(self, v: int | None, at: Any) -> None:
         t, cols = self.reader, self.kind.columns
@@ -468,7 +473,7 @@ class Run:
 
     def check_changes(self, lo: int, hi: int) -> None:
         t, cols = self.reader, self.kind.columns
-        if self.window is not None and lo < self.window[0]:
+        if self.window is not None and lo < self.readable_from:
             with pytest.raises(bitlake.VersionExpiredError):
                 t.changes_to_arrow(start_version=lo, end_version=hi)
             return

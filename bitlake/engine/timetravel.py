@@ -60,6 +60,18 @@ def resolve_version(io: FileIO, latest: int, version: int | None = None, as_of: 
     return lo
 
 
+def inside_window(io: FileIO, window: Window | None, version: int) -> int:
+    """``version``, or the window's first version when the window starts at the commit just after it: a major
+    compaction with its look-back at the latest version ``w`` starts the window at its own commit, ``w + 1``, so
+    that cleanup can release the files it replaced, and that commit reads the same as ``w`` (a compaction
+    changes no view, and has no change row), so a read of ``w`` reads it."""
+    if window is not None and version == window.version - 1:
+        c = commitlog.read(io, window.version)
+        if c.window is not None and c.window.version == c.version:
+            return window.version
+    return version
+
+
 def check_window(window: Window | None, version: int, valid_at: int | None = None, what: str = "version") -> None:
     """Refuses a read outside the retention window a major compaction set (``VersionExpiredError``)."""
     if window is None:
