@@ -382,6 +382,11 @@ class Table:
         named. Returns a :class:`~bitlake.engine.compaction.CompactResult` (``version`` None: nothing was
         worth it); with ``dry_run``, a dict of what it would rewrite. ``progress(rows, total)`` is called once with
         the total rows it will rewrite (``rows`` 0), then with the rows of each file as it is rewritten."""
+        if look_back is not None and not major:
+            raise InvalidInputError("look_back sets the retention window of a major compaction: pass major=True")
+        if target_file_bytes is not None and (isinstance(target_file_bytes, bool) or
+                                              not isinstance(target_file_bytes, int) or target_file_bytes < 1):
+            raise InvalidInputError(f"target_file_bytes must be a positive number of bytes, not {target_file_bytes!r}")
         return maintenance.compact(self.io, self.refresh, target_file_bytes=target_file_bytes, dry_run=dry_run,
                                    progress=progress, major=major, look_back=look_back)
 

@@ -59,7 +59,7 @@ def _build(path, spark, plan):
                 oracle.apply(_records(recs), t.version)
             pending = []
         if compact and compact[0]:  # a version that changes no view inside the window: nothing to apply
-            t.compact(major=compact[0] == "major", look_back=max(0, t.version - 2))
+            t.compact(**({"major": True, "look_back": max(0, t.version - 2)} if compact[0] == "major" else {}))
     if pending:
         t.metagen(spark=spark)
         for recs in pending:

@@ -460,7 +460,7 @@ def add_parsers(sub) -> None:
 
     s = sub.add_parser("show", help="print the first rows of the current view")
     s.add_argument("path", help=path_help)
-    s.add_argument("--limit", type=int, default=20, help="rows to print (default 20)")
+    s.add_argument("--limit", type=row_count, default=20, help="rows to print (default 20)")
     s.add_argument("--row-ids", action="store_true", help="also print the row-id columns")
     s.add_argument("--version", type=int, help="the table as committed at this version")
     s.add_argument("--as-of", help="the latest version committed at or before this ISO-8601 time")
@@ -472,7 +472,7 @@ def add_parsers(sub) -> None:
     ch.add_argument("--start-version", type=int, required=True, help="exclusive start of the range")
     ch.add_argument("--end-version", type=int, help="inclusive end of the range (default: latest)")
     ch.add_argument("--change-types", help="comma-separated: insert,update_preimage,update_postimage,delete")
-    ch.add_argument("--limit", type=int, default=50, help="rows to print (default 50)")
+    ch.add_argument("--limit", type=row_count, default=50, help="rows to print (default 50)")
     ch.set_defaults(run=cmd_changes)
 
     h = sub.add_parser("history", help="list the commits, newest first")
@@ -576,3 +576,11 @@ def add_parsers(sub) -> None:
     u = sub.add_parser("upgrade", help="upgrade a format v1 table to format v2 (one commit)")
     u.add_argument("path", help=path_help)
     u.set_defaults(run=cmd_upgrade)
+
+
+def row_count(text: str) -> int:
+    """A count of rows: a whole number from 0 to 2^62 (argparse names the option when it is not)."""
+    value = int(text)
+    if not 0 <= value <= 1 << 62:
+        raise ValueError(text)
+    return value
