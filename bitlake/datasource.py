@@ -163,7 +163,7 @@ class ViewReader(DataSourceReader):
         p = dataclasses.replace(self.plan, whole=[f for f in self.plan.whole if f.path in wanted],
                                 filtered=[f for f in self.plan.filtered if f.path in wanted])
         where = reduce(operator.and_, self.where) if self.where else None
-        yield from reader.batches(self.io, p, where=where)
+        yield from _spark_typed(reader.batches(self.io, p, where=where))
 
 
 class ChangeFeedReader(DataSourceReader):
@@ -180,7 +180,7 @@ class ChangeFeedReader(DataSourceReader):
         self.plan = read.change_plan(t.io, t.refresh(), max(start - 1, 0), _int(options, "endingVersion"), None)
 
     def read(self, partition):
-        yield from changes_mod.read_arrow(self.io, self.plan).to_batches()
+        yield from _spark_typed(changes_mod.read_arrow(self.io, self.plan).to_batches())
 
 
 class ChangeStreamReader(DataSourceStreamReader):
@@ -210,7 +210,8 @@ class ChangeStreamReader(DataSourceStreamReader):
         if end <= start:
             return
         t = _table(self.options)
-        yield from changes_mod.read_arrow(t.io, read.change_plan(t.io, t.refresh(), start, end, None)).to_batches()
+        yield from _spark_typed(
+            changes_mod.read_arrow(t.io, read.change_plan(t.io, t.refresh(), start, end, None)).to_batches())
 
 
 @dataclasses.dataclass
@@ -434,3 +435,12 @@ def _expression(f, schema: pa.Schema) -> pc.Expression | None:
 
 def _scalar(v: Any, t: pa.DataType) -> pa.Scalar:
     return pa.scalar(v, t)
+
+
+def _spark_typed(batches):
+    """Arrow batches of table types as Spark takes them (unsigned integers as the next wider signed type)."""
+    from bitlake.spark.schema import spark_arrow_schema
+
+    for b in batches:
+        out = spark_arrow_schema(b.schema)
+        yield b if out == b.schema else b.cast(out)

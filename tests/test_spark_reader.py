@@ -108,6 +108,13 @@ def test_unsigned_columns_with_spark(tmp_path, spark):
     assert sorted(tuple(x) for x in df.collect()) == expected
     feed = t.changes(spark, start_version=2).select("k", "v", "_change_type").collect()
     assert sorted(tuple(x) for x in feed) == [(1, 1, "update_preimage"), (1, 9, "update_postimage")]
+    source = spark.read.format("bitlake").option("validAt", "1").load(t.path)  # an option is text
+    assert sorted(tuple(x) for x in source.collect()) == [(1, 1, 255), (9, 1, 3)]
+    version = t.version
+    for out_of_range in ([(7, 1, 300)], [(-1, 1, 3)]):
+        with pytest.raises(bitlake.InvalidInputError, match="cannot hold"):
+            t.ingest(spark.createDataFrame(out_of_range, "k long, d int, v short"), inline=False, spark=spark)
+    assert t.version == version
 
     wide = bitlake.create_table(str(tmp_path / "u"), pa.schema([("k", pa.uint64()), ("d", pa.int64())]),
                                 primary_key=["k"], delta_column="d")

@@ -104,9 +104,11 @@ def _allowed(given: pa.DataType, target: pa.DataType) -> bool:
     if pa.types.is_dictionary(given):
         return _allowed(given.value_type, target)
     if pa.types.is_integer(given) and pa.types.is_integer(target):
-        # Widening only: a signed type into a wider signed one, an unsigned one into a wider signed one.
+        # Widening only: a signed type into a wider signed one, an unsigned one into a wider signed one; and the
+        # signed type Spark gives an unsigned column (twice its width) back into it, each value checked.
         if pa.types.is_unsigned_integer(target):
-            return pa.types.is_unsigned_integer(given) and given.bit_width <= target.bit_width
+            return given.bit_width <= target.bit_width if pa.types.is_unsigned_integer(given) else \
+                given.bit_width == 2 * target.bit_width
         return given.bit_width < target.bit_width or (
             pa.types.is_signed_integer(given) and given.bit_width == target.bit_width)
     if pa.types.is_floating(given) and pa.types.is_floating(target):

@@ -34,11 +34,11 @@ TASK_BUFFER_BYTES = 512 << 20
 REPORT_SCHEMA = pa.schema([
     ("kind", pa.string()), ("path", pa.string()), ("seq", pa.int32()), ("rows", pa.int64()),
     ("bytes", pa.int64()), ("partition", pa.string()), ("nulls", pa.string()), ("bad_ops", pa.int64()),
-    ("bad_op_sample", pa.string()), ("infinite_deltas", pa.int64()),
+    ("bad_op_sample", pa.string()), ("infinite_deltas", pa.int64()), ("bad_values", pa.string()),
 ])
 REPORT_DDL = (
     "kind string, path string, seq int, rows long, bytes long, partition string, nulls string, bad_ops long, "
-    "bad_op_sample string, infinite_deltas long"
+    "bad_op_sample string, infinite_deltas long, bad_values string"
 )
 
 
@@ -70,6 +70,7 @@ class LandTask:
         required = [f.name for f in meta.schema if not f.nullable and f.name not in checked]
         nulls = dict.fromkeys(checked + required, 0)
         bad_ops, bad_sample, infinite = 0, None, 0
+        bad_values: str | None = None
         writers: dict[tuple, tuple[datafile.FileWriter, dict | None, int]] = {}
         seq, offset = task, 0
         kept: list[pa.Table] = []
@@ -129,7 +130,11 @@ class LandTask:
                     for c, n in missing.items():
                         nulls[c] += n
                     continue
-                chunk = chunk.select(datafile.data_schema(meta).names).cast(datafile.data_schema(meta))
+                try:
+                    chunk = chunk.select(datafile.data_schema(meta).names).cast(datafile.data_schema(meta))
+                except (pa.ArrowInvalid, pa.ArrowTypeError) as e:  # a value the table's type cannot hold
+                    bad_values = bad_values or str(e).splitlines()[0]
+                    continue
                 if chunk.num_rows == 0:
                     continue
                 if self.keep and meta.keyed:
@@ -153,7 +158,7 @@ class LandTask:
         if self.keep:
             self.kept[task] = kept
         check = _report(kind="check", seq=task, nulls=json.dumps(nulls), bad_ops=bad_ops, bad_op_sample=bad_sample,
-                        infinite_deltas=infinite)
+                        infinite_deltas=infinite, bad_values=bad_values)
         return _Cut([(kind, *w) for (kind, _, _), w in writers.items()], check)
 
 
@@ -310,7 +315,7 @@ def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict],
     UnknownOperationError / InvalidInputError, after removing every file they wrote (unless not ``remove``),
     when the input breaks the contract (docs/semantics.md, rule 3)."""
     nulls: dict[str, int] = {}
-    bad_ops, bad_sample, infinite = 0, None, 0
+    bad_ops, bad_sample, infinite, bad_values = 0, None, 0, None
     data, keys = [], []
     for r in reports:
         if r["kind"] == "check":
@@ -319,6 +324,7 @@ def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict],
             bad_ops += r["bad_ops"]
             bad_sample = bad_sample or r["bad_op_sample"]
             infinite += r["infinite_deltas"]
+            bad_values = bad_values or r.get("bad_values")
         elif r["kind"] == "keys":
             keys.append((r["seq"], KeysFile(r["path"], r["seq"], r["rows"], r["bytes"])))
         else:
@@ -342,6 +348,9 @@ def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict],
             f"delta column {meta.delta_column!r} holds {infinite} value(s) at or above the largest int64 "
             f"({DELTA_INFINITY}), which bitlake reserves for +infinity; nothing of this batch was written"
         )
+    if error is None and bad_values:
+        error = InvalidInputError(f"the batch holds a value its column's type in the table cannot hold: {bad_values}; "
+                                  "nothing of this batch was written")
     if error is not None:
         if remove:
             remove_part_files(io, part)

@@ -308,6 +308,8 @@ def delta_to_int(value: Any, delta_type: pa.DataType) -> int:
     timestamp without a time zone is read as UTC).
     """
     if pa.types.is_integer(delta_type):
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():  # a data source option is text
+            value = int(value.strip())
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidInputError(f"expected an integer delta value, got {value!r}")
         if value < -DELTA_INFINITY - 1:
