@@ -68,6 +68,21 @@ def _fields(schema: dict | None, side: str) -> dict[str, dict]:
     return {}
 
 
+# Debezium's unavailable.value.placeholder (its default, and as base64 for a binary column).
+_UNAVAILABLE = ("__debezium_unavailable_value", base64.b64encode(b"__debezium_unavailable_value").decode())
+# Units of the integer times of Debezium's and Kafka Connect's logical types (time.precision.mode adaptive or
+# connect), per second.
+_PER_SECOND = {"io.debezium.time.Timestamp": 1_000, "io.debezium.time.NanoTimestamp": 1_000_000_000,
+               "io.debezium.time.Time": 1_000, "io.debezium.time.NanoTime": 1_000_000_000,
+               "org.apache.kafka.connect.data.Timestamp": 1_000, "org.apache.kafka.connect.data.Time": 1_000}
+
+
+def _unscaled(unscaled: int, scale: int) -> decimal.Decimal:
+    """The decimal ``unscaled * 10^-scale``, exactly (scaleb rounds to the context's 28 digits)."""
+    sign, digits = (1 if unscaled < 0 else 0), tuple(int(d) for d in str(abs(unscaled)))
+    return decimal.Decimal((sign, digits, -scale))
+
+
 def convert(value: Any, target: pa.DataType, connect: dict | None) -> Any:
     """A Debezium JSON value as a Python value of Arrow type ``target``: by its Connect logical type when
     the schema section names one, else by the target type."""
@@ -77,11 +92,10 @@ def convert(value: Any, target: pa.DataType, connect: dict | None) -> Any:
     if name == "org.apache.kafka.connect.data.Decimal" or (
             pa.types.is_decimal(target) and isinstance(value, str) and not _looks_numeric(value)):
         scale = int((connect or {}).get("parameters", {}).get("scale", getattr(target, "scale", 0)))
-        unscaled = int.from_bytes(base64.b64decode(value), "big", signed=True)
-        return decimal.Decimal(unscaled).scaleb(-scale)
+        return _unscaled(int.from_bytes(base64.b64decode(value), "big", signed=True), scale)
     if name == "io.debezium.data.VariableScaleDecimal":
         unscaled = int.from_bytes(base64.b64decode(value["value"]), "big", signed=True)
-        return decimal.Decimal(unscaled).scaleb(-int(value["scale"]))
+        return _unscaled(unscaled, int(value["scale"]))
     if pa.types.is_decimal(target):  # decimal.handling.mode=string or double
         return decimal.Decimal(str(value))
     if pa.types.is_date(target):
@@ -90,14 +104,13 @@ def convert(value: Any, target: pa.DataType, connect: dict | None) -> Any:
         return dt.date.fromisoformat(str(value))
     if pa.types.is_timestamp(target):
         if isinstance(value, (int, float)):
-            unit = {"io.debezium.time.Timestamp": 1_000, "io.debezium.time.NanoTimestamp": 1_000_000_000}.get(
-                name, 1_000_000)  # MicroTimestamp, and an integer without a schema
+            unit = _PER_SECOND.get(name, 1_000_000)  # MicroTimestamp, and an integer without a schema
             return _EPOCH + dt.timedelta(microseconds=value * 1_000_000 // unit)
         text = str(value).replace("Z", "+00:00")
         stamp = dt.datetime.fromisoformat(text)
         return stamp if stamp.tzinfo is not None or target.tz is None else stamp.replace(tzinfo=dt.UTC)
     if pa.types.is_time(target) and isinstance(value, int):
-        unit = {"io.debezium.time.Time": 1_000, "io.debezium.time.NanoTime": 1_000_000_000}.get(name, 1_000_000)
+        unit = _PER_SECOND.get(name, 1_000_000)  # MicroTime, and an integer without a schema
         return (dt.datetime.min + dt.timedelta(microseconds=value * 1_000_000 // unit)).time()
     if (pa.types.is_binary(target) or pa.types.is_large_binary(target)) and isinstance(value, str):
         return base64.b64decode(value)
@@ -175,6 +188,12 @@ def records(changes_in: Iterable[dict], meta: TableMetadata, position: str = "ls
         if unknown and kind == "upsert":
             raise InvalidInputError(f"the source has columns {sorted(unknown)} the table lacks: add them "
                                     "(Table.add_columns) before applying these changes")
+        unavailable = sorted(c for c, v in row.items() if v in _UNAVAILABLE)
+        if unavailable and kind == "upsert":
+            raise InvalidInputError(
+                f"columns {unavailable} of a change carry Debezium's placeholder for a value it did not send (a "
+                "PostgreSQL TOASTed column an UPDATE left unchanged); storing it would overwrite the real value. "
+                "Set REPLICA IDENTITY FULL on the source table so that every change carries every column")
         connect = _fields(change.get("_schema"), side)
         out = {c: convert(row.get(c), types[c], connect.get(c)) for c in columns}
         out[str(meta.delta_column)] = delta
@@ -215,10 +234,12 @@ def ingest(table, messages: Iterable[Any], *, batch_id: str | None = None, posit
     ids suffixed ``-1``, ``-2``...). Returns the :class:`bitlake.IngestResult` of each ingestion."""
     meta = table.metadata
     results = []
-    for i, (kind, piece) in enumerate(batches(changes(messages), meta, position)):
+    # Every message converted before the first commit: one that names a problem leaves nothing written.
+    pieces = list(batches(changes(messages), meta, position))
+    for i, (kind, piece) in enumerate(pieces):
         bid = None if batch_id is None else (batch_id if i == 0 else f"{batch_id}-{i}")
         if kind == "truncate":
             piece = truncation(table, piece)
-        if piece.num_rows or kind == "records":
-            results.append(table.ingest(piece, op_column=OP, batch_id=bid))
+        # A TRUNCATE of an empty table commits too: its batch id is taken, and a retry of the call is a no-op.
+        results.append(table.ingest(piece, op_column=OP, batch_id=bid))
     return results

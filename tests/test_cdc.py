@@ -5,6 +5,7 @@ held, whatever batches the stream is cut into, and a retried batch applies nothi
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import decimal
 import json
@@ -91,6 +92,14 @@ def test_values_follow_debeziums_logical_types():
     assert cdc.convert(1_700_000_000_000_000, pa.timestamp("us", tz="UTC"), {"name": "io.debezium.time.MicroTimestamp"}
                        ) == dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC)
     assert cdc.convert("110.50", pa.decimal128(12, 2), None) == decimal.Decimal("110.50")  # decimal mode string
+    big = decimal.Decimal("1234567890123456789012345678.0123456789")  # beyond the default context's 28 digits
+    raw = int(big.scaleb(10, decimal.Context(prec=60))).to_bytes(16, "big", signed=True)
+    connect = {"name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "10"}}
+    assert cdc.convert(base64.b64encode(raw).decode(), pa.decimal128(38, 10), connect) == big
+    noon = dt.datetime(2024, 3, 5, 12, tzinfo=dt.UTC)  # time.precision.mode=connect: milliseconds
+    assert cdc.convert(int(noon.timestamp() * 1000), pa.timestamp("us", tz="UTC"),
+                       {"name": "org.apache.kafka.connect.data.Timestamp"}) == noon
+    assert cdc.convert(43_200_000, pa.time64("us"), {"name": "org.apache.kafka.connect.data.Time"}) == dt.time(12)
 
 
 def _meta():
@@ -123,7 +132,15 @@ def test_bad_streams_are_refused_with_the_reason(tmp_path):
         cdc.ingest(t, [{**change, "op": "c", "source": {}}])
     with pytest.raises(bitlake.InvalidInputError, match="unknown Debezium op 'x'"):
         cdc.ingest(t, [{**change, "op": "x"}])
+    with pytest.raises(bitlake.InvalidInputError, match="placeholder.*REPLICA IDENTITY FULL"):
+        cdc.ingest(t, [{**change, "after": {**change["after"], "name": "__debezium_unavailable_value"}}])
+    truncate = {"op": "t", "source": {"lsn": 10**12}, "ts_ms": 1}
+    with pytest.raises(bitlake.InvalidInputError, match="unknown Debezium op"):  # after a TRUNCATE: still nothing
+        cdc.ingest(t, [change, truncate, {**change, "op": "x"}])
     assert t.version == 0, "nothing was written"
+    first = cdc.ingest(t, [truncate, change], batch_id="b")  # a TRUNCATE of the empty table takes its id too
+    assert [r.committed for r in first] == [True, True]
+    assert [r.committed for r in cdc.ingest(t, [truncate, change], batch_id="b")] == [False, False]
     by_time = bitlake.create_table(str(tmp_path / "ts"), SCHEMA.remove(8).append(
         pa.field("_at", pa.timestamp("ms", tz="UTC"))), primary_key=["id"], delta_column="_at")
     cdc.ingest(by_time, MESSAGES, position="ts_ms")
