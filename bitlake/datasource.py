@@ -4,9 +4,9 @@ over the same read planner and ingestion as the rest of bitlake (docs/spark.md).
 Reads take Delta's option names: ``versionAsOf``, ``timestampAsOf``, ``validAt`` (bitlake's event time),
 ``readChangeFeed`` with ``startingVersion`` / ``endingVersion``. A task reads a group of the view's files
 through the table's :class:`~bitlake.fs.FileIO` (any store, no Hadoop connector) and yields Arrow batches;
-Spark's simple filters are pushed down to the Parquet scans (row groups skipped by their statistics) and
-still checked by Spark. Writes (mode ``append``) are one batch, with ``batchId`` and ``opColumn``: the tasks
-land the rows, the commit runs MetaGen on the driver; a ``batchId`` that committed already is a no-op.
+filters are Spark's alone (docs/spark.md says why). Writes (mode ``append``) are one batch, with
+``batchId`` and ``opColumn``: the tasks land the rows, the commit runs MetaGen on the driver; a ``batchId``
+that committed already is a no-op.
 ``storage.<key>`` options are the table's ``storage_options``.
 
 Registered by :func:`bitlake.spark_session`; any other session: ``bitlake.register_data_source(spark)``.
@@ -15,12 +15,8 @@ Registered by :func:`bitlake.spark_session`; any other session: ``bitlake.regist
 from __future__ import annotations
 
 import dataclasses
-import operator
-from functools import reduce
-from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -49,9 +45,7 @@ CHANGE_COLUMNS = [pa.field("_change_type", pa.string()), pa.field("_commit_versi
 
 
 def register(spark) -> None:
-    """Makes ``format("bitlake")`` known to ``spark`` (and turns on Spark's filter pushdown to Python data
-    sources, off by default, which :class:`ViewReader` uses)."""
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
+    """Makes ``format("bitlake")`` known to ``spark``."""
     spark.dataSource.register(BitlakeDataSource)
 
 
@@ -134,17 +128,6 @@ class ViewReader(DataSourceReader):
 
         self.io = t.io
         self.plan = plan.plan(t.io, state, valid_at)
-        self.where: list[pc.Expression] = []
-
-    def pushFilters(self, filters):  # noqa: N802 - Spark's name
-        """Keeps the filters pyarrow can evaluate for the Parquet scans (statistics pruning and row filtering);
-        returns every filter, so Spark checks them all again (a cheap safety net)."""
-        schema = reader.output_schema(self.plan)
-        for f in filters:
-            expression = _expression(f, schema)
-            if expression is not None:
-                self.where.append(expression)
-            yield f
 
     def partitions(self):
         groups: list[list[str]] = []
@@ -162,8 +145,7 @@ class ViewReader(DataSourceReader):
         wanted = set(partition.paths)
         p = dataclasses.replace(self.plan, whole=[f for f in self.plan.whole if f.path in wanted],
                                 filtered=[f for f in self.plan.filtered if f.path in wanted])
-        where = reduce(operator.and_, self.where) if self.where else None
-        yield from _spark_typed(reader.batches(self.io, p, where=where))
+        yield from _spark_typed(reader.batches(self.io, p))
 
 
 class ChangeFeedReader(DataSourceReader):
@@ -393,48 +375,6 @@ def _conformed(iterator, meta, op_column: str | None):
 def _chain(first, rest):
     yield first
     yield from rest
-
-
-_COMPARISONS = {"EqualTo": operator.eq, "GreaterThan": operator.gt, "GreaterThanOrEqual": operator.ge,
-                "LessThan": operator.lt, "LessThanOrEqual": operator.le}
-
-
-def _expression(f, schema: pa.Schema) -> pc.Expression | None:
-    """A Spark filter as a pyarrow expression over a top-level column of ``schema``; None when it is not one
-    pyarrow evaluates as Spark does."""
-    kind = type(f).__name__
-    if kind == "Not":
-        inner = _expression(f.child, schema)
-        return None if inner is None else ~inner
-    attribute: tuple[str, ...] = tuple(getattr(f, "attribute", ()))
-    if len(attribute) != 1 or attribute[0] not in schema.names:
-        return None
-    name = attribute[0]
-    field = pc.field(name)
-    column_type = schema.field(name).type
-    if pa.types.is_timestamp(column_type):
-        return None  # PySpark hands timestamp values as naive datetimes in the worker's local time zone
-    try:
-        if kind in _COMPARISONS:
-            expression = _COMPARISONS[kind](field, _scalar(f.value, column_type))
-        elif kind == "In":
-            expression = field.isin(pa.array(list(f.value), column_type))
-        elif kind == "IsNull":
-            expression = field.is_null()
-        elif kind == "IsNotNull":
-            expression = field.is_valid()
-        elif kind == "StringStartsWith" and pa.types.is_string(column_type):
-            expression = pc.starts_with(field, f.value)
-        else:
-            return None
-        schema.empty_table().filter(expression)  # it binds to the column's type
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError, OverflowError):
-        return None
-    return expression
-
-
-def _scalar(v: Any, t: pa.DataType) -> pa.Scalar:
-    return pa.scalar(v, t)
 
 
 def _spark_typed(batches):

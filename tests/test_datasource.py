@@ -10,10 +10,8 @@ import time
 import pyarrow as pa
 import pytest
 from pyspark.errors import AnalysisException
-from pyspark.sql.datasource import EqualTo, GreaterThan, In, IsNull, Not
 
 import bitlake
-from bitlake import datasource
 from tests.oracle import rows_key
 
 pytestmark = pytest.mark.spark
@@ -116,15 +114,24 @@ def test_pushed_filters_select_what_spark_selects(spark, table, condition):
     assert got == _rows(t.to_spark(spark).filter(condition)), condition
 
 
-def test_pushed_filters_become_pyarrow_expressions_that_skip_rows(table):
+def test_a_dataframe_queried_again_keeps_every_row(spark, table):
+    """Filters are Spark's alone (a reader Spark keeps for the DataFrame sees no query's filters), so the same
+    DataFrame filtered, then counted, collected or filtered otherwise, keeps every row; NaN compares as Spark
+    compares it."""
+    import math
+
+    from pyspark.sql import functions as F
+
     t, _ = table
-    r = datasource.ViewReader({"path": t.path})
-    filters = [GreaterThan(("k",), 70), EqualTo(("name",), "n1-3"), In(("k",), (71, 76, 999)), Not(IsNull(("day",))),
-               GreaterThan(("mod",), dt.datetime(2026, 1, 2)), EqualTo(("nested", "x"), 1)]
-    assert list(r.pushFilters(filters)) == filters, "every filter is still checked by Spark"
-    assert len(r.where) == 4, "timestamps (naive local datetimes in PySpark) and nested columns are not pushed"
-    rows = [row for p in r.partitions() for b in r.read(p) for row in b.to_pylist()]
-    assert sorted(row["k"] for row in rows) == [71, 76]
+    df = spark.read.format("bitlake").load(t.path)
+    everything = df.count()
+    assert df.filter(F.col("k") > 70).count() < everything
+    assert df.count() == everything and len(df.collect()) == everything
+    assert df.filter(F.col("k") <= 70).count() == everything - df.filter(F.col("k") > 70).count()
+    f = bitlake.create_table(str(t.path) + "-nan", pa.schema([("k", pa.int64()), ("x", pa.float64())]))
+    f.ingest(pa.table({"k": [1, 2, 3], "x": [math.nan, 1.0, 5.0]}))
+    floats = spark.read.format("bitlake").load(f.path)
+    assert sorted(r.k for r in floats.filter(F.col("x") > 2.0).collect()) == [1, 3]  # NaN is above every number
 
 
 def test_writes_ingest_one_batch_exactly_once(spark, tmp_path):
