@@ -87,11 +87,15 @@ class BitlakeDataSource(DataSource):
         return spark_schema(self._arrow_schema())
 
     def _arrow_schema(self) -> pa.Schema:
-        meta = _table(self.options).metadata
-        schema = pa.schema([meta.schema.field(c) for c in meta.column_names])
+        t = _table(self.options)
+        meta = t.metadata
         if _flag(self.options, "readChangeFeed"):
-            return pa.schema([*schema, *CHANGE_COLUMNS])
-        return schema
+            return pa.schema([*(meta.schema.field(c) for c in meta.column_names), *CHANGE_COLUMNS])
+        if "versionAsOf" in self.options or "timestampAsOf" in self.options:  # a version reads its own schema
+            state, _ = read.view(t.io, t.refresh(), _int(self.options, "versionAsOf"),
+                                 self.options.get("timestampAsOf"), None)
+            meta = state.metadata
+        return pa.schema([meta.schema.field(c) for c in meta.column_names])
 
     def reader(self, schema) -> DataSourceReader:
         if _flag(self.options, "readChangeFeed"):

@@ -192,3 +192,15 @@ def test_the_data_source_on_s3(spark, s3_server):
         "batchId", "s3w").save(uri)
     assert sorted(r["k"] for r in t.to_arrow().to_pylist() if r["k"] >= 100) == list(range(100, 110))
     assert t.io.local_path() is None
+
+
+def test_a_version_reads_with_its_own_schema(spark, tmp_path):
+    t = bitlake.create_table(str(tmp_path / "t"), pa.schema([("k", pa.int64()), ("d", pa.int64())]),
+                             primary_key=["k"], delta_column="d")
+    t.ingest(pa.table({"k": [1], "d": [1]}))
+    t.add_columns([pa.field("note", pa.string())])
+    t.ingest(pa.table({"k": [2], "d": [1], "note": ["n"]}))
+    old = spark.read.format("bitlake").option("versionAsOf", 1).load(t.path)
+    assert old.columns == ["k", "d"] and [tuple(r) for r in old.collect()] == [(1, 1)]
+    now = spark.read.format("bitlake").load(t.path)
+    assert sorted(tuple(r) for r in now.collect()) == [(1, 1, None), (2, 1, "n")]
