@@ -66,6 +66,24 @@ def test_the_files_land_as_the_rows_would(tmp_path, spark):
     assert ("late0", 2) in {(n, m) for _, n, m in snapshot(from_files)}
 
 
+def test_files_land_in_sparks_order_not_by_name(tmp_path, spark):
+    """Spark reads the larger file first: a tie between a small file named first and a large one goes to the
+    small file's row, whether the DataFrame lands from the files or from Spark's rows."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    pq.write_table(rows(1).set_column(1, "name", pa.array(["small"])), folder / "a.parquet")
+    pq.write_table(rows(3000), folder / "b.parquet")
+    assert [r.name for r in spark.read.parquet(str(folder)).filter("id = 0").collect()] == ["n0", "small"]
+    winners = []
+    for name, df in [("files", spark.read.parquet(str(folder))),
+                     ("rows", spark.read.parquet(str(folder)).filter("id > -1"))]:
+        t = new_table(tmp_path, name)
+        assert (ParquetScan.of(df, t.state().metadata, None) is None) == (name == "rows")
+        t.ingest(df, batch_id="b", spark=spark)
+        winners.append([r["name"] for r in t.to_arrow().to_pylist() if r["id"] == 0])
+    assert winners == [["small"], ["small"]]
+
+
 def test_a_projection_of_the_columns_lands_from_the_files(tmp_path, spark):
     file = tmp_path / "in.parquet"
     pq.write_table(rows(10).append_column("extra", pa.array(range(10))), file)

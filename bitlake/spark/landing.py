@@ -12,6 +12,7 @@ Parquet write does (docs/ingestion.md).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
@@ -172,7 +173,10 @@ class ParquetScan:
             conform.Conformer(schema, meta, op_column)
         except SchemaMismatchError:
             return None  # the rows' landing names the problem as it does for any DataFrame
-        splits = _splits(paths, footers, df.sparkSession)
+        order = _spark_order(df, dict(zip(paths, footers, strict=True)))
+        if order is None:
+            return None  # the rows' landing reads them in Spark's order
+        splits = _splits(order, df.sparkSession)
         if not splits:
             return None
         return cls(outputs, schema, splits, sum(f.num_rows for f in footers),
@@ -301,12 +305,56 @@ def _as_pyarrow_reads(footer) -> bool:
     return not any(pa.types.is_timestamp(f.type) and f.type.tz is None for f in schema.to_arrow_schema())
 
 
-def _splits(paths: list[str], footers, spark) -> tuple:
-    """The files' row groups in runs of about their total size / twice the cores (at most Spark's
-    ``maxPartitionBytes``), in order: a large file is read by several tasks, and the cores finish together
-    (runs of a whole core's share, cut at row groups, would leave one core idle while a third run lands)."""
-    groups = [(path, g, _stored_bytes(f.row_group(g))) for path, f in zip(paths, footers, strict=True)
-              for g in range(f.num_row_groups) if f.row_group(g).num_rows]
+def _spark_order(df, footers: dict) -> list[tuple[str, int, int]] | None:
+    """The files' row groups ``(path, row group, stored bytes)`` in the order Spark reads them, which is the
+    batch's row order (its positions break ties of a key's equal delta values): Spark's file partitions in
+    order, each split of a file reading the row groups whose midpoint falls in it (Parquet's rule), so a scan
+    of several files lands them as Spark would hand them over (largest first, not by name). None when Spark's
+    plan does not say (the rows' landing then reads them in Spark's order)."""
+    try:
+        scan = _file_scan(df._jdf.queryExecution().executedPlan())
+        if scan is None:
+            return None
+        out = []
+        for partition in scan.inputRDD().partitions():
+            files = partition.files()
+            for i in range(len(files)):
+                f = files[i]
+                path = unquote(urlparse(f.filePath().toString()).path)
+                footer = footers.get(path)
+                if footer is None:
+                    return None
+                start, end = f.start(), f.start() + f.length()
+                for g in range(footer.num_row_groups):
+                    rg = footer.row_group(g)
+                    first = rg.column(0)
+                    offset = first.data_page_offset
+                    if first.has_dictionary_page and 0 < first.dictionary_page_offset < offset:
+                        offset = first.dictionary_page_offset
+                    if rg.num_rows and start <= offset + _stored_bytes(rg) // 2 < end:
+                        out.append((path, g, _stored_bytes(rg)))
+    except Exception:  # noqa: BLE001 - a plan of another shape
+        return None
+    wanted = sum(1 for f in footers.values() for g in range(f.num_row_groups) if f.row_group(g).num_rows)
+    return out if len(out) == wanted and len(set((p, g) for p, g, _ in out)) == wanted else None
+
+
+def _file_scan(plan):
+    if plan.getClass().getSimpleName() == "FileSourceScanExec":
+        return plan
+    children = plan.children()
+    for i in range(children.size()):
+        found = _file_scan(children.apply(i))
+        if found is not None:
+            return found
+    return None
+
+
+def _splits(groups: list[tuple[str, int, int]], spark) -> tuple:
+    """The row groups ``(path, row group, stored bytes)``, in order, in runs of about their total size / twice
+    the cores (at most Spark's ``maxPartitionBytes``): a large file is read by several tasks, and the cores
+    finish together (runs of a whole core's share, cut at row groups, would leave one core idle while a third
+    run lands)."""
     total = sum(size for _, _, size in groups)
     limit = _bytes(spark.conf.get("spark.sql.files.maxPartitionBytes", "134217728"))
     target = max(1, min(limit, -(-total // (2 * parallelism(spark)))))
@@ -318,7 +366,7 @@ def _splits(paths: list[str], footers, spark) -> tuple:
             size = 0
         splits[-1].append((path, g))
         size += n
-    return tuple(tuple((path, tuple(g for p, g in split if p == path)) for path in dict.fromkeys(p for p, _ in split))
+    return tuple(tuple((path, tuple(g for _, g in run)) for path, run in itertools.groupby(split, key=lambda x: x[0]))
                  for split in splits)
 
 
