@@ -29,7 +29,7 @@ from bitlake import ingest, restatement
 from bitlake.engine import plan, reader
 from bitlake.engine import restate as engine_restate
 from bitlake.engine.metagen import Landed
-from bitlake.errors import InvalidInputError
+from bitlake.errors import CommitConflictError, InvalidInputError
 from bitlake.format import rowid
 from bitlake.format.commit import DELETE, MERGE, UPDATE
 from bitlake.format.metadata import OP_COLUMN
@@ -81,17 +81,30 @@ def update(io: FileIO, refresh, writes: ingest.Ingestion, where: Any, assignment
     if keys:
         raise InvalidInputError(f"update: cannot set the primary key columns {keys}: delete the rows and ingest "
                                 "them under their new keys")
-    rows = _matched(io, state, where, assignments, spark)
-    if not rows.num_rows:
-        return DmlResult(0, None, {})
-    data = rows.drop_columns(list(rowid.ROW_ID_COLUMNS))
-    if meta.keyed:
-        r = writes.ingest(data, op_column=None, batch_id=None, metagen=True, inline=None, spark=spark,
-                          operation=UPDATE)
-        return DmlResult(rows.num_rows, r.version, r.counts)
-    new = ingest.land_batch(io, state, ingest.landing_of(data, meta, None), ingest.check_batch_id(None))
-    with ingest.dropped_unless_committed(io, refresh, new.part):
-        return _unkeyed(io, refresh, _rids(rows), new, UPDATE)
+    for _ in range(UPDATE_ATTEMPTS):
+        rows = _matched(io, state, where, assignments, spark)
+        if not rows.num_rows:
+            return DmlResult(0, None, {})
+        data = rows.drop_columns(list(rowid.ROW_ID_COLUMNS))
+        if meta.keyed:
+            r = writes.ingest(data, op_column=None, batch_id=None, metagen=True, inline=None, spark=spark,
+                              operation=UPDATE)
+            return DmlResult(rows.num_rows, r.version, r.counts)
+        new = ingest.land_batch(io, state, ingest.landing_of(data, meta, None), ingest.check_batch_id(None))
+        try:
+            with ingest.dropped_unless_committed(io, refresh, new.part):
+                return _unkeyed(io, refresh, _rids(rows), new, UPDATE)
+        except _Removed:
+            state = refresh()  # another commit removed rows it matched: match again, rewrite what is left
+    raise CommitConflictError(f"update gave up after {UPDATE_ATTEMPTS} attempts: other writers kept removing the "
+                              f"rows it matched in {io.uri()}")
+
+
+UPDATE_ATTEMPTS = 5
+
+
+class _Removed(Exception):
+    """Rows an unkeyed update rewrote were removed by another commit before it committed."""
 
 
 def _unkeyed(io: FileIO, refresh, rids: np.ndarray, new: Landed | None, operation: str) -> DmlResult:
@@ -99,12 +112,12 @@ def _unkeyed(io: FileIO, refresh, rids: np.ndarray, new: Landed | None, operatio
     ``new`` live."""
     def plan_(state: TableState, version: int):
         valid = engine_restate.valid_now(io, state, rids)
+        if operation == UPDATE and not valid.all():
+            raise _Removed  # its rewrites of those rows would bring them back
         still = rids[valid]
         if not len(still) and new is None:
             raise restatement.Done(DmlResult(len(rids), None, {}))
-        # An update landed the i-th matched row's new version as its i-th row.
-        pair = np.flatnonzero(valid) if operation == UPDATE else None
-        r = engine_restate.remove_rows(io, state, still, new, pair=pair)
+        r = engine_restate.remove_rows(io, state, still, new, pair=operation == UPDATE)
         return r, [], {"rows": int(len(rids))}
 
     c = restatement.commit(io, refresh, operation, new, plan_)

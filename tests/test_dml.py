@@ -154,3 +154,30 @@ def test_merge_of_a_change_feed_with_an_op_column(tmp_path):
     now = rows(t)
     assert 1 not in now and now[2] == ("X", 20, 2) and now[30] == ("N", 3, 2)
     assert t.to_arrow().column_names == COLUMNS
+
+
+def test_unkeyed_update_racing_a_delete_does_not_bring_rows_back(tmp_path, monkeypatch):
+    """Another writer deletes a row an unkeyed update matched, after the update landed its rewrite and before it
+    commits: the update matches again on the new state, so the deleted row stays deleted."""
+    from bitlake import dml, ingest
+
+    schema = pa.schema([("name", pa.string()), ("v", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema)
+    t.ingest(pa.table({"name": ["a", "b", "c"], "v": [1, 2, 3]}, schema=schema))
+    other = bitlake.open_table(t.path)
+    real, calls = ingest.land_batch, []
+
+    def land_then_race(*args, **kwargs):
+        landed = real(*args, **kwargs)
+        if not calls:
+            other.delete(pc.field("name") == "b")
+        calls.append(landed)
+        return landed
+
+    monkeypatch.setattr(dml.ingest, "land_batch", land_then_race)
+    r = t.update(pc.field("v") >= 2, {"v": pc.field("v") + 100})
+    assert len(calls) == 2 and r.counts["updated"] == 1
+    assert sorted((x["name"], x["v"]) for x in t.to_arrow().to_pylist()) == [("a", 1), ("c", 103)]
+    feed = [(x["_change_type"], x["name"]) for x in t.changes_to_arrow(start_version=1).to_pylist()]
+    assert feed == [("delete", "b"), ("update_preimage", "c"), ("update_postimage", "c")]
+    assert [p for p in t.cleanup(min_age_seconds=0, dry_run=True) if p.startswith("data/")] == []

@@ -256,10 +256,10 @@ def _unkeyed(io: FileIO, state: TableState, removed: int | None, new: Landed | N
 
 
 def remove_rows(io: FileIO, state: TableState, rids: np.ndarray, new: Landed | None,
-                pair: np.ndarray | None = None) -> Restatement:
+                pair: bool = False) -> Restatement:
     """An unkeyed table's rows ``rids`` (packed, valid now) become invalid, and ``new``'s rows valid. The change
-    rows are deletes and inserts, or with ``pair`` (an update) preimages and postimages: ``rids[i]`` was
-    rewritten as ``new``'s row ``pair[i]`` (its place in the order the rows were landed)."""
+    rows are deletes and inserts, or with ``pair`` (an update: ``new`` rewrites each of ``rids``, in their
+    order) preimages and postimages, ``rids[i]`` with the i-th row ``new`` landed."""
     bitmaps = bitmap.NewBitmaps(bitmap.BitmapCache(io), state.metadata.prop("bitmap.deltas"))
     by_row = np.sort(rids)
     segment = by_row >> rowid.OFFSET_BITS
@@ -276,13 +276,11 @@ def remove_rows(io: FileIO, state: TableState, rids: np.ndarray, new: Landed | N
     came = [np.arange(s.data_rows, dtype=np.int64) | np.int64(rowid.segment_key(s.part, s.seq)) for s in out.segments]
     after = np.sort(np.concatenate(came)) if came else np.empty(0, np.int64)
     out.segments = segments + out.segments
-    if pair is not None:
-        n = len(rids)
-        places = np.arange(n, dtype=np.int64) * 2
-        alone = np.setdiff1d(np.arange(len(after)), pair)  # rewrites of rows another commit removed meanwhile
-        changes = changefile.table((rids, "update_preimage", places), (after[pair], "update_postimage", places + 1),
-                                   (after[alone], "insert", np.arange(len(alone), dtype=np.int64) + 2 * n))
-        counts = {**dict.fromkeys(COUNTS, 0), "updated": n, "inserted": len(alone)}
+    if pair:
+        assert len(rids) == len(after), "an update rewrites each of its rows"
+        places = np.arange(len(rids), dtype=np.int64) * 2
+        changes = changefile.table((rids, "update_preimage", places), (after, "update_postimage", places + 1))
+        counts = {**dict.fromkeys(COUNTS, 0), "updated": len(rids)}
     else:
         rids = by_row
         changes = changefile.table((rids, "delete", np.arange(len(rids), dtype=np.int64)),
