@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bitlake import fs
+from bitlake.errors import InvalidInputError
 from bitlake.fs import FileIO, LocalFileIO, file_io
 from bitlake.fs.objectstore import ObjectStoreFileIO
 
@@ -427,9 +428,9 @@ def test_file_uri_and_local_path_give_equal_objects():
 
 
 @pytest.mark.parametrize("scheme", ["hdfs", "ftp"])
-def test_unknown_scheme_raises_value_error_naming_it(scheme):
+def test_unknown_scheme_is_refused_naming_it(scheme):
     assert scheme not in fs._IMPLEMENTATIONS
-    with pytest.raises(ValueError, match=f"'{scheme}'"):
+    with pytest.raises(InvalidInputError, match=f"unsupported storage scheme '{scheme}'"):
         file_io(f"{scheme}://bucket/tables/t")
 
 
