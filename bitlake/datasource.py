@@ -34,6 +34,7 @@ from bitlake.errors import InvalidInputError
 from bitlake.format.commit import INGEST
 from bitlake.format.layout import STAGING_DIR
 from bitlake.format.metadata import OP_COLUMN
+from bitlake.spark.schema import spark_typed
 
 NAME = "bitlake"
 # Files of a view are read in groups of about this many bytes, one task each.
@@ -149,7 +150,7 @@ class ViewReader(DataSourceReader):
         wanted = set(partition.paths)
         p = dataclasses.replace(self.plan, whole=[f for f in self.plan.whole if f.path in wanted],
                                 filtered=[f for f in self.plan.filtered if f.path in wanted])
-        yield from _spark_typed(reader.batches(self.io, p))
+        yield from spark_typed(reader.batches(self.io, p))
 
 
 class ChangeFeedReader(DataSourceReader):
@@ -166,7 +167,7 @@ class ChangeFeedReader(DataSourceReader):
         self.plan = read.change_plan(t.io, t.refresh(), max(start - 1, 0), _int(options, "endingVersion"), None)
 
     def read(self, partition):
-        yield from _spark_typed(changes_mod.read_arrow(self.io, self.plan).to_batches())
+        yield from spark_typed(changes_mod.read_arrow(self.io, self.plan).to_batches())
 
 
 class ChangeStreamReader(DataSourceStreamReader):
@@ -196,7 +197,7 @@ class ChangeStreamReader(DataSourceStreamReader):
         if end <= start:
             return
         t = _table(self.options)
-        yield from _spark_typed(
+        yield from spark_typed(
             changes_mod.read_arrow(t.io, read.change_plan(t.io, t.refresh(), start, end, None)).to_batches())
 
 
@@ -380,11 +381,3 @@ def _chain(first, rest):
     yield first
     yield from rest
 
-
-def _spark_typed(batches):
-    """Arrow batches of table types as Spark takes them (unsigned integers as the next wider signed type)."""
-    from bitlake.spark.schema import spark_arrow_schema
-
-    for b in batches:
-        out = spark_arrow_schema(b.schema)
-        yield b if out == b.schema else b.cast(out)

@@ -29,13 +29,13 @@ class _ReadFiles:
     io: FileIO
     schema: pa.Schema
     file_format: str
-    out: pa.Schema  # the schema's Spark-compatible types (spark_arrow_schema)
 
     def __call__(self, batches):
+        from bitlake.spark.schema import spark_typed
+
         for rb in batches:
             for path in rb.column(0).to_pylist():
-                for b in datafile.read_batches(self.io, path, self.schema, self.file_format):
-                    yield b.cast(self.out) if self.out != self.schema else b
+                yield from spark_typed(datafile.read_batches(self.io, path, self.schema, self.file_format))
 
 
 def read(spark, io: FileIO, paths: list[str], schema: pa.Schema, file_format: str = "parquet",
@@ -44,7 +44,7 @@ def read(spark, io: FileIO, paths: list[str], schema: pa.Schema, file_format: st
     ``partitioned``: the files are under Hive-style partition folders of the data folder, whose columns
     the files also hold."""
     from bitlake.format import layout
-    from bitlake.spark.schema import spark_arrow_schema, spark_schema
+    from bitlake.spark.schema import spark_schema
 
     require_shared(io)
     if io.spark_readable:
@@ -54,7 +54,7 @@ def read(spark, io: FileIO, paths: list[str], schema: pa.Schema, file_format: st
         return reader.load([io.uri(p) for p in paths])
     tasks = max(1, min(len(paths), parallelism(spark) * 2))
     listing = spark.createDataFrame([(p,) for p in paths], "path string").repartition(tasks)
-    return listing.mapInArrow(_ReadFiles(io, schema, file_format, spark_arrow_schema(schema)), spark_schema(schema))
+    return listing.mapInArrow(_ReadFiles(io, schema, file_format), spark_schema(schema))
 
 
 def parallelism(spark) -> int:

@@ -121,19 +121,18 @@ def _records(spark, io: FileIO, meta: TableMetadata, batches: list[Landed]):
     None when they have none."""
     from pyspark.sql import functions as F
 
-    from bitlake.spark.schema import spark_arrow_schema, spark_schema
+    from bitlake.spark.schema import spark_schema, spark_typed
 
     keys_schema = spark_schema(datafile.keys_schema(meta))
     parts = []
     data_paths = [f.path for b in batches for f in b.data_files]
     if data_paths:
         metadata = meta.to_json()
-        out = spark_arrow_schema(datafile.keys_schema(meta))
 
         def derive(batches_in):
             m = TableMetadata.from_json(metadata)
             for rb in batches_in:
-                yield from datafile.keys_of(rb, m).cast(out).to_batches()
+                yield from spark_typed(datafile.keys_of(rb, m).to_batches())
 
         columns = datafile.data_schema(meta)
         upserts = pa.schema([columns.field(c) for c in datafile.upsert_columns(meta)])

@@ -52,6 +52,13 @@ def spark_arrow_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema(fields, metadata=schema.metadata)
 
 
+def spark_typed(batches):
+    """Arrow batches of table types as a Spark task yields them (:func:`spark_arrow_schema`)."""
+    for b in batches:
+        out = spark_arrow_schema(b.schema)
+        yield b if out == b.schema else b.cast(out)
+
+
 def _has_unsigned(t: pa.DataType) -> bool:
     if pa.types.is_unsigned_integer(t):
         return True
