@@ -42,6 +42,9 @@ def batches(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Ex
             columns: list[str] | None = None, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """The rows of the plan (``columns`` of them, default all), and with ``where``, those it holds true for,
     as record batches of :func:`output_schema`, one file after the other."""
+    if columns == [] and not include_row_ids:  # no column, but the rows' count: batches of zero columns keep it
+        yield from (rb.select([]) for rb in batches(io, p, True, where, columns, batch_rows))
+        return
     meta = p.state.metadata
     schema = output_schema(p, columns, include_row_ids)
     needed = set(schema.names) | set(rowid.ROW_ID_COLUMNS) | {c for _, c, _ in p.hidden}
@@ -71,8 +74,6 @@ def batches(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Ex
 def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
          columns: list[str] | None = None) -> pa.Table:
     """:func:`batches` as one table."""
-    if columns == [] and not include_row_ids:  # no column, but the rows' count: a table of zero columns keeps it
-        return read(io, p, True, where, columns).select([])
     schema = output_schema(p, columns, include_row_ids)
     return pa.Table.from_batches(list(batches(io, p, include_row_ids, where, columns)), schema=schema)
 
