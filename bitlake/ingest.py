@@ -198,8 +198,8 @@ class Ingestion:
                 counts=out.counts(),
                 batch_counts={b.batch_id: out.batch_counts.get(i, dict.fromkeys(COUNTS, 0))
                               for i, b in enumerate(batches)},
-                events=tuple(changeevent.commit_events(state.metadata.name, state, version, timestamp_ms, batches,
-                                                       out.segments, out.counts())),
+                events=tuple(changeevent.commit_events(self.io, state.metadata.name, state, version, timestamp_ms,
+                                                       batches, out.segments, out.counts())),
             )
             return c, out.written()
 

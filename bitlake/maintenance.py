@@ -40,6 +40,7 @@ def referenced(io: FileIO, latest: TableState) -> set[str]:
     out.update(p for s in base.segments.values() for p in (s.bitmap, s.delta) if p)
     out.update(f.path for files in base.keystore.values() for f in files)
     out.update(t.path for _, t in base.tombstones)
+    out.update(f.path for _, f in base.purged)
     for v in range(start + 1, latest.version + 1):
         c = commitlog.read(io, v)
         out.update(f.path for f in c.add_files)
@@ -50,6 +51,7 @@ def referenced(io: FileIO, latest: TableState) -> set[str]:
         out.update(f.path for f in c.keystore_add)
         out.update(t.path for t in c.tombstones)
         out.update(f.path for f in c.change_files)
+        out.update(f.path for f in c.purged)
         out.update(p for r in c.rewrites if r.to for p in (r.to.path, r.to.offsets) if p)
     out.difference_update(latest.rewritten)
     return out

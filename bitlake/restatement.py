@@ -160,7 +160,7 @@ def commit(io: FileIO, refresh, operation: str, new: Landed | None, plan, more=N
         if new is not None:
             records = [*records, BatchRecord(new.batch_id, new.part, LIVE, new.records, new.keys_files)]
         timestamp_ms = commitlog.now_ms(state.timestamp_ms)
-        events = changeevent.commit_events(state.metadata.name, state, version, timestamp_ms,
+        events = changeevent.commit_events(io, state.metadata.name, state, version, timestamp_ms,
                                            [new] if new is not None else [], r.output.segments, r.counts)
         for e in events:
             e["tags"] = {**e["tags"], **{k: str(v) for k, v in parameters.items()}, "operation": operation}
@@ -223,6 +223,9 @@ def vacuum(io: FileIO, refresh) -> VacuumResult:
         written = list(prepared.written)
         new, part = None, None
         try:
+            prepared.purged_file = engine_vacuum.write_purged(io, state.metadata, prepared.purged)
+            if prepared.purged_file is not None:
+                written.append(prepared.purged_file.path)
             current = _current_purged(io, state, prepared.purged)
             if current is not None:
                 new = ingest.land_batch(io, state, ingest.landing_of(current, state.metadata, OP_COLUMN),
@@ -285,7 +288,8 @@ def _vacuum_fields(io: FileIO, prepared, state: TableState) -> dict:
     parameters = {"files_rewritten": len(prepared.rewrites), "rows_purged": prepared.rows_purged,
                   "tombstones_added": 0, "tombstones_removed": removed, "tombstones_total": total}
     return {"parameters": parameters, "rewrites": tuple(prepared.rewrites),
-            "remove_tombstones": tuple(prepared.tombstones)}
+            "remove_tombstones": tuple(prepared.tombstones),
+            "purged": (prepared.purged_file,) if prepared.purged_file is not None else ()}
 
 
 def _delete_rewritten(io: FileIO, state: TableState) -> None:

@@ -52,13 +52,12 @@ class Oracle:
         """Removes, from every version, the rows the tombstones hide, and retires them; at ``version`` the keys
         whose current record it removed are deleted (delete records with that record's delta value), their
         change rows being ``key_row(row)``: the key and delta columns alone, the rest gone with the row."""
-        for inc in self.incarnations:
-            for r in inc.records:
-                if r.row is not None and self._hidden(r.row, inc.version, None):
-                    self.purged.add(id(r.row))
+        newly = {id(r.row) for inc in self.incarnations for r in inc.records
+                 if r.row is not None and id(r.row) not in self.purged and self._hidden(r.row, inc.version, None)}
+        self.purged |= newly
         self.tombstones = []
         gone = [(key, records[-1]) for key, records in self.history().items()
-                if records and records[-1].op == "upsert" and id(records[-1].row) in self.purged]
+                if records and records[-1].op == "upsert" and id(records[-1].row) in newly]
         if gone:
             self.apply([Record(key, last.delta, "delete", None) for key, last in gone], version)
             self.changes += [("delete", version, key_row(last.row)) for _, last in gone]
@@ -73,7 +72,7 @@ class Oracle:
         """Applies one batch, committed at ``version``; returns its counts. Its changes are appended
         to ``self.changes`` as ``(change_type, version, row)``."""
         history = self.history()
-        counts = _fold(history, records, version, self.changes)
+        counts = _fold(history, records, version, self.changes, self.purged)
         self.incarnations.append(Incarnation(batch_id, records, version))
         return counts
 
@@ -97,7 +96,8 @@ class Oracle:
         self._diff(before, version)
 
     def _current(self) -> dict[tuple, dict]:
-        return {k: rs[-1].row for k, rs in self.history().items() if rs and rs[-1].op == "upsert"}
+        return {k: rs[-1].row for k, rs in self.history().items() if rs and rs[-1].op == "upsert"
+                and id(rs[-1].row) not in self.purged}
 
     def _diff(self, before: dict[tuple, dict], version: int) -> None:
         """Change rows per key whose current record changed: another record, even with equal values, is an
@@ -124,7 +124,7 @@ class Oracle:
                 continue
             if inc.restated is not None and (version is None or inc.restated <= version):
                 continue
-            _fold(history, inc.records, inc.version, None)
+            _fold(history, inc.records, inc.version, None, set())
         return history
 
     def view(self, valid_at: Any = None, version: int | None = None) -> list[dict]:
@@ -146,9 +146,10 @@ class Oracle:
         return [c for c in self.changes if start < c[1] <= end and id(c[2]) not in self.purged]
 
 
-def _fold(history: dict[tuple, list[Accepted]], records: list[Record], version: int, changes: list | None
-          ) -> dict[str, int]:
-    """Applies one batch's records to ``history`` in contract order; appends its change rows to ``changes``."""
+def _fold(history: dict[tuple, list[Accepted]], records: list[Record], version: int, changes: list | None,
+          purged: set[int]) -> dict[str, int]:
+    """Applies one batch's records to ``history`` in contract order; appends its change rows to ``changes``. A
+    record whose row a vacuum ``purged`` has no row to update or delete (a revert may make it a key's last)."""
     counts = dict.fromkeys(COUNTS, 0)
     out = changes if changes is not None else []
     order = sorted(range(len(records)), key=lambda i: (records[i].delta, i))
@@ -159,7 +160,7 @@ def _fold(history: dict[tuple, list[Accepted]], records: list[Record], version: 
         if last is not None and r.delta < last.delta:
             counts["stale"] += 1
             continue
-        visible = last is not None and last.op == "upsert"
+        visible = last is not None and last.op == "upsert" and id(last.row) not in purged
         if r.op == "upsert":
             counts["updated" if visible else "inserted"] += 1
             if visible:

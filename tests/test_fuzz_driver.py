@@ -173,7 +173,6 @@ class Run:
         self.took: dict[str, int] = {}  # batch id -> the version a retry answers with (when known)
         self.live: dict[str, int] = {}  # batch id -> the version its current incarnation was made live at
         self.window: tuple[int, int] | None = None  # (W, watermark as an int), as the harness expects it
-        self.vacuumed: list[int] = []  # versions of the vacuums that purged rows
         self.readable_from = 0  # the first version a read may ask for (the window's, or the look-back's before it)
         self.ordered: set[int] = set()  # versions whose change rows follow acceptance order exactly
         self.log: list[str] = []
@@ -326,15 +325,13 @@ class Run:
             except bitlake.VersionExpiredError:
                 assert t.version == before
                 # Only when the fold needs a key store from before the window's start (docs/restatement.md,
-                # "Retention"; bitlake/engine/restate.py, fold_start), or records a vacuum since erased.
+                # "Retention"; bitlake/engine/restate.py, fold_start).
                 start = self.fold_start(batch_id)
-                assert start is not None and (self.window is not None and start <= self.window[0]
-                                              or any(v > start for v in self.vacuumed)), \
-                    (batch_id, start, self.window, self.vacuumed)
+                assert start is not None and self.window is not None and start <= self.window[0], \
+                    (batch_id, start, self.window)
                 return f"{op} {batch_id} (expired: refused)"
             start = self.fold_start(batch_id)
             assert self.window is None or start is None or start > self.window[0], (batch_id, start, self.window)
-            assert start is None or not any(v > start for v in self.vacuumed), (batch_id, start, self.vacuumed)
             if op == "revert":
                 if batch_id not in self.live:  # reverted already: a retry
                     assert not result.committed and t.version == before, result
@@ -367,8 +364,6 @@ class Run:
                 assert not self.oracle.tombstones and t.version == before
                 return "vacuum (nothing)"
             assert result.version == before + 1
-            if result.rows_purged:
-                self.vacuumed.append(result.version)
             keep = {*kind.key_names, "mod"}
             self.oracle.vacuum(result.version, lambda row: {c: (v if c in keep else None) for c, v in row.items()})
             return "vacuum"

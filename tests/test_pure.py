@@ -975,30 +975,39 @@ def test_delta_values_normalise_to_int64():
 # -- change events ---------------------------------------------------------------------------------
 
 
-def test_change_events_name_every_partition_touched():
+def test_change_events_name_the_partitions_whose_rows_changed(tmp_path):
+    """One event per partition holding a row the commit made valid or invalidated: a batch's segment spans
+    partitions, and an update of one partition's row, a stale record or a compacted file of another partition
+    is no reason for an event there."""
+    import bitlake
     from bitlake import changeevent
-    from bitlake.engine.metagen import Landed
+    from bitlake.format import commitlog
 
-    m = meta(schema=pa.schema([("id", pa.int64()), ("region", pa.string()), ("mod", pa.int64())]),
-             partition_by=("region",))
-    state = TableState(Protocol(), m, version=4, last_event_version=3)
-    old = DataFile("data/region=eu/a.parquet", 5, 10, {"region": "eu"}, (SegmentRows(1, 0, 5),))
-    untouched = DataFile("data/region=ap/c.parquet", 5, 10, {"region": "ap"}, (SegmentRows(1, 1, 5),))
-    state.files[old.path] = old
-    state.files[untouched.path] = untouched
-    state.segments[(1, 0)] = SegmentState(1, 0, 5, 5, "b", 5)
-    state.segments[(1, 1)] = SegmentState(1, 1, 5, 5, None, 5)
-    new = DataFile("data/region=us/b.parquet", 2, 10, {"region": "us"}, (SegmentRows(2, 0, 2),))
-    batch = Landed("x", 2, 2, (new,), ())
-    touched = [SegmentState(1, 0, 5, 5, "b2", 4), SegmentState(1, 1, 5, 5, None, 5), SegmentState(2, 0, 2, 2, None, 2)]
-    events = changeevent.commit_events("shop.t", state, 5, 0, [batch], touched, {"inserted": 1, "updated": 1})
-    assert [e["partition"] for e in events] == [["eu"], ["us"]]
+    schema = pa.schema([("id", pa.int64()), ("region", pa.string()), ("mod", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="mod",
+                             partition_by=["region"], name="shop.t", properties={"compact.min_input_files": "2"})
+
+    def ingest(ids, regions, mods) -> list:
+        before = t.version
+        t.ingest(pa.table({"id": ids, "region": regions, "mod": mods}, schema=schema))
+        assert t.version == before + 1
+        return [e["partition"] for e in commitlog.read(t.io, t.version).events]
+
+    assert ingest([1, 2, 3], ["eu", "us", "ap"], [1, 1, 1]) == [["ap"], ["eu"], ["us"]]  # one segment, three files
+    assert ingest([1, 3], ["eu", "ap"], [2, 0]) == [["eu"]]  # 3's record is stale
+    assert ingest([2], ["ap"], [3]) == [["ap"], ["us"]]  # a row moving partitions touches both
+    assert ingest([3], ["ap"], [0]) == []  # only a stale record: no event
+    t.compact()
+    assert len({f.partition["region"] for f in t.state().data_files() if f.offsets}) == 3
+    assert ingest([1], ["eu"], [4]) == [["eu"]]  # compacted files: their offsets files say which rows they hold
+    events = commitlog.read(t.io, t.version).events
     assert {e["operation_type"] for e in events} == {"UPDATE"} and {e["table"] for e in events} == {"shop.t"}
-    assert {e["table_format"] for e in events} == {"BITLAKE"} and events[0]["tags"] == {"batch_ids": "x"}
-    assert events[0]["snapshot_id"] == "5" and events[0]["prev_snapshot_id"] == "3"
+    assert {e["table_format"] for e in events} == {"BITLAKE"} and set(events[0]["tags"]) == {"batch_ids"}
+    assert events[0]["snapshot_id"] == str(t.version) and events[0]["prev_snapshot_id"] == str(t.version - 3)  # v4 and the compaction: none
     assert changeevent.operation_type({"inserted": 3}) == "APPEND"
     assert changeevent.operation_type({"deleted": 1}) == "DELETE"
-    unpartitioned = changeevent.commit_events("t", TableState(Protocol(), meta()), 1, 0, [], [], {"inserted": 1})
+    unpartitioned = changeevent.commit_events(t.io, "t", TableState(Protocol(), meta()), 1, 0, [], [],
+                                              {"inserted": 1})
     assert [e["partition"] for e in unpartitioned] == [None] and unpartitioned[0]["prev_snapshot_id"] is None
 
 

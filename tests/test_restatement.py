@@ -268,10 +268,44 @@ def test_a_vacuum_killed_after_its_commit_leaves_its_files_to_the_next_one(tmp_p
     assert [x["user"] for x in t.to_arrow().to_pylist()] == ["bob"]
 
 
-def test_a_restatement_across_a_vacuum_that_purged_rows_is_refused(tmp_path):
-    """A vacuum erases rows whose records a later revert or replace would have to apply again (here the stale
-    record that must keep a late, older record stale): such a restatement is refused, nothing is committed, and
-    a batch made live after the vacuum is reverted as usual."""
+def test_a_restatement_across_a_vacuum_folds_the_purged_records(tmp_path):
+    """A vacuum keeps the keys and delta values of the rows it erases (its purged file): a later revert folds
+    them again, so a late, older record that an erased record made stale stays stale, and a key whose last
+    record was erased has no row (a delete marker at that record's delta value)."""
+    schema = pa.schema([("k", pa.int64()), ("grp", pa.string()), ("mod", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["k"], delta_column="mod")
+
+    def batch(k, grp, mod):
+        return pa.table({"k": [k], "grp": [grp], "mod": [mod]}, schema=schema)
+
+    t.ingest(batch(1, "a", 1), batch_id="b1")
+    t.ingest(batch(1, "secret", 3), batch_id="b2")
+    t.ingest(batch(1, "c", 5), batch_id="b3")
+    t.ingest(batch(1, "late", 2), batch_id="b4")  # stale: older than b2's record and b3's
+    t.tombstone("grp", ["secret"])
+    tombstone = f"{t.path}/{t.state().tombstones[0][1].path}"  # the values stay in the tombstone file
+    assert t.vacuum().rows_purged == 1
+    assert files_holding(t.path, "secret") == [tombstone]
+    before = t.version
+    assert t.revert_batch("b3").committed  # b2's record is the key's last again, and its row is gone
+    assert t.to_arrow().num_rows == 0 and t.describe()["valid_rows"] == 0
+    assert [(r["_change_type"], r["grp"]) for r in t.changes_to_arrow(start_version=before).to_pylist()] == \
+        [("delete", "c")]
+    assert t.to_arrow(valid_at=2).to_pylist() == [{"k": 1, "grp": "a", "mod": 1}]  # b1's; b4's stays stale
+    assert t.to_arrow(valid_at=3).num_rows == 0
+    assert t.ingest(batch(1, "older", 2), batch_id="b5").counts["stale"] == 1
+    assert t.ingest(batch(1, "newer", 4), batch_id="b6").counts["inserted"] == 1  # no row to update
+    t.replace_batch("b2", batch(1, "fixed", 3))  # the erased record itself replaced: b6's stays the last
+    assert [r["grp"] for r in t.to_arrow().to_pylist()] == ["newer"]
+    assert files_holding(t.path, "secret") == [tombstone]
+
+
+def test_a_restatement_across_an_old_vacuum_is_refused(tmp_path):
+    """A vacuum committed without a purged file (by a version of bitlake before vacuums kept one) may have erased
+    records a fold needs: a restatement across it is refused, nothing is committed, and a batch made live after
+    it is reverted as usual."""
+    from bitlake.format import commitlog, layout
+
     schema = pa.schema([("k", pa.int64()), ("grp", pa.string()), ("mod", pa.int64())])
     t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["k"], delta_column="mod")
 
@@ -282,6 +316,13 @@ def test_a_restatement_across_a_vacuum_that_purged_rows_is_refused(tmp_path):
     t.ingest(batch(1, "b", 1), batch_id="b2")  # stale
     t.tombstone("grp", ["b"])
     assert t.vacuum().rows_purged == 1
+    path = tmp_path / "t" / layout.commit_path(t.version)
+    body = commitlog.decode(path.read_bytes(), "commit")
+    assert body.pop("purged")
+    path.write_bytes(commitlog.encode(body))
+    for checkpoint in (tmp_path / "t" / layout.CHECKPOINTS_DIR).glob("*"):
+        checkpoint.unlink()
+    t = bitlake.open_table(str(tmp_path / "t"))
     version = t.version
     with pytest.raises(bitlake.VersionExpiredError, match="vacuumed at version 4"):
         t.revert_batch("b1")

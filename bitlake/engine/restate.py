@@ -21,6 +21,7 @@ import dataclasses
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from bitlake.engine import metagen
 from bitlake.engine.keyindex import key_codes
@@ -30,6 +31,7 @@ from bitlake.format import bitmap, changefile, commitlog, datafile, keystore, la
 from bitlake.format import state as state_mod
 from bitlake.format.commit import LIVE, REPLACED, REVERTED, VACUUM, DataFile, KeysFile
 from bitlake.format.metadata import TableMetadata
+from bitlake.format.protocol import TOMBSTONES
 from bitlake.format.state import BatchState, TableState
 from bitlake.fs import FileIO
 from bitlake.pool import thread_map
@@ -81,8 +83,9 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
     later = sorted((b for b in state.parts.values() if b.status == LIVE and b.live_version is not None
                     and b.live_version >= start and b.part != removed),
                    key=lambda b: (b.live_version, b.landed_version, b.part))
-    gone = _records(io, meta, *_files_of(state, [state.parts[removed]]), [removed]) if removed is not None \
-        else datafile.keys_schema(meta).empty_table()
+    purged = _purged(io, state, start)
+    gone = _records(io, meta, *_files_of(state, [state.parts[removed]]), [removed], purged) \
+        if removed is not None else datafile.keys_schema(meta).empty_table()
     added = _records(io, meta, list(new.data_files), list(new.keys_files), [new.part]) if new is not None \
         else datafile.keys_schema(meta).empty_table()
     pk = list(meta.primary_key)
@@ -90,7 +93,7 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
     if touched.num_rows == 0:
         return _empty(state, new)
     distinct = touched.take(pa.array(key_codes(touched, pk)[1]))
-    history = _records(io, meta, *_files_of(state, later), [b.part for b in later])
+    history = _records(io, meta, *_files_of(state, later), [b.part for b in later], purged)
     if history.num_rows:
         schema = datafile.keys_schema(meta)
         history = history.join(distinct.select(pk), keys=pk, join_type="left semi").select(schema.names).cast(schema)
@@ -130,6 +133,9 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
         last = f.final
         key = r_codes[last]
         final_d[key], final_rid[key], final_deleted[key] = deltas[last], rids[last], deleted[last]
+    # A key whose last record a vacuum purged has no row: its entry is a delete marker at that record's delta
+    # value, as the vacuum itself records for the keys whose current row it purges.
+    final_deleted |= np.isin(final_rid, rids_of(purged))
     gone_upserts = ~gone.column(keystore.DELETED).to_numpy(zero_copy_only=False)
     gone_rids = gone.column(keystore.ROW_ID).to_numpy()[gone_upserts]
     events.append((gone_rids, gone.column(keystore.DELTA).to_numpy()[gone_upserts], gone_rids))  # never valid
@@ -166,18 +172,30 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
 
 
 def _refuse_after_vacuum(io: FileIO, state: TableState, start: int) -> None:
-    """A restatement re-applies the records of every batch made live from ``start`` on; a vacuum committed since
-    then that purged rows may have erased some of those records (a stale or superseded row of a later batch, a
-    row of the batch itself), whose keys and delta values the fold needs: such a restatement is refused rather
-    than folded without them (docs/restatement.md, "Vacuum")."""
+    """A restatement re-applies the records of every batch made live from ``start`` on, those of the rows a
+    vacuum purged since then included (its purged file keeps their keys and delta values). A vacuum written
+    before vacuums kept them may have erased records the fold needs (a stale or superseded row of a later
+    batch, a row of the batch itself): such a restatement is refused rather than folded without them
+    (docs/restatement.md, "Vacuum")."""
+    if TOMBSTONES not in state.protocol.reader_features:
+        return  # no tombstone ever: no vacuum purged a row
     versions = list(range(start + 1, state.version + 1))
     commits = thread_map(lambda v: commitlog.read(io, v), versions) if versions else []
-    purging = [c.version for c in commits if c.operation == VACUUM and c.parameters.get("rows_purged")]
+    purging = [c.version for c in commits if c.operation == VACUUM and c.parameters.get("rows_purged")
+               and not c.purged]
     if purging:
         raise VersionExpiredError(
-            f"the batch's history from version {start} on was vacuumed at version {purging[-1]}: the vacuum erased "
-            "rows whose records a revert or replace must apply again, so batches made live before it can no "
-            "longer be restated")
+            f"the batch's history from version {start} on was vacuumed at version {purging[-1]} by a vacuum that "
+            "kept no record of the rows it erased, which a revert or replace must apply again, so batches made "
+            "live before it can no longer be restated")
+
+
+def _purged(io: FileIO, state: TableState, start: int) -> pa.Table:
+    """The records of the rows the vacuums committed after ``start`` purged (keys-file rows)."""
+    schema = datafile.keys_schema(state.metadata)
+    files = [f for v, f in state.purged if v > start]
+    tables = thread_map(lambda f: pq.read_table(io.open_input(f.path), schema=schema), files)
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def rids_of(records: pa.Table) -> np.ndarray:
@@ -229,11 +247,13 @@ def _files_of(state: TableState, batches: list[BatchState]) -> tuple[list[DataFi
 
 
 def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files: list[KeysFile],
-             parts: list[int]) -> pa.Table:
+             parts: list[int], purged: pa.Table | None = None) -> pa.Table:
     """The records of the batches of ``parts`` (keys-file rows): upserts from the data files holding them, deletes
-    from their keys files."""
+    from their keys files, and those of ``purged`` (records whose rows a vacuum erased)."""
     reads = [(datafile.read_upserts, f.path) for f in files] + [(datafile.read_deletes, k.path) for k in keys_files]
     tables = thread_map(lambda r: r[0](io, r[1], meta), reads)
+    if purged is not None and purged.num_rows:
+        tables.append(purged)
     if not tables:
         return datafile.keys_schema(meta).empty_table()
     table = pa.concat_tables(tables).combine_chunks()

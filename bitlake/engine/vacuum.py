@@ -11,6 +11,7 @@ rewrite in the file's place (docs/FORMAT.md, "Vacuum"), and the files are delete
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 import numpy as np
 import pyarrow as pa
@@ -18,9 +19,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bitlake.engine import compaction, plan
-from bitlake.format import bitmap, commitlog, datafile, rowid
+from bitlake.format import bitmap, commitlog, datafile, layout, rowid
 from bitlake.format import state as state_mod
-from bitlake.format.commit import DataFile, Rewrite
+from bitlake.format.commit import DataFile, PurgedFile, Rewrite
 from bitlake.format.metadata import deltas_as_int
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
@@ -41,6 +42,7 @@ class Prepared:
     files_read: int
     rows_purged: int  # distinct rows, however many files (of the latest version and older ones) held them
     purged: pa.Table  # a keyed table's purged rows: key columns, delta value (int64), packed row id
+    purged_file: PurgedFile | None = None  # their records, once written (write_purged)
 
 
 def window_files(io: FileIO, latest: TableState) -> dict[str, DataFile]:
@@ -118,6 +120,17 @@ def _purged(rows: pa.Table, ids: np.ndarray, meta) -> pa.Table:
     return rows.select(needed).append_column(
         DELTA, pa.array(deltas_as_int(rows.column(meta.delta_column), meta.delta_type))).append_column(
         ROW_ID, pa.array(ids, pa.int64()))
+
+
+def write_purged(io: FileIO, meta, purged: pa.Table) -> PurgedFile | None:
+    """The purged records of a keyed table as a keys file (None: none), for restatements to fold again."""
+    if not meta.keyed or not purged.num_rows:
+        return None
+    rows = datafile.keys_rows(purged, meta, purged.column(DELTA).to_numpy(), purged.column(ROW_ID).to_numpy(), False)
+    path = layout.keys_file_path(f"purged-{uuid.uuid4().hex}")
+    with io.open_output(path) as out:
+        pq.write_table(rows, out, compression="zstd")
+    return PurgedFile(path, rows.num_rows)
 
 
 def _in_ranges(io: FileIO, f: DataFile, file_format: str, wanted: list[tuple[str, pa.Array]]) -> bool:

@@ -263,6 +263,23 @@ class ChangeFile:
 
 
 @dataclasses.dataclass(frozen=True)
+class PurgedFile:
+    """The records of the rows a vacuum purged: a keys file (key columns, delta value, row id, delete flag false,
+    bucket) of ``rows`` records of earlier batches, without their values, which a later revert or replace folds
+    again (docs/FORMAT.md, "Vacuum")."""
+
+    path: str
+    rows: int
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> PurgedFile:
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
 class Window:
     """The retention window a major compaction set: every version from ``version`` on, and every event time
     from ``watermark`` on (the largest delta value committed by that version). Reads outside it are refused."""
@@ -299,6 +316,7 @@ class Commit:
     change_files: tuple[ChangeFile, ...] = ()  # a restatement's change rows
     rewrites: tuple[Rewrite, ...] = ()  # a vacuum's
     remove_tombstones: tuple[str, ...] = ()  # paths of the tombstones a vacuum retired
+    purged: tuple[PurgedFile, ...] = ()  # a vacuum's purged records
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     batch_counts: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     events: tuple[dict, ...] = ()  # Data Change Events (bitlake.changeevent)
@@ -336,6 +354,7 @@ class Commit:
             "change_files": [f.to_json() for f in self.change_files],
             "rewrites": [r.to_json() for r in self.rewrites],
             "remove_tombstones": list(self.remove_tombstones),
+            "purged": [f.to_json() for f in self.purged],
             "counts": self.counts,
             "batch_counts": self.batch_counts,
             "events": list(self.events),
@@ -365,6 +384,7 @@ class Commit:
             change_files=tuple(ChangeFile.from_json(f) for f in d.get("change_files", ())),
             rewrites=tuple(Rewrite.from_json(r) for r in d.get("rewrites", ())),
             remove_tombstones=tuple(d.get("remove_tombstones", ())),
+            purged=tuple(PurgedFile.from_json(f) for f in d.get("purged", ())),
             counts=dict(d.get("counts", {})),
             batch_counts=dict(d.get("batch_counts", {})),
             events=tuple(d.get("events", ())),

@@ -22,6 +22,7 @@ from bitlake.format.commit import (
     DataFile,
     KeysFile,
     LogFile,
+    PurgedFile,
     SegmentState,
     Tombstone,
     Window,
@@ -78,6 +79,8 @@ class TableState:
     window: Window | None = None  # set by major compactions: reads before it are refused
     # Data files a vacuum rewrote, by path: what every version reads in their place (None: nothing).
     rewritten: dict[str, DataFile | None] = dataclasses.field(default_factory=dict)
+    # The records of the rows vacuums purged, by the version of the vacuum (restatements fold them again).
+    purged: list[tuple[int, PurgedFile]] = dataclasses.field(default_factory=list)
 
     def apply(self, c: Commit) -> None:
         """Replays one commit (docs/FORMAT.md, "State and replay")."""
@@ -119,6 +122,7 @@ class TableState:
             rewrites = {r.path: r.to for r in c.rewrites}
             self.rewritten.update(rewrites)
             self.read_through(rewrites)
+        self.purged += [(c.version, f) for f in c.purged]
         if c.events:
             self.last_event_version = c.version
 
@@ -176,6 +180,7 @@ class TableState:
             "max_part": self.max_part,
             "window": self.window.to_json() if self.window else None,
             "rewritten": [[p, f.to_json() if f else None] for p, f in self.rewritten.items()],
+            "purged": [[v, f.to_json()] for v, f in self.purged],
         }
 
     @classmethod
@@ -201,6 +206,7 @@ class TableState:
             max_part=d["max_part"],
             window=Window.from_json(d["window"]) if d.get("window") else None,
             rewritten={p: DataFile.from_json(f) if f else None for p, f in d.get("rewritten", [])},
+            purged=[(v, PurgedFile.from_json(f)) for v, f in d.get("purged", [])],
         )
 
 
