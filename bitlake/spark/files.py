@@ -38,20 +38,15 @@ class _ReadFiles:
                 yield from spark_typed(datafile.read_batches(self.io, path, self.schema, self.file_format))
 
 
-def read(spark, io: FileIO, paths: list[str], schema: pa.Schema, file_format: str = "parquet",
-         partitioned: bool = False):
-    """The rows of the files at ``paths`` (relative to the table) as a DataFrame of ``schema``.
-    ``partitioned``: the files are under Hive-style partition folders of the data folder, whose columns
-    the files also hold."""
-    from bitlake.format import layout
+def read(spark, io: FileIO, paths: list[str], schema: pa.Schema, file_format: str = "parquet"):
+    """The rows of the files at ``paths`` (relative to the table) as a DataFrame of ``schema``. A partition
+    column's values come from the files, which hold them, never from the partition folders' names: Spark would
+    decode a folder's escaped UTF-8 bytes one character each, and refuses an empty value."""
     from bitlake.spark.schema import spark_schema
 
     require_shared(io)
     if io.spark_readable:
-        reader = spark.read.format(file_format).schema(spark_schema(schema))
-        if partitioned:
-            reader = reader.option("basePath", io.uri(layout.DATA_DIR))
-        return reader.load([io.uri(p) for p in paths])
+        return spark.read.format(file_format).schema(spark_schema(schema)).load([io.uri(p) for p in paths])
     tasks = max(1, min(len(paths), parallelism(spark) * 2))
     listing = spark.createDataFrame([(p,) for p in paths], "path string").repartition(tasks)
     return listing.mapInArrow(_ReadFiles(io, schema, file_format), spark_schema(schema))

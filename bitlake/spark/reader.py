@@ -91,8 +91,7 @@ class _ExpandDropped:
 
 
 def scan(spark, io: FileIO, meta, files: list[DataFile]):
-    return spark_files.read(spark, io, [f.path for f in files], datafile.data_schema(meta), meta.file_format,
-                            partitioned=bool(meta.partition_by))
+    return spark_files.read(spark, io, [f.path for f in files], datafile.data_schema(meta), meta.file_format)
 
 
 def read(spark, io: FileIO, p: ReadPlan, include_row_ids: bool = False):
