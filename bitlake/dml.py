@@ -269,15 +269,17 @@ class Merge:
         # an exact join on every key column.
         keys = pc.unique(source.column(pk[0]))
         target = reader.read(self.io, plan.plan(self.io, state), where=pc.field(pk[0]).isin(keys))
-        joined = source.rename_columns([SOURCE + c for c in source.column_names]).append_column(
-            "_source_row", pa.array(np.arange(source.num_rows, dtype=np.int64)))
-        right = target.rename_columns([TARGET + c for c in names]).append_column(
-            "_matched", pa.array(np.ones(target.num_rows, dtype=bool)))
-        joined = joined.join(right, keys=[SOURCE + c for c in pk], right_keys=[TARGET + c for c in pk],
-                             join_type="left outer").sort_by("_source_row")
-        for c in pk:  # the join keeps one copy of the key columns: the source's, equal to the target's
-            joined = joined.append_column(TARGET + c, joined.column(SOURCE + c))
-        matched = joined.column("_matched").is_valid().to_numpy(zero_copy_only=False)
+        # The join pairs row numbers by the keys alone (pyarrow's join carries no nested column); the rows follow.
+        left = source.select(pk).append_column("_source_row", pa.array(np.arange(source.num_rows, dtype=np.int64)))
+        right = target.select(pk).rename_columns([TARGET + c for c in pk]).append_column(
+            "_target_row", pa.array(np.arange(target.num_rows, dtype=np.int64)))
+        pairs = left.join(right, keys=pk, right_keys=[TARGET + c for c in pk], join_type="left outer",
+                          ).sort_by("_source_row")
+        at = pairs.column("_target_row")
+        joined = pa.Table.from_arrays(
+            [*source.take(pairs.column("_source_row")).columns, *target.take(at).columns, pairs.column("_source_row")],
+            names=[*(SOURCE + c for c in source.column_names), *(TARGET + c for c in names), "_source_row"])
+        matched = at.is_valid().to_numpy(zero_copy_only=False)
         taken = np.zeros(joined.num_rows, dtype=bool)
         pieces: dict[str, list[pa.Table]] = {"update": [], "delete": [], "insert": []}
         for clause in self.clauses:

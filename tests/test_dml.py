@@ -122,6 +122,23 @@ def test_merge_by_key_with_clauses(tmp_path):
     assert t.version == version
 
 
+def test_merge_carries_nested_columns(tmp_path):
+    """The merge's join pairs rows by the keys alone: list, struct and map columns come through it."""
+    schema = pa.schema([("k", pa.int64()), ("tags", pa.list_(pa.string())), ("who", pa.struct([("n", pa.string())])),
+                        ("attrs", pa.map_(pa.string(), pa.int64())), ("mod", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["k"], delta_column="mod")
+    t.ingest(pa.table({"k": [1, 2], "tags": [["a"], None], "who": [{"n": "x"}, {"n": "y"}],
+                       "attrs": [[("p", 1)], []], "mod": [1, 1]}, schema=schema))
+    source = pa.table({"k": [2, 3], "tags": [["b", "c"], []], "who": [{"n": "z"}, None],
+                       "attrs": [[("q", 2)], None], "mod": [2, 2]}, schema=schema)
+    r = t.merge(source).when_matched_update_all().when_not_matched_insert_all().execute()
+    assert (r.updated, r.inserted) == (1, 1)
+    assert sorted(t.to_arrow().to_pylist(), key=lambda row: row["k"]) == [
+        {"k": 1, "tags": ["a"], "who": {"n": "x"}, "attrs": [("p", 1)], "mod": 1},
+        {"k": 2, "tags": ["b", "c"], "who": {"n": "z"}, "attrs": [("q", 2)], "mod": 2},
+        {"k": 3, "tags": [], "who": None, "attrs": None, "mod": 2}]
+
+
 def test_unkeyed_update_pairs_each_preimage_with_its_own_postimage(tmp_path):
     """The view reads a whole file before a filtered one, so the matched rows come out of row-id order: each
     update_preimage must still be followed by its own row's update_postimage."""
