@@ -332,3 +332,35 @@ def test_a_restatement_across_an_old_vacuum_is_refused(tmp_path):
     t.ingest(batch(2, "a", 1), batch_id="b3")
     assert t.revert_batch("b3").committed
     assert [r["k"] for r in t.to_arrow().to_pylist()] == [1]
+
+
+def test_an_event_time_view_after_a_revert_that_wrote_no_event(tmp_path):
+    """Reverting the delete that ended a row makes it valid again by its bitmap alone (no event): a later record
+    that ends it at a smaller delta value decides event-time views from then on, not the reverted delete's
+    event."""
+    schema = pa.schema([("k", pa.int64()), ("mod", pa.int64()), ("value", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["k"], delta_column="mod")
+    t.ingest(pa.table({"k": [1], "mod": [1], "value": [10]}, schema=schema), batch_id="b1")
+    t.ingest(pa.table({"k": [1], "mod": [10], "value": [None], "op": ["delete"]}), op_column="op", batch_id="b2")
+    t.revert_batch("b2")
+    t.ingest(pa.table({"k": [1], "mod": [5], "value": [11]}, schema=schema), batch_id="b3")
+    for at, expected in ((4, [(1, 1, 10)]), (5, [(1, 5, 11)]), (7, [(1, 5, 11)]), (None, [(1, 5, 11)])):
+        assert [tuple(r.values()) for r in t.to_arrow(valid_at=at).to_pylist()] == expected, at
+
+
+def test_reverting_a_vacuums_deletes_brings_no_erased_row_back(tmp_path):
+    """The vacuum's own batch of deletes is restatable like any: the keys whose rows it erased stay without a
+    row, and a later record of such a key is an insert."""
+    schema = pa.schema([("k", pa.int64()), ("mod", pa.int64()), ("value", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["k"], delta_column="mod")
+    t.ingest(pa.table({"k": [1, 2], "mod": [1, 1], "value": [10, 20]}, schema=schema), batch_id="b1")
+    t.tombstone("value", [10])
+    t.vacuum()
+    vacuum_batch = next(b for b in t.state().batches if "-vacuum-" in b)
+    r = t.revert_batch(vacuum_batch)
+    assert r.committed and r.counts["inserted"] == 0 and t.describe()["valid_rows"] == 1
+    assert [tuple(r.values()) for r in t.to_arrow().to_pylist()] == [(2, 1, 20)]
+    before = t.version
+    assert t.ingest(pa.table({"k": [1], "mod": [2], "value": [11]}, schema=schema)).counts["inserted"] == 1
+    assert [(r["_change_type"], r["value"]) for r in t.changes_to_arrow(start_version=before).to_pylist()] == \
+        [("insert", 11)]

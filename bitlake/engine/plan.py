@@ -95,9 +95,11 @@ class ReadPlan:
 
 def revived(io: FileIO, state: TableState, valid_at: int) -> dict[tuple[int, int], np.ndarray]:
     # A file whose events all end at or before valid_at brings no row back, and may be skipped, unless an older
-    # event of one of its rows says otherwise: only a restatement's (``resets``) files make such older events,
-    # so every file from the first of those on is read.
-    first_reset = min((f.version_range(v)[0] for v, f in state.logs if f.resets), default=None)
+    # event of one of its rows says otherwise: only a restatement makes such older events (in its ``resets``
+    # files), or makes a row valid again without an event (a revert of the batch that ended it), so every file
+    # from the first restatement on is read.
+    restated = [b.restated_version for b in state.parts.values() if b.restated_version is not None]
+    first_reset = min([*(f.version_range(v)[0] for v, f in state.logs if f.resets), *restated], default=None)
     files = [(v, f) for v, f in state.logs if f.max_t > valid_at or f.resets
              or (first_reset is not None and f.version_range(v)[1] >= first_reset)]
     events = segmentlog.latest_until(io, files, after=valid_at)

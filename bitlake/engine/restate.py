@@ -191,9 +191,11 @@ def _refuse_after_vacuum(io: FileIO, state: TableState, start: int) -> None:
 
 
 def _purged(io: FileIO, state: TableState, start: int) -> pa.Table:
-    """The records of the rows the vacuums committed after ``start`` purged (keys-file rows)."""
+    """The records of the rows the vacuums committed from ``start`` on purged (keys-file rows): the fold's
+    records, and its key-store entries from before ``start`` (the vacuum at ``start`` itself, when its own batch
+    of deletes is the one restated)."""
     schema = datafile.keys_schema(state.metadata)
-    files = [f for v, f in state.purged if v > start]
+    files = [f for v, f in state.purged if v >= start]
     tables = thread_map(lambda f: pq.read_table(io.open_input(f.path), schema=schema), files)
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
