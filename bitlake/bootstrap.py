@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from bitlake.errors import InvalidInputError, TableExistsError
+from bitlake.format.metadata import normalize_schema
 from bitlake.fs import file_io
 from bitlake.table import Table, create_table
 
@@ -77,12 +78,20 @@ def _parquet(location: str) -> Source:
                              exclude_invalid_files=False)
         if not dataset.files:
             raise InvalidInputError(f"{location} holds no Parquet files")
-        # pyarrow's Hive partitioning reports every column when no folder names one: the partition columns
-        # are the dataset's columns that the files themselves do not hold.
-        in_files = set(pq.read_schema(dataset.files[0]).names)
+        schemas = [pq.read_schema(f) for f in dataset.files]
     except (pa.ArrowInvalid, OSError) as e:
         raise InvalidInputError(f"{location} is not a Parquet file or folder: {e}") from None
-    partition_columns = tuple(n for n in dataset.schema.names if n not in in_files) if folder else ()
+    try:  # every file's columns (pyarrow's dataset takes the first file's schema and drops the others' columns)
+        in_files = pa.unify_schemas(schemas)
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise InvalidInputError(f"the Parquet files of {location} disagree on a column's type: {e}") from None
+    # pyarrow's Hive partitioning reports every column when no folder names one: the partition columns are the
+    # dataset's columns that the files themselves do not hold.
+    partition_columns = tuple(n for n in dataset.schema.names if n not in in_files.names) if folder else ()
+    if len(schemas) > 1:
+        schema = pa.schema([*in_files, *(dataset.schema.field(c) for c in partition_columns)])
+        dataset = ds.dataset(location, schema=schema, format="parquet", partitioning="hive" if folder else None,
+                             exclude_invalid_files=False)
     return Source("parquet", location, dataset.schema, partition_columns, lambda: dataset.scanner().to_reader())
 
 
@@ -92,8 +101,14 @@ def _delta(location: str) -> Source:
     except ImportError:
         raise InvalidInputError("reading a Delta table needs deltalake: pip install 'bitlake[formats]'") from None
     table = DeltaTable(location)
-    dataset = table.to_pyarrow_dataset()
     partition_columns = tuple(table.metadata().partition_columns)
+    if "deletionVectors" in (table.protocol().reader_features or []):
+        # deltalake's pyarrow dataset does not apply deletion vectors; its query engine (DataFusion) does.
+        from deltalake import QueryBuilder
+
+        reader = pa.RecordBatchReader.from_stream(QueryBuilder().register("t", table).execute("SELECT * FROM t"))
+        return Source("delta", location, reader.schema, partition_columns, lambda: reader)
+    dataset = table.to_pyarrow_dataset()
     return Source("delta", location, dataset.schema, partition_columns, lambda: dataset.scanner().to_reader())
 
 
@@ -152,7 +167,7 @@ def convert(source: str, path: str, *, primary_key: list[str] | None = None, del
     if io.walk():
         raise InvalidInputError(f"{io.uri()} is not empty: convert into a new or empty folder")
     existed = io.exists()
-    schema = pa.schema([pa.field(f.name, _plain(f.type), f.nullable) for f in src.schema])
+    schema = normalize_schema(src.schema)  # dictionary, large and nested types as a table stores them
     missing = [c for c in [*(primary_key or []), *([delta_column] if delta_column else [])] if c not in schema.names]
     if missing:
         raise InvalidInputError(f"columns {missing} are not in the source's schema {schema.names}")
@@ -169,11 +184,6 @@ def convert(source: str, path: str, *, primary_key: list[str] | None = None, del
     rows = sum(counts.values()) if table.metadata.keyed else counts.get("inserted", 0)
     duplicates = counts.get("updated", 0) + counts.get("stale", 0)
     return ConvertResult(table, src.kind, rows, duplicates, counts)
-
-
-def _plain(t: pa.DataType) -> pa.DataType:
-    """A source column type as a table stores it: dictionary-encoded columns by their values."""
-    return t.value_type if pa.types.is_dictionary(t) else t
 
 
 def _remove_table(io, existed: bool) -> None:

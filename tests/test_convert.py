@@ -100,6 +100,66 @@ def test_convert_an_iceberg_metadata_file_and_an_unkeyed_table(tmp_path):
     assert sorted(r.table.to_arrow().column("value").to_pylist()) == sorted(ROWS.column("value").to_pylist())
 
 
+def _with_deletion_vector(path: str, deleted: list[int]) -> None:
+    """Deletes rows of a one-file Delta table by an inline deletion vector (Delta's PROTOCOL.md: the magic number
+    and a portable 64-bit roaring bitmap, in Z85), committed as version 1, since deltalake writes none."""
+    import json
+    import struct
+    import time
+
+    from pyroaring import BitMap
+
+    alphabet = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+    data = struct.pack("<iqi", 1681511377, 1, 0) + BitMap(deleted).serialize()
+    data += b"\0" * (-len(data) % 4)
+    z85 = ""
+    for i in range(0, len(data), 4):
+        n = int.from_bytes(data[i:i + 4], "big")
+        z85 += "".join(alphabet[n // 85 ** k % 85] for k in range(4, -1, -1))
+    log = pathlib.Path(path) / "_delta_log"
+    first = [json.loads(line) for line in (log / f"{0:020d}.json").read_text().splitlines()]
+    add = next(a["add"] for a in first if "add" in a)
+    meta = next(a for a in first if "metaData" in a)
+    meta["metaData"]["configuration"] = {"delta.enableDeletionVectors": "true"}
+    now = int(time.time() * 1000)
+    dv = {"storageType": "i", "pathOrInlineDv": z85, "sizeInBytes": len(data), "cardinality": len(deleted)}
+    actions = [{"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": ["deletionVectors"],
+                             "writerFeatures": ["deletionVectors"]}}, meta,
+               {"remove": {"path": add["path"], "deletionTimestamp": now, "dataChange": True,
+                           "extendedFileMetadata": True, "partitionValues": add["partitionValues"], "size": add["size"]}},
+               {"add": {**add, "deletionVector": dv, "dataChange": True}},
+               {"commitInfo": {"timestamp": now, "operation": "DELETE"}}]
+    (log / f"{1:020d}.json").write_text("".join(json.dumps(a) + "\n" for a in actions))
+
+
+def test_convert_a_folder_whose_files_differ_in_columns(tmp_path):
+    """Every file's columns make the table's (a column only later files hold is null in the earlier ones); files
+    that disagree on a column's type are refused, naming the column."""
+    source = tmp_path / "source"
+    source.mkdir()
+    pq.write_table(pa.table({"id": [1], "mod": [1]}), source / "a.parquet")
+    pq.write_table(pa.table({"id": [2], "mod": [1], "email": ["x@y.z"]}), source / "b.parquet")
+    r = bitlake.convert(str(source), str(tmp_path / "t"), primary_key=["id"], delta_column="mod")
+    assert sorted(r.table.to_arrow().to_pylist(), key=lambda row: row["id"]) == [
+        {"id": 1, "mod": 1, "email": None}, {"id": 2, "mod": 1, "email": "x@y.z"}]
+    pq.write_table(pa.table({"id": [3], "mod": [1], "email": [7]}), source / "c.parquet")
+    with pytest.raises(bitlake.InvalidInputError, match="disagree on a column's type.*email"):
+        bitlake.convert(str(source), str(tmp_path / "u"), primary_key=["id"], delta_column="mod")
+    assert not (tmp_path / "u").exists()
+
+
+def test_convert_a_delta_table_with_deletion_vectors(tmp_path):
+    from deltalake import write_deltalake
+
+    source = str(tmp_path / "source")
+    write_deltalake(source, pa.table({"id": list(range(10)), "mod": [1] * 10, "v": [f"r{i}" for i in range(10)]}))
+    _with_deletion_vector(source, [2, 5])
+    r = bitlake.convert(source, str(tmp_path / "t"), primary_key=["id"], delta_column="mod")
+    assert r.source_kind == "delta" and r.rows == 8
+    assert sorted(r.table.to_arrow().column("id").to_pylist()) == [0, 1, 3, 4, 6, 7, 8, 9]
+    assert r.table.metadata.schema.field("v").type == pa.string()  # DataFusion's string_view, stored as string
+
+
 def test_a_failed_conversion_leaves_nothing(tmp_path):
     source = str(tmp_path / "source")
     write_parquet_folder(source)

@@ -306,6 +306,25 @@ def test_a_filter_that_does_not_apply_is_refused_by_name(tmp_path):
     assert t.to_arrow(filter=pc.field("id") > 1).column("name").to_pylist() == ["b"]
 
 
+def test_nested_types_are_normalised_and_conformed(tmp_path):
+    """Large, view and dictionary types inside lists, maps and structs are stored as Spark stores them, and an
+    input of either form goes in."""
+    large = pa.schema([("id", pa.int64()), ("tags", pa.large_list(pa.large_string())),
+                       ("who", pa.struct([("n", pa.dictionary(pa.int32(), pa.string()))])),
+                       ("attrs", pa.map_(pa.large_string(), pa.large_binary())), ("mod", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), large, primary_key=["id"], delta_column="mod")
+    assert t.metadata.schema.field("tags").type == pa.list_(pa.string())
+    assert t.metadata.schema.field("who").type == pa.struct([("n", pa.string())])
+    assert t.metadata.schema.field("attrs").type == pa.map_(pa.string(), pa.binary())
+    t.ingest(pa.table({"id": [1], "tags": [["a"]], "who": [{"n": "x"}], "attrs": [[("k", b"v")]], "mod": [1]},
+                      schema=large))
+    t.ingest(pa.table({"id": [2], "tags": [["b"]], "who": [{"n": "y"}], "attrs": [[("k", b"w")]], "mod": [1]},
+                      schema=t.metadata.schema))
+    assert [r["tags"] for r in sorted(t.to_arrow().to_pylist(), key=lambda r: r["id"])] == [["a"], ["b"]]
+    with pytest.raises(bitlake.SchemaMismatchError, match="column 'who'"):
+        t.ingest(pa.table({"id": [3], "tags": [[]], "who": [{"m": "z"}], "attrs": [None], "mod": [1]}))
+
+
 def test_small_refusals_and_an_empty_projection(tmp_path):
     import pandas as pd
 

@@ -125,6 +125,16 @@ def _allowed(given: pa.DataType, target: pa.DataType) -> bool:
         return target.tz is not None or given.tz is None
     if pa.types.is_decimal(target) and pa.types.is_decimal(given):
         return given.scale <= target.scale and given.precision - given.scale <= target.precision - target.scale
+    # Nested types: each part allowed into the target's (a large list into a list, a struct field by field).
+    if pa.types.is_list(target) and (pa.types.is_list(given) or pa.types.is_large_list(given)
+                                     or pa.types.is_list_view(given) or pa.types.is_large_list_view(given)
+                                     or pa.types.is_fixed_size_list(given)):
+        return _allowed(given.value_type, target.value_type)
+    if pa.types.is_map(target) and pa.types.is_map(given):
+        return _allowed(given.key_type, target.key_type) and _allowed(given.item_type, target.item_type)
+    if pa.types.is_struct(target) and pa.types.is_struct(given):
+        return [f.name for f in given] == [f.name for f in target] and all(
+            _allowed(g.type, t.type) for g, t in zip(given, target, strict=True))
     return False
 
 

@@ -25,6 +25,9 @@ CHANGE_COLUMNS = ("_change_type", "_commit_version", "_commit_timestamp")
 RESERVED_COLUMNS = frozenset(ROW_ID_COLUMNS + CHANGE_COLUMNS)
 # The largest int64 is +infinity in validity events (a row valid without end), so no delta value may be it.
 DELTA_INFINITY = (1 << 63) - 1
+# A table's name is what its Data Change Events carry: the trigger service's limits (bitlake.triggers.event).
+MAX_NAME_BYTES = 512
+_NAME_REFUSED = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")  # control characters, lone surrogates
 
 DEFAULT_PROPERTIES = {
     # A key-store bucket whose increments exceed this count is merged in the next MetaGen commit.
@@ -126,6 +129,10 @@ class TableMetadata:
         lower = [n.lower() for n in names]
         if not isinstance(self.name, str) or not self.name.strip():
             raise InvalidInputError("a table needs a non-empty name")
+        if _NAME_REFUSED.search(self.name) or len(self.name.encode()) > MAX_NAME_BYTES:
+            raise InvalidInputError(
+                f"table name {self.name[:80]!r}: a name (by default the folder's) is at most {MAX_NAME_BYTES} bytes "
+                "of UTF-8 without control characters (its Data Change Events carry it); give another with name=")
         for name in names:
             if not name.strip():
                 raise InvalidInputError(f"column names must not be empty: {names}")
@@ -275,21 +282,33 @@ def _iso_time(text: str) -> bool:
 
 
 def normalize_schema(schema: pa.Schema) -> pa.Schema:
-    """Spark stores timestamps in microseconds and has no large or 64-bit-date types: an Arrow schema is
-    normalised to what both engines store the same way."""
-    fields = []
-    for f in schema:
-        t = f.type
-        if pa.types.is_timestamp(t) and t.unit != "us":
-            t = pa.timestamp("us", tz=t.tz)
-        elif pa.types.is_large_string(t) or pa.types.is_string_view(t):
-            t = pa.string()
-        elif pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
-            t = pa.binary()
-        elif pa.types.is_date64(t):
-            t = pa.date32()
-        fields.append(pa.field(f.name, t, f.nullable))
-    return pa.schema(fields)
+    """Spark stores timestamps in microseconds and has no large, view, dictionary or 64-bit-date types: an Arrow
+    schema is normalised, nested types included, to what both engines store the same way (field metadata, such
+    as Iceberg's field ids, is dropped)."""
+    return pa.schema([pa.field(f.name, normal_type(f.type), f.nullable) for f in schema])
+
+
+def normal_type(t: pa.DataType) -> pa.DataType:
+    """:func:`normalize_schema` of one type."""
+    if pa.types.is_dictionary(t):
+        return normal_type(t.value_type)
+    if pa.types.is_timestamp(t) and t.unit != "us":
+        return pa.timestamp("us", tz=t.tz)
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_date64(t):
+        return pa.date32()
+    if pa.types.is_map(t):
+        return pa.map_(normal_type(t.key_type), pa.field(t.item_field.name, normal_type(t.item_type),
+                                                         t.item_field.nullable), t.keys_sorted)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t) \
+            or pa.types.is_large_list_view(t) or pa.types.is_fixed_size_list(t):
+        return pa.list_(pa.field(t.value_field.name, normal_type(t.value_type), t.value_field.nullable))
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, normal_type(f.type), f.nullable) for f in t])
+    return t
 
 
 # The op column travels under this name from input to landing; it is never stored in data files.
