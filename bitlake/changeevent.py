@@ -24,6 +24,9 @@ from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 
 APPEND, DELETE, UPDATE = "APPEND", "DELETE", "UPDATE"
+# The rows of landed files a commit reads (their row-id columns) to find which partitions hold the rows whose
+# validity it changed; beyond it, the other files of a changed segment name their partitions unread.
+READ_BUDGET_ROWS = 4_000_000
 
 
 def operation_type(counts: dict[str, int]) -> str:
@@ -93,13 +96,18 @@ def _touched(io: FileIO, state: TableState, files: list[DataFile], segments: lis
             if r.segment in flipped:
                 holding.setdefault(r.segment, []).append(f)
     out: dict[str, DataFile] = {}
+    budget = READ_BUDGET_ROWS
     for segment, among in holding.items():
         if len({json.dumps(f.partition, sort_keys=True) for f in among}) == 1:
             out.update((f.path, f) for f in among[:1])  # one partition holds the segment: no file to read
             continue
         for f in among:
-            if f.path not in out and _holds(io, state, f, segment, flipped[segment], cache):
-                out[f.path] = f
+            if f.path in out:
+                continue
+            if f.offsets is None:
+                budget -= f.rows
+            if budget < 0 or _holds(io, state, f, segment, flipped[segment], cache):
+                out[f.path] = f  # past the budget, a landed file's partition is named without reading it
     return list(out.values())
 
 
