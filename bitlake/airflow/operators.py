@@ -32,8 +32,9 @@ class DataChangeEventOperator(BaseOperator):
     - **a flow** (``flow="name"``): the events after the flow's acknowledged cursor (a snapshot trigger
       evaluated once, without waiting; ``start_time`` is the trigger's ``start``). The cursor does not move:
       acknowledge the run at its end with :class:`DataChangeEventAckOperator`, and the next run gets what
-      came after. With more than ``max_events`` pending, the first ``max_events`` are returned and the next
-      run gets the rest.
+      came after. With more than ``max_events`` pending, the first ones are returned and the next run gets
+      the rest; the service never ends a batch inside a commit (one event per partition it touched), so a
+      batch holds whole commits: at most ``max_events`` events, or one commit that has more.
 
     An empty list means nothing changed: put a ``ShortCircuitOperator`` after it to skip the rest of the run.
     ``bitlake.triggers.decode_events(json.dumps(xcom))`` gives :class:`bitlake.triggers.Event` objects.
@@ -46,7 +47,7 @@ class DataChangeEventOperator(BaseOperator):
         tags: the tags every event must carry (templated).
         flow: read the flow's pending events instead of a time range (templated).
         max_events: the most events returned; in a time range, more is an error (narrow the range), for a
-            flow at most 1000 are read per run.
+            flow at most 1000 are read per run (more only when one commit has more events).
         conn_id: the ``bitlake_triggers`` Airflow connection.
     """
 

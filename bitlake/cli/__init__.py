@@ -22,6 +22,7 @@ from bitlake.cli.events import watch_state_path
 from bitlake.cli.output import _first_line, render_history, render_rows, say
 from bitlake.cli.tables import parse_schema, parse_type
 from bitlake.errors import BitlakeError
+from bitlake.triggers.__main__ import database_error
 
 __all__ = ["build_parser", "main", "parse_schema", "parse_type", "render_history", "render_rows", "watch_state_path"]
 
@@ -60,6 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         httpx, pyspark_errors = sys.modules.get("httpx"), sys.modules.get("pyspark.errors")
         if httpx is not None and isinstance(e, httpx.HTTPError):
             say(err, f"bitlake {args.command}: error: cannot reach the trigger service: {e}")
+            return 2
+        reason = database_error(e)  # --db-url: a URL that does not parse, a database that cannot be reached
+        if reason is not None:
+            say(err, f"bitlake {args.command}: error: {reason}")
             return 2
         if pyspark_errors is None or not isinstance(e, pyspark_errors.PySparkException):
             raise

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -71,7 +72,7 @@ def cmd_events_publish(args, out: Console, err: Console) -> None:
 
     table = bitlake.open_table(args.path)
     with trigger_target(args, role="producer") as target:
-        registrations = publish(table, target)
+        registrations = publish(table, target, skip_expired=args.skip_expired)
     versions = sorted({int(r.event.snapshot_id) for r in registrations if r.event.snapshot_id})
     span = f" of versions {versions[0]}..{versions[-1]}" if versions else ""
     say(out, f"published {_registered(registrations)}{span} of {table.name} (version {table.version})")
@@ -186,6 +187,17 @@ def cmd_events_token(args, out: Console, err: Console) -> int:
     return token_command(args)
 
 
+def _seconds(text: str) -> float:
+    """An ``--interval``: a finite number of seconds, at least 0 (time.sleep refuses a negative one)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds of at least 0")
+    return value
+
+
 def add_parsers(sub) -> None:
     """The trigger service commands' sub-parsers."""
     path_help = "the table's folder (or file:// URI)"
@@ -209,6 +221,9 @@ def add_parsers(sub) -> None:
     pb = actions.add_parser("publish", help="register the events of a bitlake table's unpublished commits")
     pb.add_argument("path", help=path_help)
     target_options(pb)
+    pb.add_argument("--skip-expired", action="store_true",
+                    help="when cleanup dropped commits not yet published, go on from the oldest commit left "
+                         "(their events are lost)")
     pb.set_defaults(run=cmd_events_publish)
 
     w = actions.add_parser("watch", help="register events for a Hive folder's, Iceberg or Delta table's changes")
@@ -216,7 +231,7 @@ def add_parsers(sub) -> None:
     w.add_argument("location", help="the table's folder (or file:// URI); with --catalog an Iceberg identifier")
     target_options(w)
     w.add_argument("--table", help="the table's name in the events (default: its location URI)")
-    w.add_argument("--interval", type=float, default=30.0, help="seconds between looks (default 30)")
+    w.add_argument("--interval", type=_seconds, default=30.0, help="seconds between looks (default 30)")
     w.add_argument("--once", action="store_true", help="look once and exit")
     w.add_argument("--state", help="the adapter's state file (default: under $XDG_STATE_HOME/bitlake/watch)")
     w.add_argument("--catalog", help="iceberg: a pyiceberg catalog name (~/.pyiceberg.yaml, PYICEBERG_CATALOG__*)")

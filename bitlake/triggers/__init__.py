@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         FlowConflictError,
         FlowNotFoundError,
         IncrementalReadError,
+        OutOfRangeError,
         TriggerError,
         TriggerServiceError,
     )
@@ -47,8 +48,8 @@ _EXPORTS = {
     "client": ("Client",),
     "config": ("TriggerConfig",),
     "errors": ("AdapterError", "BadCursorError", "BrokenChainError", "EventConflictError", "EventNotFoundError",
-               "FlowConflictError", "FlowNotFoundError", "IncrementalReadError", "TriggerError",
-               "TriggerServiceError"),
+               "FlowConflictError", "FlowNotFoundError", "IncrementalReadError", "OutOfRangeError",
+               "TriggerError", "TriggerServiceError"),
     "event": ("Event", "EventIn", "OperationType", "TableFormat", "decode_events", "encode_events"),
     "incremental": ("SnapshotRange", "read_changes", "snapshot_range"),
     "models": ("Role",),
@@ -76,7 +77,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "AdapterError", "BadCursorError", "BrokenChainError", "Client", "DeltaAdapter", "Event", "EventConflictError",
     "EventIn", "EventNotFoundError", "FlowConflictError", "FlowNotFoundError", "HiveFolderAdapter", "IcebergAdapter",
-    "IncrementalReadError", "OperationType", "PartitionTrigger", "Role", "SnapshotRange", "SnapshotTrigger",
-    "TableFormat", "TriggerConfig", "TriggerError", "TriggerServiceError", "TriggerStore", "create_app",
-    "create_token", "decode_events", "encode_events", "publish", "read_changes", "snapshot_range",
+    "IncrementalReadError", "OperationType", "OutOfRangeError", "PartitionTrigger", "Role", "SnapshotRange",
+    "SnapshotTrigger", "TableFormat", "TriggerConfig", "TriggerError", "TriggerServiceError", "TriggerStore",
+    "create_app", "create_token", "decode_events", "encode_events", "publish", "read_changes", "snapshot_range",
 ]

@@ -55,6 +55,21 @@ def token_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def database_error(error: BaseException) -> str | None:
+    """The one-line reason of an error of the store's database (a URL that SQLAlchemy cannot parse, a server
+    that cannot be reached...), None for any other error. SQLAlchemy is imported only by the commands that
+    use the store, so an error of it comes from a module already loaded."""
+    sa_exc = sys.modules.get("sqlalchemy.exc")
+    if sa_exc is None or not isinstance(error, sa_exc.SQLAlchemyError):
+        return None
+    cause = error.orig if isinstance(error, sa_exc.DBAPIError) else error
+    lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+    first = lines[0] if lines else type(cause).__name__
+    if isinstance(error, sa_exc.ArgumentError):
+        return f"bad database URL (--db-url): {first}"
+    return f"the trigger store's database failed: {first}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bitlake.triggers", description=__doc__.splitlines()[0])
     parser.add_argument("--db-url", help=DB_URL_HELP)
@@ -62,8 +77,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return token_command(args)
-    except TriggerError as e:
+    except (TriggerError, ValueError) as e:  # ValueError: a database the store does not run on
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        reason = database_error(e)
+        if reason is None:
+            raise
+        print(f"error: {reason}", file=sys.stderr)
         return 2
 
 

@@ -41,6 +41,12 @@ class BadCursorError(TriggerError):
     status_code = 400
 
 
+class OutOfRangeError(TriggerError):
+    """A partition trigger whose template or schedule, evaluated, leaves the range of dates (years 1 to 9999)."""
+
+    status_code = 422
+
+
 class TriggerServiceError(TriggerError):
     """The service answered a :class:`bitlake.triggers.Client` request with an error status."""
 

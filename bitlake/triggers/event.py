@@ -33,12 +33,16 @@ from pydantic import (
 )
 
 # Limits of one event. They keep the unique index entry (table, partition, snapshot id) below
-# PostgreSQL's B-tree limit of about 2,700 bytes, so no valid event can fail at the database.
+# PostgreSQL's B-tree limit of 2,704 bytes, so no valid event can fail at the database: 512 bytes of table
+# name, at most 512 bytes of snapshot id (128 characters) and 1,536 bytes of partition JSON, with the
+# entry's headers, come to about 2,600 bytes. A bitlake table's name has the same limit
+# (bitlake.format.metadata.MAX_NAME_BYTES); its partitions are bounded by their JSON's size alone, so a
+# table with many partition columns or long values is refused only when its partition's JSON is too long.
 MAX_TABLE_BYTES = 512
 MAX_SNAPSHOT_ID_CHARS = 128
-MAX_PARTITION_DEPTH = 8
-MAX_PARTITION_VALUE_CHARS = 256
-MAX_PARTITION_JSON_BYTES = 1024
+MAX_PARTITION_JSON_BYTES = 1536
+# Each level takes at least 3 bytes of the JSON ('"",'): no partition within the JSON limit is deeper.
+MAX_PARTITION_DEPTH = MAX_PARTITION_JSON_BYTES // 3
 MAX_TAGS = 32
 MAX_TAG_KEY_CHARS = 128
 MAX_TAG_VALUE_CHARS = 4096
@@ -76,7 +80,12 @@ def parse_timestamp(value: Any) -> dt.datetime:
     a timestamp arrives in a query string.
     """
     if isinstance(value, dt.datetime):
-        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)
+        try:
+            return value.astimezone(dt.UTC)
+        except OverflowError:  # 0001-01-01T00:00+01:00 is in year 0 in UTC: pydantic turns only ValueError into a 422
+            raise ValueError(f"{value.isoformat()} is out of range in UTC (years 1 to 9999)") from None
     if isinstance(value, int) and not isinstance(value, bool):
         try:
             return EPOCH + dt.timedelta(milliseconds=value)
@@ -151,7 +160,7 @@ Timestamp = Annotated[
 ]
 TableName = Annotated[str, Field(min_length=1), checked_text(max_bytes=MAX_TABLE_BYTES)]
 SnapshotId = Annotated[str, Field(min_length=1), checked_text(MAX_SNAPSHOT_ID_CHARS)]
-PartitionValue = Annotated[str, checked_text(MAX_PARTITION_VALUE_CHARS, controls=True)]
+PartitionValue = Annotated[str, checked_text(controls=True)]  # its size is the partition's JSON's
 TagKey = Annotated[str, Field(min_length=1, max_length=MAX_TAG_KEY_CHARS, pattern=_TAG_KEY)]
 TagValue = Annotated[str, checked_text(MAX_TAG_VALUE_CHARS, controls=True)]
 

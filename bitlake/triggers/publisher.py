@@ -20,12 +20,14 @@ import hashlib
 import json
 from typing import TYPE_CHECKING
 
-from bitlake.errors import VersionExpiredError
+from pydantic import ValidationError
+
+from bitlake.errors import InvalidInputError, VersionExpiredError
 from bitlake.format import commitlog
 from bitlake.format import state as state_mod
 from bitlake.table import Table, open_table
 from bitlake.triggers.client import Client
-from bitlake.triggers.event import MAX_EVENTS_PER_REQUEST
+from bitlake.triggers.event import MAX_EVENTS_PER_REQUEST, EventIn
 from bitlake.triggers.models import Registration
 
 if TYPE_CHECKING:
@@ -71,6 +73,17 @@ def _write_cursor(table: Table, target: str, version: int) -> None:
     table.io.write_atomic(cursor_path(target), body)
 
 
+def _registrable(event: dict, version: int, location: str) -> EventIn:
+    """``event`` of commit ``version`` as the service takes it; InvalidInputError, naming the commit and the
+    reason, for one it would refuse (docs/triggers.md, "The event", has the limits)."""
+    try:
+        return EventIn.model_validate(event)
+    except ValidationError as e:
+        reasons = "; ".join(f"{'.'.join(map(str, d['loc']))}: {d['msg']}" for d in e.errors())
+        raise InvalidInputError(f"the event of version {version} of {location} for partition "
+                                f"{str(event.get('partition'))[:200]} cannot be registered: {reasons}") from None
+
+
 def publish(table: Table | str, target: TriggerStore | Client, *, batch_events: int = MAX_EVENTS_PER_REQUEST,
             skip_expired: bool = False) -> list[Registration]:
     """Registers the events of every commit of ``table`` after the target's publish cursor.
@@ -91,7 +104,7 @@ def publish(table: Table | str, target: TriggerStore | Client, *, batch_events: 
     name = target_id(target)
     latest = table.refresh().version
     out: list[Registration] = []
-    pending: list[dict] = []
+    pending: list[EventIn] = []
     # Commits carry the table's logical name; where the table lives is the publisher's knowledge, sent
     # as the events' ``location`` tag so that incremental readers find it.
     location = table.io.uri()
@@ -102,10 +115,10 @@ def publish(table: Table | str, target: TriggerStore | Client, *, batch_events: 
             raise VersionExpiredError(
                 f"the publish cursor of {name!r} on {location} is at version {cursor}, but cleanup dropped the "
                 f"commits before {earliest} (the retention window): their events are gone; publish with "
-                "skip_expired=True to go on from there")
+                "skip_expired=True (bitlake events publish --skip-expired) to go on from there")
         cursor = earliest - 1
     for version in range(cursor + 1, latest + 1):
-        pending.extend({**e, "tags": {**e.get("tags", {}), "location": location}}
+        pending.extend(_registrable({**e, "tags": {**e.get("tags", {}), "location": location}}, version, location)
                        for e in commitlog.read(table.io, version).events)
         # Register whole commits at a time, so that the cursor only ever passes fully registered commits.
         if len(pending) >= batch_events or version == latest:

@@ -98,13 +98,15 @@ class PlannedRegistration:
                 key = (r["table_name"], r["partition_json"], r["snapshot_id"])
                 event_id, created, differs, stored = found[key]
                 first = self.unique[key]
+                new = created  # drawn by this transaction, which the conflict rolls back: not an id to name
                 if r is not first:  # a duplicate of an earlier event of these requests is a retry of it
                     created, differs = False, [f for f in PAYLOAD if r[f] != first[f]]
                 if differs:
+                    what = (f"table {e.table!r}, partition {e.partition!r}, snapshot {e.snapshot_id!r}")
                     raise EventConflictError(
-                        f"event {event_id} of table {e.table!r}, partition {e.partition!r}, snapshot "
-                        f"{e.snapshot_id!r} is registered with other {', '.join(differs)}; a retry must "
-                        f"repeat the event exactly (nothing of this request was registered)")
+                        (f"the request holds the event of {what} twice, with different {', '.join(differs)}"
+                         if new else f"event {event_id} of {what} is registered with other {', '.join(differs)}")
+                        + "; a retry must repeat the event exactly (nothing of this request was registered)")
                 out.append({"created": created, "event": json.loads(stored) if stored is not None else {
                     "event_id": event_id, "event_ts": registered_at, "table": e.table, "partition": e.partition,
                     "snapshot_id": e.snapshot_id,

@@ -29,6 +29,7 @@ from bitlake.triggers.config import TriggerConfig
 from bitlake.triggers.errors import TriggerError
 from bitlake.triggers.event import (
     MAX_EVENTS_PER_REQUEST,
+    MAX_PARTITION_JSON_BYTES,
     EventIn,
     PartitionValues,
     TableName,
@@ -338,7 +339,8 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
             try:
                 wanted = _PARTITION.validate_json(partition)
             except ValidationError as e:
-                raise HTTPException(422, f"partition must be JSON: a list of 1 to 8 strings (or nulls), or null; "
+                raise HTTPException(422, f"partition must be JSON: a list of strings (or nulls), at most "
+                                         f"{MAX_PARTITION_JSON_BYTES} bytes, or null; "
                                          f"{_printable(_reasons(e))}") from None
         tags: dict[str, str] = {}
         for item in tag or []:

@@ -106,7 +106,8 @@ def decode_cursor(cursor: str) -> int:
         value = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))["after"]
     except (ValueError, TypeError, KeyError, binascii.Error):
         raise BadCursorError(f"cursor {cursor[:64]!r} was not handed out by this service") from None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    # Event ids are 64-bit: a larger "after" was never handed out, and the database could not compare with it.
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
         raise BadCursorError(f"cursor {cursor[:64]!r} was not handed out by this service")
     return value
 
@@ -294,6 +295,42 @@ class TriggerStore(TokenStore):
         shown = rows[:limit]
         return [event_json for _, event_json in shown], shown[-1][0] if shown else None, len(rows) > limit
 
+    def _whole_commits(self, conn: Connection, where: list, limit: int) -> tuple[list[str], bool]:
+        """The JSON of the first events matching ``where`` by event id, at most ``limit`` of them, that end
+        with a whole commit, and whether more matched.
+
+        A commit that touches several partitions has one event per partition, registered together, so they
+        are consecutive among the table's events. A flow acknowledges a batch's last event; had the batch
+        ended inside a commit, the next one would start with the rest of it, and its snapshot range would
+        start before that commit again: the commit read twice. So a batch that would end inside a commit
+        ends before it instead; one that the commit starts is extended to the commit's last event, more
+        than ``limit`` events, so that every batch makes progress. Events without a snapshot id (Hive
+        landings) are each a commit of their own.
+        """
+        ev = EVENTS
+        query = select(ev.c.event_id, ev.c.snapshot_id, self._event_json).where(*where).order_by(ev.c.event_id)
+        # LIMIT written into the SQL, as in _fired
+        rows = conn.execute(query.limit(literal(limit + 1, literal_execute=True))).all()
+        if len(rows) <= limit:
+            return [r.event_json for r in rows], False
+        commit = rows[limit - 1].snapshot_id
+        if commit == "" or rows[limit].snapshot_id != commit:
+            return [r.event_json for r in rows[:limit]], True
+        start = limit - 1
+        while start > 0 and rows[start - 1].snapshot_id == commit:
+            start -= 1
+        if start > 0:
+            return [r.event_json for r in rows[:start]], True
+        # One commit fills the batch: read on to its last event.
+        shown = list(rows[:limit])
+        while True:
+            rest = conn.execute(query.where(ev.c.event_id > shown[-1].event_id)
+                                .limit(literal(limit, literal_execute=True))).all()
+            ours = next((i for i, r in enumerate(rest) if r.snapshot_id != commit), len(rest))
+            shown.extend(rest[:ours])
+            if ours < len(rest) or len(rest) < limit:
+                return [r.event_json for r in shown], ours < len(rest)
+
     def events(self, table: str, *, partition: list[str | None] | None = ANY_PARTITION,
                tags: Mapping[str, str] | None = None, since: dt.datetime | None = None,
                until: dt.datetime | None = None, min_event_id: int | None = None, max_event_id: int | None = None,
@@ -417,7 +454,7 @@ class TriggerStore(TokenStore):
             where.append(ev.c.event_id <= horizon)
         if cursor.start is not None:
             where.append(ev.c.event_ts >= to_micros(cursor.start))
-        found, _, more = self._fired(conn, where, trigger.limit)
+        found, more = self._whole_commits(conn, where, trigger.limit)
         head = SnapshotTriggerResult.model_construct(fired=bool(found), cursor=cursor, has_more=more, events=[])
         return _with_events(head, found)
 

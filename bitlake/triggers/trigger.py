@@ -22,10 +22,11 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from bitlake.triggers.errors import OutOfRangeError
 from bitlake.triggers.event import (
     MAX_PARTITION_DEPTH,
+    MAX_PARTITION_JSON_BYTES,
     Event,
-    PartitionValue,
     TableName,
     Tags,
     Timestamp,
@@ -89,6 +90,8 @@ def _shift(when: dt.datetime, sign: str, amount: int, unit: str, tz: dt.tzinfo) 
 def render(template: str, when: dt.datetime, tz: dt.tzinfo = dt.UTC) -> str:
     """``template`` with each ``{{ VARIABLE [+/- N unit] }}`` replaced by ``when`` (shifted) in ``tz``.
 
+    Raises :class:`OutOfRangeError` when a shifted time leaves years 1 to 9999.
+
     >>> import datetime as dt
     >>> render("{{ ds }}/{{ hour - 1h }}", dt.datetime(2024, 3, 1, 0, 30, tzinfo=dt.UTC))
     '2024-03-01/23'
@@ -101,7 +104,12 @@ def render(template: str, when: dt.datetime, tz: dt.tzinfo = dt.UTC) -> str:
             out.append(part)
             continue
         name, sign, amount, unit = part
-        local = _shift(when, sign, amount, unit, tz).astimezone(tz)
+        try:
+            local = _shift(when, sign, amount, unit, tz).astimezone(tz)
+        except OverflowError:
+            raise OutOfRangeError(
+                f"partition template {template!r} rendered at {when.isoformat()} leaves the range of dates "
+                "(years 1 to 9999)") from None
         out.append(local.isoformat(timespec="seconds") if name == "ts" else local.strftime(_FORMATS[name]))
     return "".join(out)
 
@@ -126,6 +134,8 @@ def schedule(at: dt.datetime, start: dt.datetime, frequency: int, unit: Frequenc
              tz: dt.tzinfo = dt.UTC) -> tuple[dt.datetime | None, dt.datetime]:
     """(the latest tick at or before ``at`` or None before ``start``, the tick after ``at``).
 
+    Raises :class:`OutOfRangeError` when one of them is past year 9999.
+
     >>> import datetime as dt
     >>> start = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
     >>> [t.isoformat() for t in schedule(dt.datetime(2024, 1, 1, 7, tzinfo=dt.UTC), start, 6, FrequencyUnit.HOURS)]
@@ -136,11 +146,16 @@ def schedule(at: dt.datetime, start: dt.datetime, frequency: int, unit: Frequenc
     nominal = {FrequencyUnit.MINUTES: dt.timedelta(minutes=1), FrequencyUnit.HOURS: dt.timedelta(hours=1),
                FrequencyUnit.DAYS: dt.timedelta(days=1)}[unit] * frequency
     k = (at - start) // nominal
-    while k > 0 and _tick(start, k, frequency, unit, tz) > at:
-        k -= 1
-    while _tick(start, k + 1, frequency, unit, tz) <= at:
-        k += 1
-    return _tick(start, k, frequency, unit, tz), _tick(start, k + 1, frequency, unit, tz)
+    try:
+        while k > 0 and _tick(start, k, frequency, unit, tz) > at:
+            k -= 1
+        while _tick(start, k + 1, frequency, unit, tz) <= at:
+            k += 1
+        return _tick(start, k, frequency, unit, tz), _tick(start, k + 1, frequency, unit, tz)
+    except OverflowError:
+        raise OutOfRangeError(
+            f"the schedule from {start.isoformat()} every {frequency} {unit.value.lower()} has no tick after "
+            f"{at.isoformat()} before year 10000") from None
 
 
 def _check_template(value: str) -> str:
@@ -156,7 +171,9 @@ def _check_timezone(value: str) -> str:
     return value
 
 
-PartitionTemplate = Annotated[PartitionValue, AfterValidator(_check_template)]
+# A template is bounded like a whole stored partition: what it renders to can match no longer one.
+PartitionTemplate = Annotated[str, checked_text(MAX_PARTITION_JSON_BYTES, controls=True),
+                              AfterValidator(_check_template)]
 FlowName = Annotated[str, Field(min_length=1), checked_text(MAX_FLOW_NAME_CHARS)]
 FiredLimit = Annotated[int, Field(strict=True, ge=1, le=MAX_FIRED_EVENTS)]
 

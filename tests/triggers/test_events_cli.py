@@ -17,6 +17,7 @@ import pytest
 import bitlake
 from bitlake.cli import main, watch_state_path
 from bitlake.triggers import TriggerStore, decode_events
+from bitlake.triggers.__main__ import main as admin
 from tests.triggers.formats import land_hive
 
 
@@ -91,11 +92,78 @@ def test_events_errors_are_one_line_with_exit_2(tmp_path, capsys, monkeypatch):
          "cannot reach the trigger service"),
         (["events", "list", "--table", "x", "--db-url", "sqlite://", "--since", "yesterday"], "--since/--until"),
         (["events", "publish", tmp_path / "missing", "--db-url", "sqlite://"], "no such table"),
+        # a database URL that does not parse, a PostgreSQL server that is not there
+        (["events", "list", "--table", "x", "--db-url", "notaurl"], "bad database URL (--db-url)"),
+        (["events", "token", "list", "--db-url", "notaurl"], "bad database URL (--db-url)"),
+        (["events", "list", "--table", "x", "--db-url", f"postgresql+psycopg://bitlake@127.0.0.1:{_free_port()}/none"],
+         "the trigger store's database failed: connection failed"),
     ]
     for argv, message in cases:
         code, out, err = run(capsys, *argv)
         assert code == 2, (argv, out, err)
         assert message in err and err.count("\n") == 1 and err.startswith("bitlake events: error:"), err
+
+
+def test_the_token_command_reports_a_bad_database_in_one_line(capsys):
+    assert admin(["--db-url", "notaurl", "token", "list"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: bad database URL (--db-url): ") and err.count("\n") == 1, err
+
+
+def test_watch_refuses_a_negative_interval_up_front(tmp_path, capsys):
+    (tmp_path / "t").mkdir()
+    for interval in ("-1", "nan", "soon"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["events", "watch", "hive", str(tmp_path / "t"), "--db-url", "sqlite://", "--interval", interval])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert f"argument --interval: {interval!r}" in err and "Traceback" not in err, err
+
+
+def test_publish_skip_expired_goes_on_from_the_oldest_commit_left(tmp_path, capsys):
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64())])
+    table = bitlake.create_table(str(tmp_path / "t"), schema, name="db.exp", primary_key=["id"], delta_column="ts")
+    for i in range(3):
+        table.ingest(pa.table({"id": [1], "ts": [i]}, schema=schema))
+    table.compact(major=True, look_back=table.version)
+    table.cleanup(min_age_seconds=0)
+    db = f"sqlite:///{tmp_path}/t.db"
+    code, _, err = run(capsys, "events", "publish", table.path, "--db-url", db)
+    assert code == 2 and "bitlake events publish --skip-expired" in err, err
+    code, out, err = run(capsys, "events", "publish", table.path, "--db-url", db, "--skip-expired")
+    assert code == 0 and out.startswith("published 0 event(s)"), err
+    table.ingest(pa.table({"id": [2], "ts": [0]}, schema=schema))
+    code, out, err = run(capsys, "events", "publish", table.path, "--db-url", db)  # the cursor moved on
+    assert code == 0 and out.startswith("published 1 event(s), 1 new"), err
+
+
+def test_what_a_table_commits_the_service_registers(tmp_path, capsys):
+    """A commit the service refused would stop publishing for good (the publisher retries it first): the
+    table's name is checked when it is created, and partitions of many columns and long values register."""
+    cols = [f"c{i}" for i in range(10)]  # more partition columns than the service once took (8)
+    schema = pa.schema([("x", pa.int64())] + [(c, pa.string()) for c in cols])
+    table = bitlake.create_table(str(tmp_path / "wide"), schema, name="db.wide", partition_by=cols)
+    table.ingest(pa.table({"x": [1], **{c: ["v" * 120] for c in cols}}, schema=schema))  # 1,231 bytes of JSON
+    table.ingest(pa.table({"x": [2], **{c: ["small"] for c in cols}}, schema=schema))
+    db = f"sqlite:///{tmp_path}/t.db"
+    code, out, err = run(capsys, "events", "publish", table.path, "--db-url", db)
+    assert code == 0 and out.startswith("published 2 event(s), 2 new"), err
+    with TriggerStore(db) as store:
+        assert [e.partition for e in store.events("db.wide").events] == [["v" * 120] * 10, ["small"] * 10]
+
+    one = pa.schema([("x", pa.int64())])
+    for name in ("db\tweird", "db.\x85", "x" * 513, "é" * 257, "a\ud800"):
+        with pytest.raises(bitlake.InvalidInputError, match="at most 512 bytes of UTF-8 without control"):
+            bitlake.create_table(str(tmp_path / "named"), one, name=name)
+    with pytest.raises(bitlake.InvalidInputError, match="give another with name="):  # the folder's name
+        bitlake.create_table(str(tmp_path / "a\x01b"), one)
+    assert bitlake.create_table(str(tmp_path / "a\x01b"), one, name="é" * 256).name == "é" * 256
+
+    # A partition beyond the service's limit is still written; publishing says which commit and why.
+    long = bitlake.create_table(str(tmp_path / "long"), schema, name="db.long", partition_by=cols)
+    long.ingest(pa.table({"x": [1], **{c: ["v" * 200] for c in cols}}, schema=schema))
+    code, _, err = run(capsys, "events", "publish", long.path, "--db-url", db)
+    assert code == 2 and "the event of version 1 of " in err and "longer than 1536 bytes" in err, err
 
 
 def test_watch_keeps_its_state_per_table_and_target_by_default(tmp_path, monkeypatch):

@@ -297,7 +297,10 @@ def _bad_bodies() -> list[tuple[str, object]]:
         ("empty batch", {"events": []}),
         ("no events key", event()),
         ("a list, not an object", [event()]),
-        ("too deep partition", {"events": [event(snapshot_id="a"), event(partition=[str(i) for i in range(9)])]}),
+        ("too long partition", {"events": [event(snapshot_id="a"), event(partition=["x" * 300] * 6)]}),
+        ("too deep partition", {"events": [event(partition=[""] * 600)]}),
+        ("snapshot_ts before year 1 in UTC", {"events": [event(snapshot_ts="0001-01-01T00:00:00+01:00")]}),
+        ("snapshot_ts after year 9999 in UTC", {"events": [event(snapshot_ts="9999-12-31T23:30:00-01:00")]}),
         ("partition not a list", {"events": [event(partition="2024-01-01")]}),
         ("partition of numbers", {"events": [event(partition=[20240101])]}),
         ("table not a string", {"events": [event(table=["db.orders"])]}),
@@ -357,7 +360,9 @@ def test_unparseable_too_large_and_conflicting_bodies_write_nothing(db_url):
     ("/events", {"params": {}}, 422),
     ("/events", {"params": {"table": "db.a", "partition": "[1]"}}, 422),
     ("/events", {"params": {"table": "db.a", "partition": "not json"}}, 422),
-    ("/events", {"params": {"table": "db.a", "partition": json.dumps(["x"] * 9)}}, 422),
+    ("/events", {"params": {"table": "db.a", "partition": json.dumps(["x" * 300] * 6)}}, 422),
+    ("/events", {"params": {"table": "db.a", "since": "0001-01-01T00:00:00+01:00"}}, 422),
+    ("/events", {"params": {"table": "db.a", "cursor": "eyJhZnRlciI6IDkyMjMzNzIwMzY4NTQ3NzU4MDh9"}}, 400),  # 2**63
     ("/events", {"params": {"table": "db.a", "tag": "novalue"}}, 422),
     ("/events", {"params": {"table": "db.a", "tag": "bad key=v"}}, 422),
     ("/events", {"params": {"table": "db.a", "limit": 0}}, 422),
@@ -367,7 +372,15 @@ def test_unparseable_too_large_and_conflicting_bodies_write_nothing(db_url):
     ("/events", {"params": {"table": "db.a", "cursor": "forged"}}, 400),
     ("/triggers/partition", {"json": {"table": "db.a"}}, 422),
     ("/triggers/partition", {"json": {"table": "db.a", "partition": ["{{ dss }}"]}}, 422),
-    ("/triggers/partition", {"json": {"table": "db.a", "partition": ["x"] * 9}}, 422),
+    ("/triggers/partition", {"json": {"table": "db.a", "partition": ["x"] * 600}}, 422),
+    ("/triggers/partition", {"json": {"table": "db.a", "partition": ["x"], "at": "0001-01-01T00:00:00+01:00"}}, 422),
+    ("/triggers/partition", {"json": {"table": "db.a", "partition": ["{{ ds - 999999d }}"]}}, 422),
+    ("/triggers/partition", {"json": {"table": "db.a", "partition": ["{{ ds + 1d }}"], "scheduled_time": "9999-12-31"}},
+     422),
+    ("/triggers/partition", {"json": {"table": "db.a", "partition": ["x"], "start": "2024-01-01", "frequency": 1,
+                                      "frequency_unit": "DAYS", "at": "9999-12-31T12:00:00"}}, 422),
+    ("/triggers/partition", {"json": {"table": "db.a", "partition": ["x"], "start": "2024-01-01",
+                                      "frequency": 1_000_000, "frequency_unit": "DAYS", "at": "9000-01-01"}}, 422),
     ("/triggers/partition", {"json": {"table": "db.a", "partition": None, "start": "2024-01-01"}}, 422),
     ("/triggers/partition", {"json": {"table": "db.a", "partition": None, "frequency": "daily"}}, 422),
     ("/triggers/partition", {"json": {"table": "db.a", "partition": None, "timezone": "Nowhere/City"}}, 422),
@@ -375,6 +388,7 @@ def test_unparseable_too_large_and_conflicting_bodies_write_nothing(db_url):
     ("/triggers/snapshot", {"json": {"table": "db.a"}}, 422),
     ("/triggers/snapshot", {"json": {"flow": "", "table": "db.a"}}, 422),
     ("/triggers/snapshot", {"json": {"flow": "f", "table": "db.a", "tags": {"k": ["v"]}}}, 422),
+    ("/triggers/snapshot", {"json": {"flow": "f", "table": "db.a", "start": "0001-01-01T00:00:00+05:00"}}, 422),
     ("/triggers/snapshot/ack", {"json": {"flow": "f", "table": "db.a"}}, 422),
     ("/triggers/snapshot/ack", {"json": {"flow": "f", "table": "db.a", "event_id": -1}}, 422),
     ("/triggers/snapshot/ack", {"json": {"flow": "f", "table": "db.a", "event_id": 2**64}}, 422),
@@ -385,6 +399,20 @@ def test_malformed_queries_and_trigger_requests_get_4xx_with_a_reason(service, p
     response = service.request(method, path, service.consumer, **request_kw)
     assert response.status_code == status, response.text
     assert response.json()["detail"]
+
+
+def test_times_out_of_range_are_refused_naming_the_field_or_the_template(service):
+    at = service.request("POST", "/triggers/partition", service.consumer,
+                         json={"table": "db.a", "partition": ["x"], "at": "0001-01-01T00:00:00+01:00"})
+    [error] = at.json()["detail"]
+    assert error["loc"] == ["body", "at"] and "out of range in UTC" in error["msg"]
+    since = service.request("GET", "/events", service.consumer,
+                            params={"table": "db.a", "since": "0001-01-01T00:00:00+01:00"})
+    assert since.json()["detail"][0]["loc"] == ["query", "since"]
+    template = service.request("POST", "/triggers/partition", service.consumer,
+                               json={"table": "db.a", "partition": ["{{ ds - 999999d }}"]})
+    assert "'{{ ds - 999999d }}'" in template.json()["detail"] and "range of dates" in template.json()["detail"]
+    assert service.count() == 0
 
 
 def test_client_covers_every_endpoint(service):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import random
 import threading
 import time
 
@@ -25,8 +26,16 @@ from bitlake.triggers import (
     TriggerStore,
     encode_events,
 )
-from bitlake.triggers.event import canonical_partition, format_timestamp, parse_timestamp
-from bitlake.triggers.store import RegistrationResult, make_engine
+from bitlake.triggers.event import (
+    MAX_PARTITION_JSON_BYTES,
+    MAX_SNAPSHOT_ID_CHARS,
+    MAX_TABLE_BYTES,
+    canonical_partition,
+    format_timestamp,
+    parse_timestamp,
+)
+from bitlake.triggers.incremental import snapshot_range
+from bitlake.triggers.store import RegistrationResult, encode_cursor, make_engine
 from bitlake.triggers.tables import EVENTS, TOKENS, VERSION_TABLE, Base
 from tests.triggers.samples import commits, event
 
@@ -111,9 +120,16 @@ def test_a_conflicting_payload_under_an_existing_key_refuses_the_whole_batch(sto
                    {"prev_snapshot_id": "0"}, {"table_format": "DELTA"}):
         with pytest.raises(EventConflictError, match="nothing of this request"):
             store.register([event(snapshot_id="new"), event(**change)])
-    # and within one batch: the second differs from the first
-    with pytest.raises(EventConflictError):
+    # The message names the stored event.
+    stored = store.events("db.orders").events[0].event_id
+    with pytest.raises(EventConflictError, match=f"^event {stored} of table 'db.orders'"):
+        store.register([event(operation_type="DELETE")])
+    # and within one batch: the second differs from the first; no event was registered, so none is named
+    # (the id the rolled-back insert drew does not exist)
+    with pytest.raises(EventConflictError, match="holds the event of table 'db.orders', partition "
+                       r"\['2024-01-01'\], snapshot 'x' twice, with different operation_type") as refused:
         store.register([event(snapshot_id="x"), event(snapshot_id="x", operation_type="UPDATE")])
+    assert "event " not in str(refused.value).split("twice")[0].replace("the event of", "")
     assert count(store) == 1
 
 
@@ -134,6 +150,24 @@ def test_requests_registered_together_are_answered_as_if_one_after_the_other(sto
     # The conflicting request wrote nothing, not even its new event; the others are stored once each.
     assert sorted(e.snapshot_id for e in store.events("db.orders").events) == ["1", "2", "4", "old"]
     assert store.register_together_json([]) == [] and store.register_together_json([[]]) == [b'{"events":[]}']
+
+
+def test_the_largest_valid_event_fits_the_unique_index(store):
+    """The longest table name, snapshot id and partition, of text that does not compress: PostgreSQL's B-tree
+    entry (at most 2,704 bytes) holds their key, so no valid event fails at the database."""
+    rng = random.Random(7)
+    wide = [chr(c) for c in range(0x1F300, 0x1F600)]  # 4 bytes of UTF-8 each
+    table = "".join(rng.choice(wide) for _ in range(MAX_TABLE_BYTES // 4))
+    snapshot = "".join(rng.choice(wide) for _ in range(MAX_SNAPSHOT_ID_CHARS))
+    ascii_text = [chr(c) for c in range(0x21, 0x7F) if chr(c) not in '"\\']
+    values = ["".join(rng.choice(ascii_text) for _ in range(100)) for _ in range(14)]
+    rest = MAX_PARTITION_JSON_BYTES - len(canonical_partition(values)) - len(',""')
+    values.append("".join(rng.choice(ascii_text) for _ in range(rest)))
+    assert len(canonical_partition(values).encode()) == MAX_PARTITION_JSON_BYTES
+    assert len(table.encode()) == MAX_TABLE_BYTES
+    [registered] = store.register([event(table=table, snapshot_id=snapshot, partition=values)])
+    assert registered.created and registered.event.partition == values
+    assert not store.register([event(table=table, snapshot_id=snapshot, partition=values)])[0].created
 
 
 def test_canonical_partition_is_the_json_modules_compact_text_for_every_code_point():
@@ -226,6 +260,11 @@ def test_events_page_by_cursor(store):
     assert store.events("db.a", limit=25).next_cursor is None
     with pytest.raises(BadCursorError):
         store.events("db.a", cursor="not-a-cursor")
+    # well-formed, but beyond the 64-bit ids the database compares with: never handed out
+    for after in (2**63, 10**30, -1):
+        with pytest.raises(BadCursorError):
+            store.events("db.a", cursor=encode_cursor(after))
+    assert store.events("db.a", cursor=encode_cursor(2**63 - 1)).events == []
 
 
 # -- partition triggers ---------------------------------------------------------------------------------
@@ -343,6 +382,38 @@ def test_snapshot_trigger_start_and_limit(store):
     store.ack("agg", "db.a", rest.events[-1].event_id)
     last = snapshot(store, limit=2)
     assert [e.snapshot_id for e in last.events] == ["5"] and not last.has_more
+
+
+def test_a_snapshot_batch_ends_with_a_whole_commit(store):
+    """A commit has one event per partition; a batch that ended inside them would have the flow read the commit
+    again in its next batch (its snapshot range would start before it)."""
+    def version(v: int, partitions: str) -> list[dict]:
+        return [event(table="db.a", partition=[p], snapshot_id=str(v), prev_snapshot_id=str(v - 1) if v > 1 else None)
+                for p in partitions]
+
+    store.register(version(1, "ab") + version(2, "abcde") + version(3, "a") + version(4, "ab") + version(5, "a"))
+    batches, ranges = [], []
+    while (fired := snapshot(store, limit=2)).fired:
+        batches.append([(e.snapshot_id, e.partition[0]) for e in fired.events])
+        rng = snapshot_range(fired.events)
+        ranges.append((rng.start_snapshot_id, rng.end_snapshot_id, fired.has_more))
+        store.ack("agg", "db.a", fired.events[-1].event_id)
+    assert batches == [
+        [("1", "a"), ("1", "b")],  # exactly the limit, ending where commit 1 ends
+        [("2", c) for c in "abcde"],  # one commit over the limit: all of it, read on in steps of the limit
+        [("3", "a")],  # ends before commit 4 rather than inside it: fewer than the limit
+        [("4", "a"), ("4", "b")],
+        [("5", "a")],
+    ]
+    # The ranges the flow reads follow each other: no commit twice.
+    assert ranges == [(None, "1", True), ("1", "2", True), ("2", "3", True), ("3", "4", True), ("4", "5", False)]
+    # A commit that just fills the limit, and the last pending commit over it: no has_more.
+    store.register(version(6, "abc"))
+    assert [len(snapshot(store, limit=n).events) for n in (1, 2, 3, 4)] == [3, 3, 3, 3]
+    assert [snapshot(store, limit=n).has_more for n in (1, 3)] == [False, False]
+    # Events without a snapshot id (Hive landings) are each a commit of their own.
+    store.register([event(table="db.h", partition=[p], snapshot_id=None, table_format="HIVE") for p in "abc"])
+    assert [e.partition for e in snapshot(store, table="db.h", limit=2).events] == [["a"], ["b"]]
 
 
 # -- tokens ---------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from bitlake.triggers import Event, EventIn, PartitionTrigger, decode_events, encode_events
-from bitlake.triggers.event import format_timestamp, parse_timestamp
+from bitlake.triggers.errors import OutOfRangeError
+from bitlake.triggers.event import MAX_PARTITION_DEPTH, MAX_PARTITION_JSON_BYTES, format_timestamp, parse_timestamp
 from bitlake.triggers.trigger import FrequencyUnit, render, schedule
 from tests.triggers.samples import event
 
@@ -100,12 +101,34 @@ def test_timestamps_parse_iso_and_epoch_milliseconds_and_format_fixed_width():
     for bad in ("yesterday", True, 1.5, None, 10**20):
         with pytest.raises(ValueError):
             parse_timestamp(bad)
+    # in range as written, out of range in UTC: a ValueError (a 422), not an OverflowError (a 500)
+    for bad in ("0001-01-01T00:00:00+01:00", "9999-12-31T23:30:00-01:00"):
+        with pytest.raises(ValueError, match="out of range in UTC"):
+            parse_timestamp(bad)
+    assert parse_timestamp("0001-01-01T00:00:00-01:00") == at(1, 1, 1, 1)
+
+
+def test_templates_and_schedules_that_leave_the_range_of_dates_say_so():
+    with pytest.raises(OutOfRangeError, match=r"'\{\{ ds - 999999d \}\}' rendered at 2024-03-01"):
+        render("{{ ds - 999999d }}", at(2024, 3, 1))
+    with pytest.raises(OutOfRangeError, match="leaves the range of dates"):
+        render("{{ ds + 1d }}", at(9999, 12, 31))
+    with pytest.raises(OutOfRangeError, match="every 1 days has no tick after 9999-12-31T12:00:00"):
+        schedule(at(9999, 12, 31, 12), at(2024, 1, 1), 1, FrequencyUnit.DAYS)
+    with pytest.raises(OutOfRangeError, match="every 1000000 days"):
+        schedule(at(9000, 1, 1), at(2024, 1, 1), 1_000_000, FrequencyUnit.DAYS)
+    assert OutOfRangeError.status_code == 422
 
 
 def test_event_validation_limits():
     EventIn.model_validate(event(partition=["x"] * 8, tags={f"k{i}": "v" for i in range(32)}))
-    for bad in ({"partition": ["x"] * 9}, {"partition": []}, {"partition": [1]}, {"partition": ["x" * 257]},
-                {"partition": ["é" * 200] * 5},  # within each value's limit, over the JSON byte limit
+    # What a bitlake table can write: many partition columns, long values; only the JSON's size is limited.
+    EventIn.model_validate(event(partition=["v" * 250] * 5))
+    EventIn.model_validate(event(partition=[f"c{i}" for i in range(20)]))
+    EventIn.model_validate(event(partition=["x" * (MAX_PARTITION_JSON_BYTES - 4)]))  # ["x..."]: exactly the limit
+    for bad in ({"partition": []}, {"partition": [1]}, {"partition": ["x" * (MAX_PARTITION_JSON_BYTES - 3)]},
+                {"partition": ["é" * 200] * 5},  # 2,016 bytes of JSON
+                {"partition": [""] * (MAX_PARTITION_DEPTH + 1)},
                 {"tags": {f"k{i}": "v" for i in range(33)}}, {"tags": {"bad key": "v"}}, {"tags": {"k": 1}},
                 {"table": ""}, {"table": "t" * 513}, {"table": "a\x00b"}, {"table": "a\nb"},
                 {"snapshot_id": ""}, {"snapshot_id": 5}, {"table_format": "PARQUET"}, {"operation_type": "MERGE"},
