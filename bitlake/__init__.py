@@ -5,12 +5,14 @@ import importlib
 from bitlake.errors import (
     BitlakeError,
     CommitConflictError,
+    ConditionalPutUnsupportedError,
     CorruptTableError,
     IndexUnavailableError,
     InvalidInputError,
     NotATableError,
     NullValueError,
     SchemaMismatchError,
+    StorageError,
     TableExistsError,
     TableNotFoundError,
     UnknownOperationError,
@@ -83,9 +85,9 @@ def foreach_batch(path: str, *, op_column: str | None = None, batch_id_prefix: s
 
 
 __all__ = [
-    "BitlakeError", "CommitConflictError", "ConvertResult", "CorruptTableError", "IndexUnavailableError",
-    "IngestResult", "InvalidInputError",
-    "NotATableError", "NullValueError", "SchemaMismatchError", "Table", "TableExistsError",
+    "BitlakeError", "CommitConflictError", "ConditionalPutUnsupportedError", "ConvertResult", "CorruptTableError",
+    "IndexUnavailableError", "IngestResult", "InvalidInputError",
+    "NotATableError", "NullValueError", "SchemaMismatchError", "StorageError", "Table", "TableExistsError",
     "TableNotFoundError", "UnknownOperationError", "UnsupportedFormatVersionError", "VersionExpiredError",
     "VersionNotFoundError",
     "convert", "create_table", "foreach_batch", "open_table", "register_data_source", "spark_jar",

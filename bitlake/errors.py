@@ -41,6 +41,15 @@ class UnknownOperationError(InvalidInputError):
     """The op column holds a value other than "upsert" or "delete"."""
 
 
+class StorageError(BitlakeError):
+    """The table's store refused or failed an operation: a bucket that does not exist, credentials it does not
+    accept, an endpoint it cannot reach (the store's own message, first line, names the cause)."""
+
+
+class ConditionalPutUnsupportedError(StorageError):
+    """The store does not refuse a second conditional put of one key: committing to it is not safe."""
+
+
 class CommitConflictError(BitlakeError):
     """A concurrent commit made this one impossible, and retrying could not resolve it."""
 

@@ -228,6 +228,8 @@ def vacuum(io: FileIO, refresh) -> VacuumResult:
                 written.append(prepared.purged_file.path)
             current = _current_purged(io, state, prepared.purged)
             if current is not None:
+                prepared.current = current.column(engine_vacuum.ROW_ID).to_numpy()
+                current = current.drop_columns([engine_vacuum.ROW_ID])
                 new = ingest.land_batch(io, state, ingest.landing_of(current, state.metadata, OP_COLUMN),
                                         ingest.check_batch_id(None).replace("-", "-vacuum-", 1))
                 part = new.part
@@ -250,8 +252,8 @@ def vacuum(io: FileIO, refresh) -> VacuumResult:
         _delete_rewritten(io, refresh())
         return VacuumResult(c.version, prepared.files_considered, prepared.files_read, len(prepared.rewrites),
                             prepared.rows_purged, len(prepared.tombstones))
-    raise CommitConflictError(f"vacuum gave up after {VACUUM_ATTEMPTS} attempts: compactions of {io.uri()} kept "
-                              "committing first")
+    raise CommitConflictError(f"vacuum gave up after {VACUUM_ATTEMPTS} attempts: compactions or restatements of "
+                              f"{io.uri()} kept committing first")
 
 
 def _current_purged(io: FileIO, state: TableState, purged: pa.Table) -> pa.Table | None:
@@ -261,14 +263,20 @@ def _current_purged(io: FileIO, state: TableState, purged: pa.Table) -> pa.Table
     now = engine_restate.valid_now(io, state, purged.column(engine_vacuum.ROW_ID).to_numpy())
     if not now.any():
         return None
-    rows = purged.filter(pa.array(now)).drop_columns([engine_vacuum.ROW_ID, engine_vacuum.DELTA])
-    return rows.append_column(OP_COLUMN, pa.array(["delete"] * rows.num_rows, pa.string()))
+    rows = purged.filter(pa.array(now))
+    return rows.drop_columns([engine_vacuum.DELTA]).append_column(
+        OP_COLUMN, pa.array(["delete"] * rows.num_rows, pa.string()))
 
 
 def _vacuum_plan(io: FileIO, prepared, new: Landed | None, state: TableState, version: int):
     for v in range(prepared.planned_on + 1, state.version + 1):
-        if commitlog.read(io, v).operation in (COMPACT, VACUUM):
+        # A compaction or vacuum may have copied tombstoned rows into new files; a revert or replace may have
+        # changed which rows are current, and with them the keys the vacuum must delete.
+        if commitlog.read(io, v).operation in (COMPACT, VACUUM, REVERT, REPLACE):
             raise _Moved
+    if state.version > prepared.planned_on and new is not None \
+            and not engine_restate.valid_now(io, state, prepared.current).all():
+        raise _Moved  # a record ingested meanwhile (of an equal delta value) superseded a row it would delete
     if new is None:
         r = engine_restate.Restatement(MetaGenOutput([], [], [], [], {}), changefile.table(), {})
     else:
@@ -299,4 +307,4 @@ def _delete_rewritten(io: FileIO, state: TableState) -> None:
 
 
 class _Moved(Exception):
-    """Rows moved between files since the vacuum was planned."""
+    """Rows moved between files, or other rows became current, since the vacuum was planned."""

@@ -55,6 +55,9 @@ def create_table(
             ``AWS_ENDPOINT_URL``); the environment's ``AWS_*`` / ``GOOGLE_*`` / ``AZURE_*`` variables otherwise.
     """
     io = file_io(path, storage_options)
+    local = io.local_path()
+    if local is not None and _under_a_file(local):
+        raise InvalidInputError(f"cannot create a table at {io.uri()}: it is, or is under, a file")
     if isinstance(schema, pa.Schema):
         arrow_schema = normalize_schema(schema)
     else:
@@ -105,6 +108,19 @@ def _is_dir(path: str) -> bool:
     import os
 
     return os.path.isdir(path)
+
+
+def _under_a_file(path: str) -> bool:
+    """Whether ``path`` or one of its ancestors is a file (no folder can be made there)."""
+    import os
+
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return False
+        path = parent
+    return not os.path.isdir(path)
 
 
 class Table:

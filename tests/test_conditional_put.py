@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 
 import bitlake
+from bitlake import ConditionalPutUnsupportedError
 from bitlake.fs import file_io
-from bitlake.fs.objectstore import ConditionalPutUnsupportedError
 
 pytestmark = pytest.mark.s3
 
@@ -67,3 +67,22 @@ def test_a_store_that_ignores_conditional_puts_gets_no_commit(s3_server, lax_end
     t = bitlake.create_table(uri, pa.schema([("k", pa.int64())]))
     t.ingest(pa.table({"k": [1, 2]}))
     assert t.to_arrow().num_rows == 2
+
+
+def test_a_store_failure_is_a_storage_error_in_one_line(s3_server, tmp_path):
+    """A bucket that does not exist is the store's refusal, reported as a StorageError naming the path and the
+    store's cause in one line (not obstore's exception and debug dump); a URI without a bucket is bad input."""
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64())])
+    for call in (lambda: bitlake.open_table("s3://no-such-bucket/t", storage_options=s3_server.options),
+                 lambda: bitlake.create_table("s3://no-such-bucket/t", schema, primary_key=["id"], delta_column="ts",
+                                              storage_options=s3_server.options)):
+        with pytest.raises(bitlake.StorageError, match=r"^s3://no-such-bucket/t\S*: \w+Error: ") as e:
+            call()
+        assert "\n" not in str(e.value)
+    assert issubclass(ConditionalPutUnsupportedError, bitlake.StorageError)
+    with pytest.raises(bitlake.InvalidInputError, match="names no bucket"):
+        bitlake.open_table("s3://", storage_options=s3_server.options)
+    (tmp_path / "a-file").write_text("not a folder")
+    for path in (tmp_path / "a-file", tmp_path / "a-file" / "t"):
+        with pytest.raises(bitlake.InvalidInputError, match="is, or is under, a file"):
+            bitlake.create_table(str(path), schema, primary_key=["id"], delta_column="ts")

@@ -364,3 +364,35 @@ def test_reverting_a_vacuums_deletes_brings_no_erased_row_back(tmp_path):
     assert t.ingest(pa.table({"k": [1], "mod": [2], "value": [11]}, schema=schema)).counts["inserted"] == 1
     assert [(r["_change_type"], r["value"]) for r in t.changes_to_arrow(start_version=before).to_pylist()] == \
         [("insert", 11)]
+
+
+@pytest.mark.parametrize("meanwhile", ["revert", "equal delta"])
+def test_a_vacuum_starts_over_when_the_rows_it_deletes_stop_being_current(tmp_path, monkeypatch, meanwhile):
+    """Another writer commits between the vacuum's planning and its commit: a revert of the batch whose row the
+    vacuum would delete, or a record of the key at the same delta value (a later arrival wins the tie). The
+    vacuum starts over on the new state, so the table is as if the commits had run one after the other."""
+    from bitlake import restatement
+
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64()), ("grp", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="ts")
+    t.ingest(pa.table({"id": [1], "ts": [10], "grp": [6]}, schema=schema), batch_id="a")
+    t.tombstone("grp", [6])
+    other = bitlake.open_table(t.path)
+    planned = restatement._current_purged
+    done = []
+
+    def racing(io, state, purged):
+        out = planned(io, state, purged)
+        if not done:
+            done.append(other.revert_batch("a") if meanwhile == "revert" else
+                        other.ingest(pa.table({"id": [1], "ts": [10], "grp": [0]}, schema=schema), batch_id="b"))
+        return out
+
+    monkeypatch.setattr(restatement, "_current_purged", racing)
+    t.vacuum()
+    monkeypatch.undo()
+    if meanwhile == "revert":
+        assert t.ingest(pa.table({"id": [1], "ts": [5], "grp": [0]}, schema=schema)).counts["inserted"] == 1
+        assert t.to_arrow().to_pylist() == [{"id": 1, "ts": 5, "grp": 0}]
+    else:
+        assert t.to_arrow().to_pylist() == [{"id": 1, "ts": 10, "grp": 0}]

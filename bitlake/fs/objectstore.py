@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 
+from bitlake.errors import ConditionalPutUnsupportedError, InvalidInputError, StorageError
 from bitlake.fs import FileIO
 
 SCHEMES = {"s3": "aws_", "s3a": "aws_", "gs": "google_", "az": "azure_", "abfs": "azure_", "abfss": "azure_",
@@ -43,10 +44,6 @@ _PROBE = "_bitlake/.conditional-put-probe-"
 _memory_stores: dict[str, Any] = {}
 _checked: dict[tuple, bool] = {}
 _lock = threading.Lock()
-
-
-class ConditionalPutUnsupportedError(RuntimeError):
-    """The store does not refuse a second conditional put of one key: committing to it is not safe."""
 
 
 def _normalize(scheme: str, options: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
@@ -96,6 +93,8 @@ class ObjectStoreFileIO(FileIO):
         scheme = parsed.scheme.lower()
         if scheme not in SCHEMES:
             raise ValueError(f"{base!r}: object stores are {sorted(SCHEMES)}")
+        if not parsed.netloc:
+            raise InvalidInputError(f"{base!r} names no bucket: give {scheme}://<bucket>/<path>")
         self.base = base.rstrip("/")
         self.scheme = scheme
         self.process_local = scheme == "memory"
@@ -103,7 +102,7 @@ class ObjectStoreFileIO(FileIO):
         self._store = self._open()
 
     def _open(self):
-        from obstore.exceptions import UnknownConfigurationKeyError
+        from obstore.exceptions import BaseError, UnknownConfigurationKeyError
         from obstore.store import MemoryStore, from_url
 
         if self.scheme == "memory":
@@ -115,6 +114,8 @@ class ObjectStoreFileIO(FileIO):
         except UnknownConfigurationKeyError as e:
             first = str(e).splitlines()[0]
             raise ValueError(f"a storage option is not known for {self.scheme}:// stores: {first}") from None
+        except BaseError as e:
+            raise _storage_error(self.base, e) from None
 
     def __getstate__(self) -> dict:
         return {"base": self.base, "scheme": self.scheme, "process_local": self.process_local,
@@ -322,3 +323,32 @@ class _Writer:
         if not self.closed:
             self.closed = True
             self._w.close()
+
+
+def _storage_error(where: str, e: Exception) -> StorageError:
+    """An obstore error as a :class:`StorageError`: its first line (the rest is the client's debug dump)."""
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    return StorageError(f"{where}: {type(e).__name__}: {first[:400]}")
+
+
+def _mapped(method):
+    """``method`` raising the store's failures (obstore errors: no bucket, refused credentials, an endpoint that
+    cannot be reached) as :class:`StorageError`; a missing object stays a ``FileNotFoundError``."""
+    import functools
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        from obstore.exceptions import BaseError
+
+        try:
+            return method(self, *args, **kwargs)
+        except BaseError as e:
+            where = self.uri(args[0]) if args and isinstance(args[0], str) else self.uri()
+            raise _storage_error(where, e) from None
+
+    return call
+
+
+for _name in ("exists", "read_bytes", "size", "mtime", "put_if_absent", "write_atomic", "open_input", "open_output",
+              "listdir", "walk", "delete"):
+    setattr(ObjectStoreFileIO, _name, _mapped(getattr(ObjectStoreFileIO, _name)))
