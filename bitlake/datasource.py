@@ -30,7 +30,7 @@ from pyspark.sql.datasource import (
 from bitlake import read
 from bitlake.engine import changes as changes_mod
 from bitlake.engine import landing, reader
-from bitlake.errors import InvalidInputError
+from bitlake.errors import InvalidInputError, VersionNotFoundError
 from bitlake.format.commit import INGEST
 from bitlake.format.layout import STAGING_DIR
 from bitlake.format.metadata import OP_COLUMN
@@ -163,8 +163,12 @@ class ChangeFeedReader(DataSourceReader):
         if start is None:
             raise InvalidInputError("readChangeFeed needs startingVersion (the first commit whose changes are read)")
         self.io = t.io
+        latest = t.refresh()
+        if start > latest.version:
+            raise VersionNotFoundError(f"startingVersion {start} does not exist; the table has versions 0 to "
+                                       f"{latest.version}")
         # Commit 0 creates the table and changes nothing: startingVersion 0 reads what 1 does.
-        self.plan = read.change_plan(t.io, t.refresh(), max(start - 1, 0), _int(options, "endingVersion"), None)
+        self.plan = read.change_plan(t.io, latest, max(start - 1, 0), _int(options, "endingVersion"), None)
 
     def read(self, partition):
         yield from spark_typed(changes_mod.read_arrow(self.io, self.plan).to_batches())

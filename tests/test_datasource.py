@@ -97,6 +97,9 @@ def test_the_change_feed_option_reads_delta_style_inclusive_starting_versions(sp
             assert got == want and want, (start, end)
     with pytest.raises(AnalysisException, match="startingVersion"):
         spark.read.format("bitlake").option("readChangeFeed", "true").load(t.path).collect()
+    with pytest.raises(AnalysisException, match=f"startingVersion {t.version + 2} does not exist"):
+        spark.read.format("bitlake").option("readChangeFeed", "true").option("startingVersion", t.version + 2) \
+            .load(t.path).collect()
 
 
 CONDITIONS = [

@@ -286,6 +286,13 @@ def test_a_null_in_a_non_nullable_column_is_refused_by_name(tmp_path):
     r = t.ingest(pa.table({"id": [1], "name": pa.array([None], pa.string()), "mod": [1], "op": ["delete"]}),
                  op_column="op")  # a delete stores no row: its other columns may be null
     assert r.counts["ignored_deletes"] == 1
+    strict = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("mod", pa.int64(), nullable=False)])
+    s = bitlake.create_table(str(tmp_path / "s"), strict, primary_key=["id"], delta_column="mod")
+    for data, column in ((pa.table({"id": [1, None], "mod": [1, 1]}), "primary key column 'id'"),
+                         (pa.table({"id": [1, 2], "mod": [1, None]}), "delta column 'mod'")):
+        with pytest.raises(bitlake.NullValueError, match=column):  # not the cast's ValueError
+            s.ingest(data)
+    assert s.version == 0
     for ok in ("7d", "12", "2026-11-01T00:00:00Z"):
         t.set_properties({"compact.look_back": ok})
     with pytest.raises(bitlake.InvalidInputError, match="at least one column"):

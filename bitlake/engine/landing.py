@@ -130,6 +130,8 @@ class LandTask:
                     for c, n in missing.items():
                         nulls[c] += n
                     continue
+                if any(chunk.column(c).null_count for c in checked):
+                    continue  # counted above: the batch is refused (a non-nullable key field would fail the cast)
                 try:
                     chunk = chunk.select(datafile.data_schema(meta).names).cast(datafile.data_schema(meta))
                 except (pa.ArrowInvalid, pa.ArrowTypeError) as e:  # a value the table's type cannot hold
