@@ -4,6 +4,7 @@ them when due, and upgrading format v1 tables."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from typing import Any
@@ -12,7 +13,7 @@ import pyarrow as pa
 
 from bitlake import transaction
 from bitlake.engine import upkeep
-from bitlake.errors import InvalidInputError
+from bitlake.errors import CommitConflictError, InvalidInputError
 from bitlake.format import bucket, commitlog, keystore, layout, v1
 from bitlake.format import state as state_mod
 from bitlake.format.commit import LIVE, UPGRADE, BucketFile, Commit
@@ -105,18 +106,37 @@ def expired_log(io: FileIO, state: TableState, old, dry_run: bool) -> list[str]:
 
 def compact(io: FileIO, refresh, **options) -> Any:
     """A compaction (:mod:`bitlake.engine.compaction`) planned and written on the latest state, then committed;
-    a compaction that another one beat to its files removes what it wrote and returns ``version=None``."""
+    a compaction that another one beat to its files removes what it wrote and returns ``version=None``. A major
+    one that a revert or replace overtook (its purge may leave out a row they made valid again), or one whose
+    input a vacuum deleted meanwhile, plans again (three attempts, then ``CommitConflictError``)."""
     from bitlake.engine import compaction
 
-    prepared = compaction.prepare(io, refresh(), **options)
-    if not isinstance(prepared, compaction.Prepared):
-        return prepared if prepared is not None else compaction.CompactResult(None)
-    c, _ = transaction.commit(io, refresh, lambda latest: (prepared.commit(latest), []))
-    if c is None:
+    for _ in range(COMPACT_ATTEMPTS):
+        state = refresh()
+        try:
+            prepared = compaction.prepare(io, state, **options)
+        except FileNotFoundError:
+            if refresh().version == state.version:
+                raise
+            continue  # a vacuum committed meanwhile deleted a file it was reading: plan again
+        if not isinstance(prepared, compaction.Prepared):
+            return prepared if prepared is not None else compaction.CompactResult(None)
+        c, _ = transaction.commit(io, refresh, functools.partial(_compaction_commit, prepared))
+        if c is not None:
+            return dataclasses.replace(prepared.result, version=c.version)
         for path in prepared.written:
             io.delete(path)
-        return compaction.CompactResult(None)
-    return dataclasses.replace(prepared.result, version=c.version)
+        if not prepared.replan:
+            return compaction.CompactResult(None)
+    raise CommitConflictError(f"compaction gave up after {COMPACT_ATTEMPTS} attempts: restatements or vacuums of "
+                              f"{io.uri()} kept committing while it ran")
+
+
+COMPACT_ATTEMPTS = 3
+
+
+def _compaction_commit(prepared, latest: TableState):
+    return prepared.commit(latest), []
 
 
 @dataclasses.dataclass(frozen=True)

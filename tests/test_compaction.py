@@ -381,3 +381,44 @@ def test_log_files_are_regrouped_keeping_every_view_and_change(tmp_path, spark):
             assert rows_key(t.to_arrow(version=v, valid_at=at).to_pylist(), COLUMNS) == rows, (v, at)
             assert rows_key(t.to_arrow(valid_at=at).to_pylist(), COLUMNS) == before[(latest, at)], at
     assert changes(t, spark, 6, t.version) == feed[(6, latest)]
+
+
+@pytest.mark.parametrize("restatement", ["revert", "replace"])
+def test_a_major_compaction_overtaken_by_a_restatement_plans_again(tmp_path, restatement):
+    """A revert or replace that commits while a major compaction writes may make valid again a row the
+    compaction's purge leaves out: the compaction plans again on the new state instead of committing a window
+    without that row."""
+    schema = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("d", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["k"], delta_column="d", num_buckets=2)
+    t.ingest(pa.table({"k": [1, 2], "v": [10, 20], "d": [1, 1]}, schema=schema), batch_id="a")
+    t.ingest(pa.table({"k": [1], "v": [11], "d": [2]}, schema=schema), batch_id="b")  # supersedes k=1 v=10
+    t.ingest(pa.table({"k": [3], "v": [30], "d": [3]}, schema=schema), batch_id="c")
+    other = bitlake.open_table(t.path)
+    done = []
+
+    def progress(rows, total):
+        if not done:  # the purge is planned; another writer commits before the compaction does
+            done.append(other.revert_batch("b") if restatement == "revert" else
+                        other.replace_batch("b", pa.table({"k": [9], "v": [90], "d": [9]}, schema=schema)))
+
+    r = t.compact(major=True, look_back=3, progress=progress)
+    assert r.version == t.version and t.state().window is not None
+    expected = [(1, 10, 1), (2, 20, 1), (3, 30, 3)] + ([(9, 90, 9)] if restatement == "replace" else [])
+    assert sorted(tuple(x.values()) for x in t.to_arrow().to_pylist()) == expected
+    assert sorted(tuple(x.values()) for x in t.to_arrow(version=4).to_pylist()) == expected
+    assert t.describe()["valid_rows"] == len(expected)
+
+
+def test_the_watermark_counts_the_delta_values_of_vacuumed_rows(tmp_path):
+    """The window's watermark is the largest delta value committed by its version, rows a vacuum erased
+    included (their purged file keeps the values)."""
+    schema = pa.schema([("k", pa.int64()), ("v", pa.int64()), ("d", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["k"], delta_column="d")
+    t.ingest(pa.table({"k": [1], "v": [10], "d": [1]}, schema=schema))
+    t.ingest(pa.table({"k": [2], "v": [66], "d": [3]}, schema=schema))
+    t.tombstone("v", [66])
+    t.vacuum()
+    t.compact(major=True, look_back=2)
+    assert t.state().window.watermark == 3
+    with pytest.raises(bitlake.VersionExpiredError):
+        t.to_arrow(valid_at=2)

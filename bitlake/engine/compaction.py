@@ -259,9 +259,16 @@ class Prepared:
     unlisted: list[str]
     window: Window | None
     result: CompactResult
+    replan: bool = False  # set by :meth:`commit` when the plan no longer holds and planning again may succeed
 
     def commit(self, latest: TableState) -> Commit | None:
-        """The ``COMPACT`` commit on ``latest``, or None when another compaction took its files first."""
+        """The ``COMPACT`` commit on ``latest``, or None when another compaction took its files first, or (with
+        ``replan`` set) a major one's purge no longer holds: a revert or replace committed since it was planned
+        may have made valid again a row it leaves out."""
+        if self.window is not None and any(b.restated_version is not None and b.restated_version > self.planned_on
+                                           for b in latest.parts.values()):
+            self.replan = True
+            return None
         listed = {f.path for _, f in latest.logs}
         if any(f.path not in latest.files for f in self.removed) or any(p not in listed for p in self.unlisted) or (
                 self.window is not None and latest.window is not None

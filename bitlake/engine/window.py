@@ -84,6 +84,11 @@ def watermark(io: FileIO, state: TableState, at: TableState) -> int | None:
         deletes = datafile.read_deletes(io, kf.path, meta)
         if deletes.num_rows:
             best = max(best, int(pc.max(deletes.column(keystore.DELTA)).as_py()))
+    for _, pf in state.purged:  # the records of the rows vacuums erased
+        purged = datafile.read_keys(io, pf.path, meta)
+        mine = np.isin(purged.column(keystore.ROW_ID).to_numpy() >> rowid.PART_SHIFT, parts)
+        if mine.any():
+            best = max(best, int(purged.column(keystore.DELTA).to_numpy()[mine].max()))
     return best
 
 
