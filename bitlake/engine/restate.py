@@ -21,7 +21,6 @@ import dataclasses
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from bitlake.engine import metagen
 from bitlake.engine.keyindex import key_codes
@@ -194,10 +193,9 @@ def _purged(io: FileIO, state: TableState, start: int) -> pa.Table:
     """The records of the rows the vacuums committed from ``start`` on purged (keys-file rows): the fold's
     records, and its key-store entries from before ``start`` (the vacuum at ``start`` itself, when its own batch
     of deletes is the one restated)."""
-    schema = datafile.keys_schema(state.metadata)
     files = [f for v, f in state.purged if v >= start]
-    tables = thread_map(lambda f: pq.read_table(io.open_input(f.path), schema=schema), files)
-    return pa.concat_tables(tables) if tables else schema.empty_table()
+    tables = thread_map(lambda f: datafile.read_keys(io, f.path, state.metadata), files)
+    return pa.concat_tables(tables) if tables else datafile.keys_schema(state.metadata).empty_table()
 
 
 def rids_of(records: pa.Table) -> np.ndarray:
