@@ -7,7 +7,7 @@ nothing: the next publisher run finds the unpublished commit.
 
 One event per partition the commit touched (one with ``partition`` null for an unpartitioned table): the
 partitions of the rows whose validity it changed, the rows it made valid and those it invalidated (a stale
-record touches no partition).
+record touches no partition). A commit that changed no row has no event.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def commit_events(
     meta = state.metadata
     partitions: set[tuple | None] = set()
     if not meta.partition_by:
-        partitions.add(None)
+        if any(counts.get(k, 0) for k in ("inserted", "updated", "deleted")):
+            partitions.add(None)  # else only stale records and deletes of absent keys: no row changed
     else:
         files = [*state.data_files(), *(f for b in batches for f in b.data_files)]
         partitions.update(tuple((f.partition or {}).get(c) for c in meta.partition_by)

@@ -29,12 +29,14 @@ import decimal
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from bitlake import cdc
 from bitlake.errors import BitlakeError, InvalidInputError
@@ -75,16 +77,17 @@ _TYPES: dict[str, pa.DataType] = {
 
 def arrow_type(pg_type: str) -> pa.DataType:
     """The Arrow type of a column of PostgreSQL type ``pg_type`` (``format_type``'s text)."""
-    base = pg_type.split("(")[0].strip()
+    if pg_type.strip().endswith("[]"):
+        return pa.string()  # arrays: their text form
+    # A type modifier goes: "numeric(10,2)", "timestamp(3) with time zone", "character varying(20)".
+    base = re.sub(r"\s*\([^)]*\)", "", pg_type).strip()
     if base == "numeric":
         if "(" in pg_type:
-            precision, _, scale = pg_type[pg_type.index("(") + 1:-1].partition(",")
+            precision, _, scale = pg_type[pg_type.index("(") + 1:pg_type.index(")")].partition(",")
             return pa.decimal128(int(precision), int(scale or 0))
         return pa.string()  # unconstrained numeric: any scale; kept exactly as text
     if base in _TYPES:
         return _TYPES[base]
-    if base.endswith("[]"):
-        return pa.string()  # arrays: their text form
     raise InvalidInputError(f"PostgreSQL type {pg_type!r} has no mapping to Arrow in bitlake's mirror")
 
 
@@ -310,7 +313,7 @@ class PostgresMirror:
                 commit = lsn_int(c["lsn"])  # the transaction's commit LSN (wal2json's B row names it)
             elif c["action"] == "C":
                 end = lsn_int(c["nextlsn"])
-            else:
+            elif c["action"] in "IUDT":  # not "M": a logical decoding message (pg_logical_emit_message)
                 changes.append({**c, "_commit": commit})
         if end is not None:
             self._apply(changes, end)
@@ -324,7 +327,7 @@ class PostgresMirror:
 
     def _apply(self, changes: list[dict], end: int) -> None:
         self._follow_schema(changes)
-        pieces = _columnar(changes, self.table.metadata)
+        pieces = _columnar(changes, self.table.metadata, self._current)
         base = f"wal-{self.slot}-{end:016x}"
         for i, (kind, piece) in enumerate(pieces):
             batch_id = base if i == len(pieces) - 1 else f"{base}-part{i}"
@@ -333,16 +336,29 @@ class PostgresMirror:
             self.table.ingest(piece, op_column=cdc.OP, batch_id=batch_id)
         # No piece (transactions of other tables only): nothing to commit; the slot's advance moves the position.
 
+    def _current(self, keys: list[tuple]) -> dict[tuple, dict]:
+        """The table's current rows of ``keys`` (tuples of the primary key's values), by key."""
+        pk = list(self.table.metadata.primary_key)
+        rows = self.table.to_arrow(filter=pc.field(pk[0]).isin(sorted({k[0] for k in keys}))).to_pylist()
+        return {tuple(r[c] for c in pk): r for r in rows}
+
     def _follow_schema(self, changes: list[dict]) -> None:
         """Adds the nullable columns the source gained; raises SchemaChangedError for any other change."""
         meta = self.table.metadata
         known = {n: meta.schema.field(n).type for n in meta.column_names}
-        # The distinct column lists of the step's rows (one, but around a DDL): each checked once.
-        signatures = {tuple((v["name"], v["type"]) for v in c["columns"]) for c in changes if c["action"] in "IU"}
+        # The distinct column lists of the step's rows (one, but around a DDL): each checked once. An update
+        # leaves out the TOASTed values it did not change: a column missing there is dropped only when the
+        # catalog says so.
+        signatures = {(c["action"] == "U", tuple((v["name"], v["type"]) for v in c["columns"]))
+                      for c in changes if c["action"] in "IU"}
         seen: dict[str, str] = {}
-        for signature in signatures:
+        listed: set[str] | None = None
+        for update, signature in signatures:
             names = {n for n, _ in signature}
             missing = [n for n in known if n != LSN_COLUMN and n not in names]
+            if missing and update:
+                listed = listed if listed is not None else {c.name for c in self.columns()}
+                missing = [n for n in missing if n not in listed]
             if missing:
                 raise SchemaChangedError(f"{self.source} no longer has columns {missing} (dropped?): the mirror "
                                          "stops; nothing of this step was written")
@@ -382,23 +398,31 @@ class PostgresMirror:
         return not rows
 
 
-def _columnar(changes: list[dict], meta) -> list[tuple[str, Any]]:
+def _columnar(changes: list[dict], meta, current: Callable[[list[tuple]], dict[tuple, dict]]
+              ) -> list[tuple[str, Any]]:
     """wal2json changes as record tables (the table's columns, :data:`bitlake.cdc.OP`, ``_lsn`` at the change's
     commit LSN), split at TRUNCATEs (``("truncate", commit LSN)``). Values are gathered column by column and
     converted by Arrow in bulk: a change costs a few dictionary lookups, not a Python conversion per value.
+    An update leaves out the TOASTed values it did not change: they are taken from the key's latest change in
+    this step, or else from the table's current row (``current``: key tuples to rows).
 
     Each change takes its transaction's commit LSN: a row's changes commit in the order they were made (the
     row stays locked), and a transaction in progress while the snapshot was taken commits after its
     consistent point though it wrote its changes before it."""
     names = [c for c in meta.column_names if c != LSN_COLUMN]
+    pk = list(meta.primary_key)
     out: list[tuple[str, Any]] = []
     columns: dict[str, list] = {n: [] for n in names}
     ops: list[str] = []
     lsns: list[int] = []
+    latest: dict[tuple, dict] = {}  # the values of each key's latest change in this step (JSON values)
+    unchanged: list[tuple[int, list[str], tuple]] = []  # (row, columns left out, key): from the table's row
 
     def flush() -> None:
         if ops:
             arrays = [_array(columns[n], meta.schema.field(n).type) for n in names]
+            if unchanged:
+                arrays = _with_unchanged(arrays, names, meta, unchanged, current)
             out.append(("records", pa.Table.from_arrays(
                 [*arrays, pa.array(lsns, pa.int64()), pa.array(ops, pa.string())],
                 names=[*names, LSN_COLUMN, cdc.OP])))
@@ -406,19 +430,64 @@ def _columnar(changes: list[dict], meta) -> list[tuple[str, Any]]:
                 columns[n] = []
             ops.clear()
             lsns.clear()
+            unchanged.clear()
 
     for c in changes:
         action = c["action"]
         if action == "T":
             flush()
+            latest.clear()
             out.append(("truncate", c["_commit"]))
             continue
         values = {v["name"]: v["value"] for v in (c["columns"] if action in "IU" else c["identity"])}
+        key = tuple(values.get(k) for k in pk)
+        if action == "U":
+            before = key
+            if "identity" in c:
+                old = {v["name"]: v["value"] for v in c["identity"]}
+                before = tuple(old.get(k) for k in pk)
+                if before != key:  # an update of the key: wal2json names the old key; the old key is deleted
+                    for n in names:
+                        columns[n].append(old.get(n) if n in pk else None)
+                    ops.append("delete")
+                    lsns.append(c["_commit"])
+            left_out = [n for n in names if n not in values]
+            if left_out:
+                if before in latest:
+                    values = {**{n: latest[before].get(n) for n in left_out}, **values}
+                else:
+                    unchanged.append((len(ops), left_out, before))
+        if action == "D":
+            latest.pop(key, None)
+        elif action in "IU":
+            latest[key] = values
         for n in names:
             columns[n].append(values.get(n))
         ops.append("delete" if action == "D" else "upsert")
         lsns.append(c["_commit"])
     flush()
+    return out
+
+
+def _with_unchanged(arrays: list[pa.Array], names: list[str], meta, unchanged: list, current) -> list[pa.Array]:
+    """``arrays`` with the values updates left out (unchanged TOASTed ones) taken from the table's rows."""
+    pk = list(meta.primary_key)
+    typed = {raw: tuple(_array([v], meta.schema.field(k).type)[0].as_py() for k, v in zip(pk, raw, strict=True))
+             for _, _, raw in unchanged}
+    rows = current(sorted(set(typed.values()), key=repr))
+    patched: dict[str, dict[int, Any]] = {}
+    for row, left_out, raw in unchanged:
+        stored = rows.get(typed[raw])
+        for n in left_out:
+            patched.setdefault(n, {})[row] = None if stored is None else stored.get(n)
+    out = []
+    for n, array in zip(names, arrays, strict=True):
+        if n in patched:
+            values = array.to_pylist()
+            for row, value in patched[n].items():
+                values[row] = value
+            array = pa.array(values, array.type)
+        out.append(array)
     return out
 
 
@@ -432,7 +501,8 @@ def _array(values: list, t: pa.DataType) -> pa.Array:
         return pa.array([_bytea(v) for v in values], t)
     if pa.types.is_string(t):  # json/jsonb (parsed by the JSON reader), unconstrained numeric (a Decimal)
         return pa.array([v if v is None or isinstance(v, str) else
-                         json.dumps(v, default=str) if isinstance(v, (dict, list)) else str(v) for v in values], t)
+                         json.dumps(v, default=str) if isinstance(v, (dict, list)) else
+                         format(v, "f") if isinstance(v, decimal.Decimal) else str(v) for v in values], t)
     return pa.array(values, t)
 
 

@@ -184,3 +184,34 @@ def test_values_of_every_mapped_type_survive_snapshot_and_changes(server, tmp_pa
         assert via_wal == via_snapshot, k
     assert snap[1]["raw"] == b"\x0a\x0b" and str(snap[1]["n"]) == "12.345" and snap[1]["b"] is True
     assert m.table.metadata.schema.field("n").type == pa.decimal128(10, 3)
+
+
+def test_key_updates_messages_toast_and_exact_text(server, tmp_path):
+    """An update that changes the key deletes the old key; a logical decoding message in the slot is skipped;
+    an update leaving a TOASTed value unchanged (wal2json leaves it out) keeps it; an unconstrained numeric
+    keeps its digits as PostgreSQL writes them; a timestamp with a precision maps like one without. (wal2json 2.5 prints a double's NaN and
+    infinities as JSON null: through changes they arrive as null, docs/cdc.md.)"""
+    big = "".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(40_000))  # not compressible: stored out of line
+    with server.connect() as c:
+        c.execute("CREATE TABLE notes (id int PRIMARY KEY, v text, doc text, n numeric, f double precision, "
+                  "at timestamp(3) with time zone)")
+        c.execute("INSERT INTO notes VALUES (1, 'a', %s, 0.0000001, 'NaN', '2024-01-01 00:00:00.123+00')", (big,))
+    m = PostgresMirror(server.dsn(), "public.notes", str(tmp_path / "notes"), slot="notes_slot")
+    try:
+        m.run(until_caught_up=True, interval=0.1)
+        snap = {r["id"]: r for r in m.table.to_arrow().to_pylist()}
+        with server.connect() as c:
+            c.execute("UPDATE notes SET v = 'b' WHERE id = 1")  # doc unchanged: left out of the change
+            c.execute("SELECT pg_logical_emit_message(true, 'app', 'hello')")
+            c.execute("INSERT INTO notes VALUES (2, 'c', 'small', 0.00000010, 'Infinity', NULL), "
+                      "(3, 'd', NULL, -0.000000123, '-Infinity', NULL)")
+            c.execute("UPDATE notes SET id = 4 WHERE id = 2")
+        m.run(until_caught_up=True, interval=0.1)
+        rows = {r["id"]: r for r in m.table.to_arrow().to_pylist()}
+    finally:
+        m.close()
+    assert sorted(rows) == [1, 3, 4]
+    assert rows[1]["v"] == "b" and rows[1]["doc"] == big and rows[1]["n"] == snap[1]["n"] == "0.0000001"
+    assert rows[4]["doc"] == "small" and rows[4]["n"] == "0.00000010" and rows[3]["n"] == "-0.000000123"
+    assert snap[1]["f"] != snap[1]["f"]  # NaN through the snapshot
+    assert m.table.metadata.schema.field("at").type == pa.timestamp("us", tz="UTC")

@@ -1012,6 +1012,8 @@ def test_change_events_name_the_partitions_whose_rows_changed(tmp_path, monkeypa
     unpartitioned = changeevent.commit_events(t.io, "t", TableState(Protocol(), meta()), 1, 0, [], [],
                                               {"inserted": 1})
     assert [e["partition"] for e in unpartitioned] == [None] and unpartitioned[0]["prev_snapshot_id"] is None
+    assert changeevent.commit_events(t.io, "t", TableState(Protocol(), meta()), 1, 0, [], [],
+                                     {"inserted": 0, "stale": 2, "ignored_deletes": 1}) == []  # no row changed
 
 
 def test_the_previous_snapshot_of_an_event_is_the_last_commit_with_events():
