@@ -20,6 +20,7 @@ the envelope's schema section where it has one (Debezium's logical types: ``Deci
 from __future__ import annotations
 
 import base64
+import binascii
 import datetime as dt
 import decimal
 import json
@@ -28,11 +29,14 @@ from typing import Any
 
 import pyarrow as pa
 
-from bitlake.errors import InvalidInputError
+from bitlake.errors import InvalidInputError, NullValueError, SchemaMismatchError
 from bitlake.format.metadata import TableMetadata
 
 OP = "_cdc_op"
 POSITIONS = ("lsn", "ts_ms")
+# Debezium's decimal.handling.mode, for messages without a schema section: "precise" sends a decimal as base64
+# bytes, "string" and "double" as the number.
+DECIMAL_HANDLING = ("precise", "string", "double")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
@@ -83,16 +87,22 @@ def _unscaled(unscaled: int, scale: int) -> decimal.Decimal:
     return decimal.Decimal((sign, digits, -scale))
 
 
-def convert(value: Any, target: pa.DataType, connect: dict | None) -> Any:
+def convert(value: Any, target: pa.DataType, connect: dict | None, decimal_handling: str = "precise") -> Any:
     """A Debezium JSON value as a Python value of Arrow type ``target``: by its Connect logical type when
-    the schema section names one, else by the target type."""
+    the schema section names one, else by the target type (a decimal's text as base64 bytes when
+    ``decimal_handling`` is Debezium's default, "precise": "0000" is both, and means the bytes)."""
     if value is None:
         return None
     name = (connect or {}).get("name", "")
     if name == "org.apache.kafka.connect.data.Decimal" or (
-            pa.types.is_decimal(target) and isinstance(value, str) and not _looks_numeric(value)):
+            not connect and decimal_handling == "precise" and pa.types.is_decimal(target) and isinstance(value, str)):
         scale = int((connect or {}).get("parameters", {}).get("scale", getattr(target, "scale", 0)))
-        return _unscaled(int.from_bytes(base64.b64decode(value), "big", signed=True), scale)
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except binascii.Error:
+            raise ValueError("not base64 bytes (decimal.handling.mode=precise); if the connector sends decimals "
+                             "as numbers, pass decimal_handling='string'") from None
+        return _unscaled(int.from_bytes(raw, "big", signed=True), scale)
     if name == "io.debezium.data.VariableScaleDecimal":
         unscaled = int.from_bytes(base64.b64decode(value["value"]), "big", signed=True)
         return _unscaled(unscaled, int(value["scale"]))
@@ -117,14 +127,6 @@ def convert(value: Any, target: pa.DataType, connect: dict | None) -> Any:
     if (pa.types.is_string(target) or pa.types.is_large_string(target)) and not isinstance(value, str):
         return json.dumps(value)
     return value
-
-
-def _looks_numeric(text: str) -> bool:
-    try:
-        decimal.Decimal(text)
-        return True
-    except decimal.InvalidOperation:
-        return False
 
 
 def position_of(change: dict, position: str) -> int:
@@ -155,11 +157,14 @@ def _delta_value(pos: int, meta: TableMetadata, position: str) -> Any:
                             "column (or, for ts_ms, a timestamp)")
 
 
-def records(changes_in: Iterable[dict], meta: TableMetadata, position: str = "lsn") -> Iterator[dict | str]:
+def records(changes_in: Iterable[dict], meta: TableMetadata, position: str = "lsn",
+            decimal_handling: str = "precise") -> Iterator[dict | str]:
     """Table records (the table's columns and :data:`OP`) of the changes; the text ``"truncate"`` where a
     TRUNCATE stands (its position follows, as the next record's ``_position``)."""
     if position not in POSITIONS:
         raise InvalidInputError(f"position must be one of {POSITIONS}, not {position!r}")
+    if decimal_handling not in DECIMAL_HANDLING:
+        raise InvalidInputError(f"decimal_handling must be one of {DECIMAL_HANDLING}, not {decimal_handling!r}")
     if not meta.keyed:
         raise InvalidInputError("change events need a keyed table (primary_key and delta_column)")
     columns = [c for c in meta.column_names if c != meta.delta_column]
@@ -195,28 +200,61 @@ def records(changes_in: Iterable[dict], meta: TableMetadata, position: str = "ls
                 "PostgreSQL TOASTed column an UPDATE left unchanged); storing it would overwrite the real value. "
                 "Set REPLICA IDENTITY FULL on the source table so that every change carries every column")
         connect = _fields(change.get("_schema"), side)
-        out = {c: convert(row.get(c), types[c], connect.get(c)) for c in columns}
+        try:
+            out = {c: convert(row.get(c), types[c], connect.get(c), decimal_handling) for c in columns}
+        except (ValueError, TypeError, ArithmeticError, binascii.Error) as e:
+            bad = next(c for c in columns if not _converts(row.get(c), types[c], connect.get(c), decimal_handling))
+            raise SchemaMismatchError(f"column {bad!r}: {row.get(bad)!r} is not a {types[bad]} value ({e})") from None
         out[str(meta.delta_column)] = delta
         out[OP] = kind
         yield out
 
 
-def batches(changes_in: Iterable[dict], meta: TableMetadata, position: str = "lsn"
+def batches(changes_in: Iterable[dict], meta: TableMetadata, position: str = "lsn", decimal_handling: str = "precise"
             ) -> Iterator[tuple[str, pa.Table | Any]]:
     """The changes as ``("records", table)`` pieces to ingest, split at TRUNCATEs: ``("truncate", delta)``."""
     schema = pa.schema([*meta.schema, pa.field(OP, pa.string())])
     pending: list[dict] = []
-    it = records(changes_in, meta, position)
+    it = records(changes_in, meta, position, decimal_handling)
     for r in it:
         if r == "truncate":
             if pending:
-                yield "records", pa.Table.from_pylist(pending, schema=schema)
+                yield "records", _table(pending, schema, meta)
                 pending = []
             yield "truncate", next(it)["_position"]  # type: ignore[index]
             continue
         pending.append(r)  # type: ignore[arg-type]
     if pending:
-        yield "records", pa.Table.from_pylist(pending, schema=schema)
+        yield "records", _table(pending, schema, meta)
+
+
+def _converts(value: Any, target: pa.DataType, connect: dict | None, decimal_handling: str) -> bool:
+    try:
+        convert(value, target, connect, decimal_handling)
+        return True
+    except (ValueError, TypeError, ArithmeticError, binascii.Error):
+        return False
+
+
+def _table(rows: list[dict], schema: pa.Schema, meta: TableMetadata) -> pa.Table:
+    """Records as a table of ``schema``; a value its column cannot hold is refused naming the column, and a null
+    key or delta value before anything of the call is committed."""
+    try:
+        table = pa.Table.from_pylist(rows, schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+        for field in schema:
+            try:
+                pa.array([r.get(field.name) for r in rows], field.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as bad:
+                raise SchemaMismatchError(f"column {field.name!r} cannot hold a change's value: "
+                                          f"{str(bad).splitlines()[0]}") from None
+        raise SchemaMismatchError(f"a change's values do not fit the table: {str(e).splitlines()[0]}") from None
+    for c in [*meta.primary_key, meta.delta_column]:
+        nulls = table.column(c).null_count
+        if nulls:
+            role = "delta column" if c == meta.delta_column else "primary key column"
+            raise NullValueError(f"{role} {c!r} holds {nulls} null value(s) in the changes; nothing was written")
+    return table
 
 
 def truncation(table, delta: Any) -> pa.Table:
@@ -228,14 +266,17 @@ def truncation(table, delta: Any) -> pa.Table:
         OP, pa.array(["delete"] * n, pa.string()))
 
 
-def ingest(table, messages: Iterable[Any], *, batch_id: str | None = None, position: str = "lsn") -> list:
+def ingest(table, messages: Iterable[Any], *, batch_id: str | None = None, position: str = "lsn",
+           decimal_handling: str = "precise") -> list:
     """Applies Debezium ``messages`` to ``table`` (a keyed :class:`bitlake.Table`): one ingestion of their
     records, with ``batch_id`` (a retry with the same id is a no-op), or more around TRUNCATEs (their batch
-    ids suffixed ``-1``, ``-2``...). Returns the :class:`bitlake.IngestResult` of each ingestion."""
+    ids suffixed ``-1``, ``-2``...). ``decimal_handling``: the connector's ``decimal.handling.mode``, for
+    messages without a schema section. Returns the :class:`bitlake.IngestResult` of each ingestion."""
     meta = table.metadata
     results = []
-    # Every message converted before the first commit: one that names a problem leaves nothing written.
-    pieces = list(batches(changes(messages), meta, position))
+    # Every message converted and checked (values, null keys) before the first commit: one that names a problem
+    # leaves nothing written.
+    pieces = list(batches(changes(messages), meta, position, decimal_handling))
     for i, (kind, piece) in enumerate(pieces):
         bid = None if batch_id is None else (batch_id if i == 0 else f"{batch_id}-{i}")
         if kind == "truncate":

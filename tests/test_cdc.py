@@ -91,7 +91,12 @@ def test_values_follow_debeziums_logical_types():
     assert next(cdc.records([plain], meta))["balance"] == decimal.Decimal("100.50")
     assert cdc.convert(1_700_000_000_000_000, pa.timestamp("us", tz="UTC"), {"name": "io.debezium.time.MicroTimestamp"}
                        ) == dt.datetime(2023, 11, 14, 22, 13, 20, tzinfo=dt.UTC)
-    assert cdc.convert("110.50", pa.decimal128(12, 2), None) == decimal.Decimal("110.50")  # decimal mode string
+    assert cdc.convert("110.50", pa.decimal128(12, 2), None, "string") == decimal.Decimal("110.50")
+    # Without a schema, decimal.handling.mode=precise (the default) sends base64 even where it reads as a number.
+    assert cdc.convert("0000", pa.decimal128(7, 2), None) == decimal.Decimal("-29293.56")
+    assert cdc.convert("0000", pa.decimal128(7, 2), None, "string") == decimal.Decimal("0.00")
+    with pytest.raises(ValueError, match="decimal_handling='string'"):
+        cdc.convert("110.50", pa.decimal128(12, 2), None)
     big = decimal.Decimal("1234567890123456789012345678.0123456789")  # beyond the default context's 28 digits
     raw = int(big.scaleb(10, decimal.Context(prec=60))).to_bytes(16, "big", signed=True)
     connect = {"name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "10"}}
@@ -155,3 +160,23 @@ def test_the_command_line_applies_a_file_of_messages(tmp_path, capsys):
     assert code in (0, None)
     assert _rows(t) == _final()
     assert "batch file-1" in capsys.readouterr().out
+
+
+def test_a_call_is_checked_whole_before_its_first_commit(tmp_path):
+    """A TRUNCATE splits a call into several ingestions: a null key after it, or a value its column cannot hold,
+    is refused before the first of them commits, naming the column."""
+    schema = pa.schema([pa.field("id", pa.int64(), False), ("name", pa.string()), ("visits", pa.int32()),
+                        ("_lsn", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="_lsn")
+
+    def env(op, lsn, after=None):
+        return {"op": op, "before": None, "after": after, "source": {"lsn": lsn}, "ts_ms": 1}
+
+    cdc.ingest(t, [env("c", 1, {"id": 100, "name": "kept"})], batch_id="first")
+    version = t.version
+    with pytest.raises(bitlake.NullValueError, match="primary key column 'id'"):
+        cdc.ingest(t, [env("c", 5, {"id": 1, "name": "a"}), env("t", 6), env("c", 7, {"id": None, "name": "b"})])
+    for visits in (1 << 40, "many"):
+        with pytest.raises(bitlake.SchemaMismatchError, match="column 'visits'"):
+            cdc.ingest(t, [env("c", 5, {"id": 1, "visits": 1}), env("t", 6), env("c", 7, {"id": 2, "visits": visits})])
+    assert t.version == version and [r["id"] for r in t.to_arrow().to_pylist()] == [100]

@@ -341,7 +341,8 @@ def cmd_cdc(args, out: Console, err: Console) -> None:
                 yield from f
 
     with step(err, f"applying the change events of {', '.join(args.inputs)}"):
-        results = cdc.ingest(table, lines(), batch_id=args.batch_id, position=args.position)
+        results = cdc.ingest(table, lines(), batch_id=args.batch_id, position=args.position,
+                             decimal_handling=args.decimal_handling)
     for r in results:
         what = "already committed: nothing done" if not r.committed else _counts(r.counts)
         say(out, f"version {r.version}: batch {r.batch_id}: {what}")
@@ -529,6 +530,9 @@ def add_parsers(sub) -> None:
     cd.add_argument("--batch-id", help="the batch id (a retry with the same id is a no-op)")
     cd.add_argument("--position", choices=["lsn", "ts_ms"], default="lsn",
                     help="what the delta column takes: PostgreSQL's source.lsn (default) or the change's ts_ms")
+    cd.add_argument("--decimal-handling", choices=["precise", "string", "double"], default="precise",
+                    help="the connector's decimal.handling.mode, for messages without a schema section "
+                         "(precise: decimals as base64 bytes, the default)")
     cd.set_defaults(run=cmd_cdc)
 
     mi = sub.add_parser("mirror", help="mirror a PostgreSQL table: a snapshot, then logical replication (wal2json)")
