@@ -457,9 +457,9 @@ def _columnar(changes: list[dict], meta, current: Callable[[list[tuple]], dict[t
                     values = {**{n: latest[before].get(n) for n in left_out}, **values}
                 else:
                     unchanged.append((len(ops), left_out, before))
-        if action == "D":
-            latest.pop(key, None)
-        elif action in "IU":
+        if action == "D" or any(n not in values for n in names):
+            latest.pop(key, None)  # gone, or its left-out values come from the table's row
+        else:
             latest[key] = values
         for n in names:
             columns[n].append(values.get(n))

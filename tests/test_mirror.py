@@ -202,6 +202,7 @@ def test_key_updates_messages_toast_and_exact_text(server, tmp_path):
         snap = {r["id"]: r for r in m.table.to_arrow().to_pylist()}
         with server.connect() as c:
             c.execute("UPDATE notes SET v = 'b' WHERE id = 1")  # doc unchanged: left out of the change
+            c.execute("UPDATE notes SET v = 'b2' WHERE id = 1")  # again, in the same step
             c.execute("SELECT pg_logical_emit_message(true, 'app', 'hello')")
             c.execute("INSERT INTO notes VALUES (2, 'c', 'small', 0.00000010, 'Infinity', NULL), "
                       "(3, 'd', NULL, -0.000000123, '-Infinity', NULL)")
@@ -211,7 +212,7 @@ def test_key_updates_messages_toast_and_exact_text(server, tmp_path):
     finally:
         m.close()
     assert sorted(rows) == [1, 3, 4]
-    assert rows[1]["v"] == "b" and rows[1]["doc"] == big and rows[1]["n"] == snap[1]["n"] == "0.0000001"
+    assert rows[1]["v"] == "b2" and rows[1]["doc"] == big and rows[1]["n"] == snap[1]["n"] == "0.0000001"
     assert rows[4]["doc"] == "small" and rows[4]["n"] == "0.00000010" and rows[3]["n"] == "-0.000000123"
     assert snap[1]["f"] != snap[1]["f"]  # NaN through the snapshot
     assert m.table.metadata.schema.field("at").type == pa.timestamp("us", tz="UTC")

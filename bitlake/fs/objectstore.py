@@ -93,7 +93,7 @@ class ObjectStoreFileIO(FileIO):
         scheme = parsed.scheme.lower()
         if scheme not in SCHEMES:
             raise ValueError(f"{base!r}: object stores are {sorted(SCHEMES)}")
-        if not parsed.netloc:
+        if not parsed.netloc and scheme != "memory":
             raise InvalidInputError(f"{base!r} names no bucket: give {scheme}://<bucket>/<path>")
         self.base = base.rstrip("/")
         self.scheme = scheme
