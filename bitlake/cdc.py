@@ -200,11 +200,12 @@ def records(changes_in: Iterable[dict], meta: TableMetadata, position: str = "ls
                 "PostgreSQL TOASTed column an UPDATE left unchanged); storing it would overwrite the real value. "
                 "Set REPLICA IDENTITY FULL on the source table so that every change carries every column")
         connect = _fields(change.get("_schema"), side)
-        try:
-            out = {c: convert(row.get(c), types[c], connect.get(c), decimal_handling) for c in columns}
-        except (ValueError, TypeError, ArithmeticError, binascii.Error) as e:
-            bad = next(c for c in columns if not _converts(row.get(c), types[c], connect.get(c), decimal_handling))
-            raise SchemaMismatchError(f"column {bad!r}: {row.get(bad)!r} is not a {types[bad]} value ({e})") from None
+        out = {}
+        for c in columns:
+            try:
+                out[c] = convert(row.get(c), types[c], connect.get(c), decimal_handling)
+            except (ValueError, TypeError, ArithmeticError, binascii.Error) as e:
+                raise SchemaMismatchError(f"column {c!r}: {row.get(c)!r} is not a {types[c]} value ({e})") from None
         out[str(meta.delta_column)] = delta
         out[OP] = kind
         yield out
@@ -226,14 +227,6 @@ def batches(changes_in: Iterable[dict], meta: TableMetadata, position: str = "ls
         pending.append(r)  # type: ignore[arg-type]
     if pending:
         yield "records", _table(pending, schema, meta)
-
-
-def _converts(value: Any, target: pa.DataType, connect: dict | None, decimal_handling: str) -> bool:
-    try:
-        convert(value, target, connect, decimal_handling)
-        return True
-    except (ValueError, TypeError, ArithmeticError, binascii.Error):
-        return False
 
 
 def _table(rows: list[dict], schema: pa.Schema, meta: TableMetadata) -> pa.Table:

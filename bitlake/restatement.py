@@ -9,6 +9,7 @@ import dataclasses
 import functools
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -226,10 +227,8 @@ def vacuum(io: FileIO, refresh) -> VacuumResult:
             prepared.purged_file = engine_vacuum.write_purged(io, state.metadata, prepared.purged)
             if prepared.purged_file is not None:
                 written.append(prepared.purged_file.path)
-            current = _current_purged(io, state, prepared.purged)
+            current, prepared.current = _current_purged(io, state, prepared.purged)
             if current is not None:
-                prepared.current = current.column(engine_vacuum.ROW_ID).to_numpy()
-                current = current.drop_columns([engine_vacuum.ROW_ID])
                 new = ingest.land_batch(io, state, ingest.landing_of(current, state.metadata, OP_COLUMN),
                                         ingest.check_batch_id(None).replace("-", "-vacuum-", 1))
                 part = new.part
@@ -256,16 +255,17 @@ def vacuum(io: FileIO, refresh) -> VacuumResult:
                               f"{io.uri()} kept committing first")
 
 
-def _current_purged(io: FileIO, state: TableState, purged: pa.Table) -> pa.Table | None:
-    """Delete records (ingest input) of the purged rows that are their keys' current rows; None: none."""
+def _current_purged(io: FileIO, state: TableState, purged: pa.Table) -> tuple[pa.Table | None, np.ndarray | None]:
+    """Delete records (ingest input) of the purged rows that are their keys' current rows, and those rows' ids;
+    None, None: none."""
     if not state.metadata.keyed or not purged.num_rows:
-        return None
-    now = engine_restate.valid_now(io, state, purged.column(engine_vacuum.ROW_ID).to_numpy())
+        return None, None
+    ids = purged.column(engine_vacuum.ROW_ID).to_numpy()
+    now = engine_restate.valid_now(io, state, ids)
     if not now.any():
-        return None
-    rows = purged.filter(pa.array(now))
-    return rows.drop_columns([engine_vacuum.DELTA]).append_column(
-        OP_COLUMN, pa.array(["delete"] * rows.num_rows, pa.string()))
+        return None, None
+    rows = purged.filter(pa.array(now)).drop_columns([engine_vacuum.ROW_ID, engine_vacuum.DELTA])
+    return rows.append_column(OP_COLUMN, pa.array(["delete"] * rows.num_rows, pa.string())), ids[now]
 
 
 def _vacuum_plan(io: FileIO, prepared, new: Landed | None, state: TableState, version: int):

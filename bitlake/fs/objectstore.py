@@ -14,6 +14,7 @@ writers own one version, so bitlake refuses to commit to it (:class:`Conditional
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import uuid
@@ -334,7 +335,6 @@ def _storage_error(where: str, e: Exception) -> StorageError:
 def _mapped(method):
     """``method`` raising the store's failures (obstore errors: no bucket, refused credentials, an endpoint that
     cannot be reached) as :class:`StorageError`; a missing object stays a ``FileNotFoundError``."""
-    import functools
 
     @functools.wraps(method)
     def call(self, *args, **kwargs):
