@@ -254,11 +254,10 @@ class PhaseTimer:
 
     @staticmethod
     def ingestion_steps() -> list[tuple[object, str, str]]:
-        from bitlake import ingest
-        from bitlake.ingest import Ingestion
+        from bitlake import batches
 
-        return [(ingest, "land_batch", "landing"),  # any landing: a Spark job or the driver's
-                (Ingestion, "_run", "metagen")]
+        return [(batches, "land", "landing"),  # any landing: a Spark job or the driver's
+                (batches, "_run", "metagen")]
 
     @contextlib.contextmanager
     def installed(self, steps: list[tuple[object, str, str]] | None = None):

@@ -5,6 +5,7 @@ import importlib
 from bitlake.errors import (
     BitlakeError,
     CommitConflictError,
+    CommitStateUnknownError,
     ConditionalPutUnsupportedError,
     CorruptTableError,
     IndexUnavailableError,
@@ -85,8 +86,8 @@ def foreach_batch(path: str, *, op_column: str | None = None, batch_id_prefix: s
 
 
 __all__ = [
-    "BitlakeError", "CommitConflictError", "ConditionalPutUnsupportedError", "ConvertResult", "CorruptTableError",
-    "IndexUnavailableError", "IngestResult", "InvalidInputError",
+    "BitlakeError", "CommitConflictError", "CommitStateUnknownError", "ConditionalPutUnsupportedError",
+    "ConvertResult", "CorruptTableError", "IndexUnavailableError", "IngestResult", "InvalidInputError",
     "NotATableError", "NullValueError", "SchemaMismatchError", "StorageError", "Table", "TableExistsError",
     "TableNotFoundError", "UnknownOperationError", "UnsupportedFormatVersionError", "VersionExpiredError",
     "VersionNotFoundError",

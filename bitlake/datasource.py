@@ -31,7 +31,6 @@ from bitlake import read
 from bitlake.engine import changes as changes_mod
 from bitlake.engine import landing, reader
 from bitlake.errors import InvalidInputError, VersionNotFoundError
-from bitlake.format.commit import INGEST
 from bitlake.format.layout import STAGING_DIR
 from bitlake.format.metadata import OP_COLUMN
 from bitlake.spark.schema import spark_typed
@@ -318,7 +317,7 @@ class BatchWriter(DataSourceArrowWriter):
     """One write is one batch: a segment part claimed here, landed by the tasks, committed by :meth:`commit`."""
 
     def __init__(self, options, schema):
-        from bitlake import ingest, transaction
+        from bitlake import batches, transaction
         from bitlake.engine.conform import Conformer
         from bitlake.spark.schema import to_arrow_schema
 
@@ -330,8 +329,8 @@ class BatchWriter(DataSourceArrowWriter):
         if self.op_column is not None and not self.meta.keyed:
             raise InvalidInputError("an unkeyed (append-only) table takes no opColumn: it has no deletes")
         Conformer(to_arrow_schema(schema), self.meta, self.op_column)  # a schema error before any task runs
-        self.batch_id = ingest.check_batch_id(options.get("batchId"))
-        self.done = ingest.already_committed(t.io, state, self.batch_id) is not None
+        self.batch_id = batches.check_batch_id(options.get("batchId"))
+        self.done = batches.already_committed(t.io, state, self.batch_id) is not None
         self.part = None if self.done else transaction.claim_part(t.io, state)
 
     def write(self, iterator):
@@ -352,7 +351,7 @@ class BatchWriter(DataSourceArrowWriter):
         return _Landed(run.run(task, rows))
 
     def commit(self, messages) -> None:
-        from bitlake.engine.metagen import Landed
+        from bitlake.engine.landing import Landed
         from bitlake.table import Table
 
         if self.done:
@@ -361,9 +360,8 @@ class BatchWriter(DataSourceArrowWriter):
         data, keys = landing.collect(self.io, self.meta, self.part, iter(reports))
         records = sum(f.rows for f in data) + sum(f.rows for f in keys)
         batch = Landed(self.batch_id, self.part, records, tuple(data), tuple(keys))
-        t = Table(self.io)
         # The commit runs in a Python worker of the driver, which has no SparkSession: MetaGen runs inline.
-        t._upkeep(t._writes.finish(batch, metagen=True, inline=True, spark=None, operation=INGEST))
+        Table(self.io).commit_landed(batch)
 
     def abort(self, messages) -> None:
         if self.part is not None:

@@ -25,16 +25,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from bitlake import ingest, restatement
+from bitlake import batches
+from bitlake.batches import IngestResult
 from bitlake.engine import plan, reader
 from bitlake.engine import restate as engine_restate
-from bitlake.engine.metagen import Landed
+from bitlake.engine.landing import Landed
 from bitlake.errors import CommitConflictError, InvalidInputError
 from bitlake.format import rowid
 from bitlake.format.commit import DELETE, MERGE, UPDATE
 from bitlake.format.metadata import OP_COLUMN
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
+from bitlake.transaction import Finished, Transaction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +50,14 @@ class DmlResult:
     counts: dict[str, int]
 
 
-def delete(io: FileIO, refresh, writes: ingest.Ingestion, where: Any, spark: Any) -> DmlResult:
+def _ingest(io: FileIO, refresh, data: pa.Table, op_column: str | None, spark: Any, operation: str) -> IngestResult:
+    """A keyed table's DML is an ingestion of its records (module docstring)."""
+    with Transaction(io, refresh) as tx:
+        return batches.write(tx, data, op_column=op_column, batch_id=None, metagen=True, inline=None, spark=spark,
+                             operation=operation)
+
+
+def delete(io: FileIO, refresh, where: Any, spark: Any) -> DmlResult:
     state = refresh()
     state.protocol.check_write(io.uri())
     meta = state.metadata
@@ -61,14 +70,13 @@ def delete(io: FileIO, refresh, writes: ingest.Ingestion, where: Any, spark: Any
     if meta.keyed:
         data = rows.drop_columns(list(rowid.ROW_ID_COLUMNS)).append_column(
             OP_COLUMN, pa.array(["delete"] * rows.num_rows, pa.string()))
-        r = writes.ingest(data, op_column=OP_COLUMN, batch_id=None, metagen=True, inline=None, spark=spark,
-                          operation=DELETE)
+        r = _ingest(io, refresh, data, OP_COLUMN, spark, DELETE)
         return DmlResult(rows.num_rows, r.version, r.counts)
-    return _unkeyed(io, refresh, _rids(rows), None, DELETE)
+    with Transaction(io, refresh) as tx:
+        return _unkeyed(tx, _rids(rows), None, DELETE)
 
 
-def update(io: FileIO, refresh, writes: ingest.Ingestion, where: Any, assignments: dict[str, Any],
-           spark: Any) -> DmlResult:
+def update(io: FileIO, refresh, where: Any, assignments: dict[str, Any], spark: Any) -> DmlResult:
     state = refresh()
     state.protocol.check_write(io.uri())
     meta = state.metadata
@@ -87,13 +95,12 @@ def update(io: FileIO, refresh, writes: ingest.Ingestion, where: Any, assignment
             return DmlResult(0, None, {})
         data = rows.drop_columns(list(rowid.ROW_ID_COLUMNS))
         if meta.keyed:
-            r = writes.ingest(data, op_column=None, batch_id=None, metagen=True, inline=None, spark=spark,
-                              operation=UPDATE)
+            r = _ingest(io, refresh, data, None, spark, UPDATE)
             return DmlResult(rows.num_rows, r.version, r.counts)
-        new = ingest.land_batch(io, state, ingest.landing_of(data, meta, None), ingest.check_batch_id(None))
         try:
-            with ingest.dropped_unless_committed(io, refresh, new.part):
-                return _unkeyed(io, refresh, _rids(rows), new, UPDATE)
+            with Transaction(io, refresh) as tx:
+                new = batches.land(tx, state, batches.landing_of(data, meta, None), batches.check_batch_id(None))
+                return _unkeyed(tx, _rids(rows), new, UPDATE)
         except _Removed:
             state = refresh()  # another commit removed rows it matched: match again, rewrite what is left
     raise CommitConflictError(f"update gave up after {UPDATE_ATTEMPTS} attempts: other writers kept removing the "
@@ -107,22 +114,23 @@ class _Removed(Exception):
     """Rows an unkeyed update rewrote were removed by another commit before it committed."""
 
 
-def _unkeyed(io: FileIO, refresh, rids: np.ndarray, new: Landed | None, operation: str) -> DmlResult:
+def _unkeyed(tx: Transaction, rids: np.ndarray, new: Landed | None, operation: str) -> DmlResult:
     """One commit invalidating rows ``rids`` of an unkeyed table (those still valid when it commits) and making
     ``new`` live."""
     def plan_(state: TableState, version: int):
-        valid = engine_restate.valid_now(io, state, rids)
+        valid = engine_restate.valid_now(tx.io, state, rids)
         if operation == UPDATE and not valid.all():
             raise _Removed  # its rewrites of those rows would bring them back
         still = rids[valid]
         if not len(still) and new is None:
-            raise restatement.Done(DmlResult(len(rids), None, {}))
-        r = engine_restate.remove_rows(io, state, still, new, pair=operation == UPDATE)
+            raise Finished(DmlResult(len(rids), None, {}))
+        r = engine_restate.remove_rows(tx.io, state, still, new, pair=operation == UPDATE)
         return r, [], {"rows": int(len(rids))}
 
-    c = restatement.commit(io, refresh, operation, new, plan_)
-    if isinstance(c, DmlResult):
-        return c
+    try:
+        c = batches.commit_changes(tx, operation, new, plan_)
+    except Finished as done:
+        return done.result
     return DmlResult(len(rids), c.version, dict(c.counts))
 
 
@@ -226,8 +234,8 @@ class Merge:
     the source's (docs/dml.md). The records keep the source's order, which breaks ties of one key's equal delta
     values as the contract does for any batch."""
 
-    def __init__(self, io: FileIO, refresh, writes: ingest.Ingestion, source: Any, on: Any, spark: Any):
-        self.io, self.refresh, self.writes, self.spark = io, refresh, writes, spark
+    def __init__(self, io: FileIO, refresh, source: Any, on: Any, spark: Any):
+        self.io, self.refresh, self.spark = io, refresh, spark
         self.source = source
         self.on = on
         self.clauses: list[_Clause] = []
@@ -297,8 +305,7 @@ class Merge:
             return MergeResult(int(matched.sum()), int((~matched).sum()), 0, 0, 0, None, {})
         # In the source's order: a key's records of equal delta values apply in it (the contract's position).
         data = pa.concat_tables(records).sort_by("_source_row").drop_columns(["_source_row"])
-        r = self.writes.ingest(data, op_column=OP_COLUMN, batch_id=None, metagen=True, inline=None,
-                               spark=self.spark, operation=MERGE)
+        r = _ingest(self.io, self.refresh, data, OP_COLUMN, self.spark, MERGE)
         return MergeResult(int(matched.sum()), int((~matched).sum()), n["update"], n["delete"], n["insert"],
                            r.version, r.counts)
 

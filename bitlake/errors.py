@@ -50,6 +50,11 @@ class ConditionalPutUnsupportedError(StorageError):
     """The store does not refuse a second conditional put of one key: committing to it is not safe."""
 
 
+class CommitStateUnknownError(StorageError):
+    """A commit's put failed and the log could not be read to learn whether it landed: the writer kept every file
+    it wrote (reopen the table to see; ``cleanup()`` removes them if the commit did not land)."""
+
+
 class CommitConflictError(BitlakeError):
     """A concurrent commit made this one impossible, and retrying could not resolve it."""
 

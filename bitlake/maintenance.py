@@ -4,7 +4,6 @@ them when due, and upgrading format v1 tables."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from bitlake import transaction
-from bitlake.engine import upkeep
+from bitlake.engine import compaction, upkeep
 from bitlake.errors import CommitConflictError, InvalidInputError
 from bitlake.format import bucket, commitlog, keystore, layout, v1
 from bitlake.format import state as state_mod
@@ -21,6 +20,7 @@ from bitlake.format.metadata import TableMetadata
 from bitlake.format.protocol import FORMAT_VERSION, V1_HISTORY, Protocol
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
+from bitlake.transaction import Attempt, Transaction
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def referenced(io: FileIO, latest: TableState) -> set[str]:
     commits up to the window's start."""
     start = latest.window.version if latest.window else 0
     base = latest if start == latest.version else state_mod.load(io, start)
-    base.read_through(latest.rewritten)  # a vacuum's rewritten files are read by no version
+    base = base.read_through(latest.rewritten)  # a vacuum's rewritten files are read by no version
     out: set[str] = set()
     out.update(f.path for f in base.files.values())
     out.update(f.offsets for f in base.files.values() if f.offsets)
@@ -109,23 +109,21 @@ def compact(io: FileIO, refresh, **options) -> Any:
     a compaction that another one beat to its files removes what it wrote and returns ``version=None``. A major
     one that a revert or replace overtook (its purge may leave out a row they made valid again), or one whose
     input a vacuum deleted meanwhile, plans again (three attempts, then ``CommitConflictError``)."""
-    from bitlake.engine import compaction
-
     for _ in range(COMPACT_ATTEMPTS):
         state = refresh()
-        try:
-            prepared = compaction.prepare(io, state, **options)
-        except FileNotFoundError:
-            if refresh().version == state.version:
-                raise
-            continue  # a vacuum committed meanwhile deleted a file it was reading: plan again
-        if not isinstance(prepared, compaction.Prepared):
-            return prepared if prepared is not None else compaction.CompactResult(None)
-        c, _ = transaction.commit(io, refresh, functools.partial(_compaction_commit, prepared))
-        if c is not None:
-            return dataclasses.replace(prepared.result, version=c.version)
-        for path in prepared.written:
-            io.delete(path)
+        with Transaction(io, refresh) as tx:
+            try:
+                prepared = compaction.prepare(io, state, **options)
+            except FileNotFoundError:
+                if refresh().version == state.version:
+                    raise
+                continue  # a vacuum committed meanwhile deleted a file it was reading: plan again
+            if not isinstance(prepared, compaction.Prepared):
+                return prepared if prepared is not None else compaction.CompactResult(None)
+            tx.own(*prepared.written)  # they go unless its commit lands
+            c = tx.commit(lambda latest, p=prepared: Attempt(p.commit(latest)))
+            if c is not None:
+                return dataclasses.replace(prepared.result, version=c.version)
         if not prepared.replan:
             return compaction.CompactResult(None)
     raise CommitConflictError(f"compaction gave up after {COMPACT_ATTEMPTS} attempts: restatements or vacuums of "
@@ -133,10 +131,6 @@ def compact(io: FileIO, refresh, **options) -> Any:
 
 
 COMPACT_ATTEMPTS = 3
-
-
-def _compaction_commit(prepared, latest: TableState):
-    return prepared.commit(latest), []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +193,7 @@ def upgrade(io: FileIO, refresh) -> Commit | None:
 
     def build(state: TableState):
         if state.protocol.writer_version >= FORMAT_VERSION:
-            return None, []
+            return Attempt(None)
         if state.pending:
             raise InvalidInputError(
                 f"{io.uri()} has pending batches {[b.batch_id for b in state.pending]}: run MetaGen with bitlake "
@@ -221,7 +215,6 @@ def upgrade(io: FileIO, refresh) -> Commit | None:
         c = Commit(state.version + 1, UPGRADE, commitlog.now_ms(state.timestamp_ms),
                    parameters={"from_format_version": state.protocol.writer_version}, protocol=protocol,
                    metadata=meta.to_json(), keystore_add=tuple(added), keystore_remove=tuple(removed))
-        return c, [f.path for f in added]
+        return Attempt(c, tuple(f.path for f in added))
 
-    c, _ = transaction.commit(io, refresh, build)
-    return c
+    return transaction.run(io, refresh, build)

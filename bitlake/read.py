@@ -96,9 +96,7 @@ def changes(spark, io: FileIO, p: changes_mod.ChangePlan):
 
 def _older(io: FileIO, latest: TableState, version: int) -> TableState:
     """The state at an older ``version``, reading what a later vacuum left of the files it names."""
-    state = state_mod.load(io, version)
-    state.read_through(latest.rewritten)
-    return state
+    return state_mod.load(io, version).read_through(latest.rewritten)
 
 
 def _check_filter(where: pc.Expression, schema: pa.Schema) -> None:

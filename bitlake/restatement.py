@@ -1,7 +1,6 @@
 """Restatement (docs/restatement.md): reverting and replacing a batch, and value tombstones, which hide rows
 committed before them by the value of a column (an erased user id, a bad source), each one commit of metadata
-(no data file is rewritten); and the vacuum, which removes the tombstoned rows from the data files. The
-commit of every restatement that has change rows of its own (:func:`commit`) is shared with DML."""
+(no data file is rewritten); and the vacuum, which removes the tombstoned rows from the data files."""
 
 from __future__ import annotations
 
@@ -14,11 +13,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bitlake import changeevent, ingest, transaction
-from bitlake.engine import indexsession, landing
+from bitlake import batches, transaction
+from bitlake.batches import IngestResult
 from bitlake.engine import restate as engine_restate
 from bitlake.engine import vacuum as engine_vacuum
-from bitlake.engine.metagen import Landed, MetaGenOutput
+from bitlake.engine.landing import Landed
+from bitlake.engine.metagen import MetaGenOutput
 from bitlake.errors import CommitConflictError, InvalidInputError
 from bitlake.format import changefile, commitlog, layout
 from bitlake.format.commit import (
@@ -36,9 +36,10 @@ from bitlake.format.commit import (
     Tombstone,
 )
 from bitlake.format.metadata import OP_COLUMN
-from bitlake.format.protocol import RESTATEMENTS, TOMBSTONES
+from bitlake.format.protocol import TOMBSTONES
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
+from bitlake.transaction import Attempt, Finished, Transaction
 
 
 def tombstone_values(state: TableState, column: str, values: Any) -> pa.Array:
@@ -72,7 +73,7 @@ def tombstone(io: FileIO, refresh, column: str, values: Any) -> Commit:
     table's tombstone metrics (values added, removed, total), as Iceberg's snapshot summaries do."""
     arr = tombstone_values(refresh(), column, values)
 
-    def build(state: TableState):
+    def plan(state: TableState) -> Attempt:
         state.protocol.check_write(io.uri())
         path = layout.tombstone_path()
         with io.open_output(path) as out:
@@ -83,30 +84,30 @@ def tombstone(io: FileIO, refresh, column: str, values: Any) -> Commit:
                    parameters={"column": column, "tombstones_added": len(arr), "tombstones_removed": 0,
                                "tombstones_total": total},
                    protocol=protocol, tombstones=(Tombstone(column, path, len(arr)),))
-        return c, [path]
+        return Attempt(c, (path,))
 
-    c, _ = transaction.commit(io, refresh, build)
+    c = transaction.run(io, refresh, plan)
     assert c is not None
     return c
 
 
-def revert_batch(io: FileIO, refresh, batch_id: str) -> ingest.IngestResult:
+def revert_batch(io: FileIO, refresh, batch_id: str) -> IngestResult:
     """One ``REVERT`` commit after which every view is as if ``batch_id``'s current incarnation had never been
     ingested; a batch already reverted is a no-op (``committed`` False)."""
-    return _restate(io, refresh, batch_id, None)
+    with Transaction(io, refresh) as tx:
+        return _restate(tx, batch_id, None)
 
 
-def replace_batch(io: FileIO, refresh, batch_id: str, data: Any, op_column: str | None) -> ingest.IngestResult:
+def replace_batch(io: FileIO, refresh, batch_id: str, data: Any, op_column: str | None) -> IngestResult:
     """One ``REPLACE`` commit that reverts ``batch_id`` and makes ``data`` live under the same id."""
-    state = refresh()
-    state.protocol.check_write(io.uri())
-    _restatable(state, batch_id)
-    if op_column is not None and not state.metadata.keyed:
-        raise InvalidInputError("an unkeyed (append-only) table takes no op_column: it has no deletes")
-    land = ingest.landing_of(data, state.metadata, op_column)  # checks the input before anything is written
-    new = ingest.land_batch(io, state, land, batch_id)
-    with ingest.dropped_unless_committed(io, refresh, new.part):
-        return _restate(io, refresh, batch_id, new)
+    with Transaction(io, refresh) as tx:
+        state = tx.refresh()
+        state.protocol.check_write(io.uri())
+        _restatable(state, batch_id)
+        if op_column is not None and not state.metadata.keyed:
+            raise InvalidInputError("an unkeyed (append-only) table takes no op_column: it has no deletes")
+        land = batches.landing_of(data, state.metadata, op_column)  # checks the input before anything is written
+        return _restate(tx, batch_id, batches.land(tx, state, land, batch_id))
 
 
 def _restatable(state: TableState, batch_id: str):
@@ -121,73 +122,21 @@ def _restatable(state: TableState, batch_id: str):
     return b
 
 
-def _restate(io: FileIO, refresh, batch_id: str, new: Landed | None) -> ingest.IngestResult:
+def _restate(tx: Transaction, batch_id: str, new: Landed | None) -> IngestResult:
     def plan(state: TableState, version: int):
         b = _restatable(state, batch_id)
         removed = b.part if b.status == LIVE else None
         if new is None and removed is None:  # reverted already: a retry
-            raise Done(ingest.IngestResult(batch_id, b.restated_version or state.version, False, True, {}))
-        r = engine_restate.restate(io, state, removed, new, version)
+            raise Finished(IngestResult(batch_id, b.restated_version or state.version, False, True, {}))
+        r = engine_restate.restate(tx.io, state, removed, new, version)
         records = [BatchRecord(batch_id, removed, REVERTED if new is None else REPLACED)] if removed is not None else []
         return r, records, {"batch_id": batch_id}
 
-    c = commit(io, refresh, REVERT if new is None else REPLACE, new, plan)
-    if isinstance(c, ingest.IngestResult):
-        return c
-    return ingest.IngestResult(batch_id, c.version, True, True, dict(c.counts), c.made_live)
-
-
-class Done(Exception):
-    """Raised by a restatement's plan that finds nothing to do: ``result`` is the call's answer."""
-
-    def __init__(self, result: Any):
-        self.result = result
-
-
-def commit(io: FileIO, refresh, operation: str, new: Landed | None, plan, more=None) -> Commit | Any:
-    """Commits a restatement: ``plan(state, version)`` returns its :class:`engine_restate.Restatement`, the batch
-    records it changes and its parameters, or raises :class:`Done`; ``new`` is the batch it makes live (its
-    record is added); ``more(state)`` gives further fields of the commit (a vacuum's). Returns the commit, or the
-    ``Done`` result."""
-    index = indexsession.IndexSession(io)
-    outputs: dict[int, engine_restate.Restatement] = {}
-
-    def build(state: TableState):
-        state.protocol.check_write(io.uri())
-        version = state.version + 1
-        r, records, parameters = plan(state, version)
-        outputs[version] = r
-        changes = changefile.write(io, r.changes)
-        if new is not None:
-            records = [*records, BatchRecord(new.batch_id, new.part, LIVE, new.records, new.keys_files)]
-        timestamp_ms = commitlog.now_ms(state.timestamp_ms)
-        events = changeevent.commit_events(io, state.metadata.name, state, version, timestamp_ms,
-                                           [new] if new is not None else [], r.output.segments, r.counts)
-        for e in events:
-            e["tags"] = {**e["tags"], **{k: str(v) for k, v in parameters.items()}, "operation": operation}
-        protocol = state.protocol.needing(RESTATEMENTS, *r.output.features())
-        c = Commit(
-            version, operation, timestamp_ms, parameters=parameters, protocol=protocol, batches=tuple(records),
-            add_files=new.data_files if new is not None else (), segments=tuple(r.output.segments),
-            logs=tuple(r.output.logs), keystore_add=tuple(r.output.keystore_add),
-            keystore_remove=tuple(r.output.keystore_remove), change_files=(changes,), counts=r.counts,
-            batch_counts={new.batch_id: r.counts} if new is not None else {}, events=tuple(events),
-        )
-        if more is not None:
-            c = dataclasses.replace(c, **more(state))
-        return c, [*r.output.written(), changes.path]
-
     try:
-        try:
-            c, _ = transaction.commit(io, refresh, build)
-        except Done as done:
-            return done.result
-        assert c is not None
-        if outputs[c.version].output.keystore_rows is not None:
-            index.after_commit(refresh(), c.version, outputs[c.version].output.keystore_rows)
-    finally:
-        index.close()
-    return c
+        c = batches.commit_changes(tx, REVERT if new is None else REPLACE, new, plan)
+    except Finished as done:
+        return done.result
+    return IngestResult(batch_id, c.version, True, True, dict(c.counts), c.made_live)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,43 +165,38 @@ def vacuum(io: FileIO, refresh) -> VacuumResult:
     new files)."""
     _delete_rewritten(io, refresh())  # what an earlier vacuum killed after its commit left
     for _ in range(VACUUM_ATTEMPTS):
-        state = refresh()
-        state.protocol.check_write(io.uri())
-        if not state.tombstones:
-            return VacuumResult(None)
-        prepared = engine_vacuum.prepare(io, state)
-        written = list(prepared.written)
-        new, part = None, None
         try:
-            prepared.purged_file = engine_vacuum.write_purged(io, state.metadata, prepared.purged)
-            if prepared.purged_file is not None:
-                written.append(prepared.purged_file.path)
-            current, prepared.current = _current_purged(io, state, prepared.purged)
-            if current is not None:
-                new = ingest.land_batch(io, state, ingest.landing_of(current, state.metadata, OP_COLUMN),
-                                        ingest.check_batch_id(None).replace("-", "-vacuum-", 1))
-                part = new.part
-            c = commit(io, refresh, VACUUM, new, functools.partial(_vacuum_plan, io, prepared, new),
-                       functools.partial(_vacuum_fields, io, prepared))
+            with Transaction(io, refresh) as tx:
+                c, prepared = _vacuum_once(tx)
         except _Moved:
-            for path in written:
-                io.delete(path)
-            if part is not None:
-                landing.remove_part_files(io, part)
-            continue
-        except BaseException:
-            if refresh().version == state.version:  # nothing of it committed
-                for path in written:
-                    io.delete(path)
-                if part is not None:
-                    landing.remove_part_files(io, part)
-            raise
-        assert isinstance(c, Commit)
+            continue  # its files went with its transaction
+        if c is None:
+            return VacuumResult(None)
         _delete_rewritten(io, refresh())
         return VacuumResult(c.version, prepared.files_considered, prepared.files_read, len(prepared.rewrites),
                             prepared.rows_purged, len(prepared.tombstones))
     raise CommitConflictError(f"vacuum gave up after {VACUUM_ATTEMPTS} attempts: compactions or restatements of "
                               f"{io.uri()} kept committing first")
+
+
+def _vacuum_once(tx: Transaction):
+    io, state = tx.io, tx.refresh()
+    state.protocol.check_write(io.uri())
+    if not state.tombstones:
+        return None, None
+    prepared = engine_vacuum.prepare(io, state)
+    tx.own(*prepared.written)
+    prepared.purged_file = engine_vacuum.write_purged(io, state.metadata, prepared.purged)
+    if prepared.purged_file is not None:
+        tx.own(prepared.purged_file.path)
+    current, prepared.current = _current_purged(io, state, prepared.purged)
+    new = None
+    if current is not None:
+        new = batches.land(tx, state, batches.landing_of(current, state.metadata, OP_COLUMN),
+                           batches.check_batch_id(None).replace("-", "-vacuum-", 1))
+    c = batches.commit_changes(tx, VACUUM, new, functools.partial(_vacuum_plan, io, prepared, new),
+                               functools.partial(_vacuum_fields, prepared))
+    return c, prepared
 
 
 def _current_purged(io: FileIO, state: TableState, purged: pa.Table) -> tuple[pa.Table | None, np.ndarray | None]:
@@ -289,7 +233,7 @@ def _vacuum_plan(io: FileIO, prepared, new: Landed | None, state: TableState, ve
     return r, [], {"files_rewritten": len(prepared.rewrites), "rows_purged": prepared.rows_purged}
 
 
-def _vacuum_fields(io: FileIO, prepared, state: TableState) -> dict:
+def _vacuum_fields(prepared, state: TableState) -> dict:
     retired = set(prepared.tombstones)
     removed = sum(t.count for _, t in state.tombstones if t.path in retired)
     total = sum(t.count for _, t in state.tombstones) - removed

@@ -10,8 +10,10 @@ from urllib.parse import urlparse
 
 import pyarrow as pa
 
-from bitlake import dml, maintenance, read, restatement, transaction
+from bitlake import dml, faults, ingest, maintenance, read, restatement, transaction
+from bitlake.batches import IngestResult
 from bitlake.engine import upkeep
+from bitlake.engine.landing import Landed
 from bitlake.errors import InvalidInputError, NotATableError, TableExistsError, TableNotFoundError
 from bitlake.format import commitlog, datafile
 from bitlake.format import state as state_mod
@@ -20,7 +22,6 @@ from bitlake.format.metadata import TableMetadata, normalize_schema
 from bitlake.format.protocol import Protocol
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO, file_io
-from bitlake.ingest import Ingestion, IngestResult
 
 __all__ = ["IngestResult", "Table", "create_table", "open_table"]
 
@@ -129,7 +130,6 @@ class Table:
     def __init__(self, io: FileIO):
         self.io = io
         self._state: TableState | None = None
-        self._writes = Ingestion(io, self.refresh)
 
     def __repr__(self) -> str:
         return f"Table({self.io.uri()!r}, version={self.version})"
@@ -153,19 +153,22 @@ class Table:
         return self.refresh().version
 
     def refresh(self) -> TableState:
-        """Brings the cached state up to the latest commit and returns it."""
-        if self._state is None:
-            self._state = state_mod.load(self.io)
+        """The snapshot of the latest commit: the one returned before if the table did not move, else a new one
+        (a snapshot is a value: one a caller holds never changes)."""
+        state = self._state if self._state is not None else state_mod.load(self.io)
         # Probing the next version costs one request per new commit, where listing costs one entry per
         # commit ever made; a commit file that exists is complete (it appears by atomic put-if-absent).
-        while commitlog.exists(self.io, self._state.version + 1):
-            self._state.apply(commitlog.read(self.io, self._state.version + 1))
-        self._state.protocol.check_read(self.io.uri())
-        return self._state
+        new = []
+        while commitlog.exists(self.io, state.version + len(new) + 1):
+            new.append(commitlog.read(self.io, state.version + len(new) + 1))
+        state = state.applied(*new)
+        state.protocol.check_read(self.io.uri())
+        self._state = state
+        return state
 
     def state(self, version: int | None = None) -> TableState:
-        """The table's state at ``version`` (default: latest); a fresh copy the caller may keep."""
-        return state_mod.load(self.io, version)
+        """The table's snapshot at ``version`` (default: latest)."""
+        return self.refresh() if version is None else state_mod.load(self.io, version)
 
     # ----------------------------------------------------------------------------------- writes
 
@@ -188,15 +191,21 @@ class Table:
             spark: the SparkSession for the Spark MetaGen; default ``bitlake.spark_session()``, started
                 only when a Spark MetaGen runs.
         """
-        return self._upkeep(self._writes.ingest(data, op_column=op_column, batch_id=batch_id, metagen=metagen,
-                                                inline=inline, spark=spark))
+        return self._upkeep(ingest.ingest(self.io, self.refresh, data, op_column=op_column, batch_id=batch_id,
+                                          metagen=metagen, inline=inline, spark=spark))
 
     def metagen(self, *, inline: bool | None = None, spark: Any = None) -> IngestResult:
         """Runs MetaGen over every pending (landed, not yet visible) batch and commits them at once."""
-        return self._upkeep(self._writes.metagen(inline=inline, spark=spark))
+        return self._upkeep(ingest.metagen(self.io, self.refresh, inline=inline, spark=spark))
+
+    def commit_landed(self, batch: Landed) -> IngestResult:
+        """Commits, with its MetaGen (inline), a batch landed by a Spark write's tasks in a segment part claimed
+        with :func:`bitlake.transaction.claim_part` (docs/spark.md); its files go if no commit takes it."""
+        return self._upkeep(ingest.commit_landed(self.io, self.refresh, batch))
 
     def _upkeep(self, result: IngestResult) -> IngestResult:
         if result.committed and result.visible:
+            faults.point("after_commit_steps")
             maintenance.after_commit(self.io, self.refresh, result.version)
         return result
 
@@ -216,10 +225,10 @@ class Table:
         def build(state: TableState):
             state.protocol.check_write(self.io.uri())
             meta = change(state.metadata)
-            return Commit(state.version + 1, SET_METADATA, commitlog.now_ms(state.timestamp_ms),
-                          parameters=parameters, metadata=meta.to_json()), []
+            return transaction.Attempt(Commit(state.version + 1, SET_METADATA, commitlog.now_ms(state.timestamp_ms),
+                                              parameters=parameters, metadata=meta.to_json()))
 
-        c, _ = transaction.commit(self.io, self.refresh, build)
+        c = transaction.run(self.io, self.refresh, build)
         assert c is not None
         return c.version
 
@@ -255,20 +264,20 @@ class Table:
         amount < 0"``) or a pyarrow compute expression (read on the driver, no Spark). A keyed table ingests a
         delete record per row; an unkeyed one invalidates the rows' ids. No data file is rewritten
         (docs/dml.md)."""
-        return dml.delete(self.io, self.refresh, self._writes, where, spark)
+        return dml.delete(self.io, self.refresh, where, spark)
 
     def merge(self, source: Any, on: Any = None, *, spark: Any = None) -> dml.Merge:
         """A merge of ``source`` (a pyarrow Table or pandas DataFrame) by the primary key (``on``, default the key),
         built as in delta-rs: ``.when_matched_update(set=...)`` / ``.when_matched_update_all()`` /
         ``.when_matched_delete()`` / ``.when_not_matched_insert_all()``, each with an optional predicate over
         ``source.<column>`` and ``target.<column>``, then ``.execute()`` (docs/dml.md)."""
-        return dml.Merge(self.io, self.refresh, self._writes, source, on, spark)
+        return dml.Merge(self.io, self.refresh, source, on, spark)
 
     def update(self, where: Any, set: dict[str, Any], *, spark: Any = None) -> dml.DmlResult:  # noqa: A002
         """Sets, in the current view's rows ``where`` holds for, each column of ``set`` to its expression: Spark
         SQL strings with a Spark SQL condition, pyarrow compute expressions (or constants) with a pyarrow
         one. Keys cannot be set. The updated rows are ingested as new records (docs/dml.md)."""
-        return dml.update(self.io, self.refresh, self._writes, where, set, spark)
+        return dml.update(self.io, self.refresh, where, set, spark)
 
     # ------------------------------------------------------------------------------------ reads
 

@@ -1,62 +1,206 @@
-"""The optimistic commit protocol: build a commit against the latest state, put-if-absent the next version,
-rebuild on a lost race (docs/FORMAT.md, "Writing"); and the segment-part claims that keep row ids unique.
+"""The one commit path (docs/architecture.md). Every writer — ingest and MetaGen, revert and replace, tombstone,
+vacuum, DML, compaction, schema and property changes, upgrade — plans on a snapshot, writes its files and
+publishes its commit here, with the store's put-if-absent of the next version; a writer that lost the race
+plans again on the new snapshot (docs/FORMAT.md, "Writing").
 
-A lost race proves the commit did not land, so the metadata files built for it are deleted before the
-rebuild; anything else (a crash, an unknown error) leaves them for ``cleanup``, since the commit may exist.
+The rule this module keeps: **once a commit is published, nothing it names is ever deleted.** A writer deletes
+what it wrote only when it has proved its commit did not land: another commit holds the version, or the
+version is still free after the failure. When the outcome is unknown — an error or an interrupt during the put
+and the log cannot be read to tell, as Iceberg's ``CommitStateUnknownException`` — it deletes nothing and raises
+:class:`CommitStateUnknownError`; ``cleanup`` removes the files later if the commit indeed never landed. Once
+it landed, an error in the steps after it (the checkpoint, the key index, the upkeep) leaves every file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import random
 import time
 from collections.abc import Callable
+from typing import Any
 
 from bitlake import faults
-from bitlake.errors import CommitConflictError, InvalidInputError
+from bitlake.engine import indexsession, landing
+from bitlake.errors import CommitConflictError, CommitStateUnknownError, InvalidInputError
 from bitlake.format import commitlog, layout, rowid
 from bitlake.format.commit import Commit
 from bitlake.format.state import TableState, write_checkpoint
 from bitlake.fs import FileIO
 
+log = logging.getLogger(__name__)
+
 MAX_COMMIT_ATTEMPTS = 30
 
 
-class Rebuild(Exception):
-    """Raised by a build that found its state already stale (another writer committed meanwhile)."""
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """What a writer's plan makes of one snapshot: the commit to publish (None: nothing to commit), the files it
+    wrote for that commit alone (deleted when the commit proves not to land), and what runs once it landed, given
+    the latest snapshot (which holds the commit)."""
+
+    commit: Commit | None
+    written: tuple[str, ...] = ()
+    after: Callable[[TableState], Any] | None = None
 
 
-Build = Callable[[TableState], "tuple[Commit | None, list[str]]"]
+class Replan(Exception):
+    """Raised by a plan that found its snapshot already stale: plan again on the latest one."""
 
 
-def commit(io: FileIO, refresh: Callable[[], TableState], build: Build) -> tuple[Commit | None, TableState]:
-    """Commits what ``build`` makes of the latest state; returns the commit (None: nothing to commit) and the
-    state it was built on. ``build`` returns the commit and the paths of the files it wrote for it."""
-    for attempt in range(MAX_COMMIT_ATTEMPTS):
-        state = refresh()
+class Finished(Exception):
+    """Raised by a plan that finds nothing to do: ``result`` is the operation's answer."""
+
+    def __init__(self, result: Any):
+        super().__init__(result)
+        self.result = result
+
+
+Plan = Callable[[TableState], Attempt]
+
+
+class Transaction:
+    """One write operation: the files and segment parts it owns, and at most one commit.
+
+    Used as a context manager. What it owns (:meth:`own`, :meth:`claim_part`) is removed when it ends without its
+    commit landing, and kept when the commit landed or its outcome is unknown. ``refresh`` returns the latest
+    snapshot (:meth:`bitlake.Table.refresh`)."""
+
+    def __init__(self, io: FileIO, refresh: Callable[[], TableState]):
+        self.io = io
+        self.refresh = refresh
+        self.committed: Commit | None = None
+        self.unknown = False  # an outcome it could not learn: it deletes nothing
+        self._files: list[str] = []
+        self._parts: list[int] = []
+        self._index: indexsession.IndexSession | None = None
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, kind, exc, tb) -> bool:
         try:
-            c, written = build(state)
-        except Rebuild:
-            continue
-        if c is None:
-            return None, state
-        faults.point("after_metagen")
+            if self.committed is None and not self.unknown:
+                self._discard()
+        finally:
+            if self._index is not None:
+                self._index.close()
+        return False
+
+    @property
+    def index(self) -> indexsession.IndexSession:
+        """The key index across this operation's attempts (brought to the commit after it lands)."""
+        if self._index is None:
+            self._index = indexsession.IndexSession(self.io)
+        return self._index
+
+    def own(self, *paths: str) -> None:
+        """Files written for this operation whatever the attempt: they go unless its commit lands."""
+        self._files += paths
+
+    def claim_part(self, state: TableState) -> int:
+        """A segment part no other writer has (:func:`claim_part`), whose files go unless the commit lands."""
+        part = claim_part(self.io, state)
+        self.own_part(part)
+        return part
+
+    def own_part(self, part: int) -> None:
+        """A segment part claimed for this operation elsewhere (a Spark write's driver): its files go unless the
+        commit lands."""
+        self._parts.append(part)
+
+    def _discard(self) -> None:
+        for path in self._files:
+            _delete(self.io, path)
+        for part in self._parts:
+            landing.remove_part_files(self.io, part)
+
+    def commit(self, plan: Plan) -> Commit | None:
+        """Publishes what ``plan`` makes of the latest snapshot, planning again after a lost race; returns the
+        commit, or None when the plan had nothing to commit. A plan's :class:`Finished` passes through."""
+        for attempt in range(MAX_COMMIT_ATTEMPTS):
+            state = self.refresh()
+            try:
+                a = plan(state)
+            except Replan:
+                continue
+            if a.commit is None:
+                return None
+            faults.point("before_commit")
+            if not self._publish(a):
+                for path in a.written:  # another writer holds the version: no commit can name them
+                    _delete(self.io, path)
+                time.sleep(random.uniform(0.05, 0.2) * min(attempt + 1, 10))
+                continue
+            self._after(state, a)
+            return a.commit
+        raise CommitConflictError(
+            f"gave up after {MAX_COMMIT_ATTEMPTS} attempts: other writers kept committing to {self.io.uri()} first"
+        )
+
+    def _publish(self, a: Attempt) -> bool:
+        """Puts the commit; True when it landed, False when another writer's commit holds its version. On any
+        other failure it learns from the log whether the commit landed: if so the failure of an ``Exception``
+        is only a lost answer and the commit stands (an interrupt is raised again, the commit kept); if not, the
+        attempt's files go and the failure is raised; if the log cannot tell, nothing goes and
+        :class:`CommitStateUnknownError` is raised."""
+        c = a.commit
+        assert c is not None
+        data = commitlog.encode(c.to_json())
         try:
-            commitlog.write(io, c)
+            self.io.put_if_absent(layout.commit_path(c.version), data)
             faults.point("after_commit")
         except FileExistsError:
-            for path in written:
-                io.delete(path)
-            time.sleep(random.uniform(0.05, 0.2) * min(attempt + 1, 10))
-            continue
+            if not self._landed(c, data, None):
+                return False
+        except BaseException as e:
+            if not self._landed(c, data, e):
+                for path in a.written:
+                    _delete(self.io, path)
+                raise
+            self.committed = c
+            if not isinstance(e, Exception):
+                raise
+            log.warning("commit %d of %s landed though its put failed (%s)", c.version, self.io.uri(), e)
+        self.committed = c
+        return True
+
+    def _landed(self, c: Commit, data: bytes, error: BaseException | None) -> bool:
+        """Whether the log holds this very commit at its version (its bytes, checksum and all)."""
+        try:
+            return self.io.read_bytes(layout.commit_path(c.version)) == data
+        except FileNotFoundError:
+            return False
+        except BaseException as e:
+            self.unknown = True
+            raise CommitStateUnknownError(
+                f"cannot tell whether commit {c.version} of {self.io.uri()} landed (the put failed: "
+                f"{error or 'version taken'}; reading it back failed: {e}); its files are kept: reopen the table to "
+                "see, and cleanup() removes them if it did not land") from error or e
+
+    def _after(self, state: TableState, a: Attempt) -> None:
+        """The steps after a commit landed: a checkpoint when one is due, then the plan's own step. A failure
+        here is raised, and the commit stands."""
+        c = a.commit
+        assert c is not None
         if c.version % state.metadata.int_prop("checkpoint.interval") == 0:
-            # The state at our own version, not the latest: another writer may already be past it.
-            at = TableState.from_json(state.to_json())
-            at.apply(c)
-            write_checkpoint(io, at)
-        return c, state
-    raise CommitConflictError(
-        f"gave up after {MAX_COMMIT_ATTEMPTS} attempts: other writers kept committing to {io.uri()} first"
-    )
+            # The snapshot at our own version, not the latest: another writer may already be past it.
+            write_checkpoint(self.io, state.applied(c))
+        faults.point("after_checkpoint")
+        if a.after is not None:
+            a.after(self.refresh())
+
+
+def run(io: FileIO, refresh: Callable[[], TableState], plan: Plan) -> Commit | None:
+    """One transaction of one plan: :meth:`Transaction.commit` for a writer that owns no files beyond it."""
+    with Transaction(io, refresh) as tx:
+        return tx.commit(plan)
+
+
+def _delete(io: FileIO, path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        io.delete(path)
 
 
 def claim_part(io: FileIO, state: TableState) -> int:

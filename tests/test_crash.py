@@ -52,19 +52,19 @@ REPLACEMENTS = {"b1": R1}
 INGEST_POINTS = [p for p in faults.POINTS if p != "after_compaction_write"]
 CASES = {f"ingest-{p}": (p, "ingest") for p in INGEST_POINTS}
 CASES["land-after_landing"] = ("after_landing", "land")
-CASES["metagen-after_metagen"] = ("after_metagen", "metagen")
+CASES["metagen-before_commit"] = ("before_commit", "metagen")
 # "compact": b1 is committed; the writer runs Table.compact(), which rewrites both batches' files.
 CASES["compact-after_compaction_write"] = ("after_compaction_write", "compact")
 CASES["compact-after_commit"] = ("after_commit", "compact")
 CASES["major-after_compaction_write"] = ("after_compaction_write", "major")
 # "revert" / "replace": b1 is committed; the writer reverts b0 (b1's records stale against b0 become
 # accepted) or replaces b1 by R1. Restating writers start no SparkSession.
-REVERT_POINTS = ["after_metagen", "after_commit"]
-REPLACE_POINTS = ["after_claim", "after_landing", "after_metagen", "after_commit"]
+REVERT_POINTS = ["before_commit", "after_commit"]
+REPLACE_POINTS = ["after_claim", "after_landing", "before_commit", "after_commit"]
 RESTATE_CASES = [("revert", p) for p in REVERT_POINTS] + [("replace", p) for p in REPLACE_POINTS]
 CASES.update({f"{mode}-{p}": (p, mode) for mode, p in RESTATE_CASES})
 # "vacuum": b1 is committed, then a tombstone of b0's value "b0#0"; the writer vacuums it.
-VACUUM_POINTS = ["after_metagen", "after_commit"]
+VACUUM_POINTS = ["before_commit", "after_commit"]
 CASES.update({f"vacuum-{p}": (p, "vacuum") for p in VACUUM_POINTS})
 PARALLEL_WRITERS = 3
 
@@ -90,8 +90,8 @@ def crashed(tmp_path_factory, spark):
 
 
 S3_CASES = {name: CASES[name] for name in
-            ["ingest-after_landing", "ingest-after_metagen", "ingest-after_commit", "compact-after_commit",
-             "revert-after_commit", "replace-after_landing", "vacuum-after_metagen", "vacuum-after_commit"]}
+            ["ingest-after_landing", "ingest-before_commit", "ingest-after_commit", "compact-after_commit",
+             "revert-after_commit", "replace-after_landing", "vacuum-before_commit", "vacuum-after_commit"]}
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +195,7 @@ def test_crash_during_ingest(crashed, spark, point):
 
 
 @pytest.mark.s3
-@pytest.mark.parametrize("point", ["after_landing", "after_metagen", "after_commit"])
+@pytest.mark.parametrize("point", ["after_landing", "before_commit", "after_commit"])
 def test_crash_during_ingest_on_s3(crashed_on_s3, spark, point):
     check_crash_during_ingest(crashed_on_s3, spark, point)
 
@@ -222,7 +222,7 @@ def check_crash_during_ingest(crashed, spark, point):
         # The input is taken in and its files are being written (the MetaGen would run meanwhile): some may be
         # there (a local file as it is opened), none on S3, where a file appears whole when it is closed.
         assert not metadata_files(left), left
-    elif point == "after_metagen":
+    elif point == "before_commit":
         assert data_files(left) and metadata_files(left), left
     else:
         assert left == [], left
@@ -235,7 +235,7 @@ def check_crash_during_ingest(crashed, spark, point):
     assert expected == harness.oracle([B0, B1])[0]
     assert harness.orphans(table) == left, "the retry leaves nothing behind"
     # After a crash inside the index update, the next inline MetaGen must replay that commit.
-    cleanup_and_check(table, spark, left, expected, then_ingest=point in ("after_metagen", "in_index_update"))
+    cleanup_and_check(table, spark, left, expected, then_ingest=point in ("before_commit", "in_index_update"))
 
 
 def test_crash_while_landing_a_pending_batch(crashed, spark):
@@ -262,7 +262,7 @@ def test_crash_while_landing_a_pending_batch(crashed, spark):
 
 
 def test_crash_during_metagen_of_pending_batch(crashed, spark):
-    path, writer = crashed["metagen-after_metagen"]
+    path, writer = crashed["metagen-before_commit"]
     check_died(writer)
     table = bitlake.open_table(path)
     assert table.version == 2, "the landing commit stays, MetaGen's commit never happened"
@@ -387,7 +387,7 @@ def check_crash_during_restatement(crashed, spark, mode, point):
         # The input is taken in and its files are being written (the MetaGen would run meanwhile): some may be
         # there (a local file as it is opened), none on S3, where a file appears whole when it is closed.
         assert not metadata_files(left), left
-    elif point == "after_metagen":
+    elif point == "before_commit":
         assert metadata_files(left) and bool(data_files(left)) is (mode == "replace"), left
         assert any(p.startswith("_bitlake/changes/") for p in left), left
     else:

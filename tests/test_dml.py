@@ -176,13 +176,13 @@ def test_merge_of_a_change_feed_with_an_op_column(tmp_path):
 def test_unkeyed_update_racing_a_delete_does_not_bring_rows_back(tmp_path, monkeypatch):
     """Another writer deletes a row an unkeyed update matched, after the update landed its rewrite and before it
     commits: the update matches again on the new state, so the deleted row stays deleted."""
-    from bitlake import dml, ingest
+    from bitlake import batches, dml
 
     schema = pa.schema([("name", pa.string()), ("v", pa.int64())])
     t = bitlake.create_table(str(tmp_path / "t"), schema)
     t.ingest(pa.table({"name": ["a", "b", "c"], "v": [1, 2, 3]}, schema=schema))
     other = bitlake.open_table(t.path)
-    real, calls = ingest.land_batch, []
+    real, calls = batches.land, []
 
     def land_then_race(*args, **kwargs):
         landed = real(*args, **kwargs)
@@ -191,7 +191,7 @@ def test_unkeyed_update_racing_a_delete_does_not_bring_rows_back(tmp_path, monke
         calls.append(landed)
         return landed
 
-    monkeypatch.setattr(dml.ingest, "land_batch", land_then_race)
+    monkeypatch.setattr(dml.batches, "land", land_then_race)
     r = t.update(pc.field("v") >= 2, {"v": pc.field("v") + 100})
     assert len(calls) == 2 and r.counts["updated"] == 1
     assert sorted((x["name"], x["v"]) for x in t.to_arrow().to_pylist()) == [("a", 1), ("c", 103)]

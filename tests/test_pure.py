@@ -875,10 +875,10 @@ def test_unsupported_scheme_is_refused(tmp_path):
 def test_state_does_not_skip_versions():
     s = TableState(Protocol(), meta())
     with pytest.raises(VersionNotFoundError):
-        s.apply(_land(2, "a", 1))
-    s.apply(_land(1, "a", 1))
+        s.applied(_land(2, "a", 1))
+    s = s.applied(_land(1, "a", 1))
     with pytest.raises(VersionNotFoundError):
-        s.apply(_land(1, "b", 2))
+        s.applied(_land(1, "b", 2))
 
 
 # -- metadata ----------------------------------------------------------------------------------------
@@ -1017,9 +1017,8 @@ def test_change_events_name_the_partitions_whose_rows_changed(tmp_path, monkeypa
 
 
 def test_the_previous_snapshot_of_an_event_is_the_last_commit_with_events():
-    state = TableState(Protocol(), meta())
-    state.apply(Commit(1, INGEST, 1, events=({"snapshot_id": "1"},)))
-    state.apply(Commit(2, INGEST, 2))  # touched no partition: no event
+    state = TableState(Protocol(), meta()).applied(Commit(1, INGEST, 1, events=({"snapshot_id": "1"},)),
+                                                   Commit(2, INGEST, 2))  # the second touched no partition
     assert (state.last_event_version, state.version) == (1, 2)
     assert TableState.from_json(json.loads(json.dumps(state.to_json()))).last_event_version == 1
 

@@ -249,9 +249,9 @@ def test_a_tombstone_hides_rows_committed_before_it_in_every_later_view(tmp_path
     def build(state):
         protocol = state.protocol.with_features(TOMBSTONES)
         return Commit(state.version + 1, "TOMBSTONE", commitlog.now_ms(state.timestamp_ms), protocol=protocol,
-                      tombstones=(Tombstone("name", path, 2),)), [path]
+                      tombstones=(Tombstone("name", path, 2),))
 
-    c, _ = transaction.commit(t.io, t.refresh, build)
+    c = transaction.run(t.io, t.refresh, lambda state: transaction.Attempt(build(state), (path,)))
     t.ingest(batch([4], ["erase"], [2]), batch_id="b2", spark=spark)  # committed after it: visible as usual
     assert view(t) == [(2, "keep", 1), (3, None, 1), (4, "erase", 2)]
     assert sorted(tuple(r) for r in t.to_spark(spark).collect()) == [(2, "keep", 1), (3, None, 1), (4, "erase", 2)]

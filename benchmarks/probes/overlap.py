@@ -19,19 +19,19 @@ import time
 import pyarrow.parquet as pq
 from warm import warm_copy
 
-from bitlake import ingest
+from bitlake import batches
 from bitlake.engine.indexsession import flush_idle
 
 
 def main() -> None:
     source, batch_file, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    land_batch = ingest.land_batch
+    land = batches.land
     times: dict[str, list[float]] = {"beside the writes": [], "after the writes": []}
     with warm_copy(source) as t:
         try:
             for i in range(n):
                 serial = i % 2 == 1
-                ingest.land_batch = (lambda *a, **k: land_batch(*a[:4], settle=True)) if serial else land_batch
+                batches.land = (lambda *a, **k: land(*a[:4], settle=True)) if serial else land
                 batch = pq.read_table(batch_file)
                 os.sync()
                 t0 = time.perf_counter()
@@ -39,7 +39,7 @@ def main() -> None:
                 times["after the writes" if serial else "beside the writes"].append(time.perf_counter() - t0)
                 flush_idle()
         finally:
-            ingest.land_batch = land_batch
+            batches.land = land
     for name, ts in times.items():
         print(f"MetaGen {name}: median {statistics.median(ts):.3f} s; calls " + " / ".join(f"{x:.2f}" for x in ts))
 

@@ -18,15 +18,16 @@ which the Spark MetaGen calls inside its tasks.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
 from bitlake.engine import keycache
+from bitlake.engine.landing import Landed
 from bitlake.format import bitmap, datafile, keystore, layout, rowid, segmentlog
-from bitlake.format.commit import BucketFile, DataFile, KeysFile, LogFile, SegmentState
+from bitlake.format.commit import BucketFile, DataFile, LogFile, SegmentState
 from bitlake.format.order import latest, lexsort, strictly_increasing
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
@@ -36,30 +37,6 @@ COUNTS = ("inserted", "updated", "deleted", "stale", "ignored_deletes")
 # Rows of MetaGen's event tables with this kind are the accepted upserts: they become valid, which the data
 # implies, so they are never written to a log (only SET_VALID_UNTIL events are).
 BECOMES_VALID = segmentlog.SET_VALID_FROM
-
-
-@dataclasses.dataclass(frozen=True)
-class Landed:
-    """A batch MetaGen makes visible: a pending one, or the one being ingested."""
-
-    batch_id: str
-    part: int
-    records: int
-    data_files: tuple[DataFile, ...]
-    keys_files: tuple[KeysFile, ...]
-    # The records' keys-file rows when the landing kept them (else MetaGen reads them from the files).
-    rows: pa.Table | None = dataclasses.field(default=None, compare=False, repr=False)
-    # While the landing still writes the files (their sizes 0 here until then): what waits for them and returns
-    # them written, as (data files, keys files).
-    writing: Callable[[], tuple[list[DataFile], list[KeysFile]]] | None = dataclasses.field(
-        default=None, compare=False, repr=False)
-
-    def settled(self) -> Landed:
-        """This batch once its files are written (the same batch when they were)."""
-        if self.writing is None:
-            return self
-        data, keys = self.writing()
-        return dataclasses.replace(self, data_files=tuple(data), keys_files=tuple(keys), writing=None)
 
 
 def pending_batches(state: TableState) -> list[Landed]:

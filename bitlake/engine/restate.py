@@ -24,7 +24,8 @@ import pyarrow as pa
 
 from bitlake.engine import metagen
 from bitlake.engine.keyindex import key_codes
-from bitlake.engine.metagen import COUNTS, Landed, MetaGenOutput
+from bitlake.engine.landing import Landed
+from bitlake.engine.metagen import COUNTS, MetaGenOutput
 from bitlake.errors import VersionExpiredError
 from bitlake.format import bitmap, changefile, commitlog, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format import state as state_mod

@@ -54,9 +54,7 @@ def window_files(io: FileIO, latest: TableState) -> dict[str, DataFile]:
     files = dict(base.files)
     for v in range(start + 1, latest.version + 1):
         files.update({f.path: f for f in commitlog.read(io, v).add_files})
-    view = TableState(latest.protocol, latest.metadata, files=files)
-    view.read_through(latest.rewritten)
-    return view.files
+    return TableState(latest.protocol, latest.metadata, files=files).read_through(latest.rewritten).files
 
 
 def prepare(io: FileIO, state: TableState) -> Prepared:

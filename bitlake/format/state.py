@@ -32,7 +32,30 @@ from bitlake.format.protocol import Protocol
 from bitlake.fs import FileIO
 
 
-@dataclasses.dataclass
+class FrozenDict(dict):
+    """A dict a snapshot holds: reads as a dict, refuses every change (a snapshot is a value)."""
+
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("a table snapshot is immutable: apply a commit to get a new one")
+
+    __setitem__ = __delitem__ = __ior__ = pop = popitem = clear = update = setdefault = _refuse  # type: ignore
+
+    def __reduce__(self):
+        return type(self), (dict(self),)
+
+
+class FrozenList(list):
+    """A list a snapshot holds: reads (and compares) as a list, refuses every change."""
+
+    _refuse = FrozenDict._refuse
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = append = extend = insert = pop = remove = clear = sort = \
+        reverse = _refuse  # type: ignore
+
+    def __reduce__(self):
+        return type(self), (list(self),)
+
+
+@dataclasses.dataclass(frozen=True)
 class BatchState:
     """One incarnation of a batch id: its segment part, status, records and keys files, and the versions
     that landed it and made it live (None while pending)."""
@@ -59,9 +82,20 @@ class BatchState:
         return cls(d["id"], d["part"], d["status"], d["records"], tuple(KeysFile.from_json(f) for f in d["keys_files"]),
                    d["landed_version"], d["live_version"], d.get("restated_version"))
 
+    def changed_by(self, b: BatchRecord, version: int) -> BatchState:
+        """This incarnation after a commit at ``version`` recorded ``b`` for it."""
+        restated = self.restated_version
+        if b.status in (REVERTED, REPLACED) and restated is None:
+            restated = version
+        live = version if b.status == LIVE and self.live_version is None else self.live_version
+        return dataclasses.replace(self, status=b.status, live_version=live, restated_version=restated)
 
-@dataclasses.dataclass
+
+@dataclasses.dataclass(frozen=True)
 class TableState:
+    """A snapshot of a table: the replay of its commits up to ``version``. A value: :meth:`applied` returns a new
+    snapshot and never changes this one, so whoever holds it can compare it with a later one."""
+
     protocol: Protocol
     metadata: TableMetadata
     version: int = 0
@@ -82,63 +116,24 @@ class TableState:
     # The records of the rows vacuums purged, by the version of the vacuum (restatements fold them again).
     purged: list[tuple[int, PurgedFile]] = dataclasses.field(default_factory=list)
 
-    def apply(self, c: Commit) -> None:
-        """Replays one commit (docs/FORMAT.md, "State and replay")."""
-        if c.version != self.version + 1:
-            raise VersionNotFoundError(f"commit {c.version} does not follow version {self.version}")
-        self.version = c.version
-        self.timestamp_ms = c.timestamp_ms
-        if c.protocol is not None:
-            self.protocol = c.protocol
-        if c.metadata is not None:
-            self.metadata = TableMetadata.from_json(c.metadata)
-        for b in c.batches:
-            self._apply_batch(b, c.version)
-        for path in c.remove_files:
-            self.files.pop(path, None)
-        for added in c.add_files:
-            self.files[added.path] = added
-        for s in c.segments:
-            self.segments[s.segment] = s
-        if c.remove_logs:
-            removed_logs = set(c.remove_logs)
-            self.logs = [(v, f) for v, f in self.logs if f.path not in removed_logs]
-        for f in c.logs:
-            self.logs.append((c.version, f))
-        if c.window is not None:
-            self.window = c.window
-        if c.keystore_remove:
-            removed = set(c.keystore_remove)
-            for bucket, files in self.keystore.items():
-                self.keystore[bucket] = [f for f in files if f.path not in removed]
-        for bf in c.keystore_add:
-            self.keystore.setdefault(bf.bucket, []).append(bf)
-        for t in c.tombstones:
-            self.tombstones.append((c.version, t))
-        if c.remove_tombstones:
-            retired = set(c.remove_tombstones)
-            self.tombstones = [(v, t) for v, t in self.tombstones if t.path not in retired]
-        if c.rewrites:
-            rewrites = {r.path: r.to for r in c.rewrites}
-            self.rewritten.update(rewrites)
-            self.read_through(rewrites)
-        self.purged += [(c.version, f) for f in c.purged]
-        if c.events:
-            self.last_event_version = c.version
+    def __post_init__(self):
+        for name in _CONTAINERS:
+            value = getattr(self, name)
+            frozen = FrozenList if isinstance(value, list) else FrozenDict
+            if type(value) is not frozen:
+                object.__setattr__(self, name, frozen(value))
+        if any(type(v) is not FrozenList for v in self.keystore.values()):
+            object.__setattr__(self, "keystore", FrozenDict({b: FrozenList(fs) for b, fs in self.keystore.items()}))
 
-    def _apply_batch(self, b: BatchRecord, version: int) -> None:
-        known = self.parts.get(b.part)
-        if known is None:
-            known = BatchState(b.batch_id, b.part, b.status, b.records or 0, b.keys_files, version)
-            self.parts[b.part] = known
-            self.max_part = max(self.max_part, b.part)
-        if b.status in (REVERTED, REPLACED) and known.restated_version is None:
-            known.restated_version = version
-        known.status = b.status
-        if b.status == LIVE and known.live_version is None:
-            known.live_version = version
-        if b.status != REPLACED:
-            self.batches[b.batch_id] = b.part
+    def applied(self, *commits: Commit) -> TableState:
+        """The snapshot after ``commits`` (the next versions, in order) replay on this one (docs/FORMAT.md,
+        "State and replay")."""
+        if not commits:
+            return self
+        replay = _Replay(self)
+        for c in commits:
+            replay.apply(c)
+        return replay.snapshot()
 
     def batch(self, batch_id: str) -> BatchState | None:
         """The current incarnation of ``batch_id``, or None if it never landed."""
@@ -153,15 +148,12 @@ class TableState:
     def data_files(self) -> list[DataFile]:
         return list(self.files.values())
 
-    def read_through(self, rewritten: dict[str, DataFile | None]) -> None:
-        """Makes this (older) state read, in place of each data file a later vacuum rewrote, its rewrite
-        (``rewritten``: the latest state's): the files it names are gone (docs/FORMAT.md, "Vacuum")."""
-        for path in [p for p in self.files if p in rewritten]:
-            f: DataFile | None = self.files.pop(path)
-            while f is not None and f.path in rewritten:
-                f = rewritten[f.path]
-            if f is not None:
-                self.files[f.path] = f
+    def read_through(self, rewritten: dict[str, DataFile | None]) -> TableState:
+        """This (older) snapshot reading, in place of each data file a later vacuum rewrote, its rewrite
+        (``rewritten``: the latest snapshot's): the files it names are gone (docs/FORMAT.md, "Vacuum")."""
+        if not any(p in rewritten for p in self.files):
+            return self
+        return dataclasses.replace(self, files=_read_through(self.files, rewritten))
 
     def to_json(self) -> dict:
         return {
@@ -170,7 +162,7 @@ class TableState:
             "version": self.version,
             "timestamp_ms": self.timestamp_ms,
             "batches": [b.to_json() for b in self.parts.values()],
-            "current": self.batches,
+            "current": dict(self.batches),
             "files": [f.to_json() for f in self.files.values()],
             "segments": [s.to_json() for s in self.segments.values()],
             "keystore": [f.to_json() for fs in self.keystore.values() for f in fs],
@@ -208,6 +200,85 @@ class TableState:
             rewritten={p: DataFile.from_json(f) if f else None for p, f in d.get("rewritten", [])},
             purged=[(v, PurgedFile.from_json(f)) for v, f in d.get("purged", [])],
         )
+
+
+_CONTAINERS = ("parts", "batches", "files", "segments", "keystore", "logs", "tombstones", "rewritten", "purged")
+
+
+def _read_through(files: dict[str, DataFile], rewritten: dict[str, DataFile | None]) -> dict[str, DataFile]:
+    out: dict[str, DataFile] = {}
+    for f in files.values():
+        g: DataFile | None = f
+        while g is not None and g.path in rewritten:
+            g = rewritten[g.path]
+        if g is not None:
+            out[g.path] = g
+    return out
+
+
+class _Replay:
+    """The private, mutable working copy one replay of commits builds a new snapshot in: the snapshot it starts
+    from is copied once however many commits follow, and never changed."""
+
+    def __init__(self, s: TableState):
+        self.fields = {f.name: getattr(s, f.name) for f in dataclasses.fields(TableState)}
+        for name in _CONTAINERS:
+            value = self.fields[name]
+            self.fields[name] = dict(value) if isinstance(value, dict) else list(value)
+        self.fields["keystore"] = {b: list(fs) for b, fs in self.fields["keystore"].items()}
+
+    def snapshot(self) -> TableState:
+        return TableState(**self.fields)
+
+    def apply(self, c: Commit) -> None:
+        s = self.fields
+        if c.version != s["version"] + 1:
+            raise VersionNotFoundError(f"commit {c.version} does not follow version {s['version']}")
+        s["version"] = c.version
+        s["timestamp_ms"] = c.timestamp_ms
+        if c.protocol is not None:
+            s["protocol"] = c.protocol
+        if c.metadata is not None:
+            s["metadata"] = TableMetadata.from_json(c.metadata)
+        for b in c.batches:
+            self._apply_batch(b, c.version)
+        for path in c.remove_files:
+            s["files"].pop(path, None)
+        for added in c.add_files:
+            s["files"][added.path] = added
+        for seg in c.segments:
+            s["segments"][seg.segment] = seg
+        if c.remove_logs:
+            removed_logs = set(c.remove_logs)
+            s["logs"] = [(v, f) for v, f in s["logs"] if f.path not in removed_logs]
+        s["logs"] += [(c.version, f) for f in c.logs]
+        if c.window is not None:
+            s["window"] = c.window
+        if c.keystore_remove:
+            removed = set(c.keystore_remove)
+            s["keystore"] = {b: [f for f in fs if f.path not in removed] for b, fs in s["keystore"].items()}
+        for bf in c.keystore_add:
+            s["keystore"].setdefault(bf.bucket, []).append(bf)
+        s["tombstones"] += [(c.version, t) for t in c.tombstones]
+        if c.remove_tombstones:
+            retired = set(c.remove_tombstones)
+            s["tombstones"] = [(v, t) for v, t in s["tombstones"] if t.path not in retired]
+        if c.rewrites:
+            rewrites = {r.path: r.to for r in c.rewrites}
+            s["rewritten"].update(rewrites)
+            s["files"] = _read_through(s["files"], rewrites)
+        s["purged"] += [(c.version, f) for f in c.purged]
+        if c.events:
+            s["last_event_version"] = c.version
+
+    def _apply_batch(self, b: BatchRecord, version: int) -> None:
+        parts, known = self.fields["parts"], self.fields["parts"].get(b.part)
+        if known is None:
+            known = BatchState(b.batch_id, b.part, b.status, b.records or 0, b.keys_files, version)
+            self.fields["max_part"] = max(self.fields["max_part"], b.part)
+        parts[b.part] = known.changed_by(b, version)
+        if b.status != REPLACED:
+            self.fields["batches"][b.batch_id] = b.part
 
 
 def initial(io: FileIO, first: Commit) -> TableState:
@@ -267,6 +338,5 @@ def load(io: FileIO, version: int | None = None) -> TableState:
                                       f"{earliest_version(io)} (cleanup removed the commits before its retention "
                                       "window)")
         state = initial(io, commitlog.read(io, 0))
-    for v in range(state.version + 1, version + 1):
-        state.apply(commitlog.read(io, v))  # each commit's protocol is checked as it is read
-    return state
+    # Each commit's protocol is checked as it is read.
+    return state.applied(*(commitlog.read(io, v) for v in range(state.version + 1, version + 1)))

@@ -1,0 +1,278 @@
+"""What every writer of records shares — ingestion, restatement and DML: a batch's id, its landing, and the
+commit that makes batches live (MetaGen's, or a restatement's), built in one place on the one commit path
+(:mod:`bitlake.transaction`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import uuid
+from typing import Any
+
+from bitlake import changeevent, faults, memory
+from bitlake.engine import conform, keyindex, landing
+from bitlake.engine import metagen as engine_metagen
+from bitlake.engine.landing import Landed
+from bitlake.engine.metagen import COUNTS, MetaGenOutput
+from bitlake.errors import InvalidInputError
+from bitlake.format import changefile, commitlog
+from bitlake.format.commit import INGEST, LAND, LIVE, METAGEN, PENDING, BatchRecord, Commit
+from bitlake.format.metadata import TableMetadata
+from bitlake.format.protocol import RESTATEMENTS
+from bitlake.format.state import TableState
+from bitlake.fs import FileIO
+from bitlake.transaction import Attempt, Finished, Replan, Transaction
+
+MAX_BATCH_ID_LENGTH = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class IngestResult:
+    """What an ``ingest`` or ``metagen`` call did.
+
+    ``committed`` is False when the batch id had already been committed (an idempotent retry), or when
+    ``metagen()`` found nothing pending: then ``version`` is the version that committed it (the latest)
+    and nothing was written. ``counts`` holds inserted, updated, deleted, stale and ignored_deletes for
+    this batch (for ``metagen()``: for all batches it processed; empty while a batch is only landed).
+    """
+
+    batch_id: str | None
+    version: int
+    committed: bool
+    visible: bool
+    counts: dict[str, int]
+    processed: tuple[str, ...] = ()  # the batch ids the commit made visible, in the order applied
+
+
+def check_batch_id(batch_id: str | None) -> str:
+    if batch_id is None:
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
+        return f"{stamp}-{uuid.uuid4().hex[:12]}"
+    if not isinstance(batch_id, str) or not batch_id or len(batch_id) > MAX_BATCH_ID_LENGTH:
+        raise InvalidInputError(f"batch_id must be a non-empty string of at most {MAX_BATCH_ID_LENGTH} characters")
+    return batch_id
+
+
+def already_committed(io: FileIO, state: TableState, batch_id: str) -> IngestResult | None:
+    """The result of the commit that took ``batch_id``, if one did (any status: a reverted id stays taken)."""
+    b = state.batch(batch_id)
+    if b is None:
+        return None
+    version = b.live_version if b.live_version is not None else b.landed_version
+    if state.window is not None and version < state.window.version:  # its commit may be gone with the window
+        return IngestResult(batch_id, version, False, b.status != PENDING, {}, ())
+    c = commitlog.read(io, version)
+    return IngestResult(batch_id, version, False, b.status != PENDING, c.batch_counts.get(batch_id, {}), c.made_live)
+
+
+def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
+    """How ``data`` lands: Arrow and pandas input (and a Spark DataFrame small enough for the driver) on this
+    machine without Spark, any other Spark DataFrame by a Spark job (:func:`bitlake.spark.landing.landing`).
+    Returns ``land(io, part) -> Landing`` pieces. Checks the input before anything is written."""
+    reader = conform.arrow_input(data)
+    rows = conform.row_count(data)
+    if reader is None and _is_spark_dataframe(data):
+        from bitlake.spark import landing as spark_landing  # Spark is optional: imported when the input is Spark's
+
+        reader, rows, land = spark_landing.landing(data, meta, op_column, meta.int_prop("ingest.driver_max_bytes"))
+        if land is not None:
+            return lambda io, part: (*land(io, part), None, None)
+    if reader is None:
+        raise InvalidInputError(
+            f"cannot ingest a {type(data).__name__}: pass a pyarrow Table, RecordBatch or RecordBatchReader, a "
+            "pandas DataFrame or a Spark DataFrame"
+        )
+    batches = conform.conformed(reader, meta, op_column)
+    # A batch of known size that the inline MetaGen will take keeps its records for it.
+    keep = meta.keyed and rows is not None and rows <= meta.int_prop("metagen.inline_max_rows")
+
+    def land_here(io: FileIO, part: int):
+        landed = landing.land_local(io, meta, part, op_column is not None, batches, rows, keep=keep)
+        return landed.data, landed.keys, landed.rows, landed.files
+
+    return land_here
+
+
+def _is_spark_dataframe(data: Any) -> bool:
+    return type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pyspark.")
+
+
+def land(tx: Transaction, state: TableState, land_fn, batch_id: str, settle: bool = True) -> Landed:
+    """Claims a segment part for ``tx`` and lands a batch in it (``land_fn``: what :func:`landing_of` returns);
+    unless ``settle``, returns while the last of its files are still being written (:meth:`Landed.settled`)."""
+    part = tx.claim_part(state)
+    faults.point("after_claim")
+    data_files, keys_files, rows, writing = land_fn(tx.io, part)
+    faults.point("after_landing")
+    records = sum(f.rows for f in data_files) + sum(f.rows for f in keys_files)
+    batch = Landed(batch_id, part, records, tuple(data_files), tuple(keys_files), rows, writing)
+    return batch.settled() if settle else batch
+
+
+def output_commit(io: FileIO, state: TableState, operation: str, output: MetaGenOutput, *, live: list[Landed],
+                  new: Landed | None, statuses: list[BatchRecord], counts: dict[str, int],
+                  batch_counts: dict[str, dict[str, int]], parameters: dict, features: tuple[str, ...] = (),
+                  change_files: tuple = (), tags: dict[str, str] | None = None) -> Commit:
+    """The commit at the next version that publishes a MetaGen-like ``output`` (segments, logs, key-store files):
+    the batches whose status it changes (``statuses``), ``new``'s landing with its data files, and the Data
+    Change Events of making ``live`` live (tagged with ``tags``)."""
+    version = state.version + 1
+    timestamp_ms = commitlog.now_ms(state.timestamp_ms)
+    events = changeevent.commit_events(io, state.metadata.name, state, version, timestamp_ms, live,
+                                       output.segments, counts)
+    if tags:
+        events = [{**e, "tags": {**e["tags"], **tags}} for e in events]
+    records = list(statuses)
+    if new is not None:
+        records.append(BatchRecord(new.batch_id, new.part, LIVE, new.records, new.keys_files))
+    return Commit(
+        version, operation, timestamp_ms, parameters=parameters,
+        protocol=state.protocol.needing(*features, *output.features()), batches=tuple(records),
+        add_files=new.data_files if new is not None else (), segments=tuple(output.segments),
+        logs=tuple(output.logs), keystore_add=tuple(output.keystore_add),
+        keystore_remove=tuple(output.keystore_remove), change_files=change_files, counts=counts,
+        batch_counts=batch_counts, events=tuple(events),
+    )
+
+
+def _check_not_taken(io: FileIO, state: TableState, batch: Landed | None) -> None:
+    done = None if batch is None else already_committed(io, state, batch.batch_id)
+    if done is not None:
+        batch.settled()  # its files are written before they go
+        raise Finished(done)
+
+
+def commit_landing(tx: Transaction, batch: Landed) -> IngestResult:
+    """The ``LAND`` commit of a batch landed pending (MetaGen makes it visible later)."""
+    def plan(state: TableState) -> Attempt:
+        _check_not_taken(tx.io, state, batch)
+        record = BatchRecord(batch.batch_id, batch.part, PENDING, batch.records, batch.keys_files)
+        return Attempt(Commit(state.version + 1, LAND, commitlog.now_ms(state.timestamp_ms),
+                              parameters={"batch_id": batch.batch_id}, batches=(record,), add_files=batch.data_files))
+
+    try:
+        c = tx.commit(plan)
+    except Finished as done:
+        return done.result
+    assert c is not None
+    return IngestResult(batch.batch_id, c.version, True, False, {})
+
+
+def make_live(tx: Transaction, batch: Landed | None, *, inline: bool | None, spark: Any,
+              operation: str = INGEST) -> IngestResult:
+    """The MetaGen commit that makes every pending batch live, and ``batch`` (landed for it, not committed) with
+    them; a batch id another writer committed first is a no-op that returns that commit's result."""
+    io = tx.io
+
+    def plan(state: TableState) -> Attempt:
+        nonlocal batch
+        _check_not_taken(io, state, batch)
+        batches = engine_metagen.pending_batches(state) + ([batch] if batch else [])
+        if not batches:
+            raise Finished(IngestResult(None, state.version, False, True, {}))
+        try:
+            out = _run(tx, spark, state, batches, state.version + 1, inline)
+        except keyindex.IndexAheadError:
+            raise Replan from None
+        if batch is not None and batch.writing is not None:
+            try:
+                batch = batches[-1] = batch.settled()  # the commit names its files with their sizes
+            except BaseException:
+                for path in out.written():  # no commit can name them
+                    io.delete(path)
+                raise
+        statuses = [BatchRecord(b.batch_id, b.part, LIVE) for b in batches if b is not batch]
+        c = output_commit(io, state, operation if batch else METAGEN, out, live=batches, new=batch,
+                          statuses=statuses, counts=out.counts(), parameters={"batch_id": batch.batch_id} if batch
+                          else {}, batch_counts={b.batch_id: out.batch_counts.get(i, dict.fromkeys(COUNTS, 0))
+                                                 for i, b in enumerate(batches)})
+        return Attempt(c, tuple(out.written()),
+                       lambda latest: tx.index.after_commit(latest, c.version, out.keystore_rows))
+
+    try:
+        c = tx.commit(plan)
+    except Finished as done:
+        return done.result
+    assert c is not None
+    if sum(b.records or 0 for b in c.batches) >= memory.RELEASE_AFTER_RECORDS:
+        memory.release_unused()
+    counts = c.batch_counts.get(batch.batch_id, {}) if batch else dict(c.counts)
+    return IngestResult(batch.batch_id if batch else None, c.version, True, True, counts, c.made_live)
+
+
+def _run(tx: Transaction, spark, state: TableState, batches: list[Landed], version: int,
+         inline: bool | None) -> MetaGenOutput:
+    meta = state.metadata
+    rows = sum(b.records for b in batches)
+    if not meta.keyed:
+        return engine_metagen.unkeyed_output(batches)
+    if inline is False or (inline is None and rows > meta.int_prop("metagen.inline_max_rows")):
+        from bitlake.spark import metagen as spark_metagen  # Spark is optional: imported when a Spark MetaGen runs
+        from bitlake.spark.session import spark_session
+
+        batches = [b.settled() for b in batches]  # Spark reads their files
+        return spark_metagen.run(spark or spark_session(), tx.io, state, batches, version)
+    # The inline MetaGen reads the files of a batch whose records' rows the landing did not keep.
+    batches = [b if b.rows is not None else b.settled() for b in batches]
+    return engine_metagen.run_inline(tx.io, state, batches, version, tx.index.at(state))
+
+
+def write(tx: Transaction, data: Any, *, op_column: str | None, batch_id: str | None, metagen: bool,
+          inline: bool | None, spark: Any, operation: str = INGEST) -> IngestResult:
+    """Ingests one batch in ``tx``: checks it, lands it and commits it (its MetaGen, or its landing alone)."""
+    state = tx.refresh()
+    state.protocol.check_write(tx.io.uri())
+    meta = state.metadata
+    batch_id = check_batch_id(batch_id)
+    if op_column is not None and not meta.keyed:
+        raise InvalidInputError("an unkeyed (append-only) table takes no op_column: it has no deletes")
+    done = already_committed(tx.io, state, batch_id)
+    if done is not None:
+        return done
+    land_fn = landing_of(data, meta, op_column)  # checks the input before anything is written
+    # The batch's MetaGen needs its records' keys, not its files: it runs while the files are written.
+    batch = land(tx, state, land_fn, batch_id, settle=False)
+    return commit_landed(tx, batch, metagen=metagen, inline=inline, operation=operation, spark=spark)
+
+
+def commit_landed(tx: Transaction, batch: Landed, *, metagen: bool, inline: bool | None, spark: Any,
+                  operation: str = INGEST) -> IngestResult:
+    """Commits a landed batch: its landing (LAND), or its MetaGen with it (``operation``)."""
+    try:
+        if metagen:
+            return make_live(tx, batch, inline=inline, spark=spark, operation=operation)
+        return commit_landing(tx, batch.settled())
+    except BaseException:
+        if tx.committed is None:
+            try:
+                batch.settled()  # its files are written before they go
+            except Exception:  # noqa: BLE001 - the first failure is the one to raise
+                pass
+        raise
+
+
+def commit_changes(tx: Transaction, operation: str, new: Landed | None, plan, more=None) -> Commit:
+    """Commits a change that writes its own change rows (a revert, a replace, a vacuum's deletes, an unkeyed
+    table's DML): ``plan(state, version)`` returns its :class:`bitlake.engine.restate.Restatement`, the batch
+    records it changes and its parameters, or raises :class:`Finished`; ``new`` is the batch it makes live;
+    ``more(state)`` gives further fields of the commit (a vacuum's)."""
+    io = tx.io
+
+    def attempt(state: TableState) -> Attempt:
+        state.protocol.check_write(io.uri())
+        r, statuses, parameters = plan(state, state.version + 1)
+        changes = changefile.write(io, r.changes)
+        c = output_commit(io, state, operation, r.output, live=[new] if new is not None else [], new=new,
+                          statuses=statuses, counts=r.counts, parameters=parameters, features=(RESTATEMENTS,),
+                          batch_counts={new.batch_id: r.counts} if new is not None else {},
+                          change_files=(changes,),
+                          tags={**{k: str(v) for k, v in parameters.items()}, "operation": operation})
+        if more is not None:
+            c = dataclasses.replace(c, **more(state))
+        rows = r.output.keystore_rows
+        after = None if rows is None else lambda latest: tx.index.after_commit(latest, c.version, rows)
+        return Attempt(c, (*r.output.written(), changes.path), after)
+
+    c = tx.commit(attempt)
+    assert c is not None
+    return c
