@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
+import bitlake
 from bitlake.triggers.errors import BrokenChainError, IncrementalReadError
 from bitlake.triggers.event import Event, EventIn, TableFormat, decode_events
 
@@ -204,8 +205,6 @@ def _int_snapshot(rng: SnapshotRange, snapshot_id: str | None) -> int | None:
 
 
 def _read_bitlake(spark, rng: SnapshotRange, *, location: str | None, catalog: Any):
-    import bitlake
-
     table = bitlake.open_table(_location(rng, location))
     start = _int_snapshot(rng, rng.start_snapshot_id)
     return table.changes(spark, start_version=start or 0, end_version=_int_snapshot(rng, rng.end_snapshot_id))

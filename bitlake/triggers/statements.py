@@ -57,10 +57,10 @@ def event_json_sql(dialect: str, alias: str) -> str:
 
 # One statement for any batch size, so that psycopg parses and prepares it once; the batch is one JSON
 # parameter (escaping text arrays element by element cost more than the rest of the call), read as jsonb
-# (half the time of json_to_recordset, which parses each row's tags again). The lock CTE feeds every input
+# (json_to_recordset would parse each row's tags again). The lock CTE feeds every input
 # row, so the shared lock is held before the INSERT draws an id. Only the inserted rows' keys and ids come
 # back: the answer's events are the request's, which Python writes with their ids (the database writing their
-# JSON cost it a third of the statement, and Python as much again to read it).
+# JSON, and Python reading it back, cost more: docs/triggers.md).
 #
 # Two forms (see store.TriggerStore._register): a plain INSERT, run alone in autocommit, which a key registered
 # already fails with a unique violation (:func:`insert_new`; the service runs it on a psycopg connection of its
@@ -68,7 +68,7 @@ def event_json_sql(dialect: str, alias: str) -> str:
 # after which store.TriggerStore._stored reads the skipped keys in a second statement. Looking them up in the
 # statement instead, by joining the input with the events table, made the cost grow with the table: psycopg
 # prepares a statement after five runs, and the generic plan made while the table was small scanned all of
-# it (10 ms a request at 10,000 events, 50 ms at 70,000).
+# it (docs/triggers.md).
 _PG_INSERT = """
 WITH registration_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock_shared(:lock_key) AS locked),
 input AS (

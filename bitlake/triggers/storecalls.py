@@ -2,10 +2,10 @@
 
 The store's methods are synchronous (SQLAlchemy Core, shared with the CLI, the producers and the tests).
 A FastAPI service would run each call in its thread pool, and on this path a thread hop costs more than
-the work: the handoff of the GIL between the loop and the worker took 0.3-0.5 ms per call under load,
-against about 0.1 ms for the store's own Python in a one-event registration. :class:`StoreCalls` runs the
-same methods in the loop instead, on a twin of the store whose engine uses psycopg's asyncio connections:
-SQLAlchemy's greenlet bridge turns each wait for the database into an ``await``.
+the work: under load, handing the GIL between the loop and a worker costs more than the store's own Python in
+a one-event registration (docs/triggers.md). :class:`StoreCalls` runs the same methods in the loop instead,
+on a twin of the store whose engine uses psycopg's asyncio connections: SQLAlchemy's greenlet bridge turns
+each wait for the database into an ``await``.
 
 :class:`GroupCommit` then makes concurrent registrations share one transaction (PostgreSQL's commit, its
 round trips and the call's fixed costs), each still answered as if it had run alone. On PostgreSQL a group
@@ -97,9 +97,8 @@ class DirectInsert:
     """New events inserted by a psycopg asyncio connection itself, not through SQLAlchemy.
 
     For this one statement, SQLAlchemy's greenlet bridge, pool, execution context and result objects cost the
-    service more than the round trip: one-by-one registrations took 0.39 ms of the service's CPU per request
-    through the store on its asyncio twin and 0.22 ms here (A/B in one run, docs/triggers.md). It runs the
-    store's statement (:data:`PG_INSERT_NEW`, one autocommit round trip) and answers as the store does
+    service more than the round trip (docs/triggers.md has the A/B against the store on its asyncio twin). It
+    runs the store's statement (:data:`PG_INSERT_NEW`, one autocommit round trip) and answers as the store does
     (:meth:`PlannedRegistration.answers_inserted`). Any failure (a key registered already, a deadlock, a lost
     connection or database) returns None, and the caller hands the requests to the store, whose transaction
     handles every case. Nothing is written then, except when the connection died after the server committed:
