@@ -1,0 +1,256 @@
+"""Every writer, a fault at every step of the one commit path (bitlake/transaction.py): before each file write,
+after each atomic put (a lost answer: the file landed, the writer sees an error), at each named fault point
+(bitlake/faults.py) — as an error and as a ``KeyboardInterrupt``. After each fault:
+
+* every file that any commit names exists (but those a vacuum rewrote, which it deletes on purpose);
+* the table reads, at every version, as the same operation without the fault left it (if its commit landed)
+  or as it was before (if not);
+* a retry of an operation whose commit did not land commits exactly once and gives the faultless result; a
+  retry of an idempotent one (a batch id) whose commit landed commits nothing;
+* cleanup then keeps every version readable.
+
+SIGKILL at the named points is tests/test_crash.py's (a process per case). Local disk here; the S3 variant runs
+the commit-put faults of a few operations against the moto server.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from oracle import rows_key
+
+import bitlake
+from bitlake import faults
+from bitlake.engine import indexsession
+from bitlake.errors import BitlakeError, VersionExpiredError
+from bitlake.format import commitlog
+from bitlake.fs import LocalFileIO
+
+pytestmark = pytest.mark.slow
+
+SCHEMA = pa.schema([("k", pa.int64()), ("user", pa.string()), ("v", pa.int64()), ("mod", pa.int64())])
+UNKEYED = pa.schema([("user", pa.string()), ("v", pa.int64())])
+
+
+def rows(keys, mod, users=None, ops=None):
+    users = users or [("ann", "bob")[k % 2] for k in keys]
+    t = pa.table({"k": pa.array(keys, pa.int64()), "user": users, "v": pa.array(keys, pa.int64()),
+                  "mod": pa.array([mod] * len(keys), pa.int64())})
+    return t.append_column("op", pa.array(ops or ["upsert"] * len(keys)))
+
+
+def keyed_base(t, *, pending=False, tombstoned=False):
+    t.ingest(rows(list(range(8)), 10), op_column="op", batch_id="b0")
+    t.ingest(rows([1, 3, 9, 2], 12, ops=["upsert", "upsert", "upsert", "delete"]), op_column="op", batch_id="b1")
+    t.ingest(rows([4, 5], 13), op_column="op", batch_id="b2")
+    if pending:
+        t.ingest(rows([6, 20], 14), op_column="op", batch_id="p", metagen=False)
+    if tombstoned:
+        t.tombstone("user", ["ann"])
+
+
+def unkeyed_base(t):
+    for i in range(3):
+        t.ingest(pa.table({"user": [f"u{i}", f"w{i}"], "v": pa.array([i, 10 + i], pa.int64())}))
+
+
+# name -> (keyed?, base builder, the operation, idempotent: a retry after it landed commits nothing)
+OPERATIONS = {
+    "ingest": (True, keyed_base, lambda t: t.ingest(rows([1, 30], 15), op_column="op", batch_id="x"), True),
+    "land": (True, keyed_base, lambda t: t.ingest(rows([1, 30], 15), op_column="op", batch_id="x", metagen=False),
+             True),
+    "metagen": (True, lambda t: keyed_base(t, pending=True), lambda t: t.metagen(), True),
+    "revert": (True, keyed_base, lambda t: t.revert_batch("b1"), True),
+    "replace": (True, keyed_base, lambda t: t.replace_batch("b1", rows([3, 31], 16), op_column="op"), False),
+    "tombstone": (True, keyed_base, lambda t: t.tombstone("user", ["bob"]), False),
+    "vacuum": (True, lambda t: keyed_base(t, tombstoned=True), lambda t: t.vacuum(), True),
+    "delete": (True, keyed_base, lambda t: t.delete(pc.field("v") > 4), True),
+    "update": (True, keyed_base, lambda t: t.update(pc.field("v") > 4, {"user": "zed"}), False),
+    "merge": (True, keyed_base, lambda t: t.merge(rows([3, 40], 17).drop_columns(["op"]))
+              .when_matched_update_all().when_not_matched_insert_all().execute(), False),
+    "compact": (True, keyed_base, lambda t: t.compact(), False),
+    "major": (True, keyed_base, lambda t: t.compact(major=True, look_back=2), False),
+    "cleanup": (True, lambda t: (keyed_base(t), t.compact(major=True, look_back=3)),
+                lambda t: t.cleanup(min_age_seconds=0), True),
+    "properties": (True, keyed_base, lambda t: t.set_properties({"compact.min_input_files": "3"}), False),
+    "add_columns": (True, keyed_base, lambda t: t.add_columns([pa.field("extra", pa.string())]), False),
+    "unkeyed-delete": (False, unkeyed_base, lambda t: t.delete(pc.field("v") >= 10), True),
+    "unkeyed-update": (False, unkeyed_base, lambda t: t.update(pc.field("v") >= 10, {"v": pa.scalar(7, pa.int64())}),
+                       True),
+}
+
+
+class Injected(BitlakeError):
+    """The fault these tests inject (a store's failure)."""
+
+
+class FaultyIO(LocalFileIO):
+    """A local store that raises ``error`` "before" its ``at``-th write (put, atomic write, output stream, delete)
+    or "after" its ``at``-th atomic put landed (a lost answer); counts both."""
+
+    def __init__(self, base: str, at: int | None = None, when: str = "before", error: BaseException | None = None):
+        super().__init__(base)
+        self.at, self.when, self.error = at, when, error
+        self.writes = 0
+        self.puts = 0
+        self.fired = False
+        self._lock = threading.Lock()
+
+    def _step(self, atomic: bool) -> bool:
+        """Counts a write; raises before it, or returns True when it must raise after it."""
+        with self._lock:
+            self.writes += 1
+            self.puts += atomic
+            n = self.writes if self.when == "before" else self.puts if atomic else None
+            hit = not self.fired and n == self.at
+            self.fired |= hit
+        if hit and self.when == "before":
+            raise self.error
+        return hit
+
+    def put_if_absent(self, rel, data):
+        after = self._step(True)
+        super().put_if_absent(rel, data)
+        if after:
+            raise self.error
+
+    def write_atomic(self, rel, data):
+        after = self._step(True)
+        super().write_atomic(rel, data)
+        if after:
+            raise self.error
+
+    def open_output(self, rel):
+        self._step(False)
+        return super().open_output(rel)
+
+    def delete(self, rel):
+        self._step(False)
+        super().delete(rel)
+
+
+def views(path) -> dict:
+    """The views of the table's last three versions (that every file of every version is there, named_files
+    checks)."""
+    t = bitlake.open_table(path)
+    out = {}
+    for v in range(max(t.version - 2, 0), t.version + 1):
+        try:
+            view = t.to_arrow(version=v)
+            out[v] = rows_key(view.to_pylist(), view.column_names)
+        except VersionExpiredError:
+            out[v] = "expired"
+    return out
+
+
+def named_files(path) -> set[str]:
+    """Every file a commit of the table names, but those a vacuum rewrote (it deletes them on purpose) and those of
+    commits up to a retention window's start (expired: cleanup deletes them; the views read the versions)."""
+    t = bitlake.open_table(path)
+    state = t.refresh()
+    out: set[str] = set()
+    start = state.window.version + 1 if state.window else 0
+    for v in range(max(start, bitlake.format.state.earliest_version(t.io)), state.version + 1):
+        c = commitlog.read(t.io, v)
+        out.update(f.path for f in c.add_files)
+        out.update(f.offsets for f in c.add_files if f.offsets)
+        out.update(f.path for b in c.batches for f in b.keys_files)
+        out.update(f.path for f in c.logs)
+        out.update(p for s in c.segments for p in (s.bitmap, s.delta) if p)
+        out.update(f.path for f in c.keystore_add)
+        out.update(tb.path for tb in c.tombstones)
+        out.update(f.path for f in c.change_files)
+        out.update(f.path for f in c.purged)
+        out.update(p for r in c.rewrites if r.to for p in (r.to.path, r.to.offsets) if p)
+    return out - set(state.rewritten)
+
+
+def copy_table(src, dst) -> str:
+    indexsession.close_idle()
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("index", "index.lock"))
+    return str(dst)
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """Per operation: its base table, the views before and after it ran without a fault, and its writes."""
+    out = {}
+    root = tmp_path_factory.mktemp("faults")
+    for name, (keyed, build, op, _) in OPERATIONS.items():
+        base = str(root / name / "base")
+        kw = dict(primary_key=["k"], delta_column="mod", num_buckets=2) if keyed else {}
+        t = bitlake.create_table(base, SCHEMA if keyed else UNKEYED,
+                                 properties={"compact.min_input_files": "2", "checkpoint.interval": "5"}, **kw)
+        build(t)
+        ref = copy_table(base, root / name / "ref")
+        io = FaultyIO(ref)
+        op(bitlake.open_table(io))
+        indexsession.close_idle()
+        out[name] = {"base": base, "before": views(base), "after": views(ref), "writes": io.writes, "puts": io.puts,
+                     "version": bitlake.open_table(base).version}
+    return out
+
+
+def cases(name: str) -> list[tuple[str, str]]:
+    """(where, error) of one operation: each named point, before each write (an error), after each atomic put (an
+    error: a lost answer, and an interrupt). A key index update runs on a thread after the commit, where no
+    interrupt arrives (signals go to the main thread)."""
+    out = [(f"point:{p}", e) for p in faults.POINTS for e in ("error", "interrupt")
+           if not (p == "in_index_update" and e == "interrupt")]
+    return out + [("write:before", "error"), ("write:after", "error"), ("write:after", "interrupt")]
+
+
+def error_of(kind: str) -> BaseException:
+    return Injected("injected fault") if kind == "error" else KeyboardInterrupt()
+
+
+def check(ref: dict, path: str, name: str, case: str) -> None:
+    _, _, op, idempotent = OPERATIONS[name]
+    name = f"{name} {case}"
+    missing = sorted(p for p in named_files(path) if not LocalFileIO(path).exists(p))
+    assert missing == [], f"{name}: files a commit names are gone"
+    landed = bitlake.open_table(path).version > ref["version"]
+    assert views(path) == (ref["after"] if landed else ref["before"]), f"{name}: not as at its last commit"
+    if not landed:
+        op(bitlake.open_table(path))
+        assert views(path) == ref["after"], f"{name}: the retry does not give the faultless result"
+    elif idempotent:
+        version = bitlake.open_table(path).version
+        op(bitlake.open_table(path))
+        assert bitlake.open_table(path).version == version, f"{name}: the retry committed again"
+    indexsession.close_idle()
+    bitlake.open_table(path).cleanup(min_age_seconds=0)
+    assert views(path) == ref["after"], f"{name}: cleanup changed a view"
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_a_fault_at_every_step_keeps_the_table(references, tmp_path, name):
+    ref = references[name]
+    op = OPERATIONS[name][2]
+    n = 0
+    for where, kind in cases(name):
+        steps = [None] if where.startswith("point:") else range(1, ref["writes" if where == "write:before" else "puts"] + 1)
+        for at in steps:
+            n += 1
+            path = copy_table(ref["base"], tmp_path / f"c{n}")
+            error = error_of(kind)
+            if where.startswith("point:"):
+                with faults.inject(where[6:], error):
+                    _run(op, LocalFileIO(path), error)
+            else:
+                _run(op, FaultyIO(path, at, where[6:], error), error)
+            indexsession.close_idle()
+            check(ref, path, name, f"{where} {kind} at write {at}")
+            shutil.rmtree(path)
+    assert ref["writes"] > 0 and n >= len(cases(name))
+
+
+def _run(op, io, error) -> None:
+    try:
+        op(bitlake.open_table(io))
+    except (Injected, KeyboardInterrupt, bitlake.CommitStateUnknownError) as e:
+        assert e is error or e.__cause__ is error or isinstance(e, bitlake.CommitStateUnknownError)
