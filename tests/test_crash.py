@@ -207,7 +207,7 @@ def check_crash_during_ingest(crashed, spark, point):
     check_died(writer, acknowledged=point == "in_index_update")
     table = bitlake.open_table(path)
     harness.check_log(table)
-    committed = point in ("after_commit", "in_index_update")
+    committed = point in ("after_commit", "after_checkpoint", "in_index_update", "after_commit_steps")
     if committed:
         assert table.version == 2
         assert landed_once(table, "b1") == 2

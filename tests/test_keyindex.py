@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 
 import bitlake
-from bitlake.engine import keyindex, metagen
+from bitlake.engine import keyencoding, keyindex, metagen
 from bitlake.engine.indexsession import close_idle
-from bitlake.engine.keyindex import encode_keys
+from bitlake.engine.keyencoding import encode_keys
 from bitlake.format import layout
 from tests.test_table import SCHEMA, batch, view
 
@@ -54,10 +54,10 @@ def test_key_order_is_the_byte_order_of_the_encoded_keys(columns):
     """RocksDB takes SST entries in byte order: negative integers, dates before 1970 and false sort first."""
     table = pa.table(columns)
     encoded = encode_keys(table, list(columns))
-    order = keyindex.key_order(table, list(columns))
+    order = keyencoding.key_order(table, list(columns))
     in_order = [encoded[i] for i in (range(table.num_rows) if order is None else order)]
     assert in_order == sorted(encoded)
-    if keyindex.fixed_width(table, list(columns)):
+    if keyencoding.fixed_width(table, list(columns)):
         rows = list(zip(*[c.to_pylist() for c in columns.values()], strict=True))
         assert [rows[i] for i in (range(table.num_rows) if order is None else order)] == sorted(rows)
 
@@ -363,7 +363,7 @@ def test_flush_idle_waits_for_the_flush_an_idle_index_started_after_its_commit(t
     unflushed = ["rocksdb.num-entries-active-mem-table", "rocksdb.num-entries-imm-mem-tables"]
     assert [index.db.property_int_value(p) for p in unflushed] == [0, 0]
     assert index.version == t.version
-    found, delta, _, _ = index.lookup(keyindex.encode_keys(pa.table({"id": pa.array([1, 3], pa.int64())}), ["id"]))
+    found, delta, _, _ = index.lookup(keyencoding.encode_keys(pa.table({"id": pa.array([1, 3], pa.int64())}), ["id"]))
     assert found.tolist() == [True, True] and delta.tolist() == [2, 2]
 
 

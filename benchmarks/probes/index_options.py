@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import core  # noqa: E402
 
-from bitlake.engine import keyindex  # noqa: E402
+from bitlake.engine import keyencoding, keyindex  # noqa: E402
 from bitlake.format import keystore  # noqa: E402
 
 PK = ["l_orderkey", "l_linenumber"]
@@ -46,7 +46,7 @@ def key_store_rows(sf: float, rows: int) -> pa.Table:
     folder = core.ROOT / "benchmarks" / "work" / "probes" / f"s{sf}" / "_bitlake" / "keystore"
     t = pa.concat_tables([pq.read_table(f) for f in sorted(glob.glob(str(folder / "**" / "*.parquet"),
                                                                           recursive=True))])
-    order = keyindex.key_order(t, PK)
+    order = keyencoding.key_order(t, PK)
     t = t if order is None else t.take(pa.array(order))
     keys = [t.column(c).to_numpy() for c in PK]
     last = np.ones(t.num_rows, dtype=bool)  # a key's latest row (a key store may hold several)
@@ -63,7 +63,7 @@ def main() -> None:
     table = key_store_rows(sf, rows)
     rng = np.random.default_rng(1)
     wanted = table.take(pa.array(np.sort(rng.choice(table.num_rows, table.num_rows // 1000, replace=False))))
-    keys = sorted(keyindex.encode_keys(wanted, PK))
+    keys = sorted(keyencoding.encode_keys(wanted, PK))
     for name, options in [("before: zstd 3, 4 KB blocks, filters", previous_options()),
                           ("now: LZ4, 2 KB blocks, no filter", keyindex.KeyIndex._options("bottom"))]:
         folder = tempfile.mkdtemp(dir=str(core.ROOT / "benchmarks" / "work" / "probes"))
@@ -73,7 +73,7 @@ def main() -> None:
             writer.open(os.path.join(folder, "run.sst"))
             for start in range(0, table.num_rows, 200_000):
                 chunk = table.slice(start, 200_000)
-                for k, v in zip(keyindex.encode_keys(chunk, PK), keyindex._encode_values(chunk), strict=True):
+                for k, v in zip(keyencoding.encode_keys(chunk, PK), keyindex._encode_values(chunk), strict=True):
                     writer[k] = v
             writer.finish()
             written = time.perf_counter() - t0

@@ -64,11 +64,11 @@ def uniform_batch(source: pq.ParquetFile, schema: pa.Schema, fraction: float, se
 def metagen_steps() -> list[tuple[object, str, str]]:
     """The inline MetaGen's steps, for :class:`core.PhaseTimer`."""
     from bitlake import batches
-    from bitlake.engine import keyindex, metagen
+    from bitlake.engine import keyencoding, keyindex, metagen
     from bitlake.format import keystore
 
     return [(batches, "land", "landing"), (metagen, "run_inline", "metagen"),
-            (keyindex, "key_codes", "key codes"), (keyindex.KeyIndex, "lookup", "lookups"),
+            (keyencoding, "key_codes", "key codes"), (keyindex.KeyIndex, "lookup", "lookups"),
             (metagen, "scan_keystore", "key-store scan"), (metagen, "fold", "fold"),
             (keystore, "write_bucket_files", "key-store files"), (metagen, "write_segments", "segment log and bitmaps")]
 

@@ -26,6 +26,7 @@ import threading
 import numpy as np
 import pyarrow as pa
 
+from bitlake.engine.keyencoding import fixed_width, int64_values
 from bitlake.format import keystore
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.order import SortedSearch, key_spans, pack, strictly_increasing
@@ -42,7 +43,6 @@ class Entries:
     """One key-store file's rows, ready to be matched with wanted keys (:meth:`match`)."""
 
     def __init__(self, table: pa.Table, primary_key: list[str]):
-        from bitlake.engine.keyindex import fixed_width, int64_values
 
         self.rows = table.num_rows
         self.packed: np.ndarray | None = None
@@ -71,7 +71,7 @@ class Entries:
     def match(self, keys: pa.Table, primary_key: list[str], columns: list[np.ndarray] | None = None
               ) -> tuple[np.ndarray, list[np.ndarray]]:
         """The rows of ``keys`` (key columns and ``_code``) found here: their codes, and the delta, row id,
-        deleted and version of each. ``columns``: the key columns as :func:`~bitlake.engine.keyindex.int64_values`
+        deleted and version of each. ``columns``: the key columns as :func:`~bitlake.engine.keyencoding.int64_values`
         gives them, when the caller has them (a bucket's keys are matched against each of its files)."""
         codes = keys.column("_code").to_numpy()
         if self.search is None:
@@ -79,7 +79,6 @@ class Entries:
             m = self.table.join(keys, keys=primary_key, join_type="inner", use_threads=False)
             return m.column("_code").to_numpy(), [m.column(c).to_numpy(zero_copy_only=False) for c in _VALUES]
         if columns is None:
-            from bitlake.engine.keyindex import int64_values
 
             columns = [int64_values(keys.column(c)) for c in primary_key]
         inside = np.ones(len(codes), dtype=bool)  # a key beyond a column's values here is none of this file's

@@ -14,9 +14,8 @@ while the rebuild deletes it. A writer that finds the index held by another
 (:class:`~bitlake.errors.IndexUnavailableError`) has the inline MetaGen scan the key store instead,
 which is slower for small batches, never wrong.
 
-Keys are encoded per column: integers, dates, timestamps and booleans as 8 big-endian bytes,
-strings and binaries as a 4-byte length and the bytes. Other key types (decimals) have no index;
-their tables' inline MetaGen always scans the key store.
+Keys are the bytes of :mod:`bitlake.engine.keyencoding`. Tables whose key types it cannot encode as
+fixed-width or length-prefixed values (decimals) have no index: their inline MetaGen scans the key store.
 """
 
 from __future__ import annotations
@@ -31,13 +30,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from bitlake import faults
+from bitlake.engine.keyencoding import encodable, encode_keys, key_order
 from bitlake.errors import IndexUnavailableError
-from bitlake.format import bucket, commitlog, keystore, layout
+from bitlake.format import commitlog, keystore, layout
 from bitlake.format.metadata import TableMetadata
-from bitlake.format.order import lexsort, strictly_increasing
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.pool import thread_map, threads
@@ -48,7 +46,6 @@ _TABLE_KEY = b"\x00bitlake:table_id"
 # The encoding of the keys and values (encode_keys, _encode_values): an index written in another is rebuilt.
 _FORMAT_KEY = b"\x00bitlake:format"
 _FORMAT = b"2"
-_SIGN = np.uint64(1 << 63)
 _PUT_CHUNK = 200_000
 _YIELD_EVERY = 1024  # entries written between two releases of the GIL (_put_each)
 # At least this many entries go in as SST files rather than as puts; from _PROCESS_SST_ROWS entries, the SST
@@ -102,116 +99,8 @@ def location(io: FileIO, meta: TableMetadata) -> tuple[str, str]:
 def supported(meta: TableMetadata) -> bool:
     """Whether this table's key types can be encoded, so that it can have an index."""
     return meta.keyed and meta.prop("keystore.index") == "rocksdb" and all(
-        _fixed(meta.schema.field(c).type) or _variable(meta.schema.field(c).type) for c in meta.primary_key
+        encodable(meta.schema.field(c).type) for c in meta.primary_key
     )
-
-
-def _fixed(t: pa.DataType) -> bool:
-    return pa.types.is_integer(t) or pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_boolean(t)
-
-
-def _variable(t: pa.DataType) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(
-        t
-    )
-
-
-def encode_keys(table: pa.Table, primary_key: list[str]) -> list[bytes]:
-    """One bytes value per row, equal for equal keys and different for different ones. Every key
-    starts with byte 1, so that it never collides with the index's own entries (byte 0). A fixed-width
-    column is its int64 value with the sign bit flipped, big-endian: bytes compare as the values do; a decimal
-    is its text with exactly its scale's digits (as the bucket hash takes it)."""
-    n = table.num_rows
-    columns = [table.column(c) for c in primary_key]
-    if all(_fixed(c.type) for c in columns):
-        # A one-byte terminator keeps numpy from stripping trailing zero bytes of the fixed width.
-        fields = [("start", "u1"), *[(f"k{i}", ">u8") for i in range(len(columns))], ("end", "u1")]
-        rec = np.empty(n, dtype=fields)
-        rec["start"] = 1
-        for i, c in enumerate(columns):
-            rec[f"k{i}"] = int64_values(c).view(np.uint64) ^ _SIGN
-        rec["end"] = 1
-        return rec.view(f"S{rec.dtype.itemsize}").tolist()
-    parts = []
-    for c in columns:
-        if _fixed(c.type):
-            parts.append([(x + 2**63).to_bytes(8, "big") for x in int64_values(c).tolist()])
-        else:
-            values = (bucket.decimal_text(c) if pa.types.is_decimal(c.type) else c).to_pylist()
-            parts.append([
-                len(b).to_bytes(4, "big") + b for b in (v.encode() if isinstance(v, str) else v for v in values)
-            ])
-    return [b"\x01" + b"".join(row) for row in zip(*parts, strict=True)]
-
-
-def fixed_width(table: pa.Table, primary_key: list[str]) -> bool:
-    """Whether every key column encodes to 8 bytes (so keys sort and compare as integer columns)."""
-    return all(_fixed(table.schema.field(c).type) for c in primary_key)
-
-
-def key_order(table: pa.Table, primary_key: list[str]) -> np.ndarray | None:
-    """Row indices in the byte order of the rows' encoded keys (:func:`encode_keys`), ties in row order; None
-    when the rows are in that order already."""
-    if fixed_width(table, primary_key):
-        # Encoded with the sign bit flipped, the values compare bytewise as they do as signed integers.
-        return _order([int64_values(table.column(c)) for c in primary_key])
-    keys = encode_keys(table, primary_key)
-    order = np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
-    return None if strictly_increasing(order) else order
-
-
-def _order(columns: list[np.ndarray]) -> np.ndarray | None:
-    """The rows of int64 key ``columns`` in key order, ties in row order; None when they are in it already
-    (a dump in key order, or rows a sort put in it): an O(n) check spares the sort."""
-    return None if ascending(columns) else lexsort(columns[::-1])
-
-
-def ascending(columns: list[np.ndarray]) -> bool:
-    """Whether the rows of ``columns`` (int64, one array a key column) are in ascending key order."""
-    undecided = np.ones(max(len(columns[0]) - 1, 0), dtype=bool)
-    for c in columns:
-        before, after = c[:-1], c[1:]
-        if np.any(undecided & (after < before)):
-            return False
-        undecided &= after == before
-    return True
-
-
-def key_codes(table: pa.Table, primary_key: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Numbers the distinct keys of ``table``'s rows: each row's code (0..k-1) and, per code, the first row
-    that has it."""
-    n = table.num_rows
-    if n and fixed_width(table, primary_key):
-        columns = [int64_values(table.column(c)) for c in primary_key]
-        order = _order(columns)
-        values = columns if order is None else [c[order] for c in columns]
-        starts = np.ones(n, dtype=bool)
-        starts[1:] = np.logical_or.reduce([v[1:] != v[:-1] for v in values])
-        distinct = bool(starts.all())  # one row a key (a load, most batches): codes are the rows' ranks
-        ranks = np.arange(n, dtype=np.int64) if distinct else np.cumsum(starts) - 1
-        if order is None:
-            return ranks, ranks if distinct else np.flatnonzero(starts)
-        codes = np.empty(n, dtype=np.int64)
-        codes[order] = ranks
-        return codes, order if distinct else order[starts]  # lexsort is stable: a run starts with its key's first row
-    keys = encode_keys(table, primary_key)
-    codes = pc.dictionary_encode(pa.array(keys, pa.binary())).indices.to_numpy().astype(np.int64)
-    return codes, np.unique(codes, return_index=True)[1]
-
-
-def int64_values(column) -> np.ndarray:
-    """A fixed-width key column as int64 values, in the order its encoded keys compare (an unsigned 64-bit
-    column as its bits: values from 2^63 on come first, as negative int64s)."""
-    t = column.type
-    if pa.types.is_unsigned_integer(t) and t.bit_width == 64:
-        return pc.cast(column, pa.uint64()).to_numpy(zero_copy_only=False).view(np.int64)
-    if pa.types.is_boolean(t):
-        column = pc.cast(column, pa.int8())
-    elif pa.types.is_date(t):
-        column = pc.cast(pc.cast(column, pa.date32()), pa.int32())
-    elif pa.types.is_timestamp(t):
-        column = pc.cast(column, pa.int64())
-    return pc.cast(column, pa.int64()).to_numpy(zero_copy_only=False)
 
 
 class IndexAheadError(IndexUnavailableError):

@@ -25,6 +25,7 @@ import pyarrow as pa
 from pyroaring import BitMap
 
 from bitlake.engine import keycache
+from bitlake.engine.keyencoding import ascending, encode_keys, fixed_width, int64_values, key_codes
 from bitlake.engine.landing import Landed
 from bitlake.format import bitmap, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format.commit import BucketFile, DataFile, LogFile, SegmentState
@@ -275,7 +276,6 @@ def _groups(records: pa.Table, meta) -> tuple[Iterable[pa.Table], bool]:
     one group, and whether the groups are key ranges: ranges of the first key column when it has a fixed width
     (its 8 bytes lead the encoded key, so its ranges are ranges of the index's order), else sets of buckets.
     Input sorted by that column is cut into slices; other input is filtered."""
-    from bitlake.engine.keyindex import ascending, fixed_width, int64_values
 
     groups = min(-(-records.num_rows // GROUP_RECORDS), meta.num_buckets)
     if groups <= 1:
@@ -308,7 +308,6 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
                   index) -> _Folded:
     """Folds ``records`` (keys-file rows of whole keys) against the stored entries of their keys; returns the
     events, the row ids that become valid and the key-store rows they leave."""
-    from bitlake.engine.keyindex import encode_keys, fixed_width, key_codes
 
     meta = state.metadata
     pk = list(meta.primary_key)
@@ -410,7 +409,6 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     the shared files: found, delta, row id, deleted, in ``distinct``'s order. Each bucket's files are matched with
     the keys wanted there on a thread of their own, then each shared file with all of them, from this process's
     memory (:mod:`bitlake.engine.keycache`), which keeps those it reads as far as its budget allows."""
-    from bitlake.engine.keyindex import fixed_width, int64_values
 
     pk = list(state.metadata.primary_key)
     n = distinct.num_rows

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from bitlake.engine import metagen
-from bitlake.engine.keyindex import key_codes
+from bitlake.engine.keyencoding import key_codes
 from bitlake.engine.landing import Landed
 from bitlake.engine.metagen import COUNTS, MetaGenOutput
 from bitlake.errors import VersionExpiredError
