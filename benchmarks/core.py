@@ -701,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("BITLAKE_DRIVER_MEMORY", "8g")
     os.environ.setdefault("BITLAKE_SHUFFLE_PARTITIONS", "16")
     import bitlake
-    from bitlake.engine.indexsession import flush_idle
+    from bitlake.engine.keys.indexsession import flush_idle
 
     sf = args.scale_factor
     scan_after = {a.strip() for a in args.scans_after.split(",") if a.strip()}

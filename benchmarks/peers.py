@@ -369,7 +369,7 @@ class Bitlake(SparkSystem):
         return not self.arrow_input
 
     def settle(self) -> None:
-        from bitlake.engine.indexsession import flush_idle
+        from bitlake.engine.keys.indexsession import flush_idle
 
         flush_idle()  # the key index's update after a commit runs on a thread, its flush on RocksDB's
 

@@ -10,10 +10,11 @@ import uuid
 from typing import Any
 
 from bitlake import changeevent, faults, memory
-from bitlake.engine import conform, keyindex, landing
-from bitlake.engine import metagen as engine_metagen
-from bitlake.engine.landing import Landed
-from bitlake.engine.metagen import COUNTS, MetaGenOutput
+from bitlake.engine.keys import keyindex
+from bitlake.engine.write import conform, landing
+from bitlake.engine.write import metagen as engine_metagen
+from bitlake.engine.write.landing import Landed
+from bitlake.engine.write.metagen import COUNTS, MetaGenOutput
 from bitlake.errors import InvalidInputError
 from bitlake.format import changefile, commitlog
 from bitlake.format.commit import INGEST, LAND, LIVE, METAGEN, PENDING, BatchRecord, Commit
@@ -253,7 +254,7 @@ def commit_landed(tx: Transaction, batch: Landed, *, metagen: bool, inline: bool
 
 def commit_changes(tx: Transaction, operation: str, new: Landed | None, plan, more=None) -> Commit:
     """Commits a change that writes its own change rows (a revert, a replace, a vacuum's deletes, an unkeyed
-    table's DML): ``plan(state, version)`` returns its :class:`bitlake.engine.restate.Restatement`, the batch
+    table's DML): ``plan(state, version)`` returns its :class:`bitlake.engine.write.restate.Restatement`, the batch
     records it changes and its parameters, or raises :class:`Finished`; ``new`` is the batch it makes live;
     ``more(state)`` gives further fields of the commit (a vacuum's)."""
     io = tx.io

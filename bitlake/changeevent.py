@@ -17,7 +17,7 @@ import json
 
 from pyroaring import BitMap
 
-from bitlake.engine.landing import Landed
+from bitlake.engine.write.landing import Landed
 from bitlake.format import bitmap, datafile, rowid
 from bitlake.format.commit import DataFile, SegmentState
 from bitlake.format.state import TableState

@@ -28,8 +28,9 @@ from pyspark.sql.datasource import (
 )
 
 from bitlake import read
-from bitlake.engine import changes as changes_mod
-from bitlake.engine import landing, reader
+from bitlake.engine.read import changes as changes_mod
+from bitlake.engine.read import reader
+from bitlake.engine.write import landing
 from bitlake.errors import InvalidInputError, VersionNotFoundError
 from bitlake.format.layout import STAGING_DIR
 from bitlake.format.metadata import OP_COLUMN
@@ -128,7 +129,7 @@ class ViewReader(DataSourceReader):
         t = _table(options)
         version = _int(options, "versionAsOf")
         state, valid_at = read.view(t.io, t.refresh(), version, options.get("timestampAsOf"), options.get("validAt"))
-        from bitlake.engine import plan
+        from bitlake.engine.read import plan
 
         self.io = t.io
         self.plan = plan.plan(t.io, state, valid_at)
@@ -218,7 +219,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
     ingests them (inline MetaGen) and removes them."""
 
     def __init__(self, options, schema):
-        from bitlake.engine.conform import Conformer
+        from bitlake.engine.write.conform import Conformer
         from bitlake.spark.schema import to_arrow_schema
 
         t = _table(options)
@@ -318,7 +319,7 @@ class BatchWriter(DataSourceArrowWriter):
 
     def __init__(self, options, schema):
         from bitlake import batches, transaction
-        from bitlake.engine.conform import Conformer
+        from bitlake.engine.write.conform import Conformer
         from bitlake.spark.schema import to_arrow_schema
 
         t = _table(options)
@@ -351,7 +352,7 @@ class BatchWriter(DataSourceArrowWriter):
         return _Landed(run.run(task, rows))
 
     def commit(self, messages) -> None:
-        from bitlake.engine.landing import Landed
+        from bitlake.engine.write.landing import Landed
         from bitlake.table import Table
 
         if self.done:
@@ -369,9 +370,9 @@ class BatchWriter(DataSourceArrowWriter):
 
 
 def _conformed(iterator, meta, op_column: str | None):
-    """A write task's Arrow batches conformed to the table (:func:`bitlake.engine.conform.conformed`); None when
+    """A write task's Arrow batches conformed to the table (:func:`bitlake.engine.write.conform.conformed`); None when
     the task has none."""
-    from bitlake.engine.conform import conformed
+    from bitlake.engine.write.conform import conformed
 
     first = next(iterator, None)
     if first is None:

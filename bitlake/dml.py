@@ -27,9 +27,9 @@ import pyarrow.dataset as ds
 
 from bitlake import batches
 from bitlake.batches import IngestResult
-from bitlake.engine import plan, reader
-from bitlake.engine import restate as engine_restate
-from bitlake.engine.landing import Landed
+from bitlake.engine.read import plan, reader
+from bitlake.engine.write import restate as engine_restate
+from bitlake.engine.write.landing import Landed
 from bitlake.errors import CommitConflictError, InvalidInputError
 from bitlake.format import rowid
 from bitlake.format.commit import DELETE, MERGE, UPDATE
@@ -344,7 +344,7 @@ def _source_table(source: Any, meta) -> pa.Table:
     """The source rows as an Arrow table (the key and delta columns required; other columns may be left out, and
     an update_all then keeps the target's; columns the table lacks, such as a change feed's op, are there for
     the predicates and written nowhere)."""
-    from bitlake.engine import conform
+    from bitlake.engine.write import conform
 
     reader_ = conform.arrow_input(source)
     if reader_ is None:

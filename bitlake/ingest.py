@@ -6,7 +6,7 @@ from typing import Any
 
 from bitlake import batches
 from bitlake.batches import IngestResult
-from bitlake.engine.landing import Landed
+from bitlake.engine.write.landing import Landed
 from bitlake.format.commit import INGEST
 from bitlake.fs import FileIO
 from bitlake.transaction import Transaction

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 from bitlake import transaction
-from bitlake.engine import compaction, upkeep
+from bitlake.engine.maintain import compaction, upkeep
 from bitlake.errors import CommitConflictError, InvalidInputError
 from bitlake.format import bucket, commitlog, keystore, layout, v1
 from bitlake.format import state as state_mod
@@ -105,7 +105,7 @@ def expired_log(io: FileIO, state: TableState, old, dry_run: bool) -> list[str]:
 
 
 def compact(io: FileIO, refresh, **options) -> Any:
-    """A compaction (:mod:`bitlake.engine.compaction`) planned and written on the latest state, then committed;
+    """A compaction (:mod:`bitlake.engine.maintain.compaction`) planned and written on the latest state, then committed;
     a compaction that another one beat to its files removes what it wrote and returns ``version=None``. A major
     one that a revert or replace overtook (its purge may leave out a row they made valid again), or one whose
     input a vacuum deleted meanwhile, plans again (three attempts, then ``CommitConflictError``)."""
@@ -147,7 +147,7 @@ class MaintainResult:
 
 def maintain(io: FileIO, refresh, *, dry_run: bool = False, min_age_seconds: float = 3600.0,
              progress=None) -> MaintainResult:
-    """Runs the upkeep the table's metrics call for (:func:`bitlake.engine.upkeep.due`): a major or a minor
+    """Runs the upkeep the table's metrics call for (:func:`bitlake.engine.maintain.upkeep.due`): a major or a minor
     compaction, then cleanup. A table that needs nothing costs its metrics: the commit log, the bitmaps and a
     listing, no data."""
     state = refresh()

@@ -7,8 +7,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bitlake.engine import changes as changes_mod
-from bitlake.engine import plan, reader, timetravel
+from bitlake.engine.read import changes as changes_mod
+from bitlake.engine.read import plan, reader, timetravel
 from bitlake.errors import InvalidInputError
 from bitlake.format import commitlog
 from bitlake.format import state as state_mod

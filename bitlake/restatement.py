@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 
 from bitlake import batches, transaction
 from bitlake.batches import IngestResult
-from bitlake.engine import restate as engine_restate
-from bitlake.engine import vacuum as engine_vacuum
-from bitlake.engine.landing import Landed
-from bitlake.engine.metagen import MetaGenOutput
+from bitlake.engine.maintain import vacuum as engine_vacuum
+from bitlake.engine.write import restate as engine_restate
+from bitlake.engine.write.landing import Landed
+from bitlake.engine.write.metagen import MetaGenOutput
 from bitlake.errors import CommitConflictError, InvalidInputError
 from bitlake.format import changefile, commitlog, layout
 from bitlake.format.commit import (

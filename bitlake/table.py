@@ -12,8 +12,8 @@ import pyarrow as pa
 
 from bitlake import dml, faults, ingest, maintenance, read, restatement, transaction
 from bitlake.batches import IngestResult
-from bitlake.engine import upkeep
-from bitlake.engine.landing import Landed
+from bitlake.engine.maintain import upkeep
+from bitlake.engine.write.landing import Landed
 from bitlake.errors import InvalidInputError, NotATableError, TableExistsError, TableNotFoundError
 from bitlake.format import commitlog, datafile
 from bitlake.format import state as state_mod
@@ -404,7 +404,7 @@ class Table:
         or a commit time; default the ``compact.look_back`` property): reads before it raise
         ``VersionExpiredError``, every read inside it stays as it was, and the superseded rows no view inside
         it can see are left out of the rewritten files; ``cleanup()`` then removes what only expired versions
-        named. Returns a :class:`~bitlake.engine.compaction.CompactResult` (``version`` None: nothing was
+        named. Returns a :class:`~bitlake.engine.maintain.compaction.CompactResult` (``version`` None: nothing was
         worth it); with ``dry_run``, a dict of what it would rewrite. ``progress(rows, total)`` is called once with
         the total rows it will rewrite (``rows`` 0), then with the rows of each file as it is rewritten."""
         if look_back is not None and not major:

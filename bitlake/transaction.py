@@ -22,7 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 from bitlake import faults
-from bitlake.engine import indexsession, landing
+from bitlake.engine.keys import indexsession
+from bitlake.engine.write import landing
 from bitlake.errors import CommitConflictError, CommitStateUnknownError, InvalidInputError
 from bitlake.format import commitlog, layout, rowid
 from bitlake.format.commit import Commit

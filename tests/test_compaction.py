@@ -8,7 +8,7 @@ import pytest
 
 import bitlake
 from bitlake.cli import main as cli
-from bitlake.engine import plan as planner
+from bitlake.engine.read import plan as planner
 from bitlake.format import bitmap, datafile, rowid
 from tests import spec_reader
 from tests.oracle import rows_key

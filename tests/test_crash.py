@@ -103,7 +103,7 @@ def crashed_on_s3(tmp_path_factory, spark, s3_server):
 
 def copy_table(source: bitlake.Table, path) -> bitlake.Table:
     """A byte copy of ``source``'s files at ``path`` (a folder or an object-store URI), at rest."""
-    from bitlake.engine.indexsession import close_idle
+    from bitlake.engine.keys.indexsession import close_idle
     from bitlake.fs import file_io
 
     close_idle()  # this process keeps the key index open after a commit

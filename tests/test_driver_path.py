@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import bitlake
-from bitlake.engine import landing
+from bitlake.engine.write import landing
 from tests.test_table import files_under
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("mod", pa.int64())])
@@ -97,7 +97,7 @@ def test_unsigned_64_bit_keys_and_deltas_beyond_the_int64_range(tmp_path, monkey
     """uint64 keys from 2^63 on (hash ids) are keys like any other, found by the key index's lookups and by the
     key-store scan; a uint64 delta value from 2^63 - 1 on, which bitlake cannot order among its int64 deltas, is
     refused with the column named and nothing written; valid_at beyond the int64 range is +infinity."""
-    from bitlake.engine import metagen
+    from bitlake.engine.write import metagen
 
     monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0 if lookups else 10**12)
     schema = pa.schema([("k", pa.uint64()), ("d", pa.uint64()), ("v", pa.string())])
@@ -124,7 +124,7 @@ def test_decimal_keys(tmp_path, monkeypatch, lookups):
     the key-store scan (an ingest crashed in the key encoding before)."""
     import decimal
 
-    from bitlake.engine import metagen
+    from bitlake.engine.write import metagen
 
     monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0 if lookups else 10**12)
     D = decimal.Decimal
@@ -250,7 +250,7 @@ def test_metagen_runs_while_the_landing_still_writes_the_files(tmp_path, monkeyp
     written (here the file's last write waits for it), and the commit names the file at its size."""
     import threading
 
-    from bitlake.engine import metagen
+    from bitlake.engine.write import metagen
     from bitlake.format import datafile
 
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod")

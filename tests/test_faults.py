@@ -25,7 +25,7 @@ from oracle import rows_key
 
 import bitlake
 from bitlake import faults
-from bitlake.engine import indexsession
+from bitlake.engine.keys import indexsession
 from bitlake.errors import BitlakeError, VersionExpiredError
 from bitlake.format import commitlog
 from bitlake.fs import LocalFileIO

@@ -7,8 +7,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bitlake.engine import keycache
-from bitlake.engine.metagen import _segment_runs, fold
+from bitlake.engine.keys import keycache
+from bitlake.engine.write.metagen import _segment_runs, fold
 from bitlake.format import keystore, rowid
 
 

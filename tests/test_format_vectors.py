@@ -193,9 +193,6 @@ def test_tombstones_match_floats_by_their_bits(tmp_path):
     assert sorted(r["k"] for r in t.to_arrow().to_pylist()) == [0, 3, 4]
 
 
-@pytest.mark.xfail(strict=True, reason="bitlake's vacuum skips row groups by Parquet statistics, which leave NaN "
-                                       "out: it retires a NaN tombstone without removing the rows (FORMAT.md, "
-                                       "\"Tombstones\")")
 def test_vacuum_removes_the_nan_rows_a_tombstone_hides(tmp_path):
     t = _float_table(tmp_path)
     t.tombstone("x", [float("nan")])

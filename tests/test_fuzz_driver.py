@@ -27,7 +27,8 @@ from hypothesis import HealthCheck, Phase, event, given, note, settings
 from hypothesis import strategies as st
 
 import bitlake
-from bitlake.engine import keyindex, landing, metagen
+from bitlake.engine.keys import keyindex
+from bitlake.engine.write import landing, metagen
 from tests.oracle import COUNTS, Oracle, Record
 
 EXAMPLES = int(os.environ.get("BITLAKE_FUZZ_EXAMPLES", "10"))
@@ -325,7 +326,7 @@ class Run:
             except bitlake.VersionExpiredError:
                 assert t.version == before
                 # Only when the fold needs a key store from before the window's start (docs/restatement.md,
-                # "Retention"; bitlake/engine/restate.py, fold_start).
+                # "Retention"; bitlake/engine/write/restate.py, fold_start).
                 start = self.fold_start(batch_id)
                 assert start is not None and self.window is not None and start <= self.window[0], \
                     (batch_id, start, self.window)

@@ -1,4 +1,4 @@
-"""The key store in a writer's memory (bitlake/engine/keycache.py): a writer's next batch finds its keys' stored
+"""The key store in a writer's memory (bitlake/engine/keys/keycache.py): a writer's next batch finds its keys' stored
 entries in the files it wrote or read, without reading them again or looking them up in the key index; files
 another writer committed are read once; the least recently used files go past the budget. No Spark."""
 
@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 import bitlake
-from bitlake.engine import keycache, keyindex
+from bitlake.engine.keys import keycache, keyindex
 from bitlake.format import keystore
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("mod", pa.int64())])

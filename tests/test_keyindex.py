@@ -12,9 +12,10 @@ import pyarrow as pa
 import pytest
 
 import bitlake
-from bitlake.engine import keyencoding, keyindex, metagen
-from bitlake.engine.indexsession import close_idle
-from bitlake.engine.keyencoding import encode_keys
+from bitlake.engine.keys import keyencoding, keyindex
+from bitlake.engine.keys.indexsession import close_idle
+from bitlake.engine.keys.keyencoding import encode_keys
+from bitlake.engine.write import metagen
 from bitlake.format import layout
 from tests.test_table import SCHEMA, batch, view
 
@@ -75,7 +76,7 @@ def test_tables_without_an_encodable_key_have_no_index(tmp_path):
 
 @pytest.mark.spark
 def test_inline_metagen_continues_from_spark_commits_and_rebuilds_a_lost_index(tmp_path, spark, monkeypatch):
-    from bitlake.engine import metagen
+    from bitlake.engine.write import metagen
 
     monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
@@ -95,7 +96,7 @@ def test_inline_metagen_continues_from_spark_commits_and_rebuilds_a_lost_index(t
 
 @pytest.mark.spark
 def test_a_busy_index_makes_the_inline_metagen_scan_the_key_store(tmp_path, spark, monkeypatch):
-    from bitlake.engine import metagen
+    from bitlake.engine.write import metagen
 
     monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)  # lookups whenever the index is free
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
@@ -153,7 +154,7 @@ def test_a_rebuild_keeps_other_writers_out_of_the_index(tmp_path, spark):
 
 @pytest.mark.spark
 def test_an_index_of_another_table_at_the_same_path_is_rebuilt(tmp_path, spark, monkeypatch):
-    from bitlake.engine import metagen
+    from bitlake.engine.write import metagen
 
     monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)
     path = str(tmp_path / "t")
@@ -176,7 +177,7 @@ def test_an_index_of_another_table_at_the_same_path_is_rebuilt(tmp_path, spark, 
 
 @pytest.mark.spark
 def test_auto_mode_runs_inline_up_to_the_row_limit(tmp_path, spark, monkeypatch):
-    from bitlake.engine import metagen
+    from bitlake.engine.write import metagen
 
     calls = []
     real = metagen.run_inline
@@ -308,7 +309,8 @@ def test_a_writer_keeps_the_index_open_between_its_commits_and_closes_it_when_id
     import sys
     import time
 
-    from bitlake.engine import indexsession, metagen
+    from bitlake.engine.keys import indexsession
+    from bitlake.engine.write import metagen
 
     monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)  # lookups whenever the index is free
     opens = []
@@ -353,7 +355,7 @@ def test_a_writer_keeps_the_index_open_between_its_commits_and_closes_it_when_id
 def test_flush_idle_waits_for_the_flush_an_idle_index_started_after_its_commit(tmp_path):
     """The commit starts the index's flush on RocksDB's thread; flush_idle() returns with nothing left in the
     memtables, the index at the table's version and answering every key."""
-    from bitlake.engine import indexsession
+    from bitlake.engine.keys import indexsession
 
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
     t.ingest(batch([1, 2], ["a", "b"], [1, 1]))
@@ -448,7 +450,7 @@ def test_the_index_takes_a_commits_entries_after_the_call_returns_and_the_next_c
     index behind: the next commit catches it up)."""
     import threading
 
-    from bitlake.engine import indexsession
+    from bitlake.engine.keys import indexsession
 
     monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 0)  # lookups whenever the index is free
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)

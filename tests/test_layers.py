@@ -1,5 +1,6 @@
-"""The house rules the code can check: dependencies go one way (format -> engine -> spark -> API/CLI ->
-service), the format and the engine import no Spark, and no module is too long to walk."""
+"""The house rules the code can check: dependencies go one way, format -> engine -> operations -> API ->
+CLI/service (docs/architecture.md), for every module of every package; the format and the engine import no
+Spark; ingest, restatement, DML and maintenance stand side by side; no module is too long to walk."""
 
 from __future__ import annotations
 
@@ -9,16 +10,35 @@ import pathlib
 import pytest
 
 ROOT = pathlib.Path(__file__).parent.parent / "bitlake"
-STDLIB_AND_CORE = ("pyarrow", "numpy", "pyroaring", "bitlake.errors", "bitlake.fs", "bitlake.faults", "bitlake.pool")
-# What each layer may import from bitlake and beyond (the standard library is always allowed).
-ALLOWED = {
-    "format": STDLIB_AND_CORE + ("bitlake.format",),
-    "engine": STDLIB_AND_CORE + ("bitlake.format", "bitlake.engine", "rocksdict"),
-    "spark": STDLIB_AND_CORE + ("bitlake.format", "bitlake.engine", "bitlake.spark", "pyspark"),
-}
-THIRD_PARTY = {"pyarrow", "numpy", "pyroaring", "rocksdict", "pyspark", "pandas", "sqlalchemy", "fastapi",
-               "uvicorn", "httpx", "pydantic", "alembic", "psycopg", "rich", "airflow", "deltalake", "pyiceberg"}
+# Every module, by the unit it belongs to: a package below bitlake, or a top-level module.
+LAYERS = [
+    ("core", {"bitlake.errors", "bitlake.fs", "bitlake.faults", "bitlake.pool", "bitlake.memory"}),
+    ("format", {"bitlake.format"}),
+    ("engine", {"bitlake.engine", "bitlake.spark"}),
+    ("operations", {"bitlake.transaction", "bitlake.changeevent", "bitlake.batches", "bitlake.ingest",
+                    "bitlake.restatement", "bitlake.dml", "bitlake.maintenance", "bitlake.read", "bitlake.cdc"}),
+    ("API", {"bitlake.table", "bitlake.bootstrap"}),
+    ("CLI/service", {"bitlake", "bitlake.cli", "bitlake.triggers", "bitlake.airflow", "bitlake.datasource",
+                     "bitlake.mirror"}),
+]
+RANK = {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}
+SIDE_BY_SIDE = {"bitlake.ingest", "bitlake.restatement", "bitlake.dml", "bitlake.maintenance"}
+NO_SPARK = {"bitlake.format", "bitlake.engine", "bitlake.fs", "bitlake.transaction", "bitlake.batches"}
+THIRD_PARTY_BELOW_ENGINE = {"pyspark", "pandas", "sqlalchemy", "fastapi", "airflow"}
 MAX_LINES = 650
+
+
+def _unit(name: str) -> str:
+    """A module's unit: its package below bitlake, or itself when it is a top-level module."""
+    return ".".join(name.split(".")[:2])
+
+
+def _modules():
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        yield path, ".".join(parts)
 
 
 def _imports(path: pathlib.Path) -> set[str]:
@@ -34,16 +54,30 @@ def _imports(path: pathlib.Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("layer", sorted(ALLOWED))
-def test_layers_import_only_what_is_below_them(layer):
+def test_every_module_has_a_layer():
+    assert sorted({_unit(m) for _, m in _modules()} - set(RANK)) == []
+
+
+@pytest.mark.parametrize("layer", [name for name, _ in LAYERS])
+def test_modules_import_only_their_layer_and_those_below(layer):
     wrong = {}
-    for path in sorted((ROOT / layer).glob("*.py")):
+    for path, module in _modules():
+        unit = _unit(module)
+        if LAYERS[RANK[unit]][0] != layer:
+            continue
         for name in _imports(path):
-            top = name.split(".")[0]
-            if top != "bitlake" and top not in THIRD_PARTY:
-                continue  # the standard library
-            if name == "bitlake" or not any(name == a or name.startswith(a + ".") for a in ALLOWED[layer]):
-                wrong.setdefault(path.name, []).append(name)
+            if not name.startswith("bitlake"):
+                if unit in NO_SPARK and name.split(".")[0] in THIRD_PARTY_BELOW_ENGINE:
+                    wrong.setdefault(module, []).append(name)
+                continue
+            target = _unit(name)
+            if target == unit:
+                continue
+            above = RANK[target] > RANK[unit]
+            beside = unit in SIDE_BY_SIDE and target in SIDE_BY_SIDE
+            engine_on_spark = unit == "bitlake.engine" and target == "bitlake.spark"
+            if above or beside or engine_on_spark:
+                wrong.setdefault(module, []).append(name)
     assert wrong == {}
 
 

@@ -7,7 +7,7 @@ import pytest
 
 import bitlake
 from bitlake.cli import main as cli
-from bitlake.engine import upkeep
+from bitlake.engine.maintain import upkeep
 from tests.oracle import rows_key
 from tests.test_compaction import COLUMNS, SCHEMA, batch, churned, views
 

@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import bitlake
-from bitlake.engine import keyindex, metagen
+from bitlake.engine.keys import keyindex
+from bitlake.engine.write import metagen
 from tests.oracle import Oracle, Record, rows_key
 
 pytestmark = pytest.mark.spark

@@ -1062,7 +1062,7 @@ def test_a_segment_log_file_has_one_row_group_per_event_kind(tmp_path):
 
 
 def test_metagen_writes_only_until_events_and_the_new_bitmaps(tmp_path):
-    from bitlake.engine import metagen
+    from bitlake.engine.write import metagen
 
     io = LocalFileIO(str(tmp_path))
     n = 1000

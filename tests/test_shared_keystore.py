@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 import bitlake
-from bitlake.engine import indexsession, keycache
+from bitlake.engine.keys import indexsession, keycache
 from bitlake.format import keystore
 from bitlake.format.protocol import SHARED_KEYSTORE_FILES
 

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 from pyroaring import BitMap
 
-from bitlake.engine import plan
+from bitlake.engine.read import plan
 from bitlake.format import rowid
 from bitlake.spark import jar
 from bitlake.spark import reader as spark_reader

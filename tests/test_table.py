@@ -33,7 +33,7 @@ def table(tmp_path, spark):
 def files_under(path):
     """The files under ``path`` at rest: the flush a key index starts after a commit, on RocksDB's thread, is
     waited for first (its file belongs to that commit, not to what comes next)."""
-    from bitlake.engine.indexsession import flush_idle
+    from bitlake.engine.keys.indexsession import flush_idle
 
     flush_idle()
     return sorted(os.path.relpath(os.path.join(d, n), path) for d, _, ns in os.walk(path) for n in ns)

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from warm import warm_copy
 
-from bitlake.engine.indexsession import flush_idle
+from bitlake.engine.keys.indexsession import flush_idle
 from bitlake.format import commitlog
 
 

@@ -24,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import core  # noqa: E402
 
-from bitlake.engine import keyencoding, keyindex  # noqa: E402
+from bitlake.engine import keyindex  # noqa: E402
+from bitlake.engine.keys import keyencoding
 from bitlake.format import keystore  # noqa: E402
 
 PK = ["l_orderkey", "l_linenumber"]

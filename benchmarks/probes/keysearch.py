@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 import bitlake
-from bitlake.engine import keycache
+from bitlake.engine.keys import keycache
 from bitlake.format import order
 
 

@@ -24,7 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import core  # noqa: E402
 
 import bitlake  # noqa: E402
-from bitlake.engine import indexsession, keyindex, landing, metagen  # noqa: E402
+from bitlake.engine import metagen  # noqa: E402
+from bitlake.engine.keys import indexsession, keyindex
+from bitlake.engine.write import landing
 from bitlake.format import keystore  # noqa: E402
 
 STEPS = [(landing, "land_local"), (metagen, "run_inline"), (metagen, "_groups"), (metagen, "_fold_records"),

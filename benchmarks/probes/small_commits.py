@@ -20,7 +20,7 @@ import time
 import pyarrow.parquet as pq
 from warm import warm_copy
 
-from bitlake.engine.indexsession import flush_idle
+from bitlake.engine.keys.indexsession import flush_idle
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ calling thread.
 
     .venv/bin/python benchmarks/probes/upsert.py SF FRACTION SEED [uniform] [warm]
 
-``warm`` reads every key-store file into the process's memory first (bitlake/engine/keycache.py), as a writer
+``warm`` reads every key-store file into the process's memory first (bitlake/engine/keys/keycache.py), as a writer
 holds them after a load or a scan; BITLAKE_KEYSTORE_CACHE_BYTES=0 keeps nothing there.
 """
 
@@ -64,7 +64,8 @@ def uniform_batch(source: pq.ParquetFile, schema: pa.Schema, fraction: float, se
 def metagen_steps() -> list[tuple[object, str, str]]:
     """The inline MetaGen's steps, for :class:`core.PhaseTimer`."""
     from bitlake import batches
-    from bitlake.engine import keyencoding, keyindex, metagen
+    from bitlake.engine.keys import keyencoding, keyindex
+    from bitlake.engine.write import metagen
     from bitlake.format import keystore
 
     return [(batches, "land", "landing"), (metagen, "run_inline", "metagen"),
@@ -80,7 +81,7 @@ def main() -> None:
     changes = sample(source, core.table_schema(source.schema_arrow), fraction, seed)
     t = bitlake.open_table(str(core.ROOT / "benchmarks" / "work" / "probes" / f"s{sf}"))
     if "warm" in sys.argv[4:]:
-        from bitlake.engine import keycache
+        from bitlake.engine.keys import keycache
         from bitlake.pool import thread_map
 
         state = t.state()

@@ -1,5 +1,5 @@
 """The probes' starting point: a copy of a table whose key store this process holds in memory, as a writer that
-loaded it holds it (bitlake/engine/keycache.py)."""
+loaded it holds it (bitlake/engine/keys/keycache.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import tempfile
 from collections.abc import Iterator
 
 import bitlake
-from bitlake.engine import keycache
-from bitlake.engine.indexsession import close_idle
+from bitlake.engine.keys import keycache
+from bitlake.engine.keys.indexsession import close_idle
 from bitlake.pool import thread_map
 
 

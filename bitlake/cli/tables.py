@@ -260,7 +260,7 @@ def compaction_progress(err: Console):
 
 def cmd_compact(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
-    # A look-back of digits is a version (bitlake.engine.window.start), anything else an age or a time.
+    # A look-back of digits is a version (bitlake.engine.maintain.window.start), anything else an age or a time.
     kw = {"target_file_bytes": args.target_file_bytes, "major": args.major, "look_back": args.look_back}
     if args.dry_run:
         plan = table.compact(dry_run=True, **kw)

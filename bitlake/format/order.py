@@ -1,5 +1,5 @@
 """Integer key columns as one int64 a row: sorting rows as ``np.lexsort`` does, in a fraction of its time, and
-matching rows by key (:mod:`bitlake.engine.keycache`)."""
+matching rows by key (:mod:`bitlake.engine.keys.keycache`)."""
 
 from __future__ import annotations
 

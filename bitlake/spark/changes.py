@@ -1,11 +1,11 @@
-"""The change feed as a Spark DataFrame: executes a :class:`~bitlake.engine.changes.ChangePlan` (what a
+"""The change feed as a Spark DataFrame: executes a :class:`~bitlake.engine.read.changes.ChangePlan` (what a
 range's change rows are is decided there, for every reader)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from bitlake.engine.changes import ORDER, SORT_KEYS, ChangePlan
+from bitlake.engine.read.changes import ORDER, SORT_KEYS, ChangePlan
 from bitlake.format import datafile, rowid
 from bitlake.fs import FileIO
 from bitlake.spark.reader import scan

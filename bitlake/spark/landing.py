@@ -1,4 +1,4 @@
-"""The Spark landing job: every task runs :class:`bitlake.engine.landing.LandTask` on its share of the batch
+"""The Spark landing job: every task runs :class:`bitlake.engine.write.landing.LandTask` on its share of the batch
 and reports the files it wrote; the driver collects the reports.
 
 A task gets its share in one of two ways. A DataFrame that is a plain scan of local Parquet files (what
@@ -18,8 +18,8 @@ from urllib.parse import unquote, urlparse
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bitlake.engine import conform
-from bitlake.engine.landing import REPORT_DDL, REPORT_SCHEMA, LandTask, collect, remove_part_files
+from bitlake.engine.write import conform
+from bitlake.engine.write.landing import REPORT_DDL, REPORT_SCHEMA, LandTask, collect, remove_part_files
 from bitlake.errors import SchemaMismatchError
 from bitlake.format.commit import DataFile, KeysFile
 from bitlake.format.metadata import TableMetadata

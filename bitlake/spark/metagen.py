@@ -21,7 +21,7 @@ import json
 
 import pyarrow as pa
 
-from bitlake.engine.metagen import (
+from bitlake.engine.write.metagen import (
     BECOMES_VALID,
     COUNTS,
     SEGMENT_ARROW,
@@ -203,7 +203,7 @@ def _write(spark, io, state, batches, fold, touched, version) -> MetaGenOutput:
 
 @dataclasses.dataclass
 class _SegmentTask:
-    """A task's events, as one log file and one bitmap file (:func:`bitlake.engine.metagen.write_segments`)."""
+    """A task's events, as one log file and one bitmap file (:func:`bitlake.engine.write.metagen.write_segments`)."""
 
     io: FileIO
     prior: object  # the segment states before the commit, as JSON, shared with the tasks (spark_files.shared)

@@ -1,4 +1,4 @@
-"""The Spark reader: executes a read plan (:mod:`bitlake.engine.plan`) as a Spark DataFrame.
+"""The Spark reader: executes a read plan (:mod:`bitlake.engine.read.plan`) as a Spark DataFrame.
 
 Files of the plan whose rows are all kept are scanned as they are. The others are scanned and filtered by
 bitlake's row filter (:mod:`bitlake.spark.jar`): the dropped offsets' bitmaps, per segment, go to the tasks as one
@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
-from bitlake.engine.plan import ReadPlan
+from bitlake.engine.read.plan import ReadPlan
 from bitlake.format import bitmap, datafile, rowid
 from bitlake.format.commit import DataFile, SegmentState
 from bitlake.fs import FileIO

@@ -8,7 +8,7 @@ events, new segment states (bitmaps) and key-store increments, and counts. Two i
   and folds each key with window functions; its cost grows with those buckets;
 * the inline MetaGen (:func:`run_inline`, Opal's "inline metadata update") runs on the driver: it reads the
   batches' records (keys, delta values and row ids of their data files, and their keys files' deletes),
-  looks their keys up in the key index (:mod:`bitlake.engine.keyindex`), or for large batches semi-joins
+  looks their keys up in the key index (:mod:`bitlake.engine.keys.keyindex`), or for large batches semi-joins
   them with the key store, and folds them in order with :func:`fold`.
 
 Both write their files with :func:`write_segments` and :func:`bitlake.format.keystore.write_bucket_files`,
@@ -24,9 +24,9 @@ import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
-from bitlake.engine import keycache
-from bitlake.engine.keyencoding import ascending, encode_keys, fixed_width, int64_values, key_codes
-from bitlake.engine.landing import Landed
+from bitlake.engine.keys import keycache
+from bitlake.engine.keys.keyencoding import ascending, encode_keys, fixed_width, int64_values, key_codes
+from bitlake.engine.write.landing import Landed
 from bitlake.format import bitmap, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format.commit import BucketFile, DataFile, LogFile, SegmentState
 from bitlake.format.order import latest, lexsort, strictly_increasing
@@ -207,7 +207,7 @@ def assemble(state: TableState, batches: list[Landed], seg_out: list[dict], adde
 # (benchmarks/probes/lookup_vs_scan.py). With the index's format 1 (zstd in 4 KB blocks), lookups cost about
 # twice as much, and this was 200.
 LOOKUP_COST_IN_ROWS = 70
-# Matching a key with the key-store files this process holds in memory (bitlake.engine.keycache) costs about as
+# Matching a key with the key-store files this process holds in memory (bitlake.engine.keys.keycache) costs about as
 # much as scanning this many rows of files it must read: a binary search in each of its bucket's files, from
 # 0.3 us a key for a 10 % batch to 2-3 us for a 0.1 % batch (sparser keys miss the CPU's caches) on the churned
 # SF 10 probe table, 5-6 files a bucket (benchmarks/probes/upsert.py ... warm).
@@ -226,10 +226,10 @@ GROUP_RECORDS = 20_000_000
 
 
 def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: int, index=None) -> MetaGenOutput:
-    """The inline MetaGen. ``index`` (an open :class:`bitlake.engine.keyindex.KeyIndex` at ``state``, or None)
+    """The inline MetaGen. ``index`` (an open :class:`bitlake.engine.keys.keyindex.KeyIndex` at ``state``, or None)
     answers the batch's keys by point lookups when they are few against the key-store rows of their
     buckets; otherwise, or without an index, the driver semi-joins them with those buckets' files."""
-    from bitlake.engine.keyindex import stages
+    from bitlake.engine.keys.keyindex import stages
 
     meta = state.metadata
     unread = [b for b in batches if b.rows is None]
@@ -408,7 +408,7 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     """The stored entries of ``distinct`` keys (key columns and ``_bucket``), from the files of their buckets and
     the shared files: found, delta, row id, deleted, in ``distinct``'s order. Each bucket's files are matched with
     the keys wanted there on a thread of their own, then each shared file with all of them, from this process's
-    memory (:mod:`bitlake.engine.keycache`), which keeps those it reads as far as its budget allows."""
+    memory (:mod:`bitlake.engine.keys.keycache`), which keeps those it reads as far as its budget allows."""
 
     pk = list(state.metadata.primary_key)
     n = distinct.num_rows

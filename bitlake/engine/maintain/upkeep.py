@@ -8,7 +8,7 @@ import dataclasses
 import datetime as dt
 from typing import Any
 
-from bitlake.engine import compaction, window
+from bitlake.engine.maintain import compaction, window
 from bitlake.format import bitmap, commitlog
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO

@@ -22,10 +22,10 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
-from bitlake.engine import metagen
-from bitlake.engine.keyencoding import key_codes
-from bitlake.engine.landing import Landed
-from bitlake.engine.metagen import COUNTS, MetaGenOutput
+from bitlake.engine.keys.keyencoding import key_codes
+from bitlake.engine.write import metagen
+from bitlake.engine.write.landing import Landed
+from bitlake.engine.write.metagen import COUNTS, MetaGenOutput
 from bitlake.errors import VersionExpiredError
 from bitlake.format import bitmap, changefile, commitlog, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format import state as state_mod

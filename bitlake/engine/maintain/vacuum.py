@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from bitlake.engine import compaction, plan
+from bitlake.engine.maintain import compaction
+from bitlake.engine.read import plan
 from bitlake.format import bitmap, commitlog, datafile, layout, rowid
 from bitlake.format import state as state_mod
 from bitlake.format.commit import DataFile, PurgedFile, Rewrite
@@ -141,6 +142,8 @@ def _in_ranges(io: FileIO, f: DataFile, file_format: str, wanted: list[tuple[str
     for column, values in wanted:
         if column not in names:
             continue  # a file written before the column was added holds nulls there: never a value
+        if pa.types.is_floating(values.type) and pc.any(pc.is_nan(values)).as_py():
+            return True  # Parquet's min and max leave NaN out: no statistics rule a NaN out
         i = names.index(column)
         for g in range(md.num_row_groups):
             stats = md.row_group(g).column(i).statistics

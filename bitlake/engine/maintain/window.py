@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bitlake.engine import timetravel
+from bitlake.engine.read import timetravel
 from bitlake.errors import InvalidInputError, VersionNotFoundError
 from bitlake.format import bitmap, datafile, keystore, layout, order, rowid, segmentlog
 from bitlake.format.commit import LogFile

@@ -1,4 +1,4 @@
-"""Reading a view without Spark: the plan of :mod:`bitlake.engine.plan`, executed file by file with pyarrow.
+"""Reading a view without Spark: the plan of :mod:`bitlake.engine.read.plan`, executed file by file with pyarrow.
 
 :func:`batches` streams the view in bounded memory (a Parquet file is scanned batch by batch; the rows a view
 drops are filtered out of each batch by their row ids); :func:`read` collects it. A condition ``where`` (a
@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from bitlake.engine.plan import ReadPlan
+from bitlake.engine.read.plan import ReadPlan
 from bitlake.format import bitmap, datafile, rowid
 from bitlake.format.commit import DataFile
 from bitlake.format.metadata import deltas_as_int

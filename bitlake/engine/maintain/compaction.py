@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from bitlake import faults
-from bitlake.engine import window
+from bitlake.engine.maintain import window
 from bitlake.format import bitmap, commitlog, datafile, layout, rowid, segmentlog
 from bitlake.format import state as state_mod
 from bitlake.format.commit import COMPACT, Commit, DataFile, LogFile, SegmentRows, Window
@@ -293,7 +293,7 @@ def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = No
             look_back: Any = None, budget: int | None = None) -> Prepared | dict[str, Any] | None:
     """Plans a minor compaction of ``state`` (module docstring), or a major one: the window from
     ``look_back`` set, the rows no view inside it can see left out, the older log events folded
-    (:mod:`bitlake.engine.window`); a minor one also regroups small log files (:func:`regroupable`); writes
+    (:mod:`bitlake.engine.maintain.window`); a minor one also regroups small log files (:func:`regroupable`); writes
     its files. ``budget`` bounds a minor compaction's input bytes (:func:`choose`). Returns None when nothing
     is due; with ``dry_run``, only says what it would rewrite."""
     state.protocol.check_write(io.uri())

@@ -4,7 +4,7 @@ commits' MetaGen.
 A key-store file never changes once written (a merge writes a new file), so its decoded rows stay right for as
 long as anything names it: no commit, no other writer can make them stale. A writer's inline MetaGen finds the
 stored entries of a batch's keys by matching them against the files of their buckets
-(:func:`bitlake.engine.metagen.scan_keystore`); from memory that costs a binary search a key, where reading the
+(:func:`bitlake.engine.write.metagen.scan_keystore`); from memory that costs a binary search a key, where reading the
 files costs their every row and the key index's point lookups 3-5 us a key. The inline MetaGen puts in what it
 writes, and a scan what it reads (the inline MetaGen of a process that has spent on lookups what reading the
 files costs scans, so that it reads them); the least recently used files go when the cache passes its budget:
@@ -26,7 +26,7 @@ import threading
 import numpy as np
 import pyarrow as pa
 
-from bitlake.engine.keyencoding import fixed_width, int64_values
+from bitlake.engine.keys.keyencoding import fixed_width, int64_values
 from bitlake.format import keystore
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.order import SortedSearch, key_spans, pack, strictly_increasing
@@ -71,8 +71,9 @@ class Entries:
     def match(self, keys: pa.Table, primary_key: list[str], columns: list[np.ndarray] | None = None
               ) -> tuple[np.ndarray, list[np.ndarray]]:
         """The rows of ``keys`` (key columns and ``_code``) found here: their codes, and the delta, row id,
-        deleted and version of each. ``columns``: the key columns as :func:`~bitlake.engine.keyencoding.int64_values`
-        gives them, when the caller has them (a bucket's keys are matched against each of its files)."""
+        deleted and version of each. ``columns``: the key columns as
+        :func:`~bitlake.engine.keys.keyencoding.int64_values` gives them, when the caller has them (a bucket's keys
+        are matched against each of its files)."""
         codes = keys.column("_code").to_numpy()
         if self.search is None:
             assert self.table is not None

@@ -26,7 +26,7 @@ import threading
 
 import pyarrow as pa
 
-from bitlake.engine.keyindex import IndexAheadError, KeyIndex, location, supported
+from bitlake.engine.keys.keyindex import IndexAheadError, KeyIndex, location, supported
 from bitlake.errors import IndexUnavailableError
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.state import TableState

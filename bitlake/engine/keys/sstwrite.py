@@ -1,6 +1,6 @@
-"""Writes one SST file of key-index entries: ``python -m bitlake.engine.sstwrite ROWS.arrow OUT.sst RUN KEY...``
+"""Writes one SST file of key-index entries: ``python -m bitlake.engine.keys.sstwrite ROWS.arrow OUT.sst RUN KEY...``
 (RUN: ``bottom`` or ``upper``), from key-store rows in key order in an Arrow IPC file. The key index runs one such
-process per core for a large ingest (:meth:`bitlake.engine.keyindex.KeyIndex._ingest_sorted`)."""
+process per core for a large ingest (:meth:`bitlake.engine.keys.keyindex.KeyIndex._ingest_sorted`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ sys.modules.setdefault("pandas", None)  # type: ignore[arg-type]
 
 import pyarrow as pa  # noqa: E402
 
-from bitlake.engine.keyindex import write_sst  # noqa: E402
+from bitlake.engine.keys.keyindex import write_sst  # noqa: E402
 
 
 def main(argv: list[str]) -> None:

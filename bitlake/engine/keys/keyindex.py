@@ -14,7 +14,7 @@ while the rebuild deletes it. A writer that finds the index held by another
 (:class:`~bitlake.errors.IndexUnavailableError`) has the inline MetaGen scan the key store instead,
 which is slower for small batches, never wrong.
 
-Keys are the bytes of :mod:`bitlake.engine.keyencoding`. Tables whose key types it cannot encode as
+Keys are the bytes of :mod:`bitlake.engine.keys.keyencoding`. Tables whose key types it cannot encode as
 fixed-width or length-prefixed values (decimals) have no index: their inline MetaGen scans the key store.
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from bitlake import faults
-from bitlake.engine.keyencoding import encodable, encode_keys, key_order
+from bitlake.engine.keys.keyencoding import encodable, encode_keys, key_order
 from bitlake.errors import IndexUnavailableError
 from bitlake.format import commitlog, keystore, layout
 from bitlake.format.metadata import TableMetadata
@@ -77,7 +77,7 @@ def stages(records: int) -> bool:
     A thread would not: it holds the GIL for each entry, and the commit's own threads, which write its files,
     then wait for it (the key-store files of a 1 % TPC-H SF 10 upsert took 0.5 s instead of 0.06 s beside a
     thread writing its 600,000 entries, before entries released the GIL every _YIELD_EVERY). Smaller commits'
-    entries go in after the commit (:meth:`bitlake.engine.indexsession.IndexSession.after_commit`): a process
+    entries go in after the commit (:meth:`bitlake.engine.keys.indexsession.IndexSession.after_commit`): a process
     costs 0.3 s to start, and the 1.8M entries of a 10 % TPC-H SF 3 upsert staged in processes moved 0.45 s from
     after the call into it (2.6-3.1 s against 2.7-3.9 s in all)."""
     return records >= _PROCESS_SST_ROWS
@@ -429,7 +429,7 @@ def _put_each(put, keys: list[bytes], values: list[bytes]) -> None:
 
 
 class _SstWriting:
-    """SST files being written: by processes of their own (``python -m bitlake.engine.sstwrite``), each handed
+    """SST files being written: by processes of their own (``python -m bitlake.engine.keys.sstwrite``), each handed
     its slice as an Arrow IPC file beside its SST file, or already written."""
 
     def __init__(self, paths: list[str]):
@@ -452,7 +452,7 @@ class _SstWriting:
 
         thread_map(hand_over, zip(slices, self.inputs, strict=True))
         for ipc, path in zip(self.inputs, self.paths, strict=True):
-            self.workers.append(subprocess.Popen([sys.executable, "-m", "bitlake.engine.sstwrite", ipc, path,
+            self.workers.append(subprocess.Popen([sys.executable, "-m", "bitlake.engine.keys.sstwrite", ipc, path,
                                                   "bottom" if bottom else "upper", *primary_key], env=env,
                                                  stderr=subprocess.PIPE))
 

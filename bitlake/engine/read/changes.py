@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bitlake.engine.plan import ReadPlan
+from bitlake.engine.read.plan import ReadPlan
 from bitlake.format import bitmap, changefile, datafile, keystore, rowid, segmentlog
 from bitlake.format.commit import Commit, DataFile
 from bitlake.format.metadata import deltas_as_int

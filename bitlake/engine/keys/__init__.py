@@ -1,0 +1,1 @@
+"""The key store's fast paths: the RocksDB key index, the in-memory key cache, key encoding."""

@@ -1,0 +1,1 @@
+"""Upkeep: compaction, the retention window, the vacuum, the metrics that say what is due."""

@@ -1,0 +1,1 @@
+"""Writing batches: landing, conforming input, MetaGen, restatement of batches."""
