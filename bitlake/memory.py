@@ -2,10 +2,9 @@
 
 pyarrow allocates from mimalloc, and numpy from the C library's heap: both keep the pages of freed buffers for
 later allocations instead of returning them. After a large commit most of what it allocated is garbage, and the
-process would stay at its peak: a writer that loaded TPC-H SF 10 (60M rows) from an Arrow table, then dropped the
-table, held 17-18 GB resident with 1.5 GB live in Arrow's pool; 3.0 GB after mimalloc's collection (0.11 s) and
-2.5 GB after the C library's trim (0.04 s). mimalloc collects the calling thread's pages: called from another
-thread, the collection freed nothing.
+process would stay at its peak, many times what it still uses, until both allocators give their free pages back,
+which costs a fraction of a second (docs/benchmarks.md, "Design measurements", "Memory after a large write").
+mimalloc collects the calling thread's pages: called from another thread, the collection freed nothing.
 """
 
 from __future__ import annotations

@@ -163,8 +163,8 @@ class _Recent:
     """The bitmaps of the files this process wrote, as :func:`read_stored` gives them (shared: never changed), up
     to ``max_bytes`` of serialized bitmaps, the least recently used dropped first: a writer's next commit starts
     from the holes, and the bitmaps its deltas are to, that it wrote, which after churn are megabytes to read back
-    (TPC-H SF 10 after a 10 % batch: 3.7 MB a commit, 15 ms). Files never change, so they stay right for as long
-    as they are kept."""
+    each commit (docs/benchmarks.md, "Design measurements", "Bitmaps"). Files never change, so they stay right for as
+    long as they are kept."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
@@ -239,7 +239,7 @@ class BitmapCache:
     def holes(self, s: SegmentState) -> tuple[BitMap, int]:
         """The offsets of ``[0, universe)`` that are not valid in segment state ``s``, and that universe, beyond
         which no offset is valid (a fresh bitmap the caller may change). A commit changes a segment's few holes,
-        not its millions of valid offsets: 10x less work on an 8M-row segment with 90,000 holes."""
+        not its millions of valid offsets, so working on the holes costs a fraction of working on the offsets."""
         if s.bitmap is None:
             return BitMap(), s.cardinality
         holes, universe = self.stored(s.bitmap)[s.segment].holes()
@@ -260,9 +260,9 @@ class BitmapCache:
         A delta holds every change since its bitmap was written: it grows with each commit, and each commit writes
         it whole, while writing the bitmap again costs its size ``b`` once and starts the next delta empty. Writing
         the bitmap when the delta reaches ``sqrt(2 c b)`` bytes, ``c`` a commit's own change, makes the bytes of a
-        run of commits the least: on average ``sqrt(2 c b)`` a commit, against ``b`` with no deltas (TPC-H SF 10
-        after a 10 % batch, a 0.1 % batch's commit: ~0.5 MB of bitmaps against 3.7 MB). A delta is never more than
-        half its bitmap's size, so that reading the two costs at most 1.5x reading one. ``always``: a delta
+        run of commits the least: on average ``sqrt(2 c b)`` a commit, against ``b`` with no deltas
+        (docs/benchmarks.md, "Design measurements", "Bitmaps"). A delta is never more than half its bitmap's size,
+        so that reading the two costs at most 1.5x reading one. ``always``: a delta
         whatever it costs (the table property ``bitmap.deltas`` set to ``always``)."""
         if s is None or s.bitmap is None:
             return None

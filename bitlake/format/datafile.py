@@ -50,8 +50,8 @@ def keys_schema(meta: TableMetadata) -> pa.Schema:
 
 @functools.lru_cache(maxsize=64)
 def _parquet_leaves(schema: pa.Schema) -> tuple[str, ...]:
-    """The Parquet leaf paths of ``schema``'s columns (an empty file written and read back: 1 ms, so kept by schema:
-    every data file of a table asks)."""
+    """The Parquet leaf paths of ``schema``'s columns (an empty file written and read back, so kept by schema: every
+    data file of a table asks, and the same schema would pay it again for each)."""
     buf = pa.BufferOutputStream()
     pq.write_table(schema.empty_table(), buf)
     pschema = pq.ParquetFile(pa.BufferReader(buf.getvalue())).schema
@@ -60,9 +60,10 @@ def _parquet_leaves(schema: pa.Schema) -> tuple[str, ...]:
 
 def data_parquet_options(schema: pa.Schema) -> dict:
     """Snappy and dictionaries as usual, except ``_segment_offset`` (distinct, ascending values) in
-    DELTA_BINARY_PACKED, which stores it in almost nothing instead of ~5 bytes a row. Decimals of precision
-    up to 18 as INT64, as Spark writes them: Spark's vectorized reader decodes them faster than fixed-length
-    byte arrays (a full aggregate of TPC-H lineitem SF 1: 3.6 s against 4.0 s, at par with Spark's own files)."""
+    DELTA_BINARY_PACKED, which stores it in almost nothing, where a dictionary would store every value. Decimals of
+    precision up to 18 as INT64, as Spark writes them: Spark's vectorized reader decodes them faster than
+    fixed-length byte arrays, so bitlake's files scan as fast as Spark's own (docs/benchmarks.md, "Design
+    measurements", "Data files")."""
     leaves = _parquet_leaves(schema)
     return {
         "compression": "snappy",
@@ -74,12 +75,12 @@ def data_parquet_options(schema: pa.Schema) -> dict:
 
 # A column of a file's first row group is written without a dictionary when the group would hold more distinct
 # values than this share of its rows (a dictionary saves nothing), or more than the writer's dictionary page takes
-# (its default 1 MB: the writer would drop the dictionary once it filled, having hashed every value till then). TPC-H
-# lineitem's l_orderkey, l_partkey, l_extendedprice and l_comment: its files 12-15 % faster to write, 1.5 % smaller.
+# (its default 1 MB: the writer would drop the dictionary once it filled, having hashed every value till then), so
+# columns of mostly distinct values are written faster and smaller (docs/benchmarks.md, "Design measurements").
 _DISTINCT_SHARE = 0.5
 _DICTIONARY_PAGE_BYTES = 1 << 20
 # ... judged by the distinct values of an evenly spaced sample of this many of its rows: counting them in the whole
-# group cost more than writing it (a 60,000-row batch of lineitem: 40-50 ms against 35 ms; the sample 4 ms).
+# group costs more than writing it, and a sample a small part of that (docs/benchmarks.md, "Design measurements").
 _SAMPLE_ROWS = 4_096
 _MIN_SAMPLE_ROWS = 16_384  # below, a dictionary costs little, and a sample would cost as much as it saves
 

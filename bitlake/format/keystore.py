@@ -18,9 +18,9 @@ A small commit on the driver writes one **shared** file instead, listed under :d
 bucket, in key order. A key's entry is then its row of the highest ``_ks_version`` across its bucket's files and
 the shared files. Once ``keystore.max_increments`` shared files are listed, the next commit that would add one
 writes its rows and theirs into the buckets' files (each bucket's increment, merged by its own plan) and removes
-them: a small commit writes one file, not one a bucket (16 files of a 0.1 % batch took 1.5-2 ms each to
-create and encode, and would take a request each on an object store), and the buckets take a shared file's rows
-once every few commits.
+them: a small commit writes one file, not one a bucket (each file costs its creation and encoding, more than a
+small commit's rows, and a request on an object store), and the buckets take a shared file's rows once every few
+commits (docs/benchmarks.md, "Design measurements", "Key store").
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ def file_schema(meta: TableMetadata) -> pa.Schema:
 def parquet_options(schema: pa.Schema) -> dict:
     """Keys files and key-store files are read only by MetaGen, so they take zstd; they are sorted by row id or
     by key, so row ids, deltas and integer keys are close to their neighbours, which DELTA_BINARY_PACKED
-    stores in a few bits (a key-store file of TPC-H lineitem: 2.8x smaller than with dictionaries)."""
+    stores in a few bits, where dictionaries store every distinct value (docs/benchmarks.md, "Design measurements",
+    "Key store")."""
 
     def packed(f: pa.Field) -> bool:
         t = f.type
@@ -191,8 +192,9 @@ def merge_due(bucket: int, version: int, max_increments: int) -> bool:
     """Whether the commit ``version`` is bucket ``bucket``'s turn to merge its increments: one commit in
     ``max_increments``, at a phase that differs between neighbouring buckets. A batch writes to most buckets,
     so without turns every bucket would reach ``max_increments`` in the same commit and merge in it, and every
-    ``max_increments``-th commit would take the merges of the whole key store (at TPC-H SF 10 after churn, a
-    0.1 % batch 9 s instead of 0.6 s); with them a commit merges about one bucket in ``max_increments``."""
+    ``max_increments``-th commit would take the merges of the whole key store, many times a small batch's usual
+    time; with them a commit merges about one bucket in ``max_increments`` (docs/benchmarks.md, "Design
+    measurements", "Key store")."""
     return (version + bucket) % max(1, max_increments) == 0
 
 
@@ -236,8 +238,8 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
     # A small commit's rows (and those taken in from shared files) are sorted by bucket (stable: on 16 bits numpy
     # sorts by radix), taken, cast and checked for key order at once, each bucket a slice: per bucket those steps
     # cost more than the rows (a 100-row commit wrote 16 files). A large commit's buckets find and take their rows
-    # on their threads, in parallel, each what it needs in memory (a sort of a load's 6M rows took 0.06 s, and 0.3 s
-    # in a process growing to its peak, whose new pages cost 2 ms a MB on a virtual machine).
+    # on their threads, in parallel, each what it needs in memory: one sort of a load's rows would run alone, and in
+    # a process growing to its peak it pays for every new page (docs/benchmarks.md, "Design measurements").
     of_row = rows.column(BUCKET).to_numpy().astype(np.uint16)
     counts = np.bincount(of_row)
     buckets = np.flatnonzero(counts)
@@ -281,9 +283,9 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
 def _latest_by_bucket(rows: pa.Table, pk: list[str]) -> pa.Table:
     """``rows`` (key-store rows with ``_bucket``: runs in key order, one a commit, in the order of their versions)
     with each key's row of the highest version, sorted by bucket and key. Integer keys are packed into one int64 a
-    row and sorted stably, which keeps a key's rows in run order and merges the runs (a TPC-H SF 10 commit taking in
-    8 shared files, 540,000 rows: 60 ms, against 96 ms with Arrow's sort of several columns); other keys, or runs out
-    of version order, take :func:`latest_per_key` by bucket and key."""
+    row and sorted stably, which keeps a key's rows in run order and merges the runs faster than Arrow's sort of
+    several columns (docs/benchmarks.md, "Design measurements", "Key store"); other keys, or runs out of version
+    order, take :func:`latest_per_key` by bucket and key."""
     by = [BUCKET, *pk]
     spans = None
     if all(pa.types.is_integer(rows.schema.field(c).type) for c in by):

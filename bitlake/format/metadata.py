@@ -45,8 +45,9 @@ DEFAULT_PROPERTIES = {
     # the driver, as Arrow input always does; a larger one lands in a Spark job.
     "ingest.driver_max_bytes": "67108864",
     # Inline MetaGen (driver) runs when the pending batches hold at most this many records; larger commits
-    # use the Spark MetaGen. Inline is the faster at every size measured (TPC-H SF 1 load, 6M records: 6 s
-    # against 44 s); it folds in groups of 20M records, so its memory is ~35 bytes a record plus ~2 GB.
+    # use the Spark MetaGen. Inline is the faster at every size measured; it folds in groups of 20M records, so its
+    # memory grows with the commit up to a bound, which this limit keeps within a driver's (docs/benchmarks.md,
+    # "Design measurements", "MetaGen: inline or on Spark").
     "metagen.inline_max_rows": "100000000",
     # Anti-join lists longer than this are shuffled instead of broadcast at read time.
     "read.broadcast_invalid_rows": "20000000",

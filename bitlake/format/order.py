@@ -10,9 +10,9 @@ def lexsort(keys) -> np.ndarray:
     """Row indices that sort ``keys`` (integer or boolean arrays of one length, the last one the primary key),
     ties in row order: exactly ``np.lexsort(keys)``, which sorts indirectly once a key. When the keys' value
     ranges fit in 63 bits together they are packed into one int64 a row: with the row index beside them, one
-    sort of values, which numpy does with SIMD (6M random TPC-H keys (l_orderkey, l_linenumber): 0.14 s
-    against 1.34 s); without room for the index, one ``argsort``, whose order is the stable one when the
-    packed keys are distinct (6M random row ids: 0.5 s against 0.9 s)."""
+    sort of values, which numpy does with SIMD; without room for the index, one ``argsort``, whose order is the
+    stable one when the packed keys are distinct. Both take a fraction of ``np.lexsort``'s time
+    (docs/benchmarks.md, "Design measurements", "Sorting and searching packed keys")."""
     keys = list(keys)
     n = len(keys[0]) if keys else 0
     if n < 2 or any(k.dtype.kind not in "bi" for k in keys):
@@ -75,9 +75,8 @@ class SortedSearch:
     of its top bits starts (half a byte a value) narrows each wanted value to a window of about 8
     values, then all of them are bisected at once, a numpy gather a step. numpy's binary search walks each
     value's ~22 steps one after the other, each a cache (and TLB) miss in an array of millions; gathers let the
-    CPU have many misses in flight. 3,500 random keys of a 3.7M-key file of a TPC-H SF 10 key store (a 0.1 %
-    batch's share of one bucket): 0.38-0.48 us a key with ``np.searchsorted``, 0.09 us with this; 35,000 keys
-    0.20 against 0.08 us. The table costs one search of the array's slots (~17 ms for that file)."""
+    CPU have many misses in flight. The table costs one search of the array's slots, once a file, which a small
+    batch's keys repay (docs/benchmarks.md, "Design measurements", "Sorting and searching packed keys")."""
 
     def __init__(self, values: np.ndarray):
         self.values = values
@@ -121,8 +120,8 @@ class SortedSearch:
 
 
 # SortedSearch.find bisects wanted values at once when they are fewer than one in this many of the array's; denser
-# ones share the cache lines numpy's search walks (350,000 keys of that 3.7M-key file: 0.04-0.06 us a key with
-# np.searchsorted, 0.05-0.07 us bisected).
+# ones share the cache lines numpy's search walks, which is then as fast or faster (docs/benchmarks.md, "Design
+# measurements", "Sorting and searching packed keys").
 DENSE_SEARCH = 32
 # ... and when they are this few, numpy's search of each costs less than the steps of bisecting them at once.
 FEW_WANTED = 64

@@ -46,8 +46,8 @@ VERSIONED_SCHEMA = FILE_SCHEMA.append(pa.field(VERSION, pa.int64(), False))  # a
 
 
 # Offsets ascend within a segment, and causes within a batch often do: DELTA_BINARY_PACKED stores them in a few
-# bits where dictionaries of distinct values store ~5 bytes (a 1 % upsert of TPC-H lineitem SF 1: 0.19 MB
-# against 0.54 MB); the columns with few distinct values keep dictionaries.
+# bits where dictionaries of distinct values store several bytes a value (docs/benchmarks.md, "Design measurements",
+# "Segment log encoding"); the columns with few distinct values keep dictionaries.
 _DELTA_PACKED = (OFFSET_COLUMN, "t", "cause")
 _PARQUET_OPTIONS = {
     "compression": "zstd",

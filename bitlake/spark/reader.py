@@ -6,8 +6,9 @@ literal, and each row's packed row id is looked up in its segment's bitmap. With
 classpath, or with bitmaps over :data:`FILTER_MAX_BYTES`, the files are left-anti joined, on the packed row id,
 with the ids of the rows the plan drops: broadcast while there are fewer than ``read.broadcast_invalid_rows``,
 shuffled beyond. Up to :data:`DRIVER_EXPANSION_ROWS` dropped rows the driver expands them from the bitmaps and
-hands them to Spark as Arrow; beyond, executors expand them, so the driver never holds a huge list. With 638,829
-of 6.67M rows dropped the join took 1.56x a plain scan's time, the row filter 0.96x (docs/ingestion.md).
+hands them to Spark as Arrow; beyond, executors expand them, so the driver never holds a huge list. The row filter
+is preferred because after churn it reads about as fast as a plain scan, where the join costs half as much again
+(docs/ingestion.md; docs/benchmarks.md, "Design measurements", "Spark reads").
 """
 
 from __future__ import annotations

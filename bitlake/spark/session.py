@@ -49,8 +49,8 @@ def spark_session(master: str | None = None, app_name: str = "bitlake", **conf: 
         .config("spark.driver.memory", os.environ.get("BITLAKE_DRIVER_MEMORY", "4g"))
         .config("spark.python.worker.reuse", "true")
         # A read names its files (the commit log has them), and Spark checks each one: from this many paths on
-        # (default 32) in a Spark job of its own, which made building the DataFrame of a table of 205 files take
-        # 1.1 s, against 0.26 s with the checks on the driver.
+        # (default 32) in a Spark job of its own, whose start costs more than the checks on the driver
+        # (docs/benchmarks.md, "Design measurements", "Spark reads").
         .config("spark.sql.sources.parallelPartitionDiscovery.threshold", "512")
     )
     from bitlake.spark import jar

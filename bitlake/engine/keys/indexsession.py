@@ -1,20 +1,18 @@
 """The key index across a writer's commits: :class:`IndexSession` for one commit, and the indexes this process
 keeps open between commits.
 
-Opening RocksDB costs a writer ~20-50 ms, and each opening writes an ``OPTIONS`` file and RocksDB's info
-``LOG`` again (~40 KB: a TPC-H SF 1 batch of 6,000 records writes 0.31 MB of data). So after a commit has
-flushed its entries the index stays open in this process, idle, for ``keystore.index_idle_seconds`` (table
-property, default 10 s): the process's next commit on the table takes it as it is, without a reopen. An idle
-index still holds its lock, so a writer in another process that comes meanwhile scans the key store for its
-commit, as it does while a commit uses the index; a table written by several processes in turn sets the
-property to 0. An idle index is closed when its time is up, when this process exits or forks, and by
-:func:`close_idle`.
+Opening RocksDB costs a writer time, and each opening writes an ``OPTIONS`` file and RocksDB's info ``LOG`` again, a
+fair share of what a small batch writes (docs/benchmarks.md, "Design measurements", "Index session"). So after a
+commit has flushed its entries the index stays open in this process, idle, for ``keystore.index_idle_seconds``
+(table property, default 10 s): the process's next commit on the table takes it as it is, without a reopen. An idle
+index still holds its lock, so a writer in another process that comes meanwhile scans the key store for its commit,
+as it does while a commit uses the index; a table written by several processes in turn sets the property to 0. An
+idle index is closed when its time is up, when this process exits or forks, and by :func:`close_idle`.
 
 A commit's own entries go into the index after the commit, on a thread of this process (``bitlake-index``),
-while the writer returns: the index serves only later commits, and writing its entries costs 0.3-0.8 us an
-entry with the GIL held (600,000 entries of a 1 % TPC-H SF 10 upsert: ~0.45 s, a third of that upsert). The
-index stays busy until the thread ends; this process's next commit on the table waits for it, as do
-:func:`flush_idle`, :func:`close_idle`, an exit and a fork.
+while the writer returns: the index serves only later commits, and writing its entries holds the GIL for each
+one, a large part of a large upsert's time. The index stays busy until the thread ends; this process's next
+commit on the table waits for it, as do :func:`flush_idle`, :func:`close_idle`, an exit and a fork.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """Key-store files decoded in this process's memory, by file: what a writer wrote or read, kept for its next
 commits' MetaGen.
 
-A key-store file never changes once written (a merge writes a new file), so its decoded rows stay right for as
-long as anything names it: no commit, no other writer can make them stale. A writer's inline MetaGen finds the
-stored entries of a batch's keys by matching them against the files of their buckets
-(:func:`bitlake.engine.write.metagen.scan_keystore`); from memory that costs a binary search a key, where reading the
-files costs their every row and the key index's point lookups 3-5 us a key. The inline MetaGen puts in what it
-writes, and a scan what it reads (the inline MetaGen of a process that has spent on lookups what reading the
-files costs scans, so that it reads them); the least recently used files go when the cache passes its budget:
-``BITLAKE_KEYSTORE_CACHE_BYTES`` (environment), by default a quarter of the machine's memory; ``0`` turns it off.
+A key-store file never changes once written (a merge writes a new file), so its decoded rows stay right for as long
+as anything names it: no commit, no other writer can make them stale. A writer's inline MetaGen finds the stored
+entries of a batch's keys by matching them against the files of their buckets
+(:func:`bitlake.engine.write.metagen.scan_keystore`); from memory that costs a binary search a key, where reading
+the files costs their every row and the key index a point lookup a key, both far dearer (docs/benchmarks.md, "Design
+measurements", "Key cache"). The inline MetaGen puts in what it writes, and a scan what it reads (the inline MetaGen
+of a process that has spent on lookups what reading the files costs scans, so that it reads them); the least
+recently used files go when the cache passes its budget: ``BITLAKE_KEYSTORE_CACHE_BYTES`` (environment), by default
+a quarter of the machine's memory; ``0`` turns it off.
 
 Keys of integer-like columns (the key index's fixed width) are held packed into one int64 a row, in the file's
 key order, with the deltas, row ids, delete flags and versions beside them (a column of one value as a
@@ -35,7 +36,8 @@ from bitlake.fs import FileIO
 _VALUES = [keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.VERSION]
 _MOST_BYTES_A_KEY = 34  # packed key, delta, row id, deleted, version, the search's table
 # Files of at most this many rows are also held as their Arrow rows, which a merge of the bucket's increments
-# takes instead of reading the file again (a commit of 100 keys merges ~15 small files; reading each cost 1-2 ms).
+# takes instead of reading the file again: a small commit merges many small files, and reading them back would be
+# much of its time (docs/benchmarks.md, "Design measurements", "Key cache").
 _KEEP_TABLE_ROWS = 65_536
 
 

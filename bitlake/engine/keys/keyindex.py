@@ -54,16 +54,13 @@ _YIELD_EVERY = 1024  # entries written between two releases of the GIL (_put_eac
 _SST_MIN_ROWS = 200_000
 _PROCESS_SST_ROWS = 2_000_000
 # Two kinds of files. The bottom run, which holds most keys (the SST files of a load into an empty index, and
-# what a full compaction makes of it), takes LZ4 in blocks of 2 KB and no bloom filter: most lookups read one of
-# its blocks, and decompressing 4 KB of zstd was half their cost, while a filter there spares nothing to a lookup
-# that finds its key (RocksDB's optimize_filters_for_hits) and was an eighth of the index. 20M TPC-H lineitem
-# keys as a load leaves them, one lookup a 1,000 keys: 3.7-4.0 us a key, 162 MB, written in 5.5 s, against
-# 7.1-7.6 us, 105 MB and 6.8 s as zstd in 4 KB blocks with filters (benchmarks/probes/index_options.py; with
-# the values of the index's format 1, 18 bytes each, 126 MB). Everything else (a commit's
-# memtable flush, its staged SST files, compactions above the bottom run) is zstd at its default level 3 in blocks of
-# 16 KB, with filters: a commit waits for its flush, and zstd at level 6 in 4 KB blocks took twice as long for 5 %
-# more bytes (180,000 entries of a 1 % TPC-H SF 3 upsert: 0.12-0.14 s and 2.09 MB against 0.05-0.06 s and 1.99 MB).
-# Larger blocks cost a lookup that finds its key above the bottom more to decompress; most keys are in the bottom.
+# what a full compaction makes of it), is made for lookups: LZ4 in small blocks and no bloom filter, since most
+# lookups read one of its blocks, so decompressing it is much of their cost, and a filter there spares nothing to a
+# lookup that finds its key (RocksDB's optimize_filters_for_hits) while it takes room. Everything else (a commit's
+# memtable flush, its staged SST files, compactions above the bottom run) is made for writing fast, as a commit
+# waits for its flush: zstd at its default level 3 in blocks of 16 KB, with filters. Larger blocks cost a lookup
+# that finds its key above the bottom more to decompress; most keys are in the bottom.
+# Measured (benchmarks/probes/index_options.py): docs/benchmarks.md, "Design measurements", "Key index format".
 _UPPER_LEVEL = 3
 _UPPER_BLOCK_BYTES = 16384
 _BOTTOM_BLOCK_BYTES = 2048
@@ -73,13 +70,11 @@ _LOOKUP_CHUNK = 4096
 
 def stages(records: int) -> bool:
     """Whether a commit of ``records`` records gains by staging its key-index entries (:meth:`KeyIndex.stage`):
-    an SST file costs 0.3-0.4 us an entry, which processes started while the commit finishes take off its path.
+    writing SST files costs time per entry, which processes started while the commit finishes take off its path.
     A thread would not: it holds the GIL for each entry, and the commit's own threads, which write its files,
-    then wait for it (the key-store files of a 1 % TPC-H SF 10 upsert took 0.5 s instead of 0.06 s beside a
-    thread writing its 600,000 entries, before entries released the GIL every _YIELD_EVERY). Smaller commits'
-    entries go in after the commit (:meth:`bitlake.engine.keys.indexsession.IndexSession.after_commit`): a process
-    costs 0.3 s to start, and the 1.8M entries of a 10 % TPC-H SF 3 upsert staged in processes moved 0.45 s from
-    after the call into it (2.6-3.1 s against 2.7-3.9 s in all)."""
+    then wait for it. Smaller commits' entries go in after the commit
+    (:meth:`bitlake.engine.keys.indexsession.IndexSession.after_commit`): for them a process's start-up costs more
+    than staging saves (docs/benchmarks.md, "Design measurements", "Key index: staging and the GIL")."""
     return records >= _PROCESS_SST_ROWS
 
 
@@ -170,8 +165,8 @@ class KeyIndex:
         write.disable_wal = True
         db.set_write_options(write)
         # Lookups of a batch's keys hit blocks all over the index, seldom one another's: putting each block
-        # in RocksDB's block cache, and evicting one for it, cost more than the lookup itself (a 1 % batch
-        # of TPC-H SF 10: 3.3 against 1.7 us a key). The system's page cache keeps the files' blocks.
+        # in RocksDB's block cache, and evicting one for it, costs more than the lookup itself
+        # (docs/benchmarks.md, "Design measurements"). The system's page cache keeps the files' blocks.
         read = ReadOptions()
         read.fill_cache(False)
         db.set_read_options(read)
@@ -193,8 +188,8 @@ class KeyIndex:
         # commit does not rewrite the whole index, as leveled compaction does for random keys. It
         # leaves several sorted runs; bloom filters spare a lookup the runs above the bottom that lack its key.
         options.set_compaction_style(DBCompactionStyle.universal())
-        # Defaults merged everything on the first few commits after a large load (35 MB written by
-        # a 6,000-key commit on a 6M-key index); allowing more runs and more space amplification
+        # Defaults merged everything on the first few commits after a large load, so a small commit wrote much of
+        # the index (docs/benchmarks.md, "Design measurements"); allowing more runs and more space amplification
         # keeps a small commit's writes small, and a full merge rare.
         universal = UniversalCompactOptions()
         universal.max_size_amplification_percent = 400
@@ -335,8 +330,8 @@ class KeyIndex:
 
     def _ingest_sorted(self, table: pa.Table) -> None:
         """Many entries at once: written in key order as SST files that RocksDB takes in whole, sorted runs,
-        instead of memtable flushes that a compaction must merge later (a load at scale factor 1: 2.5 s
-        against 10 s of puts and a full compaction)."""
+        instead of puts whose memtable flushes a compaction must merge later, the dearer way for a load
+        (docs/benchmarks.md, "Design measurements", "Key index: staging and the GIL")."""
         writing = self._start_ssts(table, "ingest")
         try:
             writing.wait()
@@ -416,16 +411,16 @@ def write_sst(table: pa.Table, primary_key: list[str], path: str, bottom: bool) 
 def _put_each(put, keys: list[bytes], values: list[bytes]) -> None:
     """``put(key, value)`` for each entry, letting other threads take the GIL every _YIELD_EVERY entries.
     rocksdict holds the GIL for each call, so a thread that needs it back after each call of its own (pyarrow,
-    numpy) would wait up to a switch interval (5 ms) every time: writing the key-store files of a 1 % TPC-H SF 10
-    upsert took 0.30-0.34 s beside a thread writing 600,000 entries, 0.11-0.12 s with these pauses, 0.08-0.12 s
-    alone (the entries took as long either way)."""
+    numpy) would wait up to a switch interval (5 ms by default) every time, and a commit's key-store files, written
+    beside a thread putting its entries, would take several times as long; the pauses cost the entries nothing
+    (docs/benchmarks.md, "Design measurements", "Key index: staging and the GIL")."""
     alone = threading.active_count() == 1  # no thread to let in (a process of its own, sstwrite): no pauses
     step = max(len(keys), 1) if alone else _YIELD_EVERY
     for start in range(0, len(keys), step):
         for k, v in zip(keys[start:start + step], values[start:start + step], strict=True):
             put(k, v)
         if not alone:
-            time.sleep(0)  # releases the GIL: a thread waiting for it takes it now (80 us a pause)
+            time.sleep(0)  # releases the GIL: a thread waiting for it takes it now
 
 
 class _SstWriting:

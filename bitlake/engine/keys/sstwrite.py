@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import sys
 
-# pyarrow imports pandas, when installed, the first time it converts an array to numpy (0.2-0.3 s): this process
-# never needs it, and an import of a module mapped to None fails, which pyarrow takes for "pandas is missing".
+# pyarrow imports pandas, when installed, the first time it converts an array to numpy, a large part of this short
+# process's start (docs/benchmarks.md, "Design measurements"): this process never needs it, and an import of a
+# module mapped to None fails, which pyarrow takes for "pandas is missing".
 sys.modules.setdefault("pandas", None)  # type: ignore[arg-type]
 
 import pyarrow as pa  # noqa: E402

@@ -184,8 +184,8 @@ class _Cut:
 
 # Driver landing: a segment per task, of at least this many rows when the input's size is known (so that a
 # batch's files are not split finer than its threads need), and of this many rows from a stream. Smaller segments
-# would land a batch on more threads but cost bytes: a 1 % TPC-H SF 10 upsert (600,000 rows) in two files landed
-# in 0.31-0.34 s instead of 0.45-0.49 s, and wrote 1.57x its size as one Parquet file instead of 1.49x.
+# would land a batch on more threads, sooner, but write more bytes for the same rows, against the target of a
+# write amplification of at most 1.5 (docs/benchmarks.md, "Targets" and "Design measurements", "Landing file split").
 MIN_TASK_ROWS = 1 << 20
 STREAM_TASK_ROWS = 1 << 22
 

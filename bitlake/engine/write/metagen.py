@@ -200,28 +200,24 @@ def assemble(state: TableState, batches: list[Landed], seg_out: list[dict], adde
     )
 
 
-# A point lookup in the key index costs about as much as scanning this many key-store rows. Measured on TPC-H
-# lineitem SF 10 (60M keys, 64 buckets, the index's format 2), 600,000 keys of a 1 % batch: lookups 1.6 s for
-# random keys (2.7 us a key on two threads), the scan of the key store 2.2 s (0.036 us a row); whole upserts of
-# keys from random row groups: 3.3-3.5 s with lookups against 4.2-5.2 s with the scan
-# (benchmarks/probes/lookup_vs_scan.py). With the index's format 1 (zstd in 4 KB blocks), lookups cost about
-# twice as much, and this was 200.
+# A point lookup in the key index costs about as much as scanning this many key-store rows: the inline MetaGen
+# looks a batch's keys up when that costs less than reading their buckets' files, else scans the files. The ratio
+# depends on the index's format, so a new format re-measures it with benchmarks/probes/lookup_vs_scan.py
+# (docs/benchmarks.md, "Design measurements", "MetaGen: lookups or a scan of the key store").
 LOOKUP_COST_IN_ROWS = 70
 # Matching a key with the key-store files this process holds in memory (bitlake.engine.keys.keycache) costs about as
-# much as scanning this many rows of files it must read: a binary search in each of its bucket's files, from
-# 0.3 us a key for a 10 % batch to 2-3 us for a 0.1 % batch (sparser keys miss the CPU's caches) on the churned
-# SF 10 probe table, 5-6 files a bucket (benchmarks/probes/upsert.py ... warm).
+# much as scanning this many rows of files it must read: a binary search in each of its bucket's files, dearer for
+# sparse keys, which miss the CPU's caches (measured with benchmarks/probes/upsert.py ... warm: same section).
 CACHED_KEY_COST_IN_ROWS = 20
 # Fewer keys than this, all in key-store files this process holds, are matched on the calling thread: numpy's small
-# steps hold the GIL, so threads share little of the work and add their hand-offs (the keys of TPC-H SF 3 batches
-# against the files a load left: 18,000 keys 4.4 ms against 6.1 ms on two threads, 180,000 keys 22 against 24 ms,
-# 1.8M keys 161 against 108 ms).
+# steps hold the GIL, so threads share little of the work and add their hand-offs; only large batches gain from a
+# second thread (docs/benchmarks.md, "Design measurements", same section).
 _FEW_KEYS = 262_144
 
 
 # The inline MetaGen folds at most this many records at once: larger commits are folded in groups, a key's
-# records all in one group, so its memory is bounded by a group, not by the commit (about 100 bytes a record
-# while it folds; the key-store rows it keeps, about 40 bytes a record, are written once at the end).
+# records all in one group, so its memory is bounded by a group, not by the commit (the key-store rows it keeps,
+# far fewer bytes a record than the fold's, are written once at the end; docs/benchmarks.md, "Design measurements").
 GROUP_RECORDS = 20_000_000
 
 
@@ -242,8 +238,8 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     pieces, ranged = _groups(records, meta)
     # Groups that are key ranges stage their key-index files as they go: each a sorted run of its own, while
     # the next group folds. Groups that are sets of buckets would each span every key, as many overlapping
-    # runs that every later lookup would search (a TPC-H SF 10 load in 8 groups made the next 0.1 % batch 5x
-    # slower): their rows go in after the commit, sorted as one.
+    # runs that every later lookup would search, which slows every later small batch: their rows go in after the
+    # commit, sorted as one (docs/benchmarks.md, "Design measurements", "MetaGen: lookups or a scan of the key store").
     stage = index is not None and ranged and stages(records.num_rows)
     counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
     until, valid, rows = [], [], []
