@@ -21,6 +21,7 @@ POINTS = (
     "after_checkpoint",  # committed (and checkpointed when due); the steps after the commit not run
     "in_index_update",  # committed; the key index holds the commit's entries but not yet its version
     "after_commit_steps",  # committed, the commit's own steps done; the upkeep after it not run
+    "in_cleanup",  # cleanup deleted a file and has more to delete
 )
 
 _injected: dict[str, BaseException] = {}

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from bitlake import transaction
+from bitlake import faults, transaction
 from bitlake.engine.maintain import compaction, upkeep
 from bitlake.errors import CommitConflictError, InvalidInputError
 from bitlake.format import bucket, commitlog, keystore, layout, v1
@@ -85,6 +85,7 @@ def cleanup(io: FileIO, state: TableState, *, min_age_seconds: float, dry_run: b
     if not dry_run:
         for rel in removable:
             io.delete(rel)
+            faults.point("in_cleanup")
         io.remove_empty_dirs(layout.DATA_DIR)
     return sorted(removable)
 

@@ -9,13 +9,19 @@ after each atomic put (a lost answer: the file landed, the writer sees an error)
   retry of an idempotent one (a batch id) whose commit landed commits nothing;
 * cleanup then keeps every version readable.
 
-SIGKILL at the named points is tests/test_crash.py's (a process per case). Local disk here; the S3 variant runs
-the commit-put faults of a few operations against the moto server.
+SIGKILL at the named points is tests/test_crash.py's (a process per case), and test_kill_at_every_point below.
+Local disk for every operation and every write; moto's S3 server for the commit path's points and puts of
+the operations that write most.
 """
 
 from __future__ import annotations
 
+import os
+import pathlib
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 
 import pyarrow as pa
@@ -29,8 +35,10 @@ from bitlake.engine.keys import indexsession
 from bitlake.errors import BitlakeError, VersionExpiredError
 from bitlake.format import commitlog
 from bitlake.fs import LocalFileIO
+from bitlake.fs.objectstore import ObjectStoreFileIO
 
 pytestmark = pytest.mark.slow
+HERE = str(pathlib.Path(__file__).parent)
 
 SCHEMA = pa.schema([("k", pa.int64()), ("user", pa.string()), ("v", pa.int64()), ("mod", pa.int64())])
 UNKEYED = pa.schema([("user", pa.string()), ("v", pa.int64())])
@@ -88,9 +96,9 @@ class Injected(BitlakeError):
     """The fault these tests inject (a store's failure)."""
 
 
-class FaultyIO(LocalFileIO):
-    """A local store that raises ``error`` "before" its ``at``-th write (put, atomic write, output stream, delete)
-    or "after" its ``at``-th atomic put landed (a lost answer); counts both."""
+class Faulty:
+    """A store (mixed into a FileIO class) that raises ``error`` "before" its ``at``-th write (put, atomic write,
+    output stream, delete) or "after" its ``at``-th atomic put landed (a lost answer); counts both."""
 
     def __init__(self, base: str, at: int | None = None, when: str = "before", error: BaseException | None = None):
         super().__init__(base)
@@ -133,6 +141,60 @@ class FaultyIO(LocalFileIO):
         super().delete(rel)
 
 
+class FaultyLocal(Faulty, LocalFileIO):
+    pass
+
+
+class FaultyObjectStore(Faulty, ObjectStoreFileIO):
+    pass
+
+
+class Local:
+    """Tables in folders under ``root``."""
+
+    faulty, plain = FaultyLocal, LocalFileIO
+
+    def __init__(self, root):
+        self.root = root
+
+    def new(self, name: str) -> str:
+        return str(self.root / name)
+
+    def copy(self, src: str, name: str) -> str:
+        indexsession.close_idle()
+        dst = self.new(name)
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("index", "index.lock"))
+        return dst
+
+    def remove(self, path: str) -> None:
+        shutil.rmtree(path)
+
+
+class S3:
+    """Tables under fresh prefixes of moto's S3 bucket."""
+
+    faulty, plain = FaultyObjectStore, ObjectStoreFileIO
+
+    def __init__(self, server):
+        self.server = server
+
+    def new(self, name: str) -> str:
+        return self.server.uri(name)
+
+    def copy(self, src: str, name: str) -> str:
+        indexsession.close_idle()
+        dst = self.new(name)
+        source, target = ObjectStoreFileIO(src), ObjectStoreFileIO(dst)
+        for rel in source.walk():
+            target.write_atomic(rel, source.read_bytes(rel))
+        return dst
+
+    def remove(self, path: str) -> None:
+        io = ObjectStoreFileIO(path)
+        for rel in io.walk():
+            io.delete(rel)
+
+
 def views(path) -> dict:
     """The views of the table's last three versions (that every file of every version is there, named_files
     checks)."""
@@ -169,30 +231,25 @@ def named_files(path) -> set[str]:
     return out - set(state.rewritten)
 
 
-def copy_table(src, dst) -> str:
-    indexsession.close_idle()
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("index", "index.lock"))
-    return str(dst)
-
-
-@pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    """Per operation: its base table, the views before and after it ran without a fault, and its writes."""
-    out = {}
-    root = tmp_path_factory.mktemp("faults")
-    for name, (keyed, build, op, _) in OPERATIONS.items():
-        base = str(root / name / "base")
-        kw = dict(primary_key=["k"], delta_column="mod", num_buckets=2) if keyed else {}
-        t = bitlake.create_table(base, SCHEMA if keyed else UNKEYED,
-                                 properties={"compact.min_input_files": "2", "checkpoint.interval": "5"}, **kw)
-        build(t)
-        ref = copy_table(base, root / name / "ref")
-        io = FaultyIO(ref)
+def reference(store, name: str) -> dict:
+    """An operation's base table, the views before and after it ran without a fault, and its writes."""
+    keyed, build, op, _ = OPERATIONS[name]
+    base = store.new(f"{name}-base")
+    kw = dict(primary_key=["k"], delta_column="mod", num_buckets=2) if keyed else {}
+    t = bitlake.create_table(base, SCHEMA if keyed else UNKEYED,
+                             properties={"compact.min_input_files": "2", "checkpoint.interval": "5"}, **kw)
+    build(t)
+    ref = store.copy(base, f"{name}-ref")
+    io = store.faulty(ref)
+    reached, point = [], faults.point
+    faults.point = lambda where: (reached.append(where), point(where))
+    try:
         op(bitlake.open_table(io))
-        indexsession.close_idle()
-        out[name] = {"base": base, "before": views(base), "after": views(ref), "writes": io.writes, "puts": io.puts,
-                     "version": bitlake.open_table(base).version}
-    return out
+    finally:
+        faults.point = point
+    indexsession.close_idle()
+    return {"base": base, "before": views(base), "after": views(ref), "writes": io.writes, "puts": io.puts,
+            "version": bitlake.open_table(base).version, "points": sorted(set(reached))}
 
 
 def cases(name: str) -> list[tuple[str, str]]:
@@ -211,7 +268,8 @@ def error_of(kind: str) -> BaseException:
 def check(ref: dict, path: str, name: str, case: str) -> None:
     _, _, op, idempotent = OPERATIONS[name]
     name = f"{name} {case}"
-    missing = sorted(p for p in named_files(path) if not LocalFileIO(path).exists(p))
+    io = bitlake.open_table(path).io
+    missing = sorted(p for p in named_files(path) if not io.exists(p))
     assert missing == [], f"{name}: files a commit names are gone"
     landed = bitlake.open_table(path).version > ref["version"]
     assert views(path) == (ref["after"] if landed else ref["before"]), f"{name}: not as at its last commit"
@@ -227,26 +285,87 @@ def check(ref: dict, path: str, name: str, case: str) -> None:
     assert views(path) == ref["after"], f"{name}: cleanup changed a view"
 
 
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """Tables in local folders, and each operation's reference, made once for the module's tests."""
+    store = Local(tmp_path_factory.mktemp("faults"))
+    refs: dict[str, dict] = {}
+
+    def ref(name: str) -> dict:
+        if name not in refs:
+            refs[name] = reference(store, name)
+        return refs[name]
+
+    return store, ref
+
+
 @pytest.mark.parametrize("name", sorted(OPERATIONS))
-def test_a_fault_at_every_step_keeps_the_table(references, tmp_path, name):
-    ref = references[name]
+def test_a_fault_at_every_step_keeps_the_table(local, name):
+    store, ref = local
+    run_cases(store, name, cases(name), ref(name))
+
+
+S3_CASES = [(f"point:{p}", "error") for p in faults.POINTS] + [
+    ("point:before_commit", "interrupt"), ("point:after_commit", "interrupt"), ("write:after", "error")]
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("name", ["ingest", "vacuum"])
+def test_a_fault_in_the_commit_path_on_s3_keeps_the_table(s3_server, name):
+    """On S3 (each copy of a table costs a request a file: a subset), the commit path's points and a lost answer
+    to each atomic put; the writes before them are the same code through another FileIO."""
+    store = S3(s3_server)
+    run_cases(store, name, S3_CASES, reference(store, name))
+
+
+def run_cases(store, name: str, chosen: list[tuple[str, str]], ref: dict) -> None:
     op = OPERATIONS[name][2]
     n = 0
-    for where, kind in cases(name):
+    for where, kind in chosen:
         steps = [None] if where.startswith("point:") else range(1, ref["writes" if where == "write:before" else "puts"] + 1)
         for at in steps:
             n += 1
-            path = copy_table(ref["base"], tmp_path / f"c{n}")
+            path = store.copy(ref["base"], f"{name}-c{n}")
             error = error_of(kind)
             if where.startswith("point:"):
                 with faults.inject(where[6:], error):
-                    _run(op, LocalFileIO(path), error)
+                    _run(op, store.plain(path), error)
             else:
-                _run(op, FaultyIO(path, at, where[6:], error), error)
+                _run(op, store.faulty(path, at, where[6:], error), error)
             indexsession.close_idle()
             check(ref, path, name, f"{where} {kind} at write {at}")
-            shutil.rmtree(path)
-    assert ref["writes"] > 0 and n >= len(cases(name))
+            store.remove(path)
+    assert ref["writes"] > 0 and n >= len(chosen)
+
+
+KILLER = """
+import sys
+sys.path[:0] = sys.argv[3:]
+from test_faults import OPERATIONS
+import bitlake
+OPERATIONS[sys.argv[1]][2](bitlake.open_table(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_a_writer_killed_at_every_point_keeps_the_table(local, name):
+    """SIGKILL (BITLAKE_CRASH_AT) at every named point the operation passes, a process each, two at a time."""
+    store, references = local
+    ref = references(name)
+    killed = {}
+    for point in ref["points"]:
+        path = store.copy(ref["base"], f"{name}-killed-{point}")
+        env = {**os.environ, "BITLAKE_CRASH_AT": point}
+        killed[point] = (path, subprocess.Popen([sys.executable, "-c", KILLER, name, path, *sys.path[:3]], env=env,
+                                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=HERE))
+        if len(killed) % 2 == 0:
+            for _, p in list(killed.values())[-2:]:
+                p.wait()
+    for point, (path, process) in killed.items():
+        out = process.communicate()[0].decode()
+        assert process.returncode == -signal.SIGKILL, f"{name} at {point}: {out}"
+        check(ref, path, name, f"killed at {point}")
+    assert ref["points"], f"{name} passes no fault point"
 
 
 def _run(op, io, error) -> None:
