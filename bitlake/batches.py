@@ -7,7 +7,10 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import pyarrow as pa
 
 from bitlake import changeevent, faults, memory
 from bitlake.engine.keys import keyindex
@@ -15,9 +18,10 @@ from bitlake.engine.write import conform, landing
 from bitlake.engine.write import metagen as engine_metagen
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.metagen import COUNTS, MetaGenOutput
+from bitlake.engine.write.restate import Restatement
 from bitlake.errors import InvalidInputError
 from bitlake.format import changefile, commitlog
-from bitlake.format.commit import INGEST, LAND, LIVE, METAGEN, PENDING, BatchRecord, Commit
+from bitlake.format.commit import INGEST, LAND, LIVE, METAGEN, PENDING, BatchRecord, Commit, DataFile, KeysFile
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.protocol import RESTATEMENTS
 from bitlake.format.state import TableState
@@ -45,6 +49,27 @@ class IngestResult:
     processed: tuple[str, ...] = ()  # the batch ids the commit made visible, in the order applied
 
 
+class LandedFiles(NamedTuple):
+    """What a landing wrote: the data files and keys files, the records' keys-file rows when the landing kept them,
+    and, while the last files are still being written, what waits for them (:attr:`Landed.writing`)."""
+
+    data: list[DataFile]
+    keys: list[KeysFile]
+    rows: pa.Table | None = None
+    writing: Callable[[], tuple[list[DataFile], list[KeysFile]]] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ChangePlan:
+    """What a change with change rows of its own plans on a snapshot (:func:`commit_changes`): its fold
+    (segments, logs, key-store files and the change rows), the status records of the batches it restates, and
+    the commit's parameters."""
+
+    restatement: Restatement
+    statuses: list[BatchRecord]
+    parameters: dict[str, Any]
+
+
 def check_batch_id(batch_id: str | None) -> str:
     if batch_id is None:
         stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%S")
@@ -69,7 +94,7 @@ def already_committed(io: FileIO, state: TableState, batch_id: str) -> IngestRes
 def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
     """How ``data`` lands: Arrow and pandas input (and a Spark DataFrame small enough for the driver) on this
     machine without Spark, any other Spark DataFrame by a Spark job (:func:`bitlake.spark.landing.landing`).
-    Returns ``land(io, part) -> Landing`` pieces. Checks the input before anything is written."""
+    Returns ``land(io, part) -> LandedFiles``. Checks the input before anything is written."""
     reader = conform.arrow_input(data)
     rows = conform.row_count(data)
     if reader is None and _is_spark_dataframe(data):
@@ -77,7 +102,7 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
 
         reader, rows, land = spark_landing.landing(data, meta, op_column, meta.int_prop("ingest.driver_max_bytes"))
         if land is not None:
-            return lambda io, part: (*land(io, part), None, None)
+            return lambda io, part: LandedFiles(*land(io, part))
     if reader is None:
         raise InvalidInputError(
             f"cannot ingest a {type(data).__name__}: pass a pyarrow Table, RecordBatch or RecordBatchReader, a "
@@ -87,9 +112,9 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
     # A batch of known size that the inline MetaGen will take keeps its records for it.
     keep = meta.keyed and rows is not None and rows <= meta.int_prop("metagen.inline_max_rows")
 
-    def land_here(io: FileIO, part: int):
+    def land_here(io: FileIO, part: int) -> LandedFiles:
         landed = landing.land_local(io, meta, part, op_column is not None, batches, rows, keep=keep)
-        return landed.data, landed.keys, landed.rows, landed.files
+        return LandedFiles(landed.data, landed.keys, landed.rows, landed.files)
 
     return land_here
 
@@ -103,10 +128,10 @@ def land(tx: Transaction, state: TableState, land_fn, batch_id: str, settle: boo
     unless ``settle``, returns while the last of its files are still being written (:meth:`Landed.settled`)."""
     part = tx.claim_part(state)
     faults.point("after_claim")
-    data_files, keys_files, rows, writing = land_fn(tx.io, part)
+    files = land_fn(tx.io, part)
     faults.point("after_landing")
-    records = sum(f.rows for f in data_files) + sum(f.rows for f in keys_files)
-    batch = Landed(batch_id, part, records, tuple(data_files), tuple(keys_files), rows, writing)
+    records = sum(f.rows for f in files.data) + sum(f.rows for f in files.keys)
+    batch = Landed(batch_id, part, records, tuple(files.data), tuple(files.keys), files.rows, files.writing)
     return batch.settled() if settle else batch
 
 
@@ -254,17 +279,18 @@ def commit_landed(tx: Transaction, batch: Landed, *, metagen: bool, inline: bool
 
 def commit_changes(tx: Transaction, operation: str, new: Landed | None, plan, more=None) -> Commit:
     """Commits a change that writes its own change rows (a revert, a replace, a vacuum's deletes, an unkeyed
-    table's DML): ``plan(state, version)`` returns its :class:`bitlake.engine.write.restate.Restatement`, the batch
-    records it changes and its parameters, or raises :class:`Finished`; ``new`` is the batch it makes live;
+    table's DML): ``plan(state, version)`` returns its :class:`ChangePlan`, or raises :class:`Finished`; ``new`` is
+    the batch it makes live;
     ``more(state)`` gives further fields of the commit (a vacuum's)."""
     io = tx.io
 
     def attempt(state: TableState) -> Attempt:
         state.protocol.check_write(io.uri())
-        r, statuses, parameters = plan(state, state.version + 1)
+        planned = plan(state, state.version + 1)
+        r, parameters = planned.restatement, planned.parameters
         changes = changefile.write(io, r.changes)
         c = output_commit(io, state, operation, r.output, live=[new] if new is not None else [], new=new,
-                          statuses=statuses, counts=r.counts, parameters=parameters, features=(RESTATEMENTS,),
+                          statuses=planned.statuses, counts=r.counts, parameters=parameters, features=(RESTATEMENTS,),
                           batch_counts={new.batch_id: r.counts} if new is not None else {},
                           change_files=(changes,),
                           tags={**{k: str(v) for k, v in parameters.items()}, "operation": operation})

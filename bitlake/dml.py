@@ -25,9 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from bitlake import batches
+from bitlake import batches, read
 from bitlake.batches import IngestResult
 from bitlake.engine.read import plan, reader
+from bitlake.engine.write import conform
 from bitlake.engine.write import restate as engine_restate
 from bitlake.engine.write.landing import Landed
 from bitlake.errors import CommitConflictError, InvalidInputError
@@ -36,6 +37,8 @@ from bitlake.format.commit import DELETE, MERGE, UPDATE
 from bitlake.format.metadata import OP_COLUMN
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
+from bitlake.spark.schema import spark_schema
+from bitlake.spark.session import spark_session
 from bitlake.transaction import Finished, Transaction
 
 
@@ -125,7 +128,7 @@ def _unkeyed(tx: Transaction, rids: np.ndarray, new: Landed | None, operation: s
         if not len(still) and new is None:
             raise Finished(DmlResult(len(rids), None, {}))
         r = engine_restate.remove_rows(tx.io, state, still, new, pair=operation == UPDATE)
-        return r, [], {"rows": int(len(rids))}
+        return batches.ChangePlan(r, [], {"rows": int(len(rids))})
 
     try:
         c = batches.commit_changes(tx, operation, new, plan_)
@@ -172,12 +175,7 @@ def _spark_matched(io: FileIO, state: TableState, where: str, assignments: dict[
     from pyspark.errors import AnalysisException, ParseException
     from pyspark.sql import functions as F
 
-    from bitlake import read
-    from bitlake.spark.schema import spark_schema
-
     if spark is None:
-        from bitlake.spark.session import spark_session
-
         spark = spark_session()
     meta = state.metadata
     try:
@@ -344,8 +342,6 @@ def _source_table(source: Any, meta) -> pa.Table:
     """The source rows as an Arrow table (the key and delta columns required; other columns may be left out, and
     an update_all then keeps the target's; columns the table lacks, such as a change feed's op, are there for
     the predicates and written nowhere)."""
-    from bitlake.engine.write import conform
-
     reader_ = conform.arrow_input(source)
     if reader_ is None:
         raise InvalidInputError(f"merge: the source must be a pyarrow Table or a pandas DataFrame, not "

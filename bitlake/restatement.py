@@ -130,7 +130,7 @@ def _restate(tx: Transaction, batch_id: str, new: Landed | None) -> IngestResult
             raise Finished(IngestResult(batch_id, b.restated_version or state.version, False, True, {}))
         r = engine_restate.restate(tx.io, state, removed, new, version)
         records = [BatchRecord(batch_id, removed, REVERTED if new is None else REPLACED)] if removed is not None else []
-        return r, records, {"batch_id": batch_id}
+        return batches.ChangePlan(r, records, {"batch_id": batch_id})
 
     try:
         c = batches.commit_changes(tx, REVERT if new is None else REPLACE, new, plan)
@@ -230,7 +230,7 @@ def _vacuum_plan(io: FileIO, prepared, new: Landed | None, state: TableState, ve
         keys = prepared.purged.select([*meta.primary_key, meta.delta_column, engine_vacuum.ROW_ID]).rename_columns(
             [*meta.primary_key, meta.delta_column, changefile.ROW_ID])
         r.changes = r.changes.join(keys, keys=changefile.ROW_ID, join_type="inner").sort_by(changefile.ORDER)
-    return r, [], {"files_rewritten": len(prepared.rewrites), "rows_purged": prepared.rows_purged}
+    return batches.ChangePlan(r, [], {"files_rewritten": len(prepared.rewrites), "rows_purged": prepared.rows_purged})
 
 
 def _vacuum_fields(prepared, state: TableState) -> dict:
