@@ -28,13 +28,18 @@ from pyspark.sql.datasource import (
 )
 
 from bitlake import read
+from bitlake.batches import already_committed, check_batch_id
 from bitlake.engine.read import changes as changes_mod
-from bitlake.engine.read import reader
+from bitlake.engine.read import plan, reader
 from bitlake.engine.write import landing
+from bitlake.engine.write.conform import Conformer, conformed
+from bitlake.engine.write.landing import Landed
 from bitlake.errors import InvalidInputError, VersionNotFoundError
 from bitlake.format.layout import STAGING_DIR
 from bitlake.format.metadata import OP_COLUMN
-from bitlake.spark.schema import spark_typed
+from bitlake.spark.schema import spark_schema, spark_typed, to_arrow_schema
+from bitlake.table import Table, open_table
+from bitlake.transaction import claim_part
 
 NAME = "bitlake"
 # Files of a view are read in groups of about this many bytes, one task each.
@@ -51,8 +56,6 @@ def register(spark) -> None:
 
 
 def _table(options):
-    from bitlake.table import open_table
-
     path = options.get("path")
     if not path:
         raise InvalidInputError('a bitlake read or write needs the table: .load("<uri>") or .save("<uri>")')
@@ -83,8 +86,6 @@ class BitlakeDataSource(DataSource):
         return NAME
 
     def schema(self):
-        from bitlake.spark.schema import spark_schema
-
         return spark_schema(self._arrow_schema())
 
     def _arrow_schema(self) -> pa.Schema:
@@ -129,7 +130,6 @@ class ViewReader(DataSourceReader):
         t = _table(options)
         version = _int(options, "versionAsOf")
         state, valid_at = read.view(t.io, t.refresh(), version, options.get("timestampAsOf"), options.get("validAt"))
-        from bitlake.engine.read import plan
 
         self.io = t.io
         self.plan = plan.plan(t.io, state, valid_at)
@@ -219,9 +219,6 @@ class StreamWriter(DataSourceStreamArrowWriter):
     ingests them (inline MetaGen) and removes them."""
 
     def __init__(self, options, schema):
-        from bitlake.engine.write.conform import Conformer
-        from bitlake.spark.schema import to_arrow_schema
-
         t = _table(options)
         self.io, self.meta = t.io, t.metadata
         self.op_column = options.get("opColumn")
@@ -232,7 +229,6 @@ class StreamWriter(DataSourceStreamArrowWriter):
         import uuid
 
         from pyspark import TaskContext
-
 
         ctx = TaskContext.get()
         query, epoch = ctx.getLocalProperty("sql.streaming.queryId"), ctx.getLocalProperty("streaming.sql.batchId")
@@ -251,8 +247,6 @@ class StreamWriter(DataSourceStreamArrowWriter):
         return _Staged(query, epoch, [path])
 
     def commit(self, messages, batchId) -> None:  # noqa: N803 - Spark's name
-        from bitlake.table import Table
-
         staged = [m for m in messages if m is not None]
         paths = [p for m in staged for p in m.paths]
         query = next((m.query for m in staged if m.query), None)
@@ -285,8 +279,6 @@ def foreach_batch(path: str, *, op_column: str | None = None, batch_id_prefix: s
         stream.writeStream.foreachBatch(bitlake.foreach_batch("lake/t", op_column="op")).start()
 
     The batch lands as any ingestion of a Spark DataFrame does (collected when small, else a Spark job)."""
-    from bitlake.table import open_table
-
     def apply(df, epoch_id: int) -> None:
         prefix = batch_id_prefix or df.sparkSession.sparkContext.getLocalProperty("sql.streaming.queryId")
         if not prefix:
@@ -318,10 +310,6 @@ class BatchWriter(DataSourceArrowWriter):
     """One write is one batch: a segment part claimed here, landed by the tasks, committed by :meth:`commit`."""
 
     def __init__(self, options, schema):
-        from bitlake import batches, transaction
-        from bitlake.engine.write.conform import Conformer
-        from bitlake.spark.schema import to_arrow_schema
-
         t = _table(options)
         state = t.refresh()
         state.protocol.check_write(t.io.uri())
@@ -330,13 +318,12 @@ class BatchWriter(DataSourceArrowWriter):
         if self.op_column is not None and not self.meta.keyed:
             raise InvalidInputError("an unkeyed (append-only) table takes no opColumn: it has no deletes")
         Conformer(to_arrow_schema(schema), self.meta, self.op_column)  # a schema error before any task runs
-        self.batch_id = batches.check_batch_id(options.get("batchId"))
-        self.done = batches.already_committed(t.io, state, self.batch_id) is not None
-        self.part = None if self.done else transaction.claim_part(t.io, state)
+        self.batch_id = check_batch_id(options.get("batchId"))
+        self.done = already_committed(t.io, state, self.batch_id) is not None
+        self.part = None if self.done else claim_part(t.io, state)
 
     def write(self, iterator):
         from pyspark import TaskContext
-
 
         if self.done:  # the batch id committed before: a retried write applies nothing
             for _ in iterator:
@@ -352,9 +339,6 @@ class BatchWriter(DataSourceArrowWriter):
         return _Landed(run.run(task, rows))
 
     def commit(self, messages) -> None:
-        from bitlake.engine.write.landing import Landed
-        from bitlake.table import Table
-
         if self.done:
             return
         reports = [r for m in messages if m is not None for r in m.reports]
@@ -372,8 +356,6 @@ class BatchWriter(DataSourceArrowWriter):
 def _conformed(iterator, meta, op_column: str | None):
     """A write task's Arrow batches conformed to the table (:func:`bitlake.engine.write.conform.conformed`); None when
     the task has none."""
-    from bitlake.engine.write.conform import conformed
-
     first = next(iterator, None)
     if first is None:
         return None

@@ -38,6 +38,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import bitlake
 from bitlake import cdc
 from bitlake.errors import BitlakeError, InvalidInputError
 from bitlake.format import commitlog
@@ -167,8 +168,6 @@ class PostgresMirror:
         return list(self.key)
 
     def _table(self):
-        import bitlake
-
         key = self.primary_key()
         try:
             t = bitlake.open_table(self.path, self.storage_options)

@@ -15,6 +15,8 @@ from bitlake.format import state as state_mod
 from bitlake.format.metadata import delta_to_int
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
+from bitlake.spark import changes as spark_changes
+from bitlake.spark import reader as spark_reader
 
 
 def view(io: FileIO, latest: TableState, version: int | None, as_of: Any, valid_at: Any
@@ -62,8 +64,6 @@ class View:
 
 
 def to_spark(spark, io: FileIO, state: TableState, valid_at: int | None, include_row_ids: bool):
-    from bitlake.spark import reader as spark_reader
-
     return spark_reader.read(spark, io, plan.plan(io, state, valid_at), include_row_ids)
 
 
@@ -89,8 +89,6 @@ def changes_to_arrow(io: FileIO, p: changes_mod.ChangePlan) -> pa.Table:
 
 
 def changes(spark, io: FileIO, p: changes_mod.ChangePlan):
-    from bitlake.spark import changes as spark_changes
-
     return spark_changes.read_changes(spark, io, p)
 
 

@@ -22,6 +22,8 @@ from bitlake.format.metadata import TableMetadata, normalize_schema
 from bitlake.format.protocol import Protocol
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO, file_io
+from bitlake.spark.schema import to_arrow_schema
+from bitlake.spark.session import spark_session
 
 __all__ = ["IngestResult", "Table", "create_table", "open_table"]
 
@@ -62,8 +64,6 @@ def create_table(
     if isinstance(schema, pa.Schema):
         arrow_schema = normalize_schema(schema)
     else:
-        from bitlake.spark.schema import to_arrow_schema
-
         arrow_schema = to_arrow_schema(schema)
     meta = TableMetadata(
         schema=arrow_schema,
@@ -433,6 +433,4 @@ class Table:
 
 
 def _session():
-    from bitlake.spark.session import spark_session
-
     return spark_session()

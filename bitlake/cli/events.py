@@ -13,17 +13,25 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import bitlake
-from bitlake.errors import InvalidInputError
-
-if TYPE_CHECKING:  # rich (bitlake[cli]), httpx (bitlake[client]) and pyspark are imported where they are used
-    from rich.console import Console
 from bitlake.cli.output import say
+from bitlake.errors import InvalidInputError
+from bitlake.triggers.__main__ import add_token_parser, token_command
+from bitlake.triggers.config import TriggerConfig
+from bitlake.triggers.errors import TriggerServiceError
+from bitlake.triggers.event import encode_events, parse_timestamp
+from bitlake.triggers.incremental import require
+
+# rich (bitlake[cli]), httpx (bitlake[client]), pyspark, and the modules that load them or the trigger service's
+# stack (FastAPI, SQLAlchemy) or the table library are imported where they are used: `bitlake --help` and the
+# commands that need none of them start without them (tests/test_imports.py).
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def cmd_serve(args, out: Console, err: Console) -> None:
     import uvicorn
 
-    from bitlake.triggers import TriggerConfig, create_app
+    from bitlake.triggers.service import create_app  # FastAPI (bitlake[service]): serve alone loads it
 
     config = TriggerConfig.load(args.config)
     if args.db_url:
@@ -45,7 +53,7 @@ def _redacted(db_url: str) -> str:
 def trigger_target(args, *, role: str) -> Iterator[Any]:
     """The service (``--url`` and ``--token``) or the store itself (``--db-url``) a command talks to."""
     if args.db_url:
-        from bitlake.triggers.store import TriggerStore
+        from bitlake.triggers.store import TriggerStore  # SQLAlchemy (bitlake[service]): --db-url alone loads it
 
         with TriggerStore(args.db_url) as store:
             yield store
@@ -56,7 +64,7 @@ def trigger_target(args, *, role: str) -> Iterator[Any]:
         raise InvalidInputError(
             f"name the trigger service with --url and a {role} --token (or $BITLAKE_TRIGGERS_URL and "
             "$BITLAKE_TRIGGERS_TOKEN), or its database with --db-url")
-    from bitlake.triggers.client import Client
+    from bitlake.triggers.client import Client  # httpx (see above)
 
     with Client(url, token) as client:
         yield client
@@ -68,7 +76,7 @@ def _registered(registrations) -> str:
 
 
 def cmd_events_publish(args, out: Console, err: Console) -> None:
-    from bitlake.triggers import publish
+    from bitlake.triggers.publisher import publish  # the table library and httpx
 
     table = bitlake.open_table(args.path)
     with trigger_target(args, role="producer") as target:
@@ -87,8 +95,7 @@ def watch_state_path(kind: str, location: str, table: str | None, target: str) -
 
 
 def make_adapter(args, target: str):
-    from bitlake.triggers.adapters import DeltaAdapter, HiveFolderAdapter, IcebergAdapter
-    from bitlake.triggers.incremental import require
+    from bitlake.triggers.adapters import DeltaAdapter, HiveFolderAdapter, IcebergAdapter  # httpx (the client)
 
     location = args.location
     table: Any = location
@@ -117,8 +124,7 @@ def make_adapter(args, target: str):
 def cmd_events_watch(args, out: Console, err: Console) -> None:
     import httpx
 
-    from bitlake.triggers import TriggerServiceError
-    from bitlake.triggers.publisher import target_id
+    from bitlake.triggers.publisher import target_id  # the table library and httpx
 
     with trigger_target(args, role="producer") as target:
         adapter = make_adapter(args, target_id(target))
@@ -155,9 +161,6 @@ def cmd_events_list(args, out: Console, err: Console) -> None:
     from rich.table import Table as RichTable
     from rich.text import Text
 
-    from bitlake.triggers import encode_events
-    from bitlake.triggers.event import parse_timestamp
-
     if not 1 <= args.limit <= 1000:
         raise InvalidInputError(f"--limit {args.limit}: give 1 to 1000")
     try:
@@ -182,8 +185,6 @@ def cmd_events_list(args, out: Console, err: Console) -> None:
 
 
 def cmd_events_token(args, out: Console, err: Console) -> int:
-    from bitlake.triggers.__main__ import token_command
-
     return token_command(args)
 
 
@@ -247,7 +248,4 @@ def add_parsers(sub) -> None:
     ls.add_argument("--limit", type=int, default=100, help="at most this many (1 to 1000, default 100)")
     ls.add_argument("--json", action="store_true", help="print the events' JSON encoding")
     ls.set_defaults(run=cmd_events_list)
-
-    from bitlake.triggers.__main__ import add_token_parser
-
     add_token_parser(actions).set_defaults(run=cmd_events_token)

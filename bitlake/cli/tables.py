@@ -12,12 +12,16 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 import bitlake
-from bitlake.errors import InvalidInputError
-from bitlake.spark.schema import to_arrow_schema
-
-if TYPE_CHECKING:  # rich (bitlake[cli]), httpx (bitlake[client]) and pyspark are imported where they are used
-    from rich.console import Console
+from bitlake import cdc
 from bitlake.cli.output import _counts, render_history, render_rows, say, step
+from bitlake.errors import InvalidInputError
+from bitlake.mirror import PostgresMirror, lsn_text
+from bitlake.spark.schema import spark_schema, to_arrow_schema
+
+# rich (bitlake[cli]), httpx (bitlake[client]) and pyspark are imported where they are used, and so is the table
+# library (through ``bitlake``'s lazy names, or bitlake.bootstrap): `bitlake --help` starts without them.
+if TYPE_CHECKING:
+    from rich.console import Console
 
 TYPES = {
     "bool": pa.bool_(), "boolean": pa.bool_(),
@@ -115,8 +119,6 @@ def read_input(spark, table: bitlake.Table, paths: list[str], fmt: str):
     left for bitlake to reject (or to serve as the op column).
     """
     from pyspark.sql import functions as F
-
-    from bitlake.spark.schema import spark_schema
 
     if fmt == "parquet":
         return spark.read.parquet(*paths)
@@ -331,8 +333,6 @@ def cmd_revert(args, out: Console, err: Console) -> None:
 
 
 def cmd_cdc(args, out: Console, err: Console) -> None:
-    from bitlake import cdc
-
     table = bitlake.open_table(args.path)
 
     def lines():
@@ -349,8 +349,6 @@ def cmd_cdc(args, out: Console, err: Console) -> None:
 
 
 def cmd_mirror(args, out: Console, err: Console) -> None:
-    from bitlake.mirror import PostgresMirror, lsn_text
-
     def progress(p) -> None:
         if p.changes:
             say(out, f"LSN {lsn_text(p.lsn)}: {p.changes} changes in {p.seconds:.2f} s ({p.changes_per_s:,.0f}/s), "
@@ -407,7 +405,7 @@ def _say_dml(out: Console, r, what: str) -> None:
 
 
 def cmd_convert(args, out: Console, err: Console) -> None:
-    from bitlake.bootstrap import convert
+    from bitlake.bootstrap import convert  # the table library (see above)
 
     with step(err, f"converting {args.source}"):
         r = convert(args.source, args.path, primary_key=_columns(args.primary_key), delta_column=args.delta_column,

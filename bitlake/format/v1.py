@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bitlake.errors import CorruptTableError
+from bitlake.format import layout
 from bitlake.format.commit import (
     LIVE,
     PENDING,
@@ -116,8 +117,6 @@ class _V1Parts:
         return cls._cache.setdefault(io.uri(), cls(io))
 
     def part_of(self, batch_id: str, before: int) -> int:
-        from bitlake.format import layout
-
         while batch_id not in self.parts and self.scanned + 1 < before:
             self.scanned += 1
             path = layout.commit_path(self.scanned)

@@ -9,6 +9,7 @@ from bitlake.engine.read.changes import ORDER, SORT_KEYS, ChangePlan
 from bitlake.format import datafile, rowid
 from bitlake.fs import FileIO
 from bitlake.spark.reader import scan
+from bitlake.spark.schema import spark_delta_as_long, spark_packed, spark_schema
 
 # Row ids broadcast to the data-file scans at most (8 bytes each and a change type).
 BROADCAST_ROWS = 2_000_000
@@ -25,8 +26,6 @@ def _sql_map(pairs) -> str:
 def read_changes(spark, io: FileIO, p: ChangePlan):
     """The plan's change rows, sorted, with ``_commit_timestamp``."""
     from pyspark.sql import functions as F
-
-    from bitlake.spark.schema import spark_delta_as_long, spark_packed, spark_schema
 
     meta = p.state.metadata
     columns = meta.column_names

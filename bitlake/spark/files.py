@@ -15,6 +15,7 @@ import pyarrow as pa
 from bitlake.errors import InvalidInputError
 from bitlake.format import datafile
 from bitlake.fs import FileIO
+from bitlake.spark.schema import spark_schema, spark_typed
 
 
 def require_shared(io: FileIO) -> None:
@@ -31,8 +32,6 @@ class _ReadFiles:
     file_format: str
 
     def __call__(self, batches):
-        from bitlake.spark.schema import spark_typed
-
         for rb in batches:
             for path in rb.column(0).to_pylist():
                 yield from spark_typed(datafile.read_batches(self.io, path, self.schema, self.file_format))
@@ -42,8 +41,6 @@ def read(spark, io: FileIO, paths: list[str], schema: pa.Schema, file_format: st
     """The rows of the files at ``paths`` (relative to the table) as a DataFrame of ``schema``. A partition
     column's values come from the files, which hold them, never from the partition folders' names: Spark would
     decode a folder's escaped UTF-8 bytes one character each, and refuses an empty value."""
-    from bitlake.spark.schema import spark_schema
-
     require_shared(io)
     if io.spark_readable:
         return spark.read.format(file_format).schema(spark_schema(schema)).load([io.uri(p) for p in paths])

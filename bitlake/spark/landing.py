@@ -25,6 +25,7 @@ from bitlake.format.commit import DataFile, KeysFile
 from bitlake.format.metadata import TableMetadata
 from bitlake.pool import thread_map
 from bitlake.spark.files import num_partitions, parallelism, require_shared
+from bitlake.spark.schema import conform_spark_input
 
 
 def landing(data, meta: TableMetadata, op_column: str | None, driver_max_bytes: int):
@@ -44,7 +45,6 @@ def landing(data, meta: TableMetadata, op_column: str | None, driver_max_bytes: 
         return collected.to_reader(), collected.num_rows, None
     if scan is not None:
         return None, None, lambda io, part: scan.land(data.sparkSession, io, meta, part, op_column)
-    from bitlake.spark.schema import conform_spark_input
 
     df = conform_spark_input(data, meta, op_column)
     return None, None, lambda io, part: land(df, io, meta, part, op_column is not None)

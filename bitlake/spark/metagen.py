@@ -39,6 +39,7 @@ from bitlake.format.metadata import TableMetadata
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.spark import files as spark_files
+from bitlake.spark.schema import spark_schema, spark_typed
 
 
 def run(spark, io: FileIO, state: TableState, batches: list[Landed], version: int) -> MetaGenOutput:
@@ -120,8 +121,6 @@ def _records(spark, io: FileIO, meta: TableMetadata, batches: list[Landed]):
     driver's own code (:func:`bitlake.format.datafile.keys_of`) in the tasks, and their keys files' deletes.
     None when they have none."""
     from pyspark.sql import functions as F
-
-    from bitlake.spark.schema import spark_schema, spark_typed
 
     keys_schema = spark_schema(datafile.keys_schema(meta))
     parts = []

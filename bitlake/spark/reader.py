@@ -26,6 +26,8 @@ from bitlake.format import bitmap, datafile, rowid
 from bitlake.format.commit import DataFile, SegmentState
 from bitlake.fs import FileIO
 from bitlake.spark import files as spark_files
+from bitlake.spark import jar
+from bitlake.spark.schema import spark_delta_as_long, spark_packed, spark_schema
 
 DRIVER_EXPANSION_ROWS = 2_000_000
 # The row filter's literal at most this big (a 10 % churn of 60M rows: 7.5 MB, a bit a row of the files).
@@ -48,9 +50,6 @@ def _filtered(spark, io: FileIO, p: ReadPlan):
     """The plan's filtered files, scanned and filtered by bitlake's row filter; None when the session lacks it
     or the dropped offsets' bitmaps are too big for a literal."""
     from pyspark.sql import functions as F
-
-    from bitlake.spark import jar
-    from bitlake.spark.schema import spark_packed
 
     if not jar.register(spark):
         return None
@@ -98,8 +97,6 @@ def scan(spark, io: FileIO, meta, files: list[DataFile]):
 def read(spark, io: FileIO, p: ReadPlan, include_row_ids: bool = False):
     """The view ``p`` plans, as a Spark DataFrame."""
     from pyspark.sql import functions as F
-
-    from bitlake.spark.schema import spark_delta_as_long, spark_packed, spark_schema
 
     meta = p.state.metadata
     columns = meta.column_names + (list(rowid.ROW_ID_COLUMNS) if include_row_ids else [])

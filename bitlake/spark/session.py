@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from bitlake.errors import BitlakeError
+from bitlake.spark import jar
 
 
 def check_java() -> None:
@@ -53,7 +54,6 @@ def spark_session(master: str | None = None, app_name: str = "bitlake", **conf: 
         # (docs/benchmarks.md, "Design measurements", "Spark reads").
         .config("spark.sql.sources.parallelPartitionDiscovery.threshold", "512")
     )
-    from bitlake.spark import jar
 
     own = jar.jar_path()  # bitlake's row filter (reads of tables with invalid rows)
     if own is not None:

@@ -59,6 +59,8 @@ with DAG(
     def read_changes(events: list[dict[str, Any]], params: dict[str, Any] | None = None) -> dict[str, Any]:
         """The Spark job: the changed rows of exactly the range the events cover."""
         assert params is not None  # Airflow passes the run's params
+        # Imported in the task, as Airflow advises: the scheduler parses this file often, and only the worker
+        # running the task needs Spark (and bitlake's read_changes, whose name this task takes).
         from pyspark.sql import SparkSession
 
         import bitlake

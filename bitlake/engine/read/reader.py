@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from bitlake.engine.read.plan import ReadPlan
+from bitlake.errors import InvalidInputError
 from bitlake.format import bitmap, datafile, rowid
 from bitlake.format.commit import DataFile
 from bitlake.format.metadata import deltas_as_int
@@ -32,8 +33,6 @@ def output_schema(p: ReadPlan, columns: list[str] | None = None, include_row_ids
     schema = datafile.data_schema(meta)
     unknown = [c for c in names if c not in schema.names]
     if unknown:
-        from bitlake.errors import InvalidInputError
-
         raise InvalidInputError(f"columns {unknown} are not in the table; it has {meta.column_names}")
     return pa.schema([schema.field(c) for c in names])
 

@@ -26,6 +26,7 @@ from pyroaring import BitMap
 
 from bitlake.engine.keys import keycache
 from bitlake.engine.keys.keyencoding import ascending, encode_keys, fixed_width, int64_values, key_codes
+from bitlake.engine.keys.keyindex import stages
 from bitlake.engine.write.landing import Landed
 from bitlake.format import bitmap, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format.commit import BucketFile, DataFile, LogFile, SegmentState
@@ -225,8 +226,6 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     """The inline MetaGen. ``index`` (an open :class:`bitlake.engine.keys.keyindex.KeyIndex` at ``state``, or None)
     answers the batch's keys by point lookups when they are few against the key-store rows of their
     buckets; otherwise, or without an index, the driver semi-joins them with those buckets' files."""
-    from bitlake.engine.keys.keyindex import stages
-
     meta = state.metadata
     unread = [b for b in batches if b.rows is None]
     reads = [(datafile.read_upserts, f.path) for b in unread for f in b.data_files]
