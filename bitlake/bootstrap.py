@@ -149,8 +149,8 @@ def _lance(location: str) -> Source:
 _OPENERS = {"parquet": _parquet, "delta": _delta, "iceberg": _iceberg, "lance": _lance}
 
 
-def convert(source: str, path: str, *, primary_key: list[str] | None = None, delta_column: str | None = None,
-            partition_by: list[str] | None = None, source_kind: str | None = None, name: str | None = None,
+def convert(source: str, path: str, *, primary_key: str | list[str] | None = None, delta_column: str | None = None,
+            partition_by: str | list[str] | None = None, source_kind: str | None = None, name: str | None = None,
             num_buckets: int = 16, properties: dict[str, str] | None = None,
             batch_id: str = "convert", storage_options: dict[str, str] | None = None) -> ConvertResult:
     """Creates a table at ``path`` holding the dataset at ``source`` as its first batch.
@@ -168,6 +168,8 @@ def convert(source: str, path: str, *, primary_key: list[str] | None = None, del
         raise InvalidInputError(f"{io.uri()} is not empty: convert into a new or empty folder")
     existed = io.exists()
     schema = normalize_schema(src.schema)  # dictionary, large and nested types as a table stores them
+    if isinstance(primary_key, str):
+        primary_key = [primary_key]
     missing = [c for c in [*(primary_key or []), *([delta_column] if delta_column else [])] if c not in schema.names]
     if missing:
         raise InvalidInputError(f"columns {missing} are not in the source's schema {schema.names}")

@@ -33,9 +33,9 @@ def create_table(
     schema: Any,
     *,
     name: str | None = None,
-    primary_key: list[str] | None = None,
+    primary_key: str | list[str] | None = None,
     delta_column: str | None = None,
-    partition_by: list[str] | None = None,
+    partition_by: str | list[str] | None = None,
     file_format: str = "parquet",
     num_buckets: int = 16,
     properties: dict[str, str] | None = None,
@@ -48,7 +48,8 @@ def create_table(
             ``memory://`` URI (docs/storage.md); it must not hold a table yet.
         schema: a pyarrow.Schema or a Spark StructType.
         name: the table's logical name, which its Data Change Events carry (default: the folder's name).
-        primary_key: key columns; with ``delta_column`` makes the table keyed (upserts, deletes).
+        primary_key: key columns (or one column's name); with ``delta_column`` makes the table keyed (upserts,
+            deletes).
         delta_column: the column that orders a key's records (a timestamp, date or integer).
         partition_by: columns whose values become Hive-style folders; the key store stays global.
         file_format: ``parquet`` or ``orc``.
@@ -67,9 +68,9 @@ def create_table(
         arrow_schema = to_arrow_schema(schema)
     meta = TableMetadata(
         schema=arrow_schema,
-        primary_key=tuple(primary_key or ()),
+        primary_key=_columns(primary_key),
         delta_column=delta_column,
-        partition_by=tuple(partition_by or ()),
+        partition_by=_columns(partition_by),
         file_format=file_format,
         num_buckets=num_buckets,
         properties={k: str(v) for k, v in (properties or {}).items()},
@@ -85,6 +86,11 @@ def create_table(
     except FileExistsError:
         raise TableExistsError(f"{io.uri()} already holds a bitlake table") from None
     return Table(io)
+
+
+def _columns(names: str | list[str] | None) -> tuple[str, ...]:
+    """Column names given as a list, or one name as a string (``primary_key="id"``, lance's habit)."""
+    return (names,) if isinstance(names, str) else tuple(names or ())
 
 
 def _default_name(io: FileIO) -> str:

@@ -90,3 +90,4 @@ def test_a_compaction_whose_input_a_vacuum_deleted_plans_again(tmp_path):
     assert r.version == t.version
     assert sorted(x["k"] for x in t.to_arrow().to_pylist()) == [1, 11, 21]
     assert read_all(path)  # every version reads
+

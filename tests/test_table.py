@@ -360,3 +360,11 @@ def test_a_type_the_file_format_cannot_store_is_refused_at_creation(tmp_path):
     with pytest.raises(bitlake.InvalidInputError, match="'iv' has type month_day_nano_interval, which parquet"):
         t.add_columns([pa.field("iv", pa.month_day_nano_interval())])
     assert t.version == 0
+
+
+def test_one_key_column_may_be_given_by_its_name(tmp_path):
+    """``primary_key="id"`` (lance's habit) is the column id, not the columns i and d."""
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key="id", delta_column="mod", partition_by="name")
+    assert (t.metadata.primary_key, t.metadata.partition_by) == (("id",), ("name",))
+    t.ingest(batch([1, 2], ["a", "b"], [1, 1]))
+    assert sorted(r["id"] for r in t.to_arrow().to_pylist()) == [1, 2]
