@@ -49,7 +49,7 @@ REPLACEMENTS = {"b1": R1}
 
 # case -> (crash point, what the writer does): "ingest" (metagen=True), "land" (metagen=False), or
 # "metagen" (b1 already landed pending; the writer runs Table.metagen()).
-INGEST_POINTS = [p for p in faults.POINTS if p != "after_compaction_write"]
+INGEST_POINTS = [p for p in faults.POINTS if p not in ("after_compaction_write", "in_cleanup")]
 CASES = {f"ingest-{p}": (p, "ingest") for p in INGEST_POINTS}
 CASES["land-after_landing"] = ("after_landing", "land")
 CASES["metagen-before_commit"] = ("before_commit", "metagen")
