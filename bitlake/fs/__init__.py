@@ -13,6 +13,9 @@ suite, ``tests/test_fileio_contract.py``, checks them for each registered implem
 * ``listdir`` and ``walk`` return names sorted by their UTF-8 bytes; missing folders list as empty.
 * Reading a missing file raises :class:`FileNotFoundError`; deleting one does nothing.
 * Files are never modified in place.
+* A file is durable once the call that wrote it returns (``open_output``: once the stream is closed), and so is
+  its name: a commit never names a file that a power loss can take back. An object store's acknowledged PUT
+  is; :class:`LocalFileIO` fsyncs the file, its folder, and the parent of every folder it creates.
 
 Instances are small, picklable values (Spark tasks receive them), equal when they name the same base.
 Local paths and ``file://`` URIs are :class:`LocalFileIO`; ``s3://``, ``gs://``, ``az://`` and ``memory://``
@@ -25,11 +28,18 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Callable
+from typing import TypeVar
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 
 from bitlake.errors import InvalidInputError
+
+_T = TypeVar("_T")
+
+# Whether LocalFileIO fsyncs what it writes. BITLAKE_FSYNC=0 turns it off, for throwaway tables and for measuring
+# what durability costs (docs/benchmarks.md, "Durability (fsync) cost"): a power loss may then lose committed data.
+FSYNC = os.environ.get("BITLAKE_FSYNC", "1") != "0"
 
 
 class FileIO:
@@ -129,13 +139,12 @@ class LocalFileIO(FileIO):
         return os.path.getmtime(self._path(rel))
 
     def _write_tmp(self, rel: str, data: bytes) -> str:
-        directory = os.path.dirname(self._path(rel))
-        os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
-        with open(tmp, "wb") as f:
+        tmp = os.path.join(os.path.dirname(self._path(rel)), f".tmp-{uuid.uuid4().hex}")
+        with _create(tmp, lambda p: open(p, "wb")) as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            if FSYNC:
+                os.fsync(f.fileno())
         return tmp
 
     def put_if_absent(self, rel: str, data: bytes) -> None:
@@ -146,7 +155,8 @@ class LocalFileIO(FileIO):
             os.link(tmp, self._path(rel))
         finally:
             os.unlink(tmp)
-        _fsync_dir(os.path.dirname(self._path(rel)))
+        if FSYNC:
+            _fsync_dir(os.path.dirname(self._path(rel)))
 
     def write_atomic(self, rel: str, data: bytes) -> None:
         tmp = self._write_tmp(rel, data)
@@ -155,18 +165,17 @@ class LocalFileIO(FileIO):
         except BaseException:
             os.unlink(tmp)
             raise
-        _fsync_dir(os.path.dirname(self._path(rel)))
+        if FSYNC:
+            _fsync_dir(os.path.dirname(self._path(rel)))
 
     def open_input(self, rel: str) -> pa.NativeFile:
         return pa.memory_map(self._path(rel))
 
     def open_output(self, rel: str) -> pa.NativeFile:
         path = self._path(rel)
-        try:
-            file = pa.OSFile(path, "wb")
-        except FileNotFoundError:  # its folder is new (a folder is made once, not checked at every file)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            file = pa.OSFile(path, "wb")
+        file = _create(path, lambda p: pa.OSFile(p, "wb"))
+        if FSYNC:
+            return _DurableOutput(file, os.path.dirname(path))
         # Writers of Parquet and ORC issue many small writes: one system call each without a buffer.
         return pa.BufferedOutputStream(file, buffer_size=1 << 20)
 
@@ -195,10 +204,86 @@ class LocalFileIO(FileIO):
         for dirpath, _, _ in sorted(os.walk(root), key=lambda w: -len(w[0])):
             if dirpath != root and not os.listdir(dirpath):
                 os.rmdir(dirpath)
+                _forget_durable_folders()
 
 
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+class _DurableOutput(pa.BufferedOutputStream):
+    """A new local file that is on disk once closed, under its name: the file is fsynced, then its folder, which
+    holds the name. The folder is fsynced for every file: its fsyncs from before this file was created do not
+    cover the file's entry (what the fsyncs cost: docs/benchmarks.md, "Durability (fsync) cost")."""
+
+    def __init__(self, file: pa.OSFile, folder: str):
+        # Writers of Parquet and ORC issue many small writes: one system call each without a buffer.
+        super().__init__(file, buffer_size=1 << 20)
+        self._file, self._folder = file, folder
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        try:
+            self.flush()
+            os.fsync(self._file.fileno())
+        finally:
+            super().close()
+        _fsync_dir(self._folder)
+
+
+# Folders whose entries, and those of all their ancestors, this process has fsynced after they existed: a file's
+# name survives a power loss only if every folder on its path does, so each new folder's parent is fsynced once,
+# when this process first writes under it, and not again for the folder's next files. A folder removed meanwhile
+# clears the set (remove_empty_dirs, or an open that finds its folder gone), so a folder made again is fsynced
+# again; a folder another process removes and makes again is fsynced by that process.
+_durable_folders: set[str] = set()
+
+
+def _forget_durable_folders() -> None:
+    _durable_folders.clear()
+
+
+def _make_durable_folder(folder: str) -> None:
+    """Makes ``folder`` and its missing ancestors, and fsyncs the parent of each folder on its path that is not
+    known durable yet, the folders this process did not create included (another writer may have created one
+    and not fsynced its parent yet)."""
+    chain = []
+    while folder not in _durable_folders and os.path.dirname(folder) != folder:
+        chain.append(folder)
+        folder = os.path.dirname(folder)
+    for folder in reversed(chain):
+        if not os.path.isdir(folder):
+            try:
+                os.mkdir(folder)
+            except FileExistsError:
+                if not os.path.isdir(folder):
+                    raise
+        _fsync_dir(os.path.dirname(folder), may_be_unreadable=True)
+        _durable_folders.add(folder)
+
+
+def _create(path: str, opener: Callable[[str], _T]) -> _T:
+    """``opener(path)`` for a new file, with its folder made first (durable when FSYNC)."""
+    folder = os.path.dirname(path)
+    if FSYNC and folder not in _durable_folders:
+        _make_durable_folder(folder)
+    try:
+        return opener(path)
+    except FileNotFoundError:  # its folder is new, or was removed (a folder is made once, not checked per file)
+        if FSYNC:
+            _forget_durable_folders()
+            _make_durable_folder(folder)
+        else:
+            os.makedirs(folder, exist_ok=True)
+        return opener(path)
+
+
+def _fsync_dir(directory: str, *, may_be_unreadable: bool = False) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except PermissionError:
+        # A folder this process may enter but not read (mode 711, a home folder say) cannot be fsynced by it:
+        # only ancestors it found in place can be such, never the folders of the files it writes.
+        if may_be_unreadable:
+            return
+        raise
     try:
         os.fsync(fd)
     finally:
