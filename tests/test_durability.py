@@ -152,3 +152,15 @@ def test_every_file_of_a_committed_table_is_durable(tmp_path, fsyncs):
     not_named = [p for p in files if not fsyncs.name_is_durable(t.io.local_path(p))]
     assert not_synced == [] and not_named == []
     assert sorted(r["id"] for r in t.to_arrow().to_pylist()) == [2, 3, 4]
+
+
+def test_a_delete_is_durable(tmp_path, fsyncs):
+    """A vacuum's delete erases rows (a GDPR erasure): the folder is fsynced once the name is gone."""
+    io = LocalFileIO(str(tmp_path / "table"))
+    io.write_atomic("data/f.parquet", b"secret")
+    io.write_atomic("data/g.parquet", b"kept")
+    io.delete("data/f.parquet")
+    assert fsyncs.of(tmp_path / "table/data")[-1] == {"g.parquet"}
+    calls = len(fsyncs.calls)
+    io.delete("data/f.parquet")  # gone already: nothing to make durable
+    assert len(fsyncs.calls) == calls

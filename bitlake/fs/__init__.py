@@ -194,10 +194,13 @@ class LocalFileIO(FileIO):
         return sorted(out, key=lambda n: n.encode())
 
     def delete(self, rel: str) -> None:
+        path = self._path(rel)
         try:
-            os.unlink(self._path(rel))
+            os.unlink(path)
         except FileNotFoundError:
-            pass
+            return
+        if FSYNC:  # a vacuum's delete erases data (a GDPR erasure): it must not come back after a power loss
+            _fsync_dir(os.path.dirname(path))
 
     def remove_empty_dirs(self, rel: str) -> None:
         root = self._path(rel)
