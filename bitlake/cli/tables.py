@@ -426,14 +426,26 @@ def cmd_upgrade(args, out: Console, err: Console) -> None:
         say(out, f"upgraded {args.path} to format v2 in version {version}")
 
 
-def add_parsers(sub) -> None:
-    """The table commands' sub-parsers."""
-    path_help = "the table's folder (or file:// URI)"
-    mode_help = ("how MetaGen runs: inline on the driver with the RocksDB key index, a Spark job, or auto "
-                 "(inline up to the table's metagen.inline_max_rows records; default)")
+_PATH_HELP = "the table's folder (or file:// URI)"
+_METAGEN_MODE_HELP = ("how MetaGen runs: inline on the driver with the RocksDB key index, a Spark job, or auto "
+                      "(inline up to the table's metagen.inline_max_rows records; default)")
 
+
+def add_parsers(sub) -> None:
+    """The table commands' sub-parsers, a group at a time in the order ``bitlake --help`` lists them."""
+    _add_write_parsers(sub)
+    _add_read_parsers(sub)
+    _add_maintenance_parsers(sub)
+    _add_row_removal_parsers(sub)
+    _add_change_capture_parsers(sub)
+    _add_restatement_parsers(sub)
+    _add_conversion_parsers(sub)
+
+
+def _add_write_parsers(sub) -> None:
+    """create, ingest, metagen: a table's creation and its batches' two steps, landing and MetaGen."""
     c = sub.add_parser("create", help="create a table")
-    c.add_argument("path", help=path_help)
+    c.add_argument("path", help=_PATH_HELP)
     c.add_argument("--schema", required=True,
                    help='"name:type,..." (e.g. "id:int64,name:string,mod:timestamp") or a JSON file')
     c.add_argument("--primary-key", help="comma-separated key columns (then --delta-column is needed too)")
@@ -445,20 +457,23 @@ def add_parsers(sub) -> None:
     c.set_defaults(run=cmd_create)
 
     i = sub.add_parser("ingest", help="ingest one batch from Parquet, CSV or JSON-lines files")
-    i.add_argument("path", help=path_help)
+    i.add_argument("path", help=_PATH_HELP)
     _batch_input_args(i, "files (or folders) of one batch, all one format")
     i.add_argument("--batch-id", help="the batch id; re-ingesting a committed id does nothing")
     i.add_argument("--no-metagen", action="store_true", help="land only; `bitlake metagen` makes it visible")
-    i.add_argument("--metagen-mode", choices=list(METAGEN_MODES), default="auto", help=mode_help)
+    i.add_argument("--metagen-mode", choices=list(METAGEN_MODES), default="auto", help=_METAGEN_MODE_HELP)
     i.set_defaults(run=cmd_ingest)
 
     m = sub.add_parser("metagen", help="make every pending batch visible")
-    m.add_argument("path", help=path_help)
-    m.add_argument("--metagen-mode", choices=list(METAGEN_MODES), default="auto", help=mode_help)
+    m.add_argument("path", help=_PATH_HELP)
+    m.add_argument("--metagen-mode", choices=list(METAGEN_MODES), default="auto", help=_METAGEN_MODE_HELP)
     m.set_defaults(run=cmd_metagen)
 
+
+def _add_read_parsers(sub) -> None:
+    """show, changes, history, describe: the commands that only read."""
     s = sub.add_parser("show", help="print the first rows of the current view")
-    s.add_argument("path", help=path_help)
+    s.add_argument("path", help=_PATH_HELP)
     s.add_argument("--limit", type=row_count, default=20, help="rows to print (default 20)")
     s.add_argument("--row-ids", action="store_true", help="also print the row-id columns")
     s.add_argument("--version", type=int, help="the table as committed at this version")
@@ -467,7 +482,7 @@ def add_parsers(sub) -> None:
     s.set_defaults(run=cmd_show)
 
     ch = sub.add_parser("changes", help="print the change feed of a version range")
-    ch.add_argument("path", help=path_help)
+    ch.add_argument("path", help=_PATH_HELP)
     ch.add_argument("--start-version", type=int, required=True, help="exclusive start of the range")
     ch.add_argument("--end-version", type=int, help="inclusive end of the range (default: latest)")
     ch.add_argument("--change-types", help="comma-separated: insert,update_preimage,update_postimage,delete")
@@ -475,23 +490,26 @@ def add_parsers(sub) -> None:
     ch.set_defaults(run=cmd_changes)
 
     h = sub.add_parser("history", help="list the commits, newest first")
-    h.add_argument("path", help=path_help)
+    h.add_argument("path", help=_PATH_HELP)
     h.add_argument("--json", action="store_true", help="print JSON instead of a table")
     h.set_defaults(run=cmd_history)
 
     d = sub.add_parser("describe", help="print the table's metadata and sizes as JSON")
-    d.add_argument("path", help=path_help)
+    d.add_argument("path", help=_PATH_HELP)
     d.set_defaults(run=cmd_describe)
 
+
+def _add_maintenance_parsers(sub) -> None:
+    """cleanup, compact, maintain: the commands that rewrite or remove a table's files and keep its current view."""
     k = sub.add_parser("cleanup", help="remove files no commit references (leftovers of failed jobs)")
-    k.add_argument("path", help=path_help)
+    k.add_argument("path", help=_PATH_HELP)
     k.add_argument("--min-age-seconds", type=float, default=3600.0,
                    help="keep younger files: a running job may still commit them (default 3600)")
     k.add_argument("--dry-run", action="store_true", help="list the files without removing them")
     k.set_defaults(run=cmd_cleanup)
 
     m = sub.add_parser("compact", help="rewrite small data files and those with many superseded rows")
-    m.add_argument("path", help=path_help)
+    m.add_argument("path", help=_PATH_HELP)
     m.add_argument("--target-file-bytes", type=int, help="size of the files written (default: table property)")
     m.add_argument("--dry-run", action="store_true", help="say what would be rewritten, rewrite nothing")
     m.add_argument("--major", action="store_true",
@@ -501,29 +519,36 @@ def add_parsers(sub) -> None:
     m.set_defaults(run=cmd_compact)
 
     mt = sub.add_parser("maintain", help="run the compactions and cleanup the table's metrics call for")
-    mt.add_argument("path", help=path_help)
+    mt.add_argument("path", help=_PATH_HELP)
     mt.add_argument("--dry-run", action="store_true", help="print the plan and its expected gain, change nothing")
     mt.add_argument("--min-age-seconds", type=float, default=3600.0,
                     help="cleanup keeps younger files (default 3600)")
     mt.set_defaults(run=cmd_maintain)
 
+
+def _add_row_removal_parsers(sub) -> None:
+    """tombstone, vacuum, revert: rows out of the views by value (a tombstone, which a vacuum then erases from
+    the files) or by batch."""
     tb = sub.add_parser("tombstone", help="hide the rows committed so far whose column holds one of the values")
-    tb.add_argument("path", help=path_help)
+    tb.add_argument("path", help=_PATH_HELP)
     tb.add_argument("--column", required=True, help="the column the values are of")
     tb.add_argument("--values", required=True, help="comma-separated values (read as the column's type)")
     tb.set_defaults(run=cmd_tombstone)
 
     va = sub.add_parser("vacuum", help="remove the rows tombstones hide from every file, and retire the tombstones")
-    va.add_argument("path", help=path_help)
+    va.add_argument("path", help=_PATH_HELP)
     va.set_defaults(run=cmd_vacuum)
 
     rv = sub.add_parser("revert", help="revert a batch: every view from now on as if it had never been ingested")
-    rv.add_argument("path", help=path_help)
+    rv.add_argument("path", help=_PATH_HELP)
     rv.add_argument("batch_id", help="the batch id to revert")
     rv.set_defaults(run=cmd_revert)
 
+
+def _add_change_capture_parsers(sub) -> None:
+    """cdc, mirror: the commands that apply another system's changes (Debezium events, PostgreSQL's WAL)."""
     cd = sub.add_parser("cdc", help="apply Debezium change events (JSON lines of Kafka messages or envelopes)")
-    cd.add_argument("path", help=path_help)
+    cd.add_argument("path", help=_PATH_HELP)
     cd.add_argument("inputs", nargs="+", help="files of JSON lines, applied in order")
     cd.add_argument("--batch-id", help="the batch id (a retry with the same id is a no-op)")
     cd.add_argument("--position", choices=["lsn", "ts_ms"], default="lsn",
@@ -545,24 +570,30 @@ def add_parsers(sub) -> None:
     mi.add_argument("--until-caught-up", action="store_true", help="stop once nothing is left to apply")
     mi.set_defaults(run=cmd_mirror)
 
+
+def _add_restatement_parsers(sub) -> None:
+    """replace, delete, update: the commands that rewrite committed rows (a batch, or rows a condition picks)."""
     rp = sub.add_parser("replace", help="revert a batch and ingest new records under its id, in one commit")
-    rp.add_argument("path", help=path_help)
+    rp.add_argument("path", help=_PATH_HELP)
     rp.add_argument("batch_id", help="the batch id to replace")
     _batch_input_args(rp, "files (or folders) of the new records, all one format")
     rp.set_defaults(run=cmd_replace)
 
     de = sub.add_parser("delete", help="delete the current rows a Spark SQL condition holds for")
-    de.add_argument("path", help=path_help)
+    de.add_argument("path", help=_PATH_HELP)
     de.add_argument("--where", required=True, help="a Spark SQL condition, e.g. \"region = 'EU'\"")
     de.set_defaults(run=cmd_delete)
 
     up = sub.add_parser("update", help="set columns of the current rows a Spark SQL condition holds for")
-    up.add_argument("path", help=path_help)
+    up.add_argument("path", help=_PATH_HELP)
     up.add_argument("--where", required=True, help="a Spark SQL condition")
     up.add_argument("--set", action="append", required=True, metavar="COLUMN=EXPRESSION",
                     help="a column and its new value as a Spark SQL expression (repeatable)")
     up.set_defaults(run=cmd_update)
 
+
+def _add_conversion_parsers(sub) -> None:
+    """convert, upgrade: the commands that make a bitlake table of another format, or of an older one."""
     v = sub.add_parser("convert",
                        help="create a table from a Parquet folder, a Delta or Iceberg table or a lance dataset")
     v.add_argument("source", help="the dataset's folder (or Parquet file, or Iceberg metadata JSON file)")
@@ -576,7 +607,7 @@ def add_parsers(sub) -> None:
     v.set_defaults(run=cmd_convert)
 
     u = sub.add_parser("upgrade", help="upgrade a format v1 table to format v2 (one commit)")
-    u.add_argument("path", help=path_help)
+    u.add_argument("path", help=_PATH_HELP)
     u.set_defaults(run=cmd_upgrade)
 
 

@@ -64,104 +64,150 @@ class LandTask:
     def cut(self, task: int, batches: Iterable[pa.RecordBatch]) -> _Cut:
         """Takes ``batches`` into task ``task``'s files, checked and with their row ids, and keeps their keys-file
         rows (``keep``); what is still buffered is encoded when the result is closed."""
-        meta = TableMetadata.from_json(self.metadata)
-        checked = list(meta.primary_key) + ([meta.delta_column] if meta.delta_column else [])
-        # Columns the schema declares non-nullable: checked in the rows that are stored (a delete stores none).
-        required = [f.name for f in meta.schema if not f.nullable and f.name not in checked]
-        nulls = dict.fromkeys(checked + required, 0)
-        bad_ops, bad_sample, infinite = 0, None, 0
-        bad_values: str | None = None
-        writers: dict[tuple, tuple[datafile.FileWriter, dict | None, int]] = {}
-        seq, offset = task, 0
-        kept: list[pa.Table] = []
-
-        def writer(kind: str, partition: dict | None) -> datafile.FileWriter:
-            key = (kind, json.dumps(partition), seq)
-            if key not in writers:
-                stem = layout.file_stem(self.part, seq)
-                if kind == "data":
-                    w = datafile.data_writer(self.io, layout.data_file_path(stem, partition, meta.file_format), meta)
-                else:
-                    w = datafile.keys_writer(self.io, layout.keys_file_path(stem), meta)
-                writers[key] = (w, partition, seq)
-            return writers[key][0]
-
+        cutter = _Cutter(self, TableMetadata.from_json(self.metadata), task)
         for rb in batches:
-            table = pa.Table.from_batches([rb])
-            start = 0
-            while start < table.num_rows:
-                if offset > rowid.MAX_OFFSET:
-                    seq += self.num_tasks
-                    offset = 0
-                    if seq > rowid.MAX_SEQ:
-                        raise InvalidInputError("batch too large: more segments than segment_seq can number")
-                n = min(table.num_rows - start, rowid.MAX_OFFSET + 1 - offset)
-                chunk = table.slice(start, n)
-                start += n
-                for c in checked:
-                    nulls[c] += chunk.column(c).null_count
-                offsets = np.arange(offset, offset + n, dtype=np.int32)
-                offset += n
-                chunk = chunk.append_column(rowid.PART_COLUMN, pa.array(np.full(n, self.part, np.int32)))
-                chunk = chunk.append_column(rowid.SEQ_COLUMN, pa.array(np.full(n, seq, np.int32)))
-                chunk = chunk.append_column(rowid.OFFSET_COLUMN, pa.array(offsets))
-                is_delete = None
-                if self.has_op:
-                    op = chunk.column(OP_COLUMN)
-                    known = pc.fill_null(pc.is_in(op, pa.array(OPERATIONS)), False)
-                    if not pc.all(known).as_py():
-                        unknown = chunk.filter(pc.invert(known)).column(OP_COLUMN)
-                        bad_ops += len(unknown)
-                        if bad_sample is None:
-                            bad_sample = repr(unknown[0].as_py())
-                    is_delete = pc.fill_null(pc.equal(op, "delete"), False)
-                if meta.keyed:
-                    deltas = deltas_as_int(chunk.column(meta.delta_column), meta.delta_type)
-                    infinite += int(np.count_nonzero(deltas == DELTA_INFINITY))
-                    if is_delete is not None and pc.any(is_delete).as_py():
-                        mask = is_delete.to_numpy(zero_copy_only=False)
-                        deletes = _deletes(chunk.filter(is_delete), offsets[mask], deltas[mask], self.part, seq, meta)
-                        writer("keys", None).write(deletes)
-                        kept.append(deletes)
-                if is_delete is not None:
-                    chunk = chunk.filter(pc.invert(is_delete))
-                missing = {c: chunk.column(c).null_count for c in required}
-                if any(missing.values()):  # the batch is refused: nothing of it is written
-                    for c, n in missing.items():
-                        nulls[c] += n
-                    continue
-                if any(chunk.column(c).null_count for c in checked):
-                    continue  # counted above: the batch is refused (a non-nullable key field would fail the cast)
-                try:
-                    chunk = chunk.select(datafile.data_schema(meta).names).cast(datafile.data_schema(meta))
-                except (pa.ArrowInvalid, pa.ArrowTypeError) as e:  # a value the table's type cannot hold
-                    bad_values = bad_values or str(e).splitlines()[0]
-                    continue
-                if chunk.num_rows == 0:
-                    continue
-                if self.keep and meta.keyed:
-                    kept.append(datafile.keys_of(chunk.select(datafile.upsert_columns(meta)), meta))
-                if not meta.partition_by:
-                    writer("data", None).write(chunk)
-                    continue
-                groups = chunk.group_by(list(meta.partition_by), use_threads=False).aggregate([])
-                for values in groups.to_pylist():
-                    mask = None
-                    for col, value in values.items():
-                        m = pc.is_null(chunk.column(col)) if value is None else pc.equal(chunk.column(col), value)
-                        m = pc.fill_null(m, False)
-                        mask = m if mask is None else pc.and_(mask, m)
-                    texts = {c: layout.partition_text(v) for c, v in values.items()}
-                    writer("data", texts).write(chunk.filter(mask))
-            if sum(w.buffered_bytes for w, _, _ in writers.values()) > TASK_BUFFER_BYTES:
-                for w, _, _ in writers.values():
-                    w.flush()
-
+            cutter.take(pa.Table.from_batches([rb]))
+            cutter.flush_if_full()
         if self.keep:
-            self.kept[task] = kept
-        check = _report(kind="check", seq=task, nulls=json.dumps(nulls), bad_ops=bad_ops, bad_op_sample=bad_sample,
-                        infinite_deltas=infinite, bad_values=bad_values)
-        return _Cut([(kind, *w) for (kind, _, _), w in writers.items()], check)
+            self.kept[task] = cutter.kept
+        return cutter.result()
+
+
+class _Cutter:
+    """One task's input on its way into the task's files: their writers, the next row id, and what the checks
+    counted so far. A check does not raise here: the task reports its counts, and :func:`collect` refuses the
+    batch on the reports of all its tasks."""
+
+    def __init__(self, task: LandTask, meta: TableMetadata, number: int):
+        self.task, self.meta, self.number = task, meta, number
+        self.checked = list(meta.primary_key) + ([meta.delta_column] if meta.delta_column else [])
+        # Columns the schema declares non-nullable: checked in the rows that are stored (a delete stores none).
+        self.required = [f.name for f in meta.schema if not f.nullable and f.name not in self.checked]
+        self.nulls = dict.fromkeys(self.checked + self.required, 0)
+        self.bad_ops, self.bad_sample, self.infinite = 0, None, 0
+        self.bad_values: str | None = None
+        self.writers: dict[tuple, tuple[datafile.FileWriter, dict | None, int]] = {}
+        self.seq, self.offset = number, 0
+        self.kept: list[pa.Table] = []
+
+    def take(self, table: pa.Table) -> None:
+        """Lands ``table``'s records in order, each slice of them as many as the current segment has room for."""
+        start = 0
+        while start < table.num_rows:
+            if self.offset > rowid.MAX_OFFSET:
+                self._next_segment()
+            n = min(table.num_rows - start, rowid.MAX_OFFSET + 1 - self.offset)
+            chunk = table.slice(start, n)
+            start += n
+            for c in self.checked:
+                self.nulls[c] += chunk.column(c).null_count
+            offsets = np.arange(self.offset, self.offset + n, dtype=np.int32)
+            self.offset += n
+            self._land(self._with_row_ids(chunk, offsets), offsets)
+
+    def _next_segment(self) -> None:
+        """Moves on to the task's next segment: the tasks take the segment numbers in turns, so a task's numbers
+        never meet another's."""
+        self.seq += self.task.num_tasks
+        self.offset = 0
+        if self.seq > rowid.MAX_SEQ:
+            raise InvalidInputError("batch too large: more segments than segment_seq can number")
+
+    def _with_row_ids(self, chunk: pa.Table, offsets: np.ndarray) -> pa.Table:
+        n = chunk.num_rows
+        chunk = chunk.append_column(rowid.PART_COLUMN, pa.array(np.full(n, self.task.part, np.int32)))
+        chunk = chunk.append_column(rowid.SEQ_COLUMN, pa.array(np.full(n, self.seq, np.int32)))
+        return chunk.append_column(rowid.OFFSET_COLUMN, pa.array(offsets))
+
+    def _land(self, chunk: pa.Table, offsets: np.ndarray) -> None:
+        """Writes the deletes among ``chunk``'s records (at ``offsets``) to the keys file, and its upserts, if they
+        pass the checks, to data files: a delete takes an offset of the segment too, though no data file holds it."""
+        is_delete = self._delete_mask(chunk) if self.task.has_op else None
+        if self.meta.keyed:
+            deltas = deltas_as_int(chunk.column(self.meta.delta_column), self.meta.delta_type)
+            self.infinite += int(np.count_nonzero(deltas == DELTA_INFINITY))
+            if is_delete is not None and pc.any(is_delete).as_py():
+                mask = is_delete.to_numpy(zero_copy_only=False)
+                deletes = _deletes(chunk.filter(is_delete), offsets[mask], deltas[mask], self.task.part, self.seq,
+                                   self.meta)
+                self._writer("keys", None).write(deletes)
+                self.kept.append(deletes)
+        if is_delete is not None:
+            chunk = chunk.filter(pc.invert(is_delete))
+        upserts = self._stored_rows(chunk)
+        if upserts is not None and upserts.num_rows:
+            self._write_upserts(upserts)
+
+    def _delete_mask(self, chunk: pa.Table) -> pa.ChunkedArray:
+        """Which of ``chunk``'s records are deletes, by its op column; counts the values that are no operation."""
+        op = chunk.column(OP_COLUMN)
+        known = pc.fill_null(pc.is_in(op, pa.array(OPERATIONS)), False)
+        if not pc.all(known).as_py():
+            unknown = chunk.filter(pc.invert(known)).column(OP_COLUMN)
+            self.bad_ops += len(unknown)
+            if self.bad_sample is None:
+                self.bad_sample = repr(unknown[0].as_py())
+        return pc.fill_null(pc.equal(op, "delete"), False)
+
+    def _stored_rows(self, upserts: pa.Table) -> pa.Table | None:
+        """``upserts`` as the data files store them, or None when they break the contract: counted, and not
+        written, since the batch will be refused."""
+        missing = {c: upserts.column(c).null_count for c in self.required}
+        if any(missing.values()):  # the batch is refused: nothing of it is written
+            for c, n in missing.items():
+                self.nulls[c] += n
+            return None
+        if any(upserts.column(c).null_count for c in self.checked):
+            return None  # counted in take: the batch is refused (a non-nullable key field would fail the cast)
+        try:
+            return upserts.select(datafile.data_schema(self.meta).names).cast(datafile.data_schema(self.meta))
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:  # a value the table's type cannot hold
+            self.bad_values = self.bad_values or str(e).splitlines()[0]
+            return None
+
+    def _write_upserts(self, chunk: pa.Table) -> None:
+        """Writes stored rows ``chunk`` to data files, one per partition its rows fall in, and keeps their keys-file
+        rows (``keep``)."""
+        if self.task.keep and self.meta.keyed:
+            self.kept.append(datafile.keys_of(chunk.select(datafile.upsert_columns(self.meta)), self.meta))
+        if not self.meta.partition_by:
+            self._writer("data", None).write(chunk)
+            return
+        groups = chunk.group_by(list(self.meta.partition_by), use_threads=False).aggregate([])
+        for values in groups.to_pylist():
+            mask = None
+            for col, value in values.items():
+                m = pc.is_null(chunk.column(col)) if value is None else pc.equal(chunk.column(col), value)
+                m = pc.fill_null(m, False)
+                mask = m if mask is None else pc.and_(mask, m)
+            texts = {c: layout.partition_text(v) for c, v in values.items()}
+            self._writer("data", texts).write(chunk.filter(mask))
+
+    def _writer(self, kind: str, partition: dict | None) -> datafile.FileWriter:
+        """The writer of the current segment's ``kind`` file ("data" of ``partition``, or "keys"), opened on first
+        use."""
+        key = (kind, json.dumps(partition), self.seq)
+        if key not in self.writers:
+            stem = layout.file_stem(self.task.part, self.seq)
+            if kind == "data":
+                path = layout.data_file_path(stem, partition, self.meta.file_format)
+                w = datafile.data_writer(self.task.io, path, self.meta)
+            else:
+                w = datafile.keys_writer(self.task.io, layout.keys_file_path(stem), self.meta)
+            self.writers[key] = (w, partition, self.seq)
+        return self.writers[key][0]
+
+    def flush_if_full(self) -> None:
+        """Flushes every writer once their buffers together pass :data:`TASK_BUFFER_BYTES`."""
+        if sum(w.buffered_bytes for w, _, _ in self.writers.values()) > TASK_BUFFER_BYTES:
+            for w, _, _ in self.writers.values():
+                w.flush()
+
+    def result(self) -> _Cut:
+        """The writers, and the task's check report."""
+        check = _report(kind="check", seq=self.number, nulls=json.dumps(self.nulls), bad_ops=self.bad_ops,
+                        bad_op_sample=self.bad_sample, infinite_deltas=self.infinite, bad_values=self.bad_values)
+        return _Cut([(kind, *w) for (kind, _, _), w in self.writers.items()], check)
 
 
 @dataclasses.dataclass

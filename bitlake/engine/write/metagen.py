@@ -304,8 +304,7 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
     """Folds ``records`` (keys-file rows of whole keys) against the stored entries of their keys; returns the
     events, the row ids that become valid and the key-store rows they leave."""
 
-    meta = state.metadata
-    pk = list(meta.primary_key)
+    pk = list(state.metadata.primary_key)
     records = records.combine_chunks()  # a group at a time: the commit's records are never copied at once
     rids = records.column(keystore.ROW_ID).to_numpy()
     bidx = _batch_indices(batches, rids)
@@ -313,6 +312,21 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
     deleted = records.column(keystore.DELETED).to_numpy(zero_copy_only=False)
     # Codes number the distinct keys; ``first`` holds a record of each, and the index answers in code order.
     codes, first = key_codes(records, pk)
+    (found, prior_d, prior_rid, prior_deleted), distinct = _stored_entries(io, state, records, first, index)
+    f = fold(codes, deltas, rids, deleted, bidx, found, prior_d, prior_rid, prior_deleted)
+    accepted_upsert = f.accepted & ~f.deleted
+    counts = _fold_counts(f, accepted_upsert, len(batches))
+    until = _until_events(f)
+    ks_rows = _keystore_rows(records, pk, codes, first, distinct, f, version)
+    return _Folded(counts, until, f.rid if accepted_upsert.all() else f.rid[accepted_upsert], ks_rows)
+
+
+def _stored_entries(io: FileIO, state: TableState, records: pa.Table, first: np.ndarray, index):
+    """The stored entry of each key of ``records`` (``first`` holds a record of each, in code order): found, delta,
+    row id, deleted, in code order; and those records (None when the key store holds no row of the keys' buckets:
+    a load, where nothing is looked up)."""
+    meta = state.metadata
+    pk = list(meta.primary_key)
     if any(state.keystore.values()):
         buckets = np.flatnonzero(np.bincount(records.column(keystore.BUCKET).to_numpy(), minlength=meta.num_buckets))
         stored = [f for b in [*buckets.tolist(), keystore.SHARED] for f in state.keystore.get(b, [])]
@@ -320,29 +334,26 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
         unread_rows = sum(f.rows for f in stored if not keycache.CACHE.holds(io, f.path))
     else:  # an empty key store (a load)
         stored_rows = 0
-    distinct = None
     if stored_rows == 0:  # a load: nothing to look up
         k = len(first)
-        found, prior_d, prior_rid, prior_deleted = np.zeros(k, bool), np.zeros(k, np.int64), np.zeros(k, np.int64), \
-            np.zeros(k, bool)
-    else:
-        distinct = records.take(pa.array(first))  # a record of each key, in code order
-        # Lookups, or a scan of the buckets' files: those this process holds cost a binary search a key. Once
-        # this process's lookups on the table have cost as much as reading the files it lacks, it reads them
-        # (a writer of many small batches then finds every later batch's keys in memory): never more than
-        # twice what the best choice in hindsight would have cost.
-        lookup_cost = len(first) * LOOKUP_COST_IN_ROWS
-        scan_cost = unread_rows + (len(first) * CACHED_KEY_COST_IN_ROWS if unread_rows < stored_rows else 0)
-        buy = keycache.CACHE.spent(io) + lookup_cost > unread_rows and keycache.CACHE.can_hold(unread_rows)
-        if index is not None and lookup_cost <= scan_cost and not buy:
-            keycache.CACHE.spend(io, lookup_cost)
-            found, prior_d, prior_rid, prior_deleted = index.lookup(encode_keys(distinct, pk),
-                                                                    in_order=fixed_width(records, pk))
-        else:
-            found, prior_d, prior_rid, prior_deleted = scan_keystore(io, state, distinct, buckets.tolist())
+        return (np.zeros(k, bool), np.zeros(k, np.int64), np.zeros(k, np.int64), np.zeros(k, bool)), None
+    distinct = records.take(pa.array(first))  # a record of each key, in code order
+    # Lookups, or a scan of the buckets' files: those this process holds cost a binary search a key. Once
+    # this process's lookups on the table have cost as much as reading the files it lacks, it reads them
+    # (a writer of many small batches then finds every later batch's keys in memory): never more than
+    # twice what the best choice in hindsight would have cost.
+    lookup_cost = len(first) * LOOKUP_COST_IN_ROWS
+    scan_cost = unread_rows + (len(first) * CACHED_KEY_COST_IN_ROWS if unread_rows < stored_rows else 0)
+    buy = keycache.CACHE.spent(io) + lookup_cost > unread_rows and keycache.CACHE.can_hold(unread_rows)
+    if index is not None and lookup_cost <= scan_cost and not buy:
+        keycache.CACHE.spend(io, lookup_cost)
+        return index.lookup(encode_keys(distinct, pk), in_order=fixed_width(records, pk)), distinct
+    return scan_keystore(io, state, distinct, buckets.tolist()), distinct
 
-    f = fold(codes, deltas, rids, deleted, bidx, found, prior_d, prior_rid, prior_deleted)
-    accepted_upsert, accepted_delete = f.accepted & ~f.deleted, f.accepted & f.deleted
+
+def _fold_counts(f: Fold, accepted_upsert: np.ndarray, batches: int) -> np.ndarray:
+    """The fold's records counted by kind (:data:`COUNTS`), per batch index."""
+    accepted_delete = f.accepted & f.deleted
     kinds = {  # per record of the fold, in COUNTS order
         "inserted": accepted_upsert & ~f.until,
         "updated": accepted_upsert & f.until,
@@ -350,24 +361,31 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
         "stale": ~f.accepted,
         "ignored_deletes": accepted_delete & ~f.until,
     }
-    if len(batches) == 1:
-        counts = np.array([[np.count_nonzero(kinds[k]) for k in COUNTS]], dtype=np.int64)
-    else:
-        counts = np.stack([np.bincount(f.batch[kinds[k]], minlength=len(batches)) for k in COUNTS], axis=1)
-    # The events in row-id order, which the segment log and the bitmaps take them in (records come in key order;
-    # a row is superseded once, so the ids are distinct).
+    if batches == 1:
+        return np.array([[np.count_nonzero(kinds[k]) for k in COUNTS]], dtype=np.int64)
+    return np.stack([np.bincount(f.batch[kinds[k]], minlength=batches) for k in COUNTS], axis=1)
+
+
+def _until_events(f: Fold) -> pa.Table:
+    """The fold's SET_VALID_UNTIL events in row-id order, which the segment log and the bitmaps take them in
+    (records come in key order; a row is superseded once, so the ids are distinct)."""
     ended, t, cause, batch = f.last_rid[f.until], f.delta[f.until], f.rid[f.until], f.batch[f.until]
     if not strictly_increasing(ended):
         by_row = lexsort([ended])
         ended, t, cause, batch = ended[by_row], t[by_row], cause[by_row], batch[by_row]
     t_parts, t_seqs, t_offsets = rowid.unpack_arrays(ended)
-    until = pa.table({
+    return pa.table({
         rowid.PART_COLUMN: t_parts, rowid.SEQ_COLUMN: t_seqs, rowid.OFFSET_COLUMN: t_offsets,
         "event": np.full(len(t_parts), segmentlog.SET_VALID_UNTIL, np.int8),
         "t": t, "cause": cause, "batch_index": batch.astype(np.int32),
     })
-    # The key-store rows in code order, which is key order for keys of fixed width: the key index and the
-    # key-store files take them sorted (a load of a dump in key order is taken as it is).
+
+
+def _keystore_rows(records: pa.Table, pk: list[str], codes: np.ndarray, first: np.ndarray,
+                   distinct: pa.Table | None, f: Fold, version: int) -> pa.Table:
+    """The key-store rows the fold leaves, each key's last accepted record, in code order, which is key order for
+    keys of fixed width: the key index and the key-store files take them sorted (a load of a dump in key order is
+    taken as it is). ``distinct``, when not None, holds the records ``first`` names, already taken."""
     n = records.num_rows
     if len(first) == n and len(f.final) == n:
         final = first  # one record a key, each accepted (a load, most batches): ``first`` is that record
@@ -384,10 +402,9 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
         latest = distinct
     else:
         latest = records.take(pa.array(final, pa.int64()))
-    ks_rows = latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
+    return latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
         keystore.VERSION, pa.repeat(pa.scalar(version, pa.int64()), latest.num_rows)
     )
-    return _Folded(counts, until, f.rid if accepted_upsert.all() else f.rid[accepted_upsert], ks_rows)
 
 
 def _batch_indices(batches: list[Landed], rids: np.ndarray) -> np.ndarray:

@@ -70,14 +70,7 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
     if not meta.keyed:
         return _unkeyed(io, state, removed, new)
     start = fold_start(state, removed) if removed is not None else version
-    if state.window is not None and start - 1 < state.window.version:
-        made_live = state.parts[removed].live_version if removed is not None else version
-        why = "" if start == made_live else (
-            f", after a batch made live at version {start} that a restatement removed since")
-        raise VersionExpiredError(
-            f"the batch was made live at version {made_live}{why}: a revert folds from the key store before "
-            f"version {start}, which is not in the retention window (versions from {state.window.version}; "
-            "a major compaction purged the history a revert needs)")
+    _refuse_outside_window(state, removed, start, version)
     if removed is not None:
         _refuse_after_vacuum(io, state, start)
     later = sorted((b for b in state.parts.values() if b.status == LIVE and b.live_version is not None
@@ -88,30 +81,92 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
         if removed is not None else datafile.keys_schema(meta).empty_table()
     added = _records(io, meta, list(new.data_files), list(new.keys_files), [new.part]) if new is not None \
         else datafile.keys_schema(meta).empty_table()
-    pk = list(meta.primary_key)
     touched = pa.concat_tables([gone, added])
     if touched.num_rows == 0:
         return _empty(state, new)
+    keys = _touched_keys(io, state, touched, gone, added, later, purged)
+
+    # Each key's entry just before the fold start.
+    at = state if start - 1 == state.version else state_mod.load(io, start - 1)
+    buckets = np.unique(keys.distinct.column(keystore.BUCKET).to_numpy()).tolist()
+    prior = metagen.scan_keystore(io, at, keys.distinct, buckets)
+    final, events = _refold(keys, prior, later, new)
+    # A key whose last record a vacuum purged has no row: its entry is a delete marker at that record's delta
+    # value, as the vacuum itself records for the keys whose current row it purges.
+    final.deleted |= np.isin(final.rid, rids_of(purged))
+    gone_upserts = ~gone.column(keystore.DELETED).to_numpy(zero_copy_only=False)
+    gone_rids = gone.column(keystore.ROW_ID).to_numpy()[gone_upserts]
+    events.append((gone_rids, gone.column(keystore.DELTA).to_numpy()[gone_upserts], gone_rids))  # never valid
+    target, t, cause = (np.concatenate(x) for x in zip(*events, strict=True))
+    after = np.where(final.deleted, NO_ROW, final.rid)
+    before = _rows_valid_now(io, state, keys, prior, gone_rids, gone_upserts)
+    return _write_files(io, state, new, version, keys.distinct, (target, t, cause), final, before, after)
+
+
+def _refuse_outside_window(state: TableState, removed: int | None, start: int, version: int) -> None:
+    """The fold starts from the key store of version ``start - 1``: a restatement is refused when a major
+    compaction purged that version (the retention window starts after it)."""
+    if state.window is not None and start - 1 < state.window.version:
+        made_live = state.parts[removed].live_version if removed is not None else version
+        why = "" if start == made_live else (
+            f", after a batch made live at version {start} that a restatement removed since")
+        raise VersionExpiredError(
+            f"the batch was made live at version {made_live}{why}: a revert folds from the key store before "
+            f"version {start}, which is not in the retention window (versions from {state.window.version}; "
+            "a major compaction purged the history a revert needs)")
+
+
+@dataclasses.dataclass
+class _Keys:
+    """The keys a restatement touches and their records, in one numbering: key ``i`` is ``distinct``'s row ``i``."""
+
+    distinct: pa.Table  # a record of each key (its key columns and _bucket)
+    history: pa.Table  # the records of these keys in the batches made live since the fold start
+    records: pa.Table  # the history's, then the new batch's
+    codes: np.ndarray  # the key of each of ``records``
+    gone: pa.Table  # the removed batch's records
+    gone_codes: np.ndarray  # the key of each of ``gone``
+
+
+@dataclasses.dataclass
+class _Entries:
+    """A key-store entry per key of a :class:`_Keys` numbering."""
+
+    delta: np.ndarray
+    rid: np.ndarray
+    deleted: np.ndarray
+
+
+def _touched_keys(io: FileIO, state: TableState, touched: pa.Table, gone: pa.Table, added: pa.Table,
+                  later: list[BatchState], purged: pa.Table) -> _Keys:
+    """The keys of ``touched`` (the removed and the new batch's records) with their history: their records in the
+    batches ``later`` made live since the fold start, and in ``purged`` (those a vacuum erased). Only these keys'
+    history is kept, so the fold costs what the restated batches touch."""
+    meta = state.metadata
+    pk = list(meta.primary_key)
     distinct = touched.take(pa.array(key_codes(touched, pk)[1]))
     history = _records(io, meta, *_files_of(state, later), [b.part for b in later], purged)
     if history.num_rows:
         schema = datafile.keys_schema(meta)
         history = history.join(distinct.select(pk), keys=pk, join_type="left semi").select(schema.names).cast(schema)
     records = pa.concat_tables([history, added]).combine_chunks()
-    n_hist = history.num_rows
 
     # One numbering of the keys: key_codes numbers the distinct ones 0..nd-1, which the records and the gone
     # batch's rows share; distinct row i is then put at code i.
     codes, _ = key_codes(pa.concat_tables([distinct.select(pk), records.select(pk), gone.select(pk)]), pk)
     nd = distinct.num_rows
     distinct = distinct.take(pa.array(np.argsort(codes[:nd])))
-    r_codes, g_codes = codes[nd:nd + records.num_rows], codes[nd + records.num_rows:]
+    return _Keys(distinct, history, records, codes[nd:nd + records.num_rows], gone, codes[nd + records.num_rows:])
 
-    # Each key's entry just before the fold start.
-    at = state if start - 1 == state.version else state_mod.load(io, start - 1)
-    buckets = np.unique(distinct.column(keystore.BUCKET).to_numpy()).tolist()
-    found, prior_d, prior_rid, prior_deleted = metagen.scan_keystore(io, at, distinct, buckets)
 
+def _refold(keys: _Keys, prior: tuple, later: list[BatchState], new: Landed | None
+            ) -> tuple[_Entries, list[tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """Folds the keys' records from their entries before the fold start (``prior``: found, delta, row id,
+    deleted), batch by batch in the order ``later`` were applied, the ``new`` batch last. Returns each key's new
+    entry (its last accepted record's, else its prior entry) and the SET_VALID_UNTIL events (row ids, t, cause)
+    of the rows the records end."""
+    found, prior_d, prior_rid, prior_deleted = prior
+    records, r_codes = keys.records, keys.codes
     # Fold the keys that have records; each key's last accepted record, else its entry, is its new entry.
     final_d, final_rid, final_deleted = prior_d.copy(), prior_rid.copy(), prior_deleted | ~found
     final_d[~found], final_rid[~found] = ABSENT_DELTA, NO_ROW
@@ -133,24 +188,36 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
         last = f.final
         key = r_codes[last]
         final_d[key], final_rid[key], final_deleted[key] = deltas[last], rids[last], deleted[last]
-    # A key whose last record a vacuum purged has no row: its entry is a delete marker at that record's delta
-    # value, as the vacuum itself records for the keys whose current row it purges.
-    final_deleted |= np.isin(final_rid, rids_of(purged))
-    gone_upserts = ~gone.column(keystore.DELETED).to_numpy(zero_copy_only=False)
-    gone_rids = gone.column(keystore.ROW_ID).to_numpy()[gone_upserts]
-    events.append((gone_rids, gone.column(keystore.DELTA).to_numpy()[gone_upserts], gone_rids))  # never valid
-    target, t, cause = (np.concatenate(x) for x in zip(*events, strict=True))
-    after = np.where(final_deleted, NO_ROW, final_rid)
+    return _Entries(final_d, final_rid, final_deleted), events
 
-    # The row of each key valid now: among its entry's, the history's, the gone batch's.
+
+def _rows_valid_now(io: FileIO, state: TableState, keys: _Keys, prior: tuple, gone_rids: np.ndarray,
+                    gone_upserts: np.ndarray) -> np.ndarray:
+    """The row of each key valid now (``NO_ROW``: none), among its entry's before the fold start, the history's
+    and the gone batch's upserts (``gone_rids``, where ``gone_upserts``): the change rows start from it."""
+    found, _, prior_rid, prior_deleted = prior
+    history = keys.history
+    n_hist = history.num_rows
     candidates = np.concatenate([prior_rid[found & ~prior_deleted], rids_of(history)[_upserts(history)],
                                  gone_rids])
-    cand_codes = np.concatenate([np.flatnonzero(found & ~prior_deleted), r_codes[:n_hist][_upserts(history)],
-                                 g_codes[gone_upserts]])
+    cand_codes = np.concatenate([np.flatnonzero(found & ~prior_deleted), keys.codes[:n_hist][_upserts(history)],
+                                 keys.gone_codes[gone_upserts]])
     now = valid_now(io, state, candidates)
-    before = np.full(nd, NO_ROW, np.int64)
+    before = np.full(keys.distinct.num_rows, NO_ROW, np.int64)
     before[cand_codes[now]] = candidates[now]
+    return before
 
+
+def _write_files(io: FileIO, state: TableState, new: Landed | None, version: int, distinct: pa.Table,
+                 events: tuple[np.ndarray, np.ndarray, np.ndarray], final: _Entries, before: np.ndarray,
+                 after: np.ndarray) -> Restatement:
+    """Writes the restatement's files: the SET_VALID_UNTIL ``events`` (row ids, t, cause) as a log that resets,
+    the bitmaps where the rows ``after`` are valid, and the keys' ``final`` entries in the key store; returns it
+    with its change rows, from each key's row ``before`` to its row ``after``."""
+    meta = state.metadata
+    pk = list(meta.primary_key)
+    nd = distinct.num_rows
+    target, t, cause = events
     parts, seqs, offsets = rowid.unpack_arrays(target)
     until = pa.table({
         rowid.PART_COLUMN: parts, rowid.SEQ_COLUMN: seqs, rowid.OFFSET_COLUMN: offsets,
@@ -159,8 +226,8 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
     })
     seg_out = metagen.write_segments(io, state.segments, until, [after[after != NO_ROW]],
                                      state.metadata.prop("bitmap.deltas"))
-    ks_rows = distinct.select(pk).append_column(keystore.DELTA, pa.array(final_d)).append_column(
-        keystore.ROW_ID, pa.array(final_rid)).append_column(keystore.DELETED, pa.array(final_deleted)).append_column(
+    ks_rows = distinct.select(pk).append_column(keystore.DELTA, pa.array(final.delta)).append_column(
+        keystore.ROW_ID, pa.array(final.rid)).append_column(keystore.DELETED, pa.array(final.deleted)).append_column(
         keystore.BUCKET, distinct.column(keystore.BUCKET)).append_column(
         keystore.VERSION, pa.array(np.full(nd, version, np.int64)))
     files, replaced = keystore.write_bucket_files(io, meta, state.keystore, ks_rows, shared=True)
