@@ -126,7 +126,7 @@ def _is_spark_dataframe(data: Any) -> bool:
 def land(tx: Transaction, state: TableState, land_fn, batch_id: str, settle: bool = True) -> Landed:
     """Claims a segment part for ``tx`` and lands a batch in it (``land_fn``: what :func:`landing_of` returns);
     unless ``settle``, returns while the last of its files are still being written (:meth:`Landed.settled`)."""
-    part = tx.claim_part(state)
+    part = tx.claim_part()
     faults.point("after_claim")
     files = land_fn(tx.io, part)
     faults.point("after_landing")

@@ -320,7 +320,7 @@ class BatchWriter(DataSourceArrowWriter):
         Conformer(to_arrow_schema(schema), self.meta, self.op_column)  # a schema error before any task runs
         self.batch_id = check_batch_id(options.get("batchId"))
         self.done = already_committed(t.io, state, self.batch_id) is not None
-        self.part = None if self.done else claim_part(t.io, state)
+        self.part = None if self.done else claim_part(t.io, t.refresh)
 
     def write(self, iterator):
         from pyspark import TaskContext
@@ -349,7 +349,15 @@ class BatchWriter(DataSourceArrowWriter):
         Table(self.io).commit_landed(batch)
 
     def abort(self, messages) -> None:
-        if self.part is not None:
+        """Spark's call when a task or :meth:`commit` failed: the part's files go unless a commit took the part
+        (commit may fail after its commit landed) or the log cannot be read to tell."""
+        if self.part is None:
+            return
+        try:
+            taken = Table(self.io).refresh().parts.get(self.part) is not None
+        except Exception:  # noqa: BLE001 - cannot tell: keep the files, cleanup() removes them if unnamed
+            return
+        if not taken:
             landing.remove_part_files(self.io, self.part)
 
 

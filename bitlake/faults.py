@@ -24,11 +24,14 @@ POINTS = (
     "in_cleanup",  # cleanup deleted a file and has more to delete
 )
 
+# Names points had before (BITLAKE_CRASH_AT=after_metagen keeps working).
+ALIASES = {"after_metagen": "before_commit"}
 _injected: dict[str, BaseException] = {}
 
 
 def point(name: str) -> None:
-    if os.environ.get("BITLAKE_CRASH_AT") == name:
+    crash_at = os.environ.get("BITLAKE_CRASH_AT")
+    if crash_at is not None and ALIASES.get(crash_at, crash_at) == name:
         os.kill(os.getpid(), signal.SIGKILL)
     if _injected:
         error = _injected.pop(name, None)

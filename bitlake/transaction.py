@@ -73,6 +73,7 @@ class Transaction:
         self.refresh = refresh
         self.committed: Commit | None = None
         self.unknown = False  # an outcome it could not learn: it deletes nothing
+        self._putting: tuple[Commit, bytes] | None = None  # a put whose outcome is not learned yet
         self._files: list[str] = []
         self._parts: list[int] = []
         self._index: indexsession.IndexSession | None = None
@@ -82,12 +83,25 @@ class Transaction:
 
     def __exit__(self, kind, exc, tb) -> bool:
         try:
+            if self._putting is not None and self.committed is None and not self.unknown:
+                self._learn_outcome()  # interrupted before it learned what its put did
             if self.committed is None and not self.unknown:
                 self._discard()
+        except Exception:  # noqa: BLE001 - the operation's own failure is the one to raise; cleanup() removes them
+            log.warning("could not remove the files of an operation on %s that did not commit", self.io.uri(),
+                        exc_info=True)
         finally:
             if self._index is not None:
                 self._index.close()
         return False
+
+    def _learn_outcome(self) -> None:
+        c, data = self._putting  # type: ignore[misc]
+        try:
+            if self._landed(c, data, None):
+                self.committed = c
+        except CommitStateUnknownError:
+            pass  # self.unknown is set: nothing is deleted
 
     @property
     def index(self) -> indexsession.IndexSession:
@@ -100,9 +114,9 @@ class Transaction:
         """Files written for this operation whatever the attempt: they go unless its commit lands."""
         self._files += paths
 
-    def claim_part(self, state: TableState) -> int:
+    def claim_part(self) -> int:
         """A segment part no other writer has (:func:`claim_part`), whose files go unless the commit lands."""
-        part = claim_part(self.io, state)
+        part = claim_part(self.io, self.refresh)
         self.own_part(part)
         return part
 
@@ -126,6 +140,10 @@ class Transaction:
                 a = plan(state)
             except Replan:
                 continue
+            except FileNotFoundError:
+                if self.refresh().version == state.version:
+                    raise
+                continue  # a vacuum committed meanwhile deleted a file the plan read: plan on the new snapshot
             if a.commit is None:
                 return None
             faults.point("before_commit")
@@ -143,20 +161,30 @@ class Transaction:
     def _publish(self, a: Attempt) -> bool:
         """Puts the commit; True when it landed, False when another writer's commit holds its version. On any
         other failure it learns from the log whether the commit landed: if so the failure of an ``Exception``
-        is only a lost answer and the commit stands (an interrupt is raised again, the commit kept); if not, the
-        attempt's files go and the failure is raised; if the log cannot tell, nothing goes and
+        is only a lost answer and the commit stands (an interrupt is raised again, the commit kept); if not, and
+        the store cannot apply a failed put later (a local disk), the attempt's files go and the failure is
+        raised; if the log cannot tell, or an object store may still apply the put, nothing goes and
         :class:`CommitStateUnknownError` is raised."""
         c = a.commit
         assert c is not None
         data = commitlog.encode(c.to_json())
+        self._putting = (c, data)
         try:
             self.io.put_if_absent(layout.commit_path(c.version), data)
             faults.point("after_commit")
         except FileExistsError:
             if not self._landed(c, data, None):
+                self._putting = None
                 return False
         except BaseException as e:
             if not self._landed(c, data, e):
+                if self.io.failed_put_may_land_later:
+                    self.unknown = True
+                    raise CommitStateUnknownError(
+                        f"the put of commit {c.version} of {self.io.uri()} failed ({e}) and may still land: its "
+                        "files are kept; reopen the table to see, and cleanup() removes them if it did not land"
+                    ) from e
+                self._putting = None
                 for path in a.written:
                     _delete(self.io, path)
                 raise
@@ -204,15 +232,21 @@ def _delete(io: FileIO, path: str) -> None:
         io.delete(path)
 
 
-def claim_part(io: FileIO, state: TableState) -> int:
-    """Claims a segment part no other landing has: an atomic create of ``_bitlake/parts/<n>``."""
+def claim_part(io: FileIO, refresh: Callable[[], TableState]) -> int:
+    """Claims a segment part no other landing has: an atomic create of ``_bitlake/parts/<n>`` above every part the
+    latest snapshot holds. Cleanup removes the claims of parts a snapshot holds, so the claim is checked against
+    the snapshot after it: a part committed meanwhile (its claim maybe gone) is not taken again."""
     listed = [int(n) for n in io.listdir(layout.PARTS_DIR) if n.isdigit()]
-    n = max([state.max_part, *listed]) + 1
+    n = max([refresh().max_part, *listed]) + 1
     while True:
         if n > rowid.MAX_PART:
             raise InvalidInputError("the table has used every segment part; copy it into a new table")
         try:
             io.put_if_absent(layout.part_claim_path(n), b"")
-            return n
         except FileExistsError:
             n += 1
+            continue
+        latest = refresh().max_part
+        if latest < n:
+            return n
+        n = latest + 1

@@ -91,3 +91,57 @@ def test_a_compaction_whose_input_a_vacuum_deleted_plans_again(tmp_path):
     assert sorted(x["k"] for x in t.to_arrow().to_pylist()) == [1, 11, 21]
     assert read_all(path)  # every version reads
 
+
+
+def test_a_part_claimed_after_a_long_plan_is_above_every_committed_part(tmp_path, monkeypatch):
+    """A vacuum plans for long; meanwhile other writers commit parts and cleanup removes their claims. The part its
+    delete batch claims must still be new (it was computed from the plan's old snapshot and overwrote a
+    committed segment: a key vanished from the view)."""
+    from bitlake.engine.maintain import vacuum as engine_vacuum
+
+    path = str(tmp_path / "t")
+    t = bitlake.create_table(path, SCHEMA, primary_key="k", delta_column="mod")
+    t.ingest(batch([1, 2], ["ann", "bob"], 1))
+    t.tombstone("user", ["ann"])
+    other = bitlake.open_table(path)
+    prepare = engine_vacuum.prepare
+
+    def slow_prepare(io, state):
+        out = prepare(io, state)
+        for i in range(3):
+            other.ingest(batch([10 + i], ["x"], 5))
+        latest = other.refresh()
+        for name in other.io.listdir(layout.PARTS_DIR):  # cleanup's rule for claims, its minimum age passed
+            if name.isdigit() and int(name) <= latest.max_part:
+                other.io.delete(f"{layout.PARTS_DIR}/{name}")
+        return out
+
+    monkeypatch.setattr(engine_vacuum, "prepare", slow_prepare)
+    t.vacuum()
+    assert sorted(r["k"] for r in bitlake.open_table(path).to_arrow().to_pylist()) == [2, 10, 11, 12]
+    assert read_all(path)
+
+
+def test_an_object_store_put_that_failed_may_land_later_so_nothing_is_deleted(tmp_path):
+    """A put to an object store that timed out may be applied after the writer looked: the commit's outcome is
+    unknown, so its files are kept (cleanup removes them if it never lands)."""
+    from bitlake.fs.objectstore import ObjectStoreFileIO
+
+    class TimedOut(ObjectStoreFileIO):
+        armed = False
+
+        def put_if_absent(self, rel, data):
+            if self.armed and rel.startswith(layout.COMMITS_DIR):
+                self.armed = False
+                raise StorageError(f"timed out putting {rel}")
+            super().put_if_absent(rel, data)
+
+    uri = f"memory:///commit-unknown-{tmp_path.name}"
+    bitlake.create_table(uri, SCHEMA, primary_key=["k"], delta_column="mod")
+    io = TimedOut(uri)
+    t = bitlake.open_table(io)
+    io.armed = True
+    with pytest.raises(bitlake.CommitStateUnknownError, match="may still land"):
+        t.ingest(batch([1], ["ann"], 1), batch_id="b")
+    assert [p for p in io.walk("data")], "the landed files are kept"
+    assert bitlake.open_table(uri).ingest(batch([1], ["ann"], 1), batch_id="b").committed  # it did not land

@@ -207,3 +207,27 @@ def test_a_version_reads_with_its_own_schema(spark, tmp_path):
     assert old.columns == ["k", "d"] and [tuple(r) for r in old.collect()] == [(1, 1)]
     now = spark.read.format("bitlake").load(t.path)
     assert sorted(tuple(r) for r in now.collect()) == [(1, 1, None), (2, 1, "n")]
+
+
+def test_an_abort_after_the_commit_landed_deletes_nothing(tmp_path):
+    """Spark calls abort when the writer's commit raised, also when the commit landed and a step after it failed:
+    abort must keep the files that commit names (it deleted them: every read failed)."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from bitlake import datasource, faults
+    from bitlake.engine.write import landing
+    from bitlake.engine.write.conform import conformed
+
+    schema = pa.schema([("k", pa.int64()), ("d", pa.int64())])
+    path = str(tmp_path / "t")
+    bitlake.create_table(path, schema, primary_key="k", delta_column="d").ingest(pa.table({"k": [1], "d": [1]}))
+    w = datasource.BatchWriter({"path": path, "batchId": "w1"},
+                               StructType([StructField("k", LongType()), StructField("d", LongType())]))
+    rows = conformed(pa.RecordBatchReader.from_batches(schema, pa.table({"k": [2, 3], "d": [2, 2]}).to_batches()),
+                     w.meta, None)
+    messages = [datasource._Landed(landing.LandTask(w.io, w.meta.to_json(), w.part, datasource.STRIDE, False)
+                                   .run(0, rows))]
+    with faults.inject("after_checkpoint", OSError("a step after the commit failed")), pytest.raises(OSError):
+        w.commit(messages)
+    w.abort(messages)
+    assert sorted(r["k"] for r in bitlake.open_table(path).to_arrow().to_pylist()) == [1, 2, 3]

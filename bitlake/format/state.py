@@ -119,7 +119,7 @@ class TableState:
     def __post_init__(self):
         for name in _CONTAINERS:
             value = getattr(self, name)
-            frozen = FrozenList if isinstance(value, list) else FrozenDict
+            frozen = FrozenList if name in _LISTS else FrozenDict
             if type(value) is not frozen:
                 object.__setattr__(self, name, frozen(value))
         if any(type(v) is not FrozenList for v in self.keystore.values()):
@@ -202,7 +202,8 @@ class TableState:
         )
 
 
-_CONTAINERS = ("parts", "batches", "files", "segments", "keystore", "logs", "tombstones", "rewritten", "purged")
+_LISTS = ("logs", "tombstones", "purged")
+_CONTAINERS = ("parts", "batches", "files", "segments", "keystore", "rewritten", *_LISTS)
 
 
 def _read_through(files: dict[str, DataFile], rewritten: dict[str, DataFile | None]) -> dict[str, DataFile]:
@@ -217,15 +218,26 @@ def _read_through(files: dict[str, DataFile], rewritten: dict[str, DataFile | No
 
 
 class _Replay:
-    """The private, mutable working copy one replay of commits builds a new snapshot in: the snapshot it starts
-    from is copied once however many commits follow, and never changed."""
+    """The private working copy one replay of commits builds a new snapshot in. Each container a commit changes
+    is copied once, on its first change, however many commits follow, into the frozen type the new snapshot
+    holds: the replay alone changes it, through the base class's methods (the snapshot takes it as it is, with
+    no second copy). The snapshot it starts from is never changed."""
 
     def __init__(self, s: TableState):
         self.fields = {f.name: getattr(s, f.name) for f in dataclasses.fields(TableState)}
-        for name in _CONTAINERS:
+        self._own: set[str] = set()
+
+    def _mine(self, name: str):
+        if name not in self._own:
             value = self.fields[name]
-            self.fields[name] = dict(value) if isinstance(value, dict) else list(value)
-        self.fields["keystore"] = {b: list(fs) for b, fs in self.fields["keystore"].items()}
+            self.fields[name] = FrozenList(value) if name in _LISTS else FrozenDict(value)
+            self._own.add(name)
+        return self.fields[name]
+
+    def _set(self, name: str, value) -> None:
+        """Replaces a container by a new one (built from a filter of the old)."""
+        self.fields[name] = FrozenList(value) if name in _LISTS else FrozenDict(value)
+        self._own.add(name)
 
     def snapshot(self) -> TableState:
         return TableState(**self.fields)
@@ -242,43 +254,54 @@ class _Replay:
             s["metadata"] = TableMetadata.from_json(c.metadata)
         for b in c.batches:
             self._apply_batch(b, c.version)
-        for path in c.remove_files:
-            s["files"].pop(path, None)
-        for added in c.add_files:
-            s["files"][added.path] = added
-        for seg in c.segments:
-            s["segments"][seg.segment] = seg
+        if c.remove_files or c.add_files:
+            files = self._mine("files")
+            for path in c.remove_files:
+                dict.pop(files, path, None)
+            for added in c.add_files:
+                dict.__setitem__(files, added.path, added)
+        if c.segments:
+            segments = self._mine("segments")
+            for seg in c.segments:
+                dict.__setitem__(segments, seg.segment, seg)
         if c.remove_logs:
             removed_logs = set(c.remove_logs)
-            s["logs"] = [(v, f) for v, f in s["logs"] if f.path not in removed_logs]
-        s["logs"] += [(c.version, f) for f in c.logs]
+            self._set("logs", [(v, f) for v, f in s["logs"] if f.path not in removed_logs])
+        if c.logs:
+            list.extend(self._mine("logs"), [(c.version, f) for f in c.logs])
         if c.window is not None:
             s["window"] = c.window
         if c.keystore_remove:
             removed = set(c.keystore_remove)
-            s["keystore"] = {b: [f for f in fs if f.path not in removed] for b, fs in s["keystore"].items()}
-        for bf in c.keystore_add:
-            s["keystore"].setdefault(bf.bucket, []).append(bf)
-        s["tombstones"] += [(c.version, t) for t in c.tombstones]
+            self._set("keystore", {b: FrozenList(f for f in fs if f.path not in removed)
+                                   for b, fs in s["keystore"].items()})
+        if c.keystore_add:
+            keystore = self._mine("keystore")
+            for bf in c.keystore_add:
+                dict.__setitem__(keystore, bf.bucket, FrozenList([*keystore.get(bf.bucket, ()), bf]))
+        if c.tombstones:
+            list.extend(self._mine("tombstones"), [(c.version, t) for t in c.tombstones])
         if c.remove_tombstones:
             retired = set(c.remove_tombstones)
-            s["tombstones"] = [(v, t) for v, t in s["tombstones"] if t.path not in retired]
+            self._set("tombstones", [(v, t) for v, t in s["tombstones"] if t.path not in retired])
         if c.rewrites:
             rewrites = {r.path: r.to for r in c.rewrites}
-            s["rewritten"].update(rewrites)
-            s["files"] = _read_through(s["files"], rewrites)
-        s["purged"] += [(c.version, f) for f in c.purged]
+            dict.update(self._mine("rewritten"), rewrites)
+            self._set("files", _read_through(s["files"], rewrites))
+        if c.purged:
+            list.extend(self._mine("purged"), [(c.version, f) for f in c.purged])
         if c.events:
             s["last_event_version"] = c.version
 
     def _apply_batch(self, b: BatchRecord, version: int) -> None:
-        parts, known = self.fields["parts"], self.fields["parts"].get(b.part)
+        parts = self._mine("parts")
+        known = parts.get(b.part)
         if known is None:
             known = BatchState(b.batch_id, b.part, b.status, b.records or 0, b.keys_files, version)
             self.fields["max_part"] = max(self.fields["max_part"], b.part)
-        parts[b.part] = known.changed_by(b, version)
+        dict.__setitem__(parts, b.part, known.changed_by(b, version))
         if b.status != REPLACED:
-            self.fields["batches"][b.batch_id] = b.part
+            dict.__setitem__(self._mine("batches"), b.batch_id, b.part)
 
 
 def initial(io: FileIO, first: Commit) -> TableState:

@@ -45,6 +45,10 @@ FSYNC = os.environ.get("BITLAKE_FSYNC", "1") != "0"
 class FileIO:
     """The interface."""
 
+    # Whether a put that failed without leaving its file can still land later (a request the store received and
+    # applies after the client gave up on it): a commit's writer then cannot prove it did not land.
+    failed_put_may_land_later = False
+
     base: str
     # Whether Spark's JVM reads the files at uri() as they are (else executors read them through this class).
     spark_readable = True

@@ -88,6 +88,7 @@ class ObjectStoreFileIO(FileIO):
     """A prefix of an object store bucket (or of an in-process memory store)."""
 
     spark_readable = False
+    failed_put_may_land_later = True
 
     def __init__(self, base: str, storage_options: dict[str, Any] | None = None):
         parsed = urlparse(base)
