@@ -63,6 +63,8 @@ def test_snapshots_a_caller_holds_never_move(tmp_path):
         after.files.clear()
     with pytest.raises(dataclasses_frozen()):
         after.version = 7
+    with pytest.raises(TypeError):  # the models a snapshot holds are values too
+        after.metadata.properties["compact.min_input_files"] = "1"
 
 
 def dataclasses_frozen():

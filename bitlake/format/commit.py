@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from bitlake.format.frozen import FrozenDict
 from bitlake.format.protocol import Protocol
 
 CREATE = "CREATE"
@@ -58,6 +59,10 @@ class DataFile:
     partition: dict[str, str | None] | None
     segments: tuple[SegmentRows, ...]
     offsets: str | None = None
+
+    def __post_init__(self):
+        if self.partition is not None and type(self.partition) is not FrozenDict:  # a snapshot holds it: a value
+            object.__setattr__(self, "partition", FrozenDict(self.partition))
 
     def to_json(self) -> dict:
         d = {"path": self.path, "rows": self.rows, "bytes": self.bytes, "partition": self.partition,

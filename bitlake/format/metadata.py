@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bitlake.errors import InvalidInputError, SchemaMismatchError
+from bitlake.format.frozen import FrozenDict
 from bitlake.format.rowid import ROW_ID_COLUMNS
 
 FILE_FORMATS = ("parquet", "orc")
@@ -99,6 +100,10 @@ class TableMetadata:
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
     name: str = ""
     table_id: str = dataclasses.field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self):
+        if type(self.properties) is not FrozenDict:  # a snapshot holds the metadata: a value too
+            object.__setattr__(self, "properties", FrozenDict(self.properties))
 
     @property
     def keyed(self) -> bool:
