@@ -8,7 +8,7 @@ SFS ?= 0.1,1,3
 SYSTEMS ?= all
 TIMEOUT ?= 600
 
-.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-maintenance bench-restatement bench-lake bench-mirror bench-triggers clean
+.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-maintenance bench-restatement bench-lake bench-mirror bench-triggers bench-fsync clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -75,6 +75,9 @@ bench-mirror: setup  ## the PostgreSQL mirror: its snapshot against a dump to Pa
 
 bench-peers: setup setup-paimon  ## bitlake against delta-rs, pyiceberg, lance, Paimon and plain Spark (SFS=0.1,1,3 SYSTEMS=all TIMEOUT=600 s per operation)
 	$(PY) benchmarks/peers.py --scale-factors $(SFS) --systems $(SYSTEMS) --timeout $(TIMEOUT)
+
+bench-fsync: setup  ## what durable local files cost: the peers workload for bitlake with fsync on and off (SF=1, 6 rounds)
+	PYTHONPATH=benchmarks/fsynclog $(PY) benchmarks/fsync_cost.py $(SF) 6
 
 bench-triggers: setup  ## the trigger service on PostgreSQL: events registered/s and trigger p50/p99 at 1M and 10M events, against pgbench
 	bash scripts/setup-postgres.sh
