@@ -92,8 +92,9 @@ def already_committed(io: FileIO, state: TableState, batch_id: str) -> IngestRes
 
 
 def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
-    """How ``data`` lands: Arrow and pandas input (and a Spark DataFrame small enough for the driver) on this
-    machine without Spark, any other Spark DataFrame by a Spark job (:func:`bitlake.spark.landing.landing`).
+    """How ``data`` lands: Arrow input (anything exporting the Arrow PyCapsule interface) and pandas input (and a
+    Spark DataFrame small enough for the driver) on this machine without Spark, any other Spark DataFrame by a
+    Spark job (:func:`bitlake.spark.landing.landing`).
     Returns ``land(io, part) -> LandedFiles``. Checks the input before anything is written."""
     reader = conform.arrow_input(data)
     rows = conform.row_count(data)
@@ -104,10 +105,8 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
         if land is not None:
             return lambda io, part: LandedFiles(*land(io, part))
     if reader is None:
-        raise InvalidInputError(
-            f"cannot ingest a {type(data).__name__}: pass a pyarrow Table, RecordBatch or RecordBatchReader, a "
-            "pandas DataFrame or a Spark DataFrame"
-        )
+        raise InvalidInputError(f"cannot ingest a {type(data).__name__}: pass {conform.ACCEPTED}"
+                                f"{conform.not_arrow_hint(data)}")
     batches = conform.conformed(reader, meta, op_column)
     # A batch of known size that the inline MetaGen will take keeps its records for it.
     keep = meta.keyed and rows is not None and rows <= meta.int_prop("metagen.inline_max_rows")

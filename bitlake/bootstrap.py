@@ -59,9 +59,12 @@ def detect(location: str) -> str:
     return "parquet"
 
 
-def open_source(location: str, kind: str | None = None) -> Source:
-    """The dataset at ``location``, a local path or ``file://`` URI (kind detected when not given)."""
-    location = location.removeprefix("file://")  # one form for detection and every reader
+def open_source(location: Any, kind: str | None = None) -> Source:
+    """The dataset at ``location``, a local path or ``file://`` URI (kind detected when not given), or Arrow
+    records: anything :meth:`Table.ingest` takes without Spark (a polars DataFrame, a DuckDB relation...)."""
+    if not isinstance(location, str | os.PathLike):
+        return _arrow(location)
+    location = os.fspath(location).removeprefix("file://")  # one form for detection and every reader
     kind = kind or detect(location)
     if kind not in SOURCE_KINDS:
         raise InvalidInputError(f"unknown source kind {kind!r}; known: {list(SOURCE_KINDS)}")
@@ -137,6 +140,17 @@ def _metadata_order(path: str) -> tuple[int, str]:
     return (int(head) if head.isdigit() else -1, path)
 
 
+def _arrow(data: Any) -> Source:
+    from bitlake.engine.write import conform
+
+    reader = conform.arrow_input(data)
+    if reader is None:
+        raise InvalidInputError(f"cannot convert a {type(data).__name__}: pass the path of a Parquet, Delta, Iceberg "
+                                f"or lance dataset, or {conform.ACCEPTED.removesuffix(', or a Spark DataFrame')}"
+                                f"{conform.not_arrow_hint(data)}")
+    return Source("arrow", type(data).__name__, reader.schema, (), lambda: reader)
+
+
 def _lance(location: str) -> Source:
     try:
         import lance
@@ -149,11 +163,15 @@ def _lance(location: str) -> Source:
 _OPENERS = {"parquet": _parquet, "delta": _delta, "iceberg": _iceberg, "lance": _lance}
 
 
-def convert(source: str, path: str, *, primary_key: str | list[str] | None = None, delta_column: str | None = None,
+def convert(source: Any, path: str, *, primary_key: str | list[str] | None = None, delta_column: str | None = None,
             partition_by: str | list[str] | None = None, source_kind: str | None = None, name: str | None = None,
             num_buckets: int = 16, properties: dict[str, str] | None = None,
             batch_id: str = "convert", storage_options: dict[str, str] | None = None) -> ConvertResult:
     """Creates a table at ``path`` holding the dataset at ``source`` as its first batch.
+
+    ``source`` is the path of a Parquet file or folder, a Delta table, an Iceberg table or a lance dataset, or
+    Arrow records in memory or as a stream (a pyarrow Table or RecordBatchReader, a polars DataFrame, a DuckDB
+    relation, a bitlake view: anything exporting the Arrow PyCapsule interface; ``source_kind`` "arrow").
 
     The table takes the source's schema; ``partition_by`` defaults to the source's Hive (or identity)
     partition columns. A keyed table (``primary_key`` and ``delta_column``) resolves keys the source holds

@@ -184,7 +184,9 @@ class Table:
 
         Args:
             data: the records, with the table's columns: a pyarrow Table, RecordBatch or RecordBatchReader
-                (streamed in bounded memory) or a pandas DataFrame lands on this machine without Spark; a
+                (streamed in bounded memory), a pandas DataFrame or anything exporting the Arrow PyCapsule
+                interface (a polars DataFrame, a DuckDB relation, another table's ``view()``; streamed) lands
+                on this machine without Spark; a
                 Spark DataFrame lands in a Spark job unless Spark estimates it at most
                 ``ingest.driver_max_bytes``, when it is collected and lands here.
             op_column: a string column saying what each record does: ``"upsert"`` or ``"delete"``.

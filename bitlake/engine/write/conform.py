@@ -1,6 +1,6 @@
-"""Arrow input conformance: a pyarrow table, record batch, batch reader or pandas DataFrame checked against
-the table schema and cast to it, batch by batch, without Spark (the rules of
-:func:`bitlake.spark.schema.conform_spark_input`, with Arrow's own representations accepted)."""
+"""Arrow input conformance: a pyarrow table, record batch, batch reader, pandas DataFrame or any producer of the
+Arrow PyCapsule interface checked against the table schema and cast to it, batch by batch, without Spark (the
+rules of :func:`bitlake.spark.schema.conform_spark_input`, with Arrow's own representations accepted)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,17 @@ from bitlake.errors import InvalidInputError, SchemaMismatchError
 from bitlake.format.metadata import OP_COLUMN, TableMetadata
 
 
+ACCEPTED = ("a pyarrow Table, RecordBatch or RecordBatchReader, a pandas DataFrame, anything that exports the Arrow "
+            "PyCapsule interface (__arrow_c_stream__: a polars DataFrame, a DuckDB relation, a bitlake view; or "
+            "__arrow_c_array__: a struct array), or a Spark DataFrame")
+
+
 def arrow_input(data: Any) -> pa.RecordBatchReader | None:
-    """``data`` as a stream of record batches, or None when it is not Arrow or pandas input."""
+    """``data`` as a stream of record batches, or None when it is neither Arrow nor pandas input (a Spark
+    DataFrame, which lands by its own path, or something no Arrow producer made).
+
+    A producer of the Arrow C stream interface is read as a stream (never whole), so a DuckDB query or a
+    view of another table lands in bounded memory."""
     if isinstance(data, pa.RecordBatchReader):
         return data
     if isinstance(data, pa.RecordBatch):
@@ -27,15 +36,34 @@ def arrow_input(data: Any) -> pa.RecordBatchReader | None:
             return pa.Table.from_pandas(data, preserve_index=False).to_reader()
         except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as e:  # ValueError: a column name twice
             raise SchemaMismatchError(f"the pandas DataFrame does not convert to Arrow: {e}") from None
+    if type(data).__module__.startswith("pyspark."):  # a Spark DataFrame exports a stream too, but lands in Spark
+        return None
+    try:
+        if hasattr(data, "__arrow_c_stream__"):
+            return pa.RecordBatchReader.from_stream(data)
+        if hasattr(data, "__arrow_c_array__"):
+            return pa.Table.from_batches([pa.record_batch(data)]).to_reader()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+        raise InvalidInputError(f"the {type(data).__name__} does not export Arrow records (a stream or an array "
+                                f"of structs, one field per column): {e}") from None
     return None
 
 
+def not_arrow_hint(data: Any) -> str:
+    """Why ``data`` is not accepted, when its type tells (a lazy frame to collect first), else ""."""
+    if hasattr(data, "collect") and hasattr(data, "lazy"):  # polars' LazyFrame exports no Arrow interface
+        return f"; collect() the {type(data).__name__} first"
+    return ""
+
+
 def row_count(data: Any) -> int | None:
-    """The number of rows of in-memory Arrow or pandas input; None for a stream or other input."""
+    """The number of rows of in-memory Arrow, pandas or polars input; None for a stream or other input."""
     if isinstance(data, pa.Table | pa.RecordBatch):
         return data.num_rows
     if _is_pandas(data):
         return len(data)
+    if type(data).__name__ == "DataFrame" and type(data).__module__.startswith("polars"):
+        return data.height
     return None
 
 
