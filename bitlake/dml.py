@@ -1,9 +1,10 @@
 """DML (docs/dml.md): ``delete(where)`` and ``update(where, set)`` on the current view, and ``merge`` of source
 rows by the primary key.
 
-The rows a condition selects are read from the current view: by Spark for a Spark SQL condition (its Parquet
-reader skips files and row groups by their statistics and partition values), on the driver for a pyarrow
-compute expression. Then:
+A condition or value is a SQL string (compiled to a pyarrow expression by :mod:`bitlake.sql`, no Spark) or a
+pyarrow compute expression; with ``spark=`` a SQL condition runs in Spark SQL instead. The rows a condition
+selects are read from the current view with the condition pushed into the files (row groups and partitions its
+statistics rule out are skipped). Then:
 
 * on a keyed table the change is an ingestion of records, one a row: a delete record, or the updated row as
   an upsert, each with the delta value of the row it changes (or, for an update that sets the delta column,
@@ -25,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from bitlake import batches, read
+from bitlake import batches, read, sql
 from bitlake.batches import IngestResult
 from bitlake.engine.read import plan, reader
 from bitlake.engine.write import conform
@@ -38,7 +39,6 @@ from bitlake.format.metadata import OP_COLUMN
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.spark.schema import spark_schema
-from bitlake.spark.session import spark_session
 from bitlake.transaction import Finished, Transaction
 
 
@@ -84,7 +84,7 @@ def update(io: FileIO, refresh, where: Any, assignments: dict[str, Any], spark: 
     state.protocol.check_write(io.uri())
     meta = state.metadata
     if not isinstance(assignments, dict) or not assignments:
-        raise InvalidInputError("update: set must be a non-empty dict {column: expression}")
+        raise InvalidInputError("update: set= must be a non-empty dict {column: SQL expression}")
     unknown = sorted(set(assignments) - set(meta.column_names))
     if unknown:
         raise InvalidInputError(f"update: the table has no columns {unknown}; its columns are {meta.column_names}")
@@ -103,7 +103,7 @@ def update(io: FileIO, refresh, where: Any, assignments: dict[str, Any], spark: 
         try:
             with Transaction(io, refresh) as tx:
                 new = batches.land(tx, state, batches.landing_of(data, meta, None), batches.check_batch_id(None))
-                return _unkeyed(tx, _rids(rows), new, UPDATE)
+                return _unkeyed(tx, _rids(rows), new, UPDATE, paired=rows.num_rows)
         except _Removed:
             state = refresh()  # another commit removed rows it matched: match again, rewrite what is left
     raise CommitConflictError(f"update gave up after {UPDATE_ATTEMPTS} attempts: other writers kept removing the "
@@ -117,17 +117,17 @@ class _Removed(Exception):
     """Rows an unkeyed update rewrote were removed by another commit before it committed."""
 
 
-def _unkeyed(tx: Transaction, rids: np.ndarray, new: Landed | None, operation: str) -> DmlResult:
+def _unkeyed(tx: Transaction, rids: np.ndarray, new: Landed | None, operation: str, paired: int = 0) -> DmlResult:
     """One commit invalidating rows ``rids`` of an unkeyed table (those still valid when it commits) and making
-    ``new`` live."""
+    ``new`` live; the first ``paired`` of ``rids`` are rewritten by ``new``'s first rows (an update)."""
     def plan_(state: TableState, version: int):
         valid = engine_restate.valid_now(tx.io, state, rids)
-        if operation == UPDATE and not valid.all():
+        if new is not None and not valid.all():
             raise _Removed  # its rewrites of those rows would bring them back
         still = rids[valid]
         if not len(still) and new is None:
             raise Finished(DmlResult(len(rids), None, {}))
-        r = engine_restate.remove_rows(tx.io, state, still, new, pair=operation == UPDATE)
+        r = engine_restate.remove_rows(tx.io, state, still, new, paired=paired)
         return batches.ChangePlan(r, [], {"rows": int(len(rids))})
 
     try:
@@ -146,28 +146,53 @@ def _matched(io: FileIO, state: TableState, where: Any, assignments: dict[str, A
     """The current view's rows ``where`` holds for (``columns`` of them, default all), with their row ids; with
     ``assignments``, their columns set to the assigned expressions."""
     meta = state.metadata
-    if isinstance(where, str):
+    if isinstance(where, str) and spark is not None:
         if assignments and not all(isinstance(e, str) for e in assignments.values()):
-            raise InvalidInputError("update: with a Spark SQL condition, set the columns to Spark SQL expressions")
+            raise InvalidInputError("update: with spark=, set the columns to Spark SQL expressions (strings)")
         return _spark_matched(io, state, where, assignments, spark, columns)
-    if not isinstance(where, pc.Expression):
-        raise InvalidInputError(f"where must be a Spark SQL condition (a string) or a pyarrow compute expression, "
-                                f"not {where!r}")
+    condition = condition_of(where, sql.Scope.of(meta.schema), "where")
     try:
-        rows = reader.read(io, plan.plan(io, state), include_row_ids=True, where=where, columns=columns)
+        rows = reader.read(io, plan.plan(io, state), include_row_ids=True, where=condition, columns=columns)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
         raise InvalidInputError(f"where: {e}") from None
     if not assignments or not rows.num_rows:
         return rows
-    projection = {}
-    for name in rows.column_names:
-        value = assignments.get(name, pc.field(name))
-        expr = value if isinstance(value, pc.Expression) else pc.scalar(value)  # a constant
-        projection[name] = expr.cast(meta.schema.field(name).type) if name in meta.schema.names else expr
+    scope = sql.Scope(rows.schema, {"": {n: n for n in meta.column_names}})
+    projection = {name: value_of(assignments[name], scope, meta.schema.field(name).type) if name in assignments
+                  else pc.field(name) for name in rows.column_names}
+    return evaluate(rows, projection, "update")
+
+
+def condition_of(where: Any, scope: sql.Scope, what: str) -> pc.Expression | None:
+    """A condition given as a SQL string or a pyarrow expression (None: none, every row)."""
+    if where is None:
+        return None
+    if isinstance(where, str):
+        return sql.to_expression(where, scope)
+    if not isinstance(where, pc.Expression):
+        raise InvalidInputError(f"{what} must be a SQL condition (a string such as \"id = 3\") or a pyarrow compute "
+                                f"expression, not {where!r}")
+    return where
+
+
+def value_of(value: Any, scope: sql.Scope, to: pa.DataType) -> pc.Expression:
+    """A value given as a SQL expression (a string: ``"amount * 2"``, ``"'fixed'"``), a pyarrow expression or a
+    constant, cast to the column's type ``to``."""
+    if isinstance(value, str):
+        value = sql.to_expression(value, scope, what="value")
+    elif not isinstance(value, pc.Expression):
+        try:
+            value = pc.scalar(value)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
+            raise InvalidInputError(f"{value!r} is not a value Arrow can hold: {e}") from None
+    return value.cast(to)
+
+
+def evaluate(table: pa.Table, projection: dict[str, pc.Expression], what: str) -> pa.Table:
     try:
-        return ds.dataset(rows).to_table(columns=projection)
+        return ds.dataset(table).to_table(columns=projection)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
-        raise InvalidInputError(f"update: {e}") from None
+        raise InvalidInputError(f"{what}: {str(e).splitlines()[0]}") from None
 
 
 def _spark_matched(io: FileIO, state: TableState, where: str, assignments: dict[str, Any] | None, spark: Any,
@@ -175,8 +200,6 @@ def _spark_matched(io: FileIO, state: TableState, where: str, assignments: dict[
     from pyspark.errors import AnalysisException, ParseException
     from pyspark.sql import functions as F
 
-    if spark is None:
-        spark = spark_session()
     meta = state.metadata
     try:
         df = read.to_spark(spark, io, state, None, include_row_ids=True).filter(where)
@@ -195,161 +218,343 @@ def _spark_matched(io: FileIO, state: TableState, where: str, assignments: dict[
 
 # ---------------------------------------------------------------------------------------------------- merge
 
-SOURCE, TARGET = "source.", "target."
-
 
 @dataclasses.dataclass(frozen=True)
 class MergeResult:
-    """What a merge did: source rows matched and not matched, records it wrote by kind, and its commit (None:
-    nothing to write)."""
+    """What a merge did: source rows that matched a target row and that did not, the rows its commit updated,
+    deleted and inserted (as the commit counted them: on a keyed table a record older than its key's current one
+    is ``stale`` and changes nothing), and its commit (None: nothing to write)."""
 
     matched: int
     not_matched: int
     updated: int
     deleted: int
     inserted: int
+    stale: int
     version: int | None
     counts: dict[str, int]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Clause:
+    side: str  # "matched", "not_matched" (a source row no target row matched), "by_source" (the converse)
     kind: str  # "update", "delete", "insert"
-    predicate: pc.Expression | None
-    assignments: dict[str, Any] | None  # update: column -> expression; None: every column from the source
+    predicate: Any  # a SQL string, a pyarrow expression or None
+    updates: dict[str, Any] | None  # column -> value; None: every column from the source (_all)
+    except_cols: tuple[str, ...] = ()
 
 
 class Merge:
-    """A merge of ``source`` rows into a keyed table by its primary key, built clause by clause as in delta-rs:
-    ``t.merge(src).when_matched_update_all().when_not_matched_insert_all().execute()``.
+    """A merge of ``source`` rows into the table, built clause by clause as in delta-rs (docs/dml.md#merge):
 
-    A source row **matches** when its key is in the current view. Each source row takes the first clause of its
-    kind (matched or not) whose predicate holds; a row no clause takes is left alone. Predicates and update
-    expressions are pyarrow compute expressions over the columns ``source.<name>`` and ``target.<name>``
-    (``pc.field("source.amount")``); a constant is taken as it is. The records are ingested as one batch
-    (``MERGE``): an update keeps the target's delta value unless it sets the delta column (``update_all`` takes
-    the source's, so an older source record is stale by the contract), a delete takes the target's, an insert
-    the source's (docs/dml.md). The records keep the source's order, which breaks ties of one key's equal delta
-    values as the contract does for any batch."""
+        t.merge(src, predicate="target.id = source.id")
+         .when_matched_update(updates={"bal": "source.bal"}, predicate="source.bal > 0")
+         .when_not_matched_insert_all()
+         .execute()
 
-    def __init__(self, io: FileIO, refresh, source: Any, on: Any, spark: Any):
+    A source row **matches** a target row (a row of the current view) when ``predicate`` holds for the pair; on a
+    keyed table the predicate is the key's equality (the default), on an append-only table it needs at least one
+    equality between a source and a target column and may add conditions. Each row takes the first clause of its
+    side whose predicate holds: matched pairs the ``when_matched_*`` clauses, source rows no target row matched the
+    ``when_not_matched_*`` ones, target rows no source row matched the ``when_not_matched_by_source_*`` ones; a row no
+    clause takes is left alone. Predicates and values are SQL expressions over ``source.<column>`` and
+    ``target.<column>`` (the aliases), or pyarrow expressions over fields of those names; a column name only one side
+    has needs no alias. Values are cast to the column's type; a string is a SQL expression (``"'fixed'"`` is the
+    string fixed).
+
+    On a keyed table the merge is one ingestion (``MERGE``): an update keeps the target's delta value unless it sets
+    the delta column (``update_all`` takes the source's, so an older source record is stale by the contract), a
+    delete takes the target's, an insert the source's; records keep the source's order, which breaks ties of one
+    key's equal delta values as for any batch. On an append-only table the matched rows' ids become invalid and the
+    updated and inserted rows are appended, in one commit; a target row that more than one source row would update
+    or delete is refused, as in Delta."""
+
+    def __init__(self, io: FileIO, refresh, source: Any, predicate: Any, source_alias: str, target_alias: str,
+                 on: Any, spark: Any):
+        for alias in (source_alias, target_alias):
+            if not isinstance(alias, str) or not alias.isidentifier():
+                raise InvalidInputError(f"merge: an alias must be a name such as 'source', not {alias!r}")
+        if source_alias.lower() == target_alias.lower():
+            raise InvalidInputError(f"merge: source_alias and target_alias are both {source_alias!r}")
+        if predicate is not None and on is not None:
+            raise InvalidInputError("merge: pass predicate= or on=, not both")
         self.io, self.refresh, self.spark = io, refresh, spark
-        self.source = source
-        self.on = on
+        self.source, self.predicate, self.on = source, predicate, ([on] if isinstance(on, str) else on)
+        self.s, self.t = source_alias, target_alias
         self.clauses: list[_Clause] = []
 
-    def when_matched_update(self, set: dict[str, Any], predicate: pc.Expression | None = None) -> Merge:  # noqa: A002
-        if not isinstance(set, dict) or not set:
-            raise InvalidInputError("merge: when_matched_update needs set={column: expression}")
-        self.clauses.append(_Clause("update", predicate, dict(set)))
+    def _add(self, side: str, kind: str, predicate: Any, updates: Any = None, set: Any = None,  # noqa: A002
+             except_cols: Any = None, needs_updates: bool = False) -> Merge:
+        if updates is not None and set is not None:
+            raise InvalidInputError("merge: pass updates= or set= (its other name), not both")
+        updates = updates if updates is not None else set
+        if needs_updates and (not isinstance(updates, dict) or not updates):
+            raise InvalidInputError(f"merge: when_{side}_{kind} needs updates={{column: SQL expression}}")
+        self.clauses.append(_Clause(side, kind, predicate, dict(updates) if updates is not None else None,
+                                    tuple([except_cols] if isinstance(except_cols, str) else except_cols or ())))
         return self
 
-    def when_matched_update_all(self, predicate: pc.Expression | None = None) -> Merge:
-        self.clauses.append(_Clause("update", predicate, None))
-        return self
+    def when_matched_update(self, updates: dict[str, Any] | None = None, predicate: Any = None, *,
+                            set: dict[str, Any] | None = None) -> Merge:  # noqa: A002 - Delta's Python name
+        """Sets the matched target row's columns ``updates`` (``set``: Delta's name for it) to their values."""
+        return self._add("matched", "update", predicate, updates, set, needs_updates=True)
 
-    def when_matched_delete(self, predicate: pc.Expression | None = None) -> Merge:
-        self.clauses.append(_Clause("delete", predicate, None))
-        return self
+    def when_matched_update_all(self, predicate: Any = None, except_cols: list[str] | None = None) -> Merge:
+        """Sets every column of the matched target row the source has (but ``except_cols``) to the source's."""
+        return self._add("matched", "update", predicate, except_cols=except_cols)
 
-    def when_not_matched_insert_all(self, predicate: pc.Expression | None = None) -> Merge:
-        self.clauses.append(_Clause("insert", predicate, None))
-        return self
+    def when_matched_delete(self, predicate: Any = None) -> Merge:
+        return self._add("matched", "delete", predicate)
+
+    def when_not_matched_insert(self, updates: dict[str, Any] | None = None, predicate: Any = None) -> Merge:
+        """Inserts a row of ``updates`` ({column: value}; columns left out are null) for the source row."""
+        return self._add("not_matched", "insert", predicate, updates, needs_updates=True)
+
+    def when_not_matched_insert_all(self, predicate: Any = None, except_cols: list[str] | None = None) -> Merge:
+        return self._add("not_matched", "insert", predicate, except_cols=except_cols)
+
+    def when_not_matched_by_source_update(self, updates: dict[str, Any] | None = None, predicate: Any = None, *,
+                                          set: dict[str, Any] | None = None) -> Merge:  # noqa: A002
+        """Sets columns of a target row no source row matched (reads the whole current view)."""
+        return self._add("by_source", "update", predicate, updates, set, needs_updates=True)
+
+    def when_not_matched_by_source_delete(self, predicate: Any = None) -> Merge:
+        """Deletes a target row no source row matched (reads the whole current view)."""
+        return self._add("by_source", "delete", predicate)
+
+    # ------------------------------------------------------------------------------------------- execute
 
     def execute(self) -> MergeResult:
-        state = self.refresh()
-        state.protocol.check_write(self.io.uri())
-        meta = state.metadata
-        if not meta.keyed:
-            raise InvalidInputError("merge needs a keyed table (it matches by the primary key); on an append-only "
-                                    "table use delete and ingest")
-        pk = list(meta.primary_key)
-        on = [self.on] if isinstance(self.on, str) else list(self.on or pk)
-        if sorted(on) != sorted(pk):
-            raise InvalidInputError(f"merge matches by the table's primary key {pk}, not {on}")
         if not self.clauses:
             raise InvalidInputError("merge: add at least one when_... clause before execute()")
-        source = _source_table(self.source, meta)
-        names = meta.column_names
-        # The target rows of the source's keys: a condition on the first key column pushed to the files, then
-        # an exact join on every key column.
-        keys = pc.unique(source.column(pk[0]))
-        target = reader.read(self.io, plan.plan(self.io, state), where=pc.field(pk[0]).isin(keys))
-        # The join pairs row numbers by the keys alone (pyarrow's join carries no nested column); the rows follow.
-        left = source.select(pk).append_column("_source_row", pa.array(np.arange(source.num_rows, dtype=np.int64)))
-        right = target.select(pk).rename_columns([TARGET + c for c in pk]).append_column(
-            "_target_row", pa.array(np.arange(target.num_rows, dtype=np.int64)))
-        pairs = left.join(right, keys=pk, right_keys=[TARGET + c for c in pk], join_type="left outer",
-                          ).sort_by("_source_row")
-        at = pairs.column("_target_row")
-        joined = pa.Table.from_arrays(
-            [*source.take(pairs.column("_source_row")).columns, *target.take(at).columns, pairs.column("_source_row")],
-            names=[*(SOURCE + c for c in source.column_names), *(TARGET + c for c in names), "_source_row"])
-        matched = at.is_valid().to_numpy(zero_copy_only=False)
-        taken = np.zeros(joined.num_rows, dtype=bool)
-        pieces: dict[str, list[pa.Table]] = {"update": [], "delete": [], "insert": []}
-        for clause in self.clauses:
-            mine = ~taken & (matched if clause.kind != "insert" else ~matched)
-            if clause.predicate is not None:
-                holds = _evaluate(joined, {"_p": clause.predicate}).column("_p")
-                mine &= pc.fill_null(holds, False).to_numpy(zero_copy_only=False)
-            taken |= mine
-            rows = joined.filter(pa.array(mine))
-            if rows.num_rows:
-                pieces[clause.kind].append(self._records(rows, clause, meta))
-        n = {k: sum(p.num_rows for p in v) for k, v in pieces.items()}
-        records = [p for v in pieces.values() for p in v]
-        if not records:
-            return MergeResult(int(matched.sum()), int((~matched).sum()), 0, 0, 0, None, {})
-        # In the source's order: a key's records of equal delta values apply in it (the contract's position).
-        data = pa.concat_tables(records).sort_by("_source_row").drop_columns(["_source_row"])
-        r = _ingest(self.io, self.refresh, data, OP_COLUMN, self.spark, MERGE)
-        return MergeResult(int(matched.sum()), int((~matched).sum()), n["update"], n["delete"], n["insert"],
-                           r.version, r.counts)
+        for _ in range(UPDATE_ATTEMPTS):
+            state = self.refresh()
+            state.protocol.check_write(self.io.uri())
+            try:
+                return self._execute(state)
+            except _Removed:
+                continue  # another commit removed target rows this merge rewrites: match again
+        raise CommitConflictError(f"merge gave up after {UPDATE_ATTEMPTS} attempts: other writers kept removing the "
+                                  f"rows it matched in {self.io.uri()}")
 
-    def _records(self, rows: pa.Table, clause: _Clause, meta) -> pa.Table:
-        """The clause's records as ingest input: the table's columns and the op column."""
+    def _execute(self, state: TableState) -> MergeResult:
+        meta = state.metadata
+        source = _source_table(self.source, meta)
+        scope = self._scope(source.schema, meta.schema)
+        on, residual = self._join(meta, source, scope)
+        for clause in self.clauses:
+            self._check(clause, meta, scope)
+        by_source = any(c.side == "by_source" for c in self.clauses)
+        # The target rows the source's values of the first join column admit (pushed to the files); all of them
+        # when a clause acts on target rows no source row matched.
+        s0, t0 = on[0]
+        where = None if by_source else pc.field(t0).isin(pc.unique(source.column(s0)).cast(meta.schema.field(t0).type))
+        target = reader.read(self.io, plan.plan(self.io, state), include_row_ids=True, where=where)
+        pairs = _pairs(source, target, on)
+        joined = self._joined(source, target, pairs)
+        if residual is not None:
+            holds = evaluate(joined, {"_": residual}, "merge predicate").column(0)
+            joined = joined.filter(pc.fill_null(holds, False))
+        hit_sources = np.unique(joined.column("_source_row").to_numpy())
+        lone_sources = np.setdiff1d(np.arange(source.num_rows), hit_sources)
+        groups = {"matched": joined,
+                  "not_matched": self._joined(source, target, (lone_sources, None)),
+                  "by_source": self._joined(source, target, (None, np.setdiff1d(
+                      np.arange(target.num_rows), joined.column("_target_row").to_numpy())))}
+        pieces: dict[tuple[str, str], pa.Table] = {}
+        for side, rows in groups.items():
+            taken = np.zeros(rows.num_rows, dtype=bool)
+            for i, clause in enumerate(c for c in self.clauses if c.side == side):
+                mine = ~taken
+                if clause.predicate is not None:
+                    condition = condition_of(clause.predicate, scope, "a merge clause's predicate")
+                    holds = evaluate(rows, {"_": condition}, "merge").column(0)
+                    mine &= pc.fill_null(holds, False).to_numpy(zero_copy_only=False)
+                taken |= mine
+                if mine.any():
+                    pieces[(side, f"{clause.kind}{i}")] = self._records(rows.filter(pa.array(mine)), clause, meta,
+                                                                         scope)
+        matched, not_matched = len(hit_sources), len(lone_sources)
+        if not pieces:
+            return MergeResult(matched, not_matched, 0, 0, 0, 0, None, {})
+        if meta.keyed:
+            return self._ingest(pieces, matched, not_matched)
+        return self._rewrite(state, pieces, matched, not_matched)
+
+    def _scope(self, source: pa.Schema, target: pa.Schema) -> sql.Scope:
+        fields = {self.s: {c: f"{self.s}.{c}" for c in source.names},
+                  self.t: {c: f"{self.t}.{c}" for c in target.names}}
+        schema = pa.schema([*(f.with_name(f"{self.s}.{f.name}") for f in source),
+                            *(f.with_name(f"{self.t}.{f.name}") for f in target),
+                            pa.field("_source_row", pa.int64()), pa.field("_target_row", pa.int64())])
+        return sql.Scope(schema, fields)
+
+    def _join(self, meta, source: pa.Table, scope: sql.Scope) -> tuple[list[tuple[str, str]], pc.Expression | None]:
+        """The equalities a source row and a target row match by (source column, target column), and the rest of
+        the predicate over the pair."""
+        if self.predicate is None:
+            if not meta.keyed and not self.on:
+                raise InvalidInputError("merge into an append-only table needs predicate= (such as "
+                                        f"\"{self.t}.id = {self.s}.id\") or on=[columns]")
+            on = list(self.on or meta.primary_key)
+            if meta.keyed and sorted(on) != sorted(meta.primary_key):
+                raise InvalidInputError(f"merge matches a keyed table by its primary key {list(meta.primary_key)}, "
+                                        f"not {on}")
+            missing = [c for c in on if c not in source.column_names]
+            if missing:
+                raise InvalidInputError(f"merge: the source lacks the columns {missing}")
+            return [(c, c) for c in on], None
+        if not isinstance(self.predicate, str):
+            raise InvalidInputError(f"merge: predicate= is a SQL condition such as \"{self.t}.id = {self.s}.id\", "
+                                    f"not {type(self.predicate).__name__} (pyarrow expressions go in the clauses)")
+        tree = sql.parse(self.predicate)
+        on, rest = [], []
+        for part in sql.conjuncts(tree):
+            sides = None
+            if isinstance(part, sql.exp.EQ):
+                a, b = sql.column_of(part.this), sql.column_of(part.expression)
+                if a and b:
+                    names = [scope.resolve(q, n, self.predicate) for q, n in (a, b)]
+                    sides = {name.split(".", 1)[0]: name.split(".", 1)[1] for name in names}
+            if sides is not None and set(sides) == {self.s, self.t}:
+                on.append((sides[self.s], sides[self.t]))
+            else:
+                rest.append(part)
+        if not on:
+            raise InvalidInputError(f"merge: the predicate {self.predicate!r} has no equality between a source and a "
+                                    f"target column ({self.t}.id = {self.s}.id); a merge matches by one")
+        if meta.keyed and (rest or sorted(t for _, t in on) != sorted(meta.primary_key)):
+            raise InvalidInputError(
+                f"merge: on a keyed table the predicate is the primary key's equality "
+                f"({' and '.join(f'{self.t}.{k} = {self.s}.{k}' for k in meta.primary_key)}, the default): one "
+                f"target row per key, so put other conditions in the when_... clauses' predicates")
+        residual = None
+        if rest:
+            text = " AND ".join(p.sql(dialect="spark") for p in rest)
+            residual = sql.to_expression(text, scope)
+        return on, residual
+
+    def _joined(self, source: pa.Table, target: pa.Table, pairs) -> pa.Table:
+        """Source and target rows side by side (``pairs``: their row numbers, or None for a side's nulls)."""
+        s_rows, t_rows = pairs
+        n = len(s_rows) if s_rows is not None else len(t_rows)
+        columns, names = [], []
+        for side, table, rows in ((self.s, source, s_rows), (self.t, target, t_rows)):
+            for name in table.column_names:
+                if name in rowid.ROW_ID_COLUMNS:
+                    continue
+                column = table.column(name)
+                columns.append(column.take(pa.array(rows)) if rows is not None else pa.nulls(n, column.type))
+                names.append(f"{side}.{name}")
+        for name, rows in (("_source_row", s_rows), ("_target_row", t_rows)):
+            columns.append(pa.array(rows, pa.int64()) if rows is not None else pa.nulls(n, pa.int64()))
+            names.append(name)
+        for c in rowid.ROW_ID_COLUMNS:
+            columns.append(target.column(c).take(pa.array(t_rows)) if t_rows is not None
+                           else pa.nulls(n, target.schema.field(c).type))
+            names.append(c)
+        return pa.Table.from_arrays(columns, names=names)
+
+    def _check(self, clause: _Clause, meta, scope: sql.Scope) -> None:
+        """Refuses a clause that names what is not there, before any row is read."""
+        names = meta.column_names
+        if clause.predicate is not None:
+            condition_of(clause.predicate, scope, "a merge clause's predicate")
+        unknown = sorted((set(clause.updates or ()) | set(clause.except_cols)) - set(names))
+        if unknown:
+            raise InvalidInputError(f"merge: the table has no columns {unknown}; its columns are {names}")
+        keys = sorted(set(clause.updates or ()) & set(meta.primary_key))
+        if keys and clause.kind == "update":
+            raise InvalidInputError(f"merge: cannot set the primary key columns {keys}")
+        if clause.kind == "insert" and clause.updates is not None:
+            required = [c for c in [*meta.primary_key, *([meta.delta_column] if meta.keyed else [])]
+                        if c not in clause.updates]
+            if required:
+                raise InvalidInputError(f"merge: when_not_matched_insert must set the key and delta columns {required}")
+        for c, value in (clause.updates or {}).items():
+            value_of(value, scope, meta.schema.field(c).type)
+
+    def _records(self, rows: pa.Table, clause: _Clause, meta, scope: sql.Scope) -> pa.Table:
+        """The clause's rows as the table's columns, with the op, the source row (for order) and the row ids of the
+        target row they replace."""
+        s, t = f"{self.s}.", f"{self.t}."
+        names = meta.column_names
         if clause.kind == "delete":
-            projection = {c: pc.field(TARGET + c) for c in meta.column_names}
-        elif clause.kind == "insert" or clause.assignments is None:
-            projection = {c: pc.field(SOURCE + c) if SOURCE + c in rows.column_names else pc.field(TARGET + c)
-                          for c in meta.column_names}
+            projection = {c: pc.field(t + c) for c in names}
+        elif clause.kind == "insert" and clause.updates is not None:
+            projection = {c: value_of(clause.updates[c], scope, meta.schema.field(c).type) if c in clause.updates
+                          else pc.scalar(None).cast(meta.schema.field(c).type) for c in names}
+        elif clause.updates is None:  # update_all, insert_all
+            fallback = t if clause.kind == "update" else None
+            projection = {c: pc.field(s + c) if s + c in rows.column_names and c not in clause.except_cols
+                          else pc.field(fallback + c) if fallback else pc.scalar(None).cast(meta.schema.field(c).type)
+                          for c in names}
         else:
-            unknown = sorted(set(clause.assignments) - set(meta.column_names))
-            if unknown:
-                raise InvalidInputError(f"merge: the table has no columns {unknown}")
-            keys = sorted(set(clause.assignments) & set(meta.primary_key))
-            if keys:
-                raise InvalidInputError(f"merge: cannot set the primary key columns {keys}")
-            projection = {}
-            for c in meta.column_names:
-                value = clause.assignments.get(c, pc.field(TARGET + c))
-                projection[c] = value if isinstance(value, pc.Expression) else pc.scalar(value)
+            projection = {c: value_of(clause.updates[c], scope, meta.schema.field(c).type) if c in clause.updates
+                          else pc.field(t + c) for c in names}
         projection = {c: e.cast(meta.schema.field(c).type) for c, e in projection.items()}
-        out = _evaluate(rows, {**projection, "_source_row": pc.field("_source_row")})
+        extra = {"_source_row": pc.field("_source_row"), **{c: pc.field(c) for c in rowid.ROW_ID_COLUMNS}}
+        out = evaluate(rows, {**projection, **extra}, "merge")
         op = "delete" if clause.kind == "delete" else "upsert"
         return out.append_column(OP_COLUMN, pa.array([op] * out.num_rows, pa.string()))
 
+    def _ingest(self, pieces: dict, matched: int, not_matched: int) -> MergeResult:
+        # In the source's order (a key's records of equal delta values apply in it), then the by-source records.
+        data = (pa.concat_tables(pieces.values()).sort_by("_source_row")
+                .drop_columns(["_source_row", *rowid.ROW_ID_COLUMNS]))
+        r = _ingest(self.io, self.refresh, data, OP_COLUMN, self.spark, MERGE)
+        c = r.counts
+        return MergeResult(matched, not_matched, c.get("updated", 0), c.get("deleted", 0), c.get("inserted", 0),
+                           c.get("stale", 0), r.version, r.counts)
 
-def _evaluate(table: pa.Table, projection: dict[str, pc.Expression]) -> pa.Table:
-    try:
-        return ds.dataset(table).to_table(columns=projection)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
-        raise InvalidInputError(f"merge: {e}") from None
+    def _rewrite(self, state: TableState, pieces: dict, matched: int, not_matched: int) -> MergeResult:
+        """An append-only table's merge: the updated and deleted target rows' ids become invalid, the updated and
+        inserted rows are appended; each update's preimage pairs with its postimage in the change feed."""
+        def of(kind: str) -> pa.Table | None:
+            tables = [p for (_, k), p in pieces.items() if k.startswith(kind)]
+            return pa.concat_tables(tables) if tables else None
+
+        updated, deleted, inserted = of("update"), of("delete"), of("insert")
+        touched = [x for x in (updated, deleted) if x is not None]
+        rids = np.concatenate([_rids(x) for x in touched]) if touched else np.empty(0, np.int64)
+        if len(np.unique(rids)) < len(rids):
+            raise InvalidInputError("merge: more than one source row matched the same target row for an update or "
+                                    "delete; make the predicate match one source row per target row")
+        new_rows = [x for x in (updated, inserted) if x is not None]
+        new = None
+        with Transaction(self.io, self.refresh) as tx:
+            if new_rows:
+                data = pa.concat_tables(new_rows).drop_columns(["_source_row", OP_COLUMN, *rowid.ROW_ID_COLUMNS])
+                new = batches.land(tx, state, batches.landing_of(data, state.metadata, None),
+                                   batches.check_batch_id(None))
+            n_updated = updated.num_rows if updated is not None else 0
+            r = _unkeyed(tx, rids, new, MERGE, paired=n_updated)
+        c = r.counts
+        return MergeResult(matched, not_matched, c.get("updated", 0), c.get("deleted", 0), c.get("inserted", 0), 0,
+                           r.version, r.counts)
+
+
+def _pairs(source: pa.Table, target: pa.Table, on: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
+    """The row numbers of source and target rows whose ``on`` columns are equal (nulls equal nothing), in the
+    source's order. The join carries row numbers only (pyarrow's join takes no nested column)."""
+    keys = [f"_k{i}" for i in range(len(on))]
+    left = pa.table([*(source.column(s).cast(target.schema.field(t).type) for s, t in on),
+                     pa.array(np.arange(source.num_rows, dtype=np.int64))], names=[*keys, "_source_row"])
+    right = pa.table([*(target.column(t) for _, t in on), pa.array(np.arange(target.num_rows, dtype=np.int64))],
+                     names=[*keys, "_target_row"])
+    joined = left.join(right, keys=keys, join_type="inner").sort_by([("_source_row", "ascending"),
+                                                                    ("_target_row", "ascending")])
+    return joined.column("_source_row").to_numpy(), joined.column("_target_row").to_numpy()
 
 
 def _source_table(source: Any, meta) -> pa.Table:
-    """The source rows as an Arrow table (the key and delta columns required; other columns may be left out, and
-    an update_all then keeps the target's; columns the table lacks, such as a change feed's op, are there for
-    the predicates and written nowhere)."""
+    """The source rows as an Arrow table, the columns the table has cast to its types (the source may lack some,
+    and may have others, such as a change feed's op, for the predicates: they are written nowhere)."""
     reader_ = conform.arrow_input(source)
     if reader_ is None:
-        raise InvalidInputError(f"merge: the source must be a pyarrow Table or a pandas DataFrame, not "
-                                f"{type(source).__name__}")
+        raise InvalidInputError(f"merge: the source must be a pyarrow Table, a pandas DataFrame or anything that "
+                                f"exports an Arrow stream (polars, DuckDB, a view), not {type(source).__name__}")
     table = reader_.read_all()
-    missing = [c for c in [*meta.primary_key, meta.delta_column] if c not in table.column_names]
-    if missing:
-        raise InvalidInputError(f"merge: the source lacks the columns {missing}")
     try:
         return table.cast(pa.schema([meta.schema.field(c) if c in meta.column_names else table.schema.field(c)
                                      for c in table.column_names]))

@@ -344,10 +344,10 @@ def _unkeyed(io: FileIO, state: TableState, removed: int | None, new: Landed | N
 
 
 def remove_rows(io: FileIO, state: TableState, rids: np.ndarray, new: Landed | None,
-                pair: bool = False) -> Restatement:
-    """An unkeyed table's rows ``rids`` (packed, valid now) become invalid, and ``new``'s rows valid. The change
-    rows are deletes and inserts, or with ``pair`` (an update: ``new`` rewrites each of ``rids``, in their
-    order) preimages and postimages, ``rids[i]`` with the i-th row ``new`` landed."""
+                paired: int = 0) -> Restatement:
+    """An unkeyed table's rows ``rids`` (packed, valid now) become invalid, and ``new``'s rows valid. The first
+    ``paired`` of ``rids`` are rewritten by the first ``paired`` rows ``new`` landed, in their order (an update:
+    preimage and postimage change rows, ``rids[i]`` with the i-th row); the rest are deletes and inserts."""
     bitmaps = bitmap.NewBitmaps(bitmap.BitmapCache(io), state.metadata.prop("bitmap.deltas"))
     by_row = np.sort(rids)
     segment = by_row >> rowid.OFFSET_BITS
@@ -364,14 +364,12 @@ def remove_rows(io: FileIO, state: TableState, rids: np.ndarray, new: Landed | N
     came = [np.arange(s.data_rows, dtype=np.int64) | np.int64(rowid.segment_key(s.part, s.seq)) for s in out.segments]
     after = np.sort(np.concatenate(came)) if came else np.empty(0, np.int64)
     out.segments = segments + out.segments
-    if pair:
-        assert len(rids) == len(after), "an update rewrites each of its rows"
-        places = np.arange(len(rids), dtype=np.int64) * 2
-        changes = changefile.table((rids, "update_preimage", places), (after, "update_postimage", places + 1))
-        counts = {**dict.fromkeys(COUNTS, 0), "updated": len(rids)}
-    else:
-        rids = by_row
-        changes = changefile.table((rids, "delete", np.arange(len(rids), dtype=np.int64)),
-                                   (after, "insert", np.arange(len(after), dtype=np.int64) + len(rids)))
-        counts = {**dict.fromkeys(COUNTS, 0), "deleted": len(rids), "inserted": len(after)}
+    assert paired <= min(len(rids), len(after)), "an update rewrites each of its rows"
+    places = np.arange(paired, dtype=np.int64) * 2
+    gone, came_in = np.sort(rids[paired:]), after[paired:]
+    changes = changefile.table(
+        (rids[:paired], "update_preimage", places), (after[:paired], "update_postimage", places + 1),
+        (gone, "delete", np.arange(len(gone), dtype=np.int64) + 2 * paired),
+        (came_in, "insert", np.arange(len(came_in), dtype=np.int64) + 2 * paired + len(gone)))
+    counts = {**dict.fromkeys(COUNTS, 0), "updated": paired, "deleted": len(gone), "inserted": len(came_in)}
     return Restatement(out, changes, counts)

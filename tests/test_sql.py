@@ -1,0 +1,118 @@
+"""SQL conditions and values without Spark (bitlake/sql.py): each construct against its answer on Arrow, the
+types SQL implies where pyarrow's differ, and every name or construct it cannot take refused by name."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+
+import bitlake
+from bitlake import sql
+
+TABLE = pa.table({
+    "id": pa.array([1, 2, 3], pa.int32()), "name": ["a", "Bob", None], "bal": [1.5, 2.5, None],
+    "d": pa.array([dt.date(2024, 1, 1), dt.date(2024, 2, 1), None]),
+    "ts": pa.array([dt.datetime(2024, 1, 1), dt.datetime(2024, 3, 1), None], pa.timestamp("us", "UTC")),
+    "amt": pa.array([1, 2, 3], pa.decimal128(10, 2))})
+
+
+def values(text: str, what: str = "condition") -> list:
+    return ds.dataset(TABLE).to_table(columns={"x": sql.to_expression(text, TABLE.schema, what=what)}).column(0).to_pylist()
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("id = 2", [False, True, False]),
+    ("id > 1 and bal < 3", [False, True, None]),  # three-valued: unknown stays unknown
+    ("id > 2 or bal < 2", [True, False, True]),
+    ("not (id = 1)", [False, True, True]),
+    ("name like 'B%'", [False, True, None]),
+    ("name ilike 'b%'", [False, True, None]),
+    ("name not like 'B%'", [True, False, None]),
+    ("d >= '2024-01-15'", [False, True, None]),  # a string read as a date
+    ("d between date '2024-01-01' and '2024-01-31'", [True, False, None]),
+    ("ts > '2024-02-01'", [False, True, None]),  # no zone: UTC
+    ("ts > timestamp '2024-02-01 00:00:00'", [False, True, None]),
+    ("ts < d", [False, False, None]),  # a date compared with a zoned timestamp
+    ("id in (1, 3)", [True, False, True]),
+    ("id not in (1, 3)", [False, True, False]),
+    ("name in ('a', 'x')", [True, False, None]),
+    ("d in ('2024-01-01')", [True, False, None]),
+    ("id in (1, id + 0)", [True, True, True]),  # not all constants: a disjunction
+    ("name is null", [False, False, True]),
+    ("bal is not null", [True, True, False]),
+    ("amt > 1.5", [False, True, True]),
+    ("id % 2 = 1", [True, False, True]),
+    ("id / 2 > 0.7", [False, True, True]),  # / divides as floating point
+    ("coalesce(bal, 0) > 2", [False, True, False]),
+    ("lower(name) = 'bob'", [False, True, None]),
+    ("case when id > 1 then 'big' else 'small' end = 'big'", [False, True, True]),
+    ("case id when 1 then 'one' end = 'one'", [True, None, None]),
+    ("id <=> 2", [False, True, False]),
+    ("name <=> null", [False, False, True]),
+    ("starts_with(name, 'B')", [False, True, None]),
+    ("if(bal > 2, true, false)", [False, True, False]),  # unknown takes the else branch
+    ("(id > 1) is true", [False, True, True]),
+    ("ID = 1", [True, False, False]),  # names match without regard to case when that is unique
+    ("`id` = 1", [True, False, False]),
+])
+def test_conditions(text, expected):
+    assert values(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("bal * 2", [3.0, 5.0, None]),
+    ("'fixed'", ["fixed"] * 3),
+    ("name || '!'", ["a!", "Bob!", None]),
+    ("cast(id as string)", ["1", "2", "3"]),
+    ("-id", [-1, -2, -3]),
+    ("round(bal)", [2.0, 3.0, None]),  # half up, as Spark
+    ("nullif(id, 2)", [1, None, 3]),
+    ("null", [None] * 3),
+    ("case when id > 1 then 1 else 2.5 end", [2.5, 1.0, 1.0]),  # branches of a mix of numbers: float64
+])
+def test_values(text, expected):
+    assert values(text, "value") == expected
+
+
+@pytest.mark.parametrize("text, message", [
+    ("fixed", r"no column 'fixed' \(a string value is written in quotes: 'fixed'\)"),
+    ("id = ", "is not a SQL expression"),
+    ("foo(id) = 1", r"function foo\(\) is not supported without Spark"),
+    ("select 1", "is a statement"),
+    ("id + 1", "is not a condition"),
+    ("x.id = 1", "unknown table 'x'"),
+    ("d > 'nope'", "'nope' is not a value of type date32"),
+    ("id in (select 1)", "IN takes a list"),
+    ("name like id", "LIKE takes a string pattern"),
+    ("", "non-empty"),
+])
+def test_refused_by_name(text, message):
+    with pytest.raises(bitlake.InvalidInputError, match=message):
+        values(text)
+
+
+def test_qualified_names_resolve_in_a_scope_and_ambiguity_is_refused():
+    schema = pa.schema([("source.id", pa.int64()), ("source.x", pa.int64()), ("target.id", pa.int64()),
+                        ("target.y", pa.int64())])
+    scope = sql.Scope(schema, {"source": {"id": "source.id", "x": "source.x"}, "target": {"id": "target.id", "y": "target.y"}})
+    table = pa.table({"source.id": [1], "source.x": [2], "target.id": [1], "target.y": [3]})
+    e = sql.to_expression("source.id = target.id and x < y", scope)
+    assert ds.dataset(table).to_table(columns={"_": e}).column(0).to_pylist() == [True]
+    with pytest.raises(bitlake.InvalidInputError, match="'id' is ambiguous: qualify it as source.id or target.id"):
+        sql.to_expression("id = 1", scope)
+    with pytest.raises(bitlake.InvalidInputError, match="target has no column 'x'"):
+        sql.to_expression("target.x = 1", scope)
+
+
+def test_a_filter_string_is_pushed_into_the_files(tmp_path):
+    """``to_arrow(filter=...)`` takes SQL; row groups its statistics rule out are not read."""
+    t = bitlake.create_table(str(tmp_path / "t"), pa.schema([("id", pa.int64()), ("bal", pa.float64())]))
+    t.ingest(pa.table({"id": list(range(1000)), "bal": [i / 10 for i in range(1000)]}))
+    assert sorted(t.to_arrow(filter="bal > 99.5 and id % 2 = 1").column("id").to_pylist()) == [997, 999]
+    assert t.to_arrow(filter="id in (3, 4)", columns=["id"]).num_rows == 2
+    assert t.view(filter="bal < 0").to_table().num_rows == 0
+    with pytest.raises(bitlake.InvalidInputError, match="no column 'nope'"):
+        t.to_arrow(filter="nope > 1")
