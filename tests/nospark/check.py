@@ -45,7 +45,7 @@ def check(path: str) -> None:
     assert duckdb.sql("SELECT count(*) FROM view").fetchall() == [(90,)]
     assert duckdb.sql("SELECT count(*) FROM view WHERE mod = 2").fetchall() == [(40,)]
     assert pl.DataFrame(view).height == 90
-    changes = t.changes_to_arrow(start_version=1, end_version=2)
+    changes = t.changes_to_arrow(starting_version=2, ending_version=2)
     kinds = pc.value_counts(changes.column("_change_type")).to_pylist()
     assert {k["values"]: k["counts"] for k in kinds} == {"update_preimage": 40, "update_postimage": 40, "delete": 10}
     assert t.compact().version is not None
@@ -60,6 +60,17 @@ def check(path: str) -> None:
     assert deleted.version is not None and t.to_arrow().num_rows == left - deleted.matched > 0
     assert t.update(pc.field("k") == 1, {"v": pc.scalar(-1)}).matched == 1
     assert [r["v"] for r in t.to_arrow(filter=pc.field("k") == 1).to_pylist()] == [-1]
+    # A batch past metagen.inline_max_rows with no session given still runs MetaGen here: Spark only when asked.
+    t.set_properties({"metagen.inline_max_rows": "1"})
+    assert t.ingest(batch([1000, 1001], 5), op_column="op").counts["inserted"] == 2
+    t.set_properties({"metagen.inline_max_rows": ""})
+    # SQL strings without Spark, as a delta-rs user writes them.
+    assert t.delete("k = 3").matched == 1 and t.to_arrow(filter="k = 3").num_rows == 0
+    assert t.update("k = 1", {"v": "v * 10 - 5"}).matched == 1
+    assert [r["v"] for r in t.to_arrow(filter="k = 1 and g = 'g1'").to_pylist()] == [-15]
+    r = (t.merge(pa.table({"k": [1, 500], "g": ["g1", "g2"], "v": [7, 8], "mod": [9, 9]}), "target.k = source.k")
+         .when_matched_update(updates={"v": "source.v + target.v"}).when_not_matched_insert_all().execute())
+    assert (r.updated, r.inserted) == (1, 1) and t.to_arrow(filter="k in (1, 500)").sort_by("k").column("v").to_pylist() == [-8, 8]
 
 
 check(tempfile.mkdtemp() + "/t")
