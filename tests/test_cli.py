@@ -100,11 +100,12 @@ def test_show_travels_by_version_and_event_time(lake, capsys, monkeypatch):
 @pytest.mark.spark
 def test_changes_prints_the_feed(lake, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
-    code, out, _ = run(capsys, "changes", lake / "accounts", "--start-version", "1")
+    code, out, _ = run(capsys, "changes", lake / "accounts", "--starting-version", "2")  # included, as in Delta
     assert code == 0
     for kind in ("update_preimage", "update_postimage", "delete", "insert"):
         assert kind in out
-    code, out, _ = run(capsys, "changes", lake / "accounts", "--start-version", "1", "--change-types", "delete")
+    assert "carol" not in out  # version 1's insert is before the range
+    code, out, _ = run(capsys, "changes", lake / "accounts", "--starting-version", "2", "--change-types", "delete")
     assert code == 0 and "bob" in out and "alice" not in out
 
 
@@ -192,7 +193,7 @@ def test_create_parses_compact_and_json_schemas(tmp_path, capsys):
 @pytest.mark.parametrize(("argv", "message"), [
     (["create", "{t}", "--schema", "id:uuid"], "unknown column type 'uuid'"),
     (["create", "{t}", "--schema", "id"], "is not name:type"),
-    (["create", "{t}", "--schema", "id:int64", "--primary-key=id"], "needs both primary_key and delta"),
+    (["create", "{t}", "--schema", "id:int64", "--primary-key=id"], "needs both --primary-key and --delta-column"),
     (["show", "{t}/missing"], "no such table"),
     (["history", "{t}/missing"], "no such table"),
     (["ingest", "{t}", "nope.csv"], "no such table"),

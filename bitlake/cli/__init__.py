@@ -3,7 +3,8 @@ changes, history, describe, cleanup, upgrade) and the trigger service's (:mod:`b
 and ``events publish|watch|list|token``).
 
 Errors bitlake raises on purpose (:class:`bitlake.BitlakeError`) print one line and exit with 2, like
-argparse's usage errors; any other Spark error (a missing path, a CSV value that does not cast) prints
+argparse's usage errors, in the command line's words (``--look-back``, not ``look_back``); a command that needs an
+extra that is not installed (pyspark for a Spark MetaGen) says which in one line; any other Spark error prints
 its first line and exits with 1.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -27,8 +29,27 @@ from bitlake.triggers.__main__ import database_error
 __all__ = ["build_parser", "main", "parse_schema", "parse_type", "render_history", "render_rows", "watch_state_path"]
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help names its default, unless it says it already."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.option_strings and action.default not in (None, False, "", argparse.SUPPRESS) \
+                and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """The parser of ``bitlake`` and of each of its commands (sub-parsers are made of the parent's class)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bitlake", description="Mutable tables on an immutable data lake.")
+    p = _Parser(prog="bitlake", description="Mutable tables on an immutable data lake.")
     p.add_argument("--version", action="version", version=f"bitlake {bitlake.__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     tables.add_parsers(sub)
@@ -41,12 +62,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rich.console import Console
     except ImportError:
         sys.exit("bitlake: the command line needs its extra: pip install 'bitlake[cli]'")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     out, err = Console(), Console(stderr=True)
     try:
         code = args.run(args, out, err)
     except BitlakeError as e:
-        say(err, f"bitlake {args.command}: error: {e}")
+        message = cli_wording(" ".join(str(e).split()), command_options(parser, args))
+        say(err, f"bitlake {args.command}: error: {message}")
+        return 2
+    except ImportError as e:
+        extra = _EXTRAS.get((e.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        say(err, f"bitlake {args.command}: error: this needs {extra[0]}, which is not installed: "
+                 f"pip install 'bitlake[{extra[1]}]'")
         return 2
     except (OSError, ValueError, OverflowError, pa.ArrowException) as e:
         # An input that is not what it claims (a missing file, Parquet or JSON that does not parse, a number
@@ -71,3 +101,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(err, f"bitlake {args.command}: Spark error: {_first_line(e)}")
         return 1
     return code or 0
+
+
+# The optional packages a command can need, by import name: what to say, and bitlake's extra that installs it.
+_EXTRAS = {"pyspark": ("Spark (pyspark)", "spark"), "py4j": ("Spark (pyspark)", "spark"),
+           "httpx": ("httpx", "client"), "fastapi": ("FastAPI", "service"), "uvicorn": ("uvicorn", "service"),
+           "sqlalchemy": ("SQLAlchemy", "service")}
+# The library's errors name its keyword arguments: those whose option is not named after them, by the option's dest.
+_ARGUMENTS = {"num_buckets": "buckets", "file_format": "format", "major=True": "major"}
+
+
+def cli_wording(message: str, options: dict[str, str]) -> str:
+    """``message`` with each keyword argument of the library it names (``look_back``, ``major=True``,
+    ``starting_version``) written as the command's option (``--look-back``, ``--major``, ``--starting-version``):
+    a command line user passed flags, not arguments. ``options``: the command's options by dest."""
+    flags = {dest: flag for dest, flag in options.items() if "_" in dest}
+    flags.update({name: options[dest] for name, dest in _ARGUMENTS.items() if dest in options})
+    if not flags:
+        return message
+    names = "|".join(map(re.escape, sorted(flags, key=len, reverse=True)))
+    return re.sub(rf"(?<![\w.'\"-])({names})(?![\w'\"])", lambda m: flags[m[1]], message)
+
+
+def command_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """The long options of the (sub-)command ``args`` ran, by dest."""
+    while True:
+        sub = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not sub or getattr(args, sub[0].dest, None) not in sub[0].choices:
+            break
+        parser = sub[0].choices[getattr(args, sub[0].dest)]
+    return {a.dest: next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
+            for a in parser._actions if a.option_strings and a.dest != "help"}

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import bitlake
-from bitlake.cli.output import say
+from bitlake.cli.output import print_grid, say
+from bitlake.cli.tables import PATH_HELP
 from bitlake.errors import InvalidInputError
 from bitlake.triggers.__main__ import add_token_parser, token_command
 from bitlake.triggers.config import TriggerConfig
@@ -179,7 +180,7 @@ def cmd_events_list(args, out: Console, err: Console) -> None:
         grid.add_row(str(event.event_id), event.event_ts.strftime("%Y-%m-%d %H:%M:%S"), json.dumps(event.partition),
                      event.snapshot_id or "∅", event.prev_snapshot_id or "∅", event.operation_type.value,
                      ", ".join(f"{k}={v}" for k, v in event.tags.items()))
-    out.print(grid)
+    print_grid(out, grid)
     if page.next_cursor:
         say(out, f"more events follow: --min-event-id {page.events[-1].event_id + 1}")
 
@@ -201,14 +202,14 @@ def _seconds(text: str) -> float:
 
 def add_parsers(sub) -> None:
     """The trigger service commands' sub-parsers."""
-    path_help = "the table's folder (or file:// URI)"
     sv = sub.add_parser("serve", help="run the trigger service (FastAPI on uvicorn)")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=8400, help="port (default 8400)")
     sv.add_argument("--db-url", help="the store's SQLAlchemy URL (default: $BITLAKE_TRIGGERS_DB_URL, else "
                                      "sqlite:///./bitlake-triggers.db)")
     sv.add_argument("--config", help="a TOML configuration file (default: $BITLAKE_TRIGGERS_CONFIG)")
-    sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                    help="uvicorn's log level")
     sv.set_defaults(run=cmd_serve)
 
     ev = sub.add_parser("events", help="Data Change Events: publish, watch, list; API tokens")
@@ -220,7 +221,7 @@ def add_parsers(sub) -> None:
         parser.add_argument("--db-url", help="talk to the store's database directly instead of the service")
 
     pb = actions.add_parser("publish", help="register the events of a bitlake table's unpublished commits")
-    pb.add_argument("path", help=path_help)
+    pb.add_argument("path", help=PATH_HELP)
     target_options(pb)
     pb.add_argument("--skip-expired", action="store_true",
                     help="when cleanup dropped commits not yet published, go on from the oldest commit left "
@@ -229,7 +230,7 @@ def add_parsers(sub) -> None:
 
     w = actions.add_parser("watch", help="register events for a Hive folder's, Iceberg or Delta table's changes")
     w.add_argument("kind", choices=["hive", "iceberg", "delta"])
-    w.add_argument("location", help="the table's folder (or file:// URI); with --catalog an Iceberg identifier")
+    w.add_argument("location", help="the table's local folder (or file:// URI); with --catalog an Iceberg identifier")
     target_options(w)
     w.add_argument("--table", help="the table's name in the events (default: its location URI)")
     w.add_argument("--interval", type=_seconds, default=30.0, help="seconds between looks (default 30)")

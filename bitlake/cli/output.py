@@ -1,11 +1,17 @@
-"""What the command line prints: one-line messages, step spinners, tables of rows and of the history."""
+"""What the command line prints: one-line messages, step spinners, tables of rows and of the history (boxed on a
+terminal, plain text off one), JSON lines."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import datetime
+import decimal
+import json
+import math
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # rich (bitlake[cli]), httpx (bitlake[client]) and pyspark are imported where they are used
@@ -74,3 +80,61 @@ def render_history(history: list[dict[str, Any]]) -> RichTable:
         when = h["timestamp"][:19].replace("T", " ")
         grid.add_row(str(h["version"]), when, h["operation"], batch, counts)
     return grid
+
+
+def print_grid(console: Console, grid: RichTable) -> None:
+    """A table of :func:`render_rows` or :func:`render_history`: boxed and fitted to a terminal; off a terminal
+    (a pipe, a file, ``less``) plain text, never cut or folded at 80 columns: the title, a header line and a
+    line per row, columns aligned by spaces, so ``grep`` and ``cut`` see whole values."""
+    if console.is_terminal:
+        console.print(grid)
+        return
+    columns = [str(c.header) for c in grid.columns]
+    cells = [[_plain(v) for v in c.cells] for c in grid.columns]
+    rows = [list(r) for r in zip(*cells, strict=True)] if cells else []
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(columns)]
+    lines = [str(grid.title)] if grid.title else []
+    lines += ["  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)).rstrip() for line in [columns, *rows]]
+    console.file.write("".join(line + "\n" for line in lines))
+
+
+def _plain(value: Any) -> str:
+    # A line per row: a newline or tab inside a value is written as its escape.
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+
+
+def print_json_lines(console: Console, rows: Iterable[dict[str, Any]]) -> None:
+    """One JSON object per row and line (JSON lines), values JSON-typed: see :func:`json_value`."""
+    write = console.file.write
+    for row in rows:
+        write(json_value(row) + "\n")
+
+
+def json_value(value: Any) -> str:
+    """``value`` (as ``pyarrow``'s ``to_pylist`` gives it) as JSON text: numbers as numbers (decimals with every
+    digit; NaN and the infinities, which JSON has no number for, as the strings ``"NaN"``, ``"Infinity"``,
+    ``"-Infinity"``, as Spark's JSON writer does), timestamps, dates and times as ISO-8601 strings, durations as
+    ISO-8601 durations (``"PT1.5S"``), binary as base64, structs as objects, lists as arrays and maps as arrays
+    of ``[key, value]`` pairs."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else _NON_FINITE[str(value)]
+    if isinstance(value, decimal.Decimal):
+        return str(value) if value.is_finite() else json.dumps(str(value))
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return json.dumps(value.isoformat())
+    if isinstance(value, datetime.timedelta):
+        micros = (value.days * 86_400 + value.seconds) * 1_000_000 + value.microseconds
+        return json.dumps(f"PT{decimal.Decimal(micros).scaleb(-6).normalize():f}S")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return json.dumps(base64.b64encode(bytes(value)).decode())
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(str(k), ensure_ascii=False)}: {json_value(v)}"
+                               for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(json_value(v) for v in value) + "]"
+    return json.dumps(str(value), ensure_ascii=False)
+
+
+_NON_FINITE = {"nan": '"NaN"', "inf": '"Infinity"', "-inf": '"-Infinity"'}

@@ -13,13 +13,16 @@ import pyarrow as pa
 
 import bitlake
 from bitlake import cdc
-from bitlake.cli.output import _counts, render_history, render_rows, say, step
+from bitlake.cli.output import _counts, print_grid, print_json_lines, render_history, render_rows, say, step
 from bitlake.errors import InvalidInputError
+from bitlake.format import rowid
 from bitlake.mirror import PostgresMirror, lsn_text
-from bitlake.spark.schema import spark_schema, to_arrow_schema
+from bitlake.spark.schema import to_arrow_schema
 
 # rich (bitlake[cli]), httpx (bitlake[client]) and pyspark are imported where they are used, and so is the table
-# library (through ``bitlake``'s lazy names, or bitlake.bootstrap): `bitlake --help` starts without them.
+# library (through ``bitlake``'s lazy names, or bitlake.bootstrap): `bitlake --help` starts without them. No command
+# starts Spark itself: the only ones that run on it are MetaGen as a Spark job (--metagen-mode spark), which the
+# library starts, and a schema file holding a Spark StructType with nested types.
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -65,9 +68,7 @@ def parse_schema(spec: str) -> pa.Schema:
             except json.JSONDecodeError as e:
                 raise InvalidInputError(f"schema file {spec} is not valid JSON: {e}") from None
         if isinstance(doc, dict) and doc.get("type") == "struct":
-            from pyspark.sql.types import StructType
-
-            return to_arrow_schema(StructType.fromJson(doc))
+            return _struct_type_schema(doc)
         columns = doc.get("columns") if isinstance(doc, dict) else doc
         if not isinstance(columns, list) or not all(isinstance(c, dict) and "name" in c and "type" in c
                                                     for c in columns):
@@ -81,6 +82,21 @@ def parse_schema(spec: str) -> pa.Schema:
             raise InvalidInputError(f"schema item {item!r} is not name:type (and {spec!r} is not a file)")
         fields.append(pa.field(name.strip(), parse_type(type_name)))
     return pa.schema(fields)
+
+
+def _struct_type_schema(doc: dict) -> pa.Schema:
+    """A Spark StructType's JSON (``df.schema.json()``): read here when every column has a simple type (``long``,
+    ``decimal(10,2)``…); one with nested types is read by pyspark."""
+    fields = doc.get("fields")
+    if isinstance(fields, list) and all(isinstance(f, dict) and isinstance(f.get("type"), str) and "name" in f
+                                        for f in fields):
+        return pa.schema([pa.field(f["name"], parse_type(f["type"]), f.get("nullable", True)) for f in fields])
+    try:
+        from pyspark.sql.types import StructType
+    except ImportError:
+        raise InvalidInputError("a schema file of a Spark StructType with nested types is read by pyspark: "
+                                "pip install 'bitlake[spark]'") from None
+    return to_arrow_schema(StructType.fromJson(doc))
 
 
 def _columns(text: str | None) -> list[str] | None:
@@ -99,7 +115,7 @@ def cmd_create(args, out: Console, err: Console) -> None:
 
 
 def input_format(paths: list[str], given: str | None) -> str:
-    """Checks the inputs exist (before Spark starts) and returns their format."""
+    """Checks the inputs exist (before anything is read) and returns their format."""
     for p in paths:
         if not os.path.exists(p):
             raise InvalidInputError(f"no such input file: {p}")
@@ -110,52 +126,57 @@ def input_format(paths: list[str], given: str | None) -> str:
     return fmt
 
 
-def read_input(spark, table: bitlake.Table, paths: list[str], fmt: str):
-    """The input files as one Spark DataFrame.
+def read_input(schema: pa.Schema, paths: list[str], fmt: str) -> pa.RecordBatchReader:
+    """The input files (or folders: their files starting with "_" or "." are skipped, as Spark's markers) as one
+    stream of record batches, read with pyarrow in bounded memory (no Spark).
 
-    Parquet keeps its types (bitlake checks them against the table). CSV and JSON lines are read
-    without a schema, which Spark would apply by position to a CSV header and which would silently
-    drop unknown JSON fields; the table's columns are then cast by name, and any other column is
-    left for bitlake to reject (or to serve as the op column).
+    Parquet keeps its types (bitlake checks them against the table). A CSV file (with a header line) and a JSON-lines
+    file are read with the table's types for the columns the table has, matched by name regardless of case; in CSV an
+    empty field is a null, as Spark reads it. Any other column keeps the type pyarrow infers, for bitlake to reject
+    (or to serve as the op column).
     """
-    from pyspark.sql import functions as F
+    import pyarrow.dataset as ds
 
     if fmt == "parquet":
-        return spark.read.parquet(*paths)
-    df = spark.read.option("header", True).csv(paths) if fmt == "csv" else spark.read.json(paths)
-    types = {f.name.lower(): f.dataType for f in spark_schema(table.metadata.schema).fields}
-    return df.select(*[F.col(c).cast(types[c.lower()]).alias(c) if c.lower() in types else F.col(c)
-                       for c in df.columns])
+        return ds.dataset([ds.dataset(p, format="parquet") for p in paths]).scanner().to_reader()
+    types = {f.name.lower(): f.type for f in schema}
+    # The inputs' column names first (pyarrow reads the first block of each), to give each its table type by name.
+    names = {n for p in paths for n in ds.dataset(p, format=fmt).schema.names}
+    typed = {n: types[n.lower()] for n in sorted(names) if n.lower() in types}
+    if fmt == "csv":
+        import pyarrow.csv as csv
+
+        file_format = ds.CsvFileFormat(convert_options=csv.ConvertOptions(column_types=typed, strings_can_be_null=True))
+    else:
+        import pyarrow.json as pajson
+
+        file_format = ds.JsonFileFormat(parse_options=pajson.ParseOptions(
+            explicit_schema=pa.schema(list(typed.items())), unexpected_field_behavior="infer"))
+    return ds.dataset([ds.dataset(p, format=file_format) for p in paths]).scanner().to_reader()
 
 
 def _batch_input_args(parser, inputs_help: str) -> None:
     """The arguments of a command that reads one batch: :func:`_batch_input` reads them."""
     parser.add_argument("inputs", nargs="+", metavar="INPUT", help=inputs_help)
     parser.add_argument("--input-format", choices=["parquet", "csv", "json"],
-                        help="default: from the first input's extension")
-    parser.add_argument("--op-column", help='string column saying "upsert" or "delete" per record')
+                        help="default: from the first input's extension (.parquet/.pq, .csv, .json/.jsonl/.ndjson)")
+    parser.add_argument("--op-column", help='a string column saying "upsert" or "delete" per record (default: none, '
+                                            "every record is an upsert)")
 
 
-def _batch_input(args, table, err: Console, spark_wanted: bool):
-    """The records of ``args.inputs``: Parquet streamed without Spark, other formats read by Spark."""
-    fmt = input_format(args.inputs, args.input_format)
-    if fmt == "parquet" and not spark_wanted:
-        import pyarrow.dataset as ds
-
-        # Streamed without Spark; a folder's files starting with "_" or "." (Spark's markers) are skipped.
-        return ds.dataset([ds.dataset(p, format="parquet") for p in args.inputs]).scanner().to_reader(), None
-    with step(err, "starting Spark"):
-        spark = bitlake.spark_session()
-    return read_input(spark, table, args.inputs, fmt), spark
+def _batch_input(args, table) -> pa.RecordBatchReader:
+    """The records of ``args.inputs``, streamed with pyarrow."""
+    return read_input(table.metadata.schema, args.inputs, input_format(args.inputs, args.input_format))
 
 
 def cmd_ingest(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
-    data, spark = _batch_input(args, table, err, args.metagen_mode == "spark")
+    data = _batch_input(args, table)
     what = "landing" if args.no_metagen else "landing and MetaGen"
     with step(err, f"{what} of {', '.join(args.inputs)}"):
+        # A Spark MetaGen (--metagen-mode spark, or auto on a large batch) starts Spark itself.
         r = table.ingest(data, op_column=args.op_column, batch_id=args.batch_id, metagen=not args.no_metagen,
-                         inline=METAGEN_MODES[args.metagen_mode], spark=spark)
+                         inline=METAGEN_MODES[args.metagen_mode])
     if not r.committed:
         say(out, f"batch {r.batch_id} was already committed at version {r.version}: nothing done")
     elif not r.visible:
@@ -174,12 +195,8 @@ def cmd_metagen(args, out: Console, err: Console) -> None:
     if not pending:
         say(out, "no pending batches: nothing to do")
         return
-    spark = None
-    if args.metagen_mode == "spark":
-        with step(err, "starting Spark"):
-            spark = bitlake.spark_session()
     with step(err, f"MetaGen of {len(pending)} pending batch(es)"):
-        r = table.metagen(inline=METAGEN_MODES[args.metagen_mode], spark=spark)
+        r = table.metagen(inline=METAGEN_MODES[args.metagen_mode])
     say(out, f"batches {', '.join(pending)} visible at version {r.version}: {_counts(r.counts)}")
 
 
@@ -196,31 +213,70 @@ def _valid_at(table: bitlake.Table, text: str | None):
 def cmd_show(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
     meta = table.metadata
-    valid_at = _valid_at(table, args.valid_at) if meta.keyed else args.valid_at
-    view = table.view(version=args.version, as_of=args.as_of, valid_at=valid_at, include_row_ids=args.row_ids)
+    if args.valid_at is not None and not meta.keyed:
+        raise InvalidInputError("--valid-at needs a keyed table: an append-only table has no delta column")
+    valid_at = _valid_at(table, args.valid_at)
+    columns = _columns(args.columns)
+    keys = list(meta.primary_key)
+    # The projection is pushed into the read, with the key columns the order needs (dropped before printing).
+    read_columns = None if columns is None else columns + [k for k in keys if k not in columns]
+    view = table.view(version=args.version, as_of=args.as_of, valid_at=valid_at, columns=read_columns,
+                      filter=args.where, include_row_ids=args.row_ids)
     what = "the current view" if args.version is None and args.as_of is None else f"version {view.version}"
     if valid_at is not None:
         what += f" valid at {valid_at}"
+    if args.where is not None:
+        what += f" where {args.where}"
     with step(err, f"reading {what}"):  # on this machine with pyarrow, in bounded memory: no Spark
-        order = [(c, "ascending") for c in meta.primary_key]
+        order = [(c, "ascending") for c in keys]
         total, first = 0, view.schema.empty_table()
         for batch in view.to_reader():
             total += batch.num_rows
             if order or first.num_rows < args.limit:  # a running top-k by key, or the first rows read
                 first = pa.concat_tables([first, pa.Table.from_batches([batch])])
                 first = (first.sort_by(order) if order else first).slice(0, args.limit)
-    out.print(render_rows(first.column_names, [tuple(r.values()) for r in first.to_pylist()],
-                          title=f"{table.path} @ {what}: {total} rows, first {first.num_rows}"))
+    if columns is not None:
+        first = first.select(columns + (list(rowid.ROW_ID_COLUMNS) if args.row_ids else []))
+    _print_rows(out, first, args.json, f"{table.path} @ {what}: {total} rows, first {first.num_rows}")
+
+
+def _print_rows(out: Console, rows: pa.Table, as_json: bool, title: str) -> None:
+    if as_json:
+        print_json_lines(out, rows.to_pylist())
+    else:
+        print_grid(out, render_rows(rows.column_names, [tuple(r.values()) for r in rows.to_pylist()], title=title))
 
 
 def cmd_changes(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
-    types = _columns(args.change_types)
-    with step(err, f"reading the changes after version {args.start_version}"):
-        rows = table.changes_to_arrow(start_version=args.start_version, end_version=args.end_version,
-                                      change_types=types).slice(0, args.limit)
-    out.print(render_rows(rows.column_names, [tuple(r.values()) for r in rows.to_pylist()],
-                          title=f"{table.path}: changes after version {args.start_version}, first {rows.num_rows}"))
+    if args.starting_version is not None and args.ending_version is not None \
+            and args.starting_version > args.ending_version:
+        raise InvalidInputError(f"--starting-version {args.starting_version} is after --ending-version "
+                                f"{args.ending_version}")
+    columns = _columns(args.columns)
+    start = (f"version {args.starting_version}" if args.starting_version is not None else
+             args.starting_timestamp if args.starting_timestamp is not None else "the first version")
+    end = (f"version {args.ending_version}" if args.ending_version is not None else
+           args.ending_timestamp if args.ending_timestamp is not None else "the latest")
+    what = f"changes from {start} to {end}" + (f" where {args.where}" if args.where is not None else "")
+    with step(err, f"reading the {what}"):
+        rows = table.changes_to_arrow(starting_version=args.starting_version, ending_version=args.ending_version,
+                                      starting_timestamp=args.starting_timestamp,
+                                      ending_timestamp=args.ending_timestamp, change_types=_columns(args.change_types))
+        if columns is not None:
+            unknown = [c for c in columns if c not in rows.column_names]
+            if unknown:
+                raise InvalidInputError(f"--columns: {unknown} are not columns of the change rows; they have "
+                                        f"{rows.column_names}")
+        if args.where is not None:
+            from bitlake.sql import to_expression
+
+            rows = rows.filter(to_expression(args.where, rows.schema))
+    total = rows.num_rows
+    rows = rows.slice(0, args.limit)
+    if columns is not None:
+        rows = rows.select(columns)
+    _print_rows(out, rows, args.json, f"{table.path}: {what}: {total} rows, first {rows.num_rows}")
 
 
 def cmd_history(args, out: Console, err: Console) -> None:
@@ -228,7 +284,7 @@ def cmd_history(args, out: Console, err: Console) -> None:
     if args.json:
         out.print_json(data=history)
     else:
-        out.print(render_history(history))
+        print_grid(out, render_history(history))
 
 
 def cmd_describe(args, out: Console, err: Console) -> None:
@@ -261,6 +317,8 @@ def compaction_progress(err: Console):
 
 
 def cmd_compact(args, out: Console, err: Console) -> None:
+    if args.look_back is not None and not args.major:
+        raise InvalidInputError("--look-back needs --major: it sets the retention window of a major compaction")
     table = bitlake.open_table(args.path)
     # A look-back of digits is a version (bitlake.engine.maintain.window.start), anything else an age or a time.
     kw = {"target_file_bytes": args.target_file_bytes, "major": args.major, "look_back": args.look_back}
@@ -309,7 +367,7 @@ def cmd_maintain(args, out: Console, err: Console) -> None:
 def cmd_tombstone(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
     values = [v for v in args.values.split(",") if v != ""]
-    version = table.tombstone(args.column, values)
+    version = table.tombstone(args.column, values).version
     say(out, f"version {version}: rows committed before it with {args.column} in {len(set(values))} value(s) "
              "are hidden from now on")
 
@@ -367,7 +425,7 @@ def cmd_mirror(args, out: Console, err: Console) -> None:
 
 def cmd_replace(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
-    data, _ = _batch_input(args, table, err, False)
+    data = _batch_input(args, table)
     with step(err, f"replacing batch {args.batch_id} by {', '.join(args.inputs)}"):
         r = table.replace_batch(args.batch_id, data, op_column=args.op_column)
     say(out, f"version {r.version}: batch {args.batch_id} replaced; {_counts(r.counts)}")
@@ -375,10 +433,8 @@ def cmd_replace(args, out: Console, err: Console) -> None:
 
 def cmd_delete(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
-    with step(err, "starting Spark"):
-        spark = bitlake.spark_session()
     with step(err, f"deleting where {args.where}"):
-        r = table.delete(args.where, spark=spark)
+        r = table.delete(args.where)
     _say_dml(out, r, "deleted")
 
 
@@ -388,12 +444,10 @@ def cmd_update(args, out: Console, err: Console) -> None:
     for a in args.set:
         column, eq, expr = a.partition("=")
         if not eq or not column.strip():
-            raise InvalidInputError(f"--set {a!r}: write COLUMN=EXPRESSION (a Spark SQL expression)")
+            raise InvalidInputError(f"--set {a!r}: write COLUMN=EXPRESSION (a SQL expression)")
         assignments[column.strip()] = expr
-    with step(err, "starting Spark"):
-        spark = bitlake.spark_session()
     with step(err, f"updating where {args.where}"):
-        r = table.update(args.where, assignments, spark=spark)
+        r = table.update(args.where, assignments)
     _say_dml(out, r, "updated")
 
 
@@ -419,14 +473,14 @@ def cmd_convert(args, out: Console, err: Console) -> None:
 
 def cmd_upgrade(args, out: Console, err: Console) -> None:
     table = bitlake.open_table(args.path)
-    version = table.upgrade()
+    version = table.upgrade().version
     if version is None:
         say(out, f"{args.path} already is a format v2 table (version {table.version})")
     else:
         say(out, f"upgraded {args.path} to format v2 in version {version}")
 
 
-_PATH_HELP = "the table's folder (or file:// URI)"
+PATH_HELP = "the table: a folder or a file://, s3://, gs://, az:// or memory:// URI"
 _METAGEN_MODE_HELP = ("how MetaGen runs: inline on the driver with the RocksDB key index, a Spark job, or auto "
                       "(inline up to the table's metagen.inline_max_rows records; default)")
 
@@ -445,81 +499,107 @@ def add_parsers(sub) -> None:
 def _add_write_parsers(sub) -> None:
     """create, ingest, metagen: a table's creation and its batches' two steps, landing and MetaGen."""
     c = sub.add_parser("create", help="create a table")
-    c.add_argument("path", help=_PATH_HELP)
+    c.add_argument("path", help=PATH_HELP)
     c.add_argument("--schema", required=True,
                    help='"name:type,..." (e.g. "id:int64,name:string,mod:timestamp") or a JSON file')
-    c.add_argument("--primary-key", help="comma-separated key columns (then --delta-column is needed too)")
+    c.add_argument("--primary-key", help="comma-separated key columns (then --delta-column is needed too; "
+                                         "default: none, an append-only table)")
     c.add_argument("--delta-column", help="the column ordering a key's records (timestamp, date or integer)")
-    c.add_argument("--partition-by", help="comma-separated partition columns")
+    c.add_argument("--partition-by", help="comma-separated partition columns (default: none)")
     c.add_argument("--format", default="parquet", choices=["parquet", "orc"], help="data file format")
     c.add_argument("--buckets", type=int, default=16, help="key-store hash buckets (default 16)")
     c.add_argument("--name", help="the table's logical name in its Data Change Events (default: the folder's name)")
     c.set_defaults(run=cmd_create)
 
     i = sub.add_parser("ingest", help="ingest one batch from Parquet, CSV or JSON-lines files")
-    i.add_argument("path", help=_PATH_HELP)
+    i.add_argument("path", help=PATH_HELP)
     _batch_input_args(i, "files (or folders) of one batch, all one format")
-    i.add_argument("--batch-id", help="the batch id; re-ingesting a committed id does nothing")
+    i.add_argument("--batch-id", help="the batch id; re-ingesting a committed id does nothing (default: a new id)")
     i.add_argument("--no-metagen", action="store_true", help="land only; `bitlake metagen` makes it visible")
     i.add_argument("--metagen-mode", choices=list(METAGEN_MODES), default="auto", help=_METAGEN_MODE_HELP)
     i.set_defaults(run=cmd_ingest)
 
     m = sub.add_parser("metagen", help="make every pending batch visible")
-    m.add_argument("path", help=_PATH_HELP)
+    m.add_argument("path", help=PATH_HELP)
     m.add_argument("--metagen-mode", choices=list(METAGEN_MODES), default="auto", help=_METAGEN_MODE_HELP)
     m.set_defaults(run=cmd_metagen)
 
 
 def _add_read_parsers(sub) -> None:
     """show, changes, history, describe: the commands that only read."""
-    s = sub.add_parser("show", help="print the first rows of the current view")
-    s.add_argument("path", help=_PATH_HELP)
+    s = sub.add_parser("show", help="print the first rows of a view (ordered by key), read with pyarrow")
+    s.add_argument("path", help=PATH_HELP)
     s.add_argument("--limit", type=row_count, default=20, help="rows to print (default 20)")
     s.add_argument("--row-ids", action="store_true", help="also print the row-id columns")
-    s.add_argument("--version", type=int, help="the table as committed at this version")
-    s.add_argument("--as-of", help="the latest version committed at or before this ISO-8601 time")
-    s.add_argument("--valid-at", help="rows valid at this delta-column value (event time)")
+    when = s.add_mutually_exclusive_group()
+    when.add_argument("--version", type=int, help="the table as committed at this version (default: the latest)")
+    when.add_argument("--as-of", help="the latest version committed at or before this ISO-8601 time")
+    s.add_argument("--valid-at", help="rows valid at this delta-column value (event time; default: the current "
+                                      "rows)")
+    _row_options(s, "the view's columns")
     s.set_defaults(run=cmd_show)
 
-    ch = sub.add_parser("changes", help="print the change feed of a version range")
-    ch.add_argument("path", help=_PATH_HELP)
-    ch.add_argument("--start-version", type=int, required=True, help="exclusive start of the range")
-    ch.add_argument("--end-version", type=int, help="inclusive end of the range (default: latest)")
-    ch.add_argument("--change-types", help="comma-separated: insert,update_preimage,update_postimage,delete")
+    ch = sub.add_parser("changes", help="print the change feed (Delta's change data feed rows) of a range of "
+                                        "versions, both ends included")
+    ch.add_argument("path", help=PATH_HELP)
+    start = ch.add_mutually_exclusive_group()
+    start.add_argument("--starting-version", type=int, metavar="N",
+                       help="the first version whose changes are printed (included; default: the first readable)")
+    start.add_argument("--starting-timestamp", metavar="TIME",
+                       help="start at the first version committed at or after this ISO-8601 time")
+    end = ch.add_mutually_exclusive_group()
+    end.add_argument("--ending-version", type=int, metavar="N",
+                     help="the last version whose changes are printed (included; default: the latest)")
+    end.add_argument("--ending-timestamp", metavar="TIME",
+                     help="end at the last version committed at or before this ISO-8601 time")
+    ch.add_argument("--change-types", help="comma-separated: insert,update_preimage,update_postimage,delete "
+                                           "(default: all)")
     ch.add_argument("--limit", type=row_count, default=50, help="rows to print (default 50)")
+    _row_options(ch, "the table's columns and _change_type, _commit_version, _commit_timestamp")
     ch.set_defaults(run=cmd_changes)
 
     h = sub.add_parser("history", help="list the commits, newest first")
-    h.add_argument("path", help=_PATH_HELP)
-    h.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    h.add_argument("path", help=PATH_HELP)
+    h.add_argument("--json", action="store_true", help="print a JSON array instead of a table")
     h.set_defaults(run=cmd_history)
 
     d = sub.add_parser("describe", help="print the table's metadata and sizes as JSON")
-    d.add_argument("path", help=_PATH_HELP)
+    d.add_argument("path", help=PATH_HELP)
     d.set_defaults(run=cmd_describe)
+
+
+def _row_options(parser, columns: str) -> None:
+    parser.add_argument("--columns", metavar="A,B,...",
+                        help=f"comma-separated columns to print, of {columns} (default: all)")
+    parser.add_argument("--where", metavar="CONDITION",
+                        help="a SQL condition the rows printed hold, e.g. \"region = 'EU' and amount > 0\" "
+                             "(evaluated with pyarrow, no Spark)")
+    parser.add_argument("--json", action="store_true",
+                        help="print JSON lines, an object per row (timestamps and dates as ISO-8601 strings)")
 
 
 def _add_maintenance_parsers(sub) -> None:
     """cleanup, compact, maintain: the commands that rewrite or remove a table's files and keep its current view."""
     k = sub.add_parser("cleanup", help="remove files no commit references (leftovers of failed jobs)")
-    k.add_argument("path", help=_PATH_HELP)
+    k.add_argument("path", help=PATH_HELP)
     k.add_argument("--min-age-seconds", type=float, default=3600.0,
                    help="keep younger files: a running job may still commit them (default 3600)")
     k.add_argument("--dry-run", action="store_true", help="list the files without removing them")
     k.set_defaults(run=cmd_cleanup)
 
     m = sub.add_parser("compact", help="rewrite small data files and those with many superseded rows")
-    m.add_argument("path", help=_PATH_HELP)
-    m.add_argument("--target-file-bytes", type=int, help="size of the files written (default: table property)")
+    m.add_argument("path", help=PATH_HELP)
+    m.add_argument("--target-file-bytes", type=int,
+                   help="size of the files written (default: the compact.target_file_bytes property)")
     m.add_argument("--dry-run", action="store_true", help="say what would be rewritten, rewrite nothing")
     m.add_argument("--major", action="store_true",
                    help="also set the retention window and purge what no view inside it can see")
-    m.add_argument("--look-back", help="the window's start: a version, an age (7d, 12h) or a time "
-                                       "(default: the compact.look_back property)")
+    m.add_argument("--look-back", help="with --major, the window's start: a version, an age (7d, 12h) or an "
+                                       "ISO-8601 time (default: the compact.look_back property)")
     m.set_defaults(run=cmd_compact)
 
     mt = sub.add_parser("maintain", help="run the compactions and cleanup the table's metrics call for")
-    mt.add_argument("path", help=_PATH_HELP)
+    mt.add_argument("path", help=PATH_HELP)
     mt.add_argument("--dry-run", action="store_true", help="print the plan and its expected gain, change nothing")
     mt.add_argument("--min-age-seconds", type=float, default=3600.0,
                     help="cleanup keeps younger files (default 3600)")
@@ -530,17 +610,17 @@ def _add_row_removal_parsers(sub) -> None:
     """tombstone, vacuum, revert: rows out of the views by value (a tombstone, which a vacuum then erases from
     the files) or by batch."""
     tb = sub.add_parser("tombstone", help="hide the rows committed so far whose column holds one of the values")
-    tb.add_argument("path", help=_PATH_HELP)
+    tb.add_argument("path", help=PATH_HELP)
     tb.add_argument("--column", required=True, help="the column the values are of")
     tb.add_argument("--values", required=True, help="comma-separated values (read as the column's type)")
     tb.set_defaults(run=cmd_tombstone)
 
     va = sub.add_parser("vacuum", help="remove the rows tombstones hide from every file, and retire the tombstones")
-    va.add_argument("path", help=_PATH_HELP)
+    va.add_argument("path", help=PATH_HELP)
     va.set_defaults(run=cmd_vacuum)
 
     rv = sub.add_parser("revert", help="revert a batch: every view from now on as if it had never been ingested")
-    rv.add_argument("path", help=_PATH_HELP)
+    rv.add_argument("path", help=PATH_HELP)
     rv.add_argument("batch_id", help="the batch id to revert")
     rv.set_defaults(run=cmd_revert)
 
@@ -548,9 +628,9 @@ def _add_row_removal_parsers(sub) -> None:
 def _add_change_capture_parsers(sub) -> None:
     """cdc, mirror: the commands that apply another system's changes (Debezium events, PostgreSQL's WAL)."""
     cd = sub.add_parser("cdc", help="apply Debezium change events (JSON lines of Kafka messages or envelopes)")
-    cd.add_argument("path", help=_PATH_HELP)
+    cd.add_argument("path", help=PATH_HELP)
     cd.add_argument("inputs", nargs="+", help="files of JSON lines, applied in order")
-    cd.add_argument("--batch-id", help="the batch id (a retry with the same id is a no-op)")
+    cd.add_argument("--batch-id", help="the batch id (a retry with the same id is a no-op; default: a new id)")
     cd.add_argument("--position", choices=["lsn", "ts_ms"], default="lsn",
                     help="what the delta column takes: PostgreSQL's source.lsn (default) or the change's ts_ms")
     cd.add_argument("--decimal-handling", choices=["precise", "string", "double"], default="precise",
@@ -560,13 +640,15 @@ def _add_change_capture_parsers(sub) -> None:
 
     mi = sub.add_parser("mirror", help="mirror a PostgreSQL table: a snapshot, then logical replication (wal2json)")
     mi.add_argument("dsn", help="the source database: postgresql://user@host:port/db or a libpq string")
-    mi.add_argument("path", help="the bitlake table (created on the first run)")
+    mi.add_argument("path", help="the bitlake table, created on the first run: "
+                                 + PATH_HELP.removeprefix("the table: "))
     mi.add_argument("--table", required=True, help="the source table, schema.table")
     mi.add_argument("--slot", help="the replication slot's name (default bitlake_<schema>_<table>)")
     mi.add_argument("--key", help="key columns of a table without a primary key (it needs REPLICA IDENTITY FULL)")
-    mi.add_argument("--interval", type=float, default=1.0, help="seconds between polls when nothing is waiting")
+    mi.add_argument("--interval", type=float, default=1.0, help="seconds between polls when nothing is waiting "
+                                                                "(default 1)")
     mi.add_argument("--batch-changes", type=int, default=50_000, help="changes per commit at most (whole "
-                    "transactions)")
+                    "transactions; default 50000)")
     mi.add_argument("--until-caught-up", action="store_true", help="stop once nothing is left to apply")
     mi.set_defaults(run=cmd_mirror)
 
@@ -574,21 +656,22 @@ def _add_change_capture_parsers(sub) -> None:
 def _add_restatement_parsers(sub) -> None:
     """replace, delete, update: the commands that rewrite committed rows (a batch, or rows a condition picks)."""
     rp = sub.add_parser("replace", help="revert a batch and ingest new records under its id, in one commit")
-    rp.add_argument("path", help=_PATH_HELP)
+    rp.add_argument("path", help=PATH_HELP)
     rp.add_argument("batch_id", help="the batch id to replace")
     _batch_input_args(rp, "files (or folders) of the new records, all one format")
     rp.set_defaults(run=cmd_replace)
 
-    de = sub.add_parser("delete", help="delete the current rows a Spark SQL condition holds for")
-    de.add_argument("path", help=_PATH_HELP)
-    de.add_argument("--where", required=True, help="a Spark SQL condition, e.g. \"region = 'EU'\"")
+    de = sub.add_parser("delete", help="delete the current rows a SQL condition holds for (pyarrow, no Spark)")
+    de.add_argument("path", help=PATH_HELP)
+    de.add_argument("--where", required=True, help="a SQL condition, e.g. \"region = 'EU' and amount < 0\"")
     de.set_defaults(run=cmd_delete)
 
-    up = sub.add_parser("update", help="set columns of the current rows a Spark SQL condition holds for")
-    up.add_argument("path", help=_PATH_HELP)
-    up.add_argument("--where", required=True, help="a Spark SQL condition")
+    up = sub.add_parser("update", help="set columns of the current rows a SQL condition holds for (pyarrow, no Spark)")
+    up.add_argument("path", help=PATH_HELP)
+    up.add_argument("--where", required=True, help="a SQL condition, e.g. \"aid = 42\"")
     up.add_argument("--set", action="append", required=True, metavar="COLUMN=EXPRESSION",
-                    help="a column and its new value as a Spark SQL expression (repeatable)")
+                    help="a column and its new value as a SQL expression, e.g. \"amount=amount * 2\" or "
+                         "\"note='fixed'\" (a string literal in quotes; repeatable)")
     up.set_defaults(run=cmd_update)
 
 
@@ -597,9 +680,10 @@ def _add_conversion_parsers(sub) -> None:
     v = sub.add_parser("convert",
                        help="create a table from a Parquet folder, a Delta or Iceberg table or a lance dataset")
     v.add_argument("source", help="the dataset's folder (or Parquet file, or Iceberg metadata JSON file)")
-    v.add_argument("path", help="the new table's folder (new or empty)")
+    v.add_argument("path", help=f"the new table (new or empty): {PATH_HELP.removeprefix('the table: ')}")
     v.add_argument("--source-kind", choices=["parquet", "delta", "iceberg", "lance"], help="default: detected")
-    v.add_argument("--primary-key", help="comma-separated key columns (then --delta-column is needed too)")
+    v.add_argument("--primary-key", help="comma-separated key columns (then --delta-column is needed too; "
+                                         "default: none, an append-only table)")
     v.add_argument("--delta-column", help="the column ordering a key's records (timestamp, date or integer)")
     v.add_argument("--partition-by", help="comma-separated partition columns (default: the source's)")
     v.add_argument("--buckets", type=int, default=16, help="key-store hash buckets (default 16)")
@@ -607,7 +691,7 @@ def _add_conversion_parsers(sub) -> None:
     v.set_defaults(run=cmd_convert)
 
     u = sub.add_parser("upgrade", help="upgrade a format v1 table to format v2 (one commit)")
-    u.add_argument("path", help=_PATH_HELP)
+    u.add_argument("path", help=PATH_HELP)
     u.set_defaults(run=cmd_upgrade)
 
 
