@@ -3,6 +3,7 @@
 import importlib
 
 from bitlake.errors import (
+    BatchIdReusedError,
     BitlakeError,
     CommitConflictError,
     CommitStateUnknownError,
@@ -86,7 +87,7 @@ def foreach_batch(path: str, *, op_column: str | None = None, batch_id_prefix: s
 
 
 __all__ = [
-    "BitlakeError", "CommitConflictError", "CommitStateUnknownError", "ConditionalPutUnsupportedError",
+    "BatchIdReusedError", "BitlakeError", "CommitConflictError", "CommitStateUnknownError", "ConditionalPutUnsupportedError",
     "ConvertResult", "CorruptTableError", "IndexUnavailableError", "IngestResult", "InvalidInputError",
     "NotATableError", "NullValueError", "SchemaMismatchError", "StorageError", "Table", "TableExistsError",
     "TableNotFoundError", "UnknownOperationError", "UnsupportedFormatVersionError", "VersionExpiredError",

@@ -14,12 +14,12 @@ import pyarrow as pa
 
 from bitlake import changeevent, faults, memory
 from bitlake.engine.keys import keyindex
-from bitlake.engine.write import conform, landing
+from bitlake.engine.write import conform, digest, landing
 from bitlake.engine.write import metagen as engine_metagen
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.metagen import COUNTS, MetaGenOutput
 from bitlake.engine.write.restate import Restatement
-from bitlake.errors import InvalidInputError
+from bitlake.errors import BatchIdReusedError, InvalidInputError
 from bitlake.format import changefile, commitlog
 from bitlake.format.commit import INGEST, LAND, LIVE, METAGEN, PENDING, BatchRecord, Commit, DataFile, KeysFile
 from bitlake.format.metadata import TableMetadata
@@ -51,12 +51,14 @@ class IngestResult:
 
 class LandedFiles(NamedTuple):
     """What a landing wrote: the data files and keys files, the records' keys-file rows when the landing kept them,
-    and, while the last files are still being written, what waits for them (:attr:`Landed.writing`)."""
+    while the last files are still being written, what waits for them (:attr:`Landed.writing`), and the digest
+    of the records when they came as Arrow input."""
 
     data: list[DataFile]
     keys: list[KeysFile]
     rows: pa.Table | None = None
     writing: Callable[[], tuple[list[DataFile], list[KeysFile]]] | None = None
+    digest: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +79,32 @@ def check_batch_id(batch_id: str | None) -> str:
     if not isinstance(batch_id, str) or not batch_id or len(batch_id) > MAX_BATCH_ID_LENGTH:
         raise InvalidInputError(f"batch_id must be a non-empty string of at most {MAX_BATCH_ID_LENGTH} characters")
     return batch_id
+
+
+def check_same_records(state: TableState, batch_id: str, records_digest: str | None) -> None:
+    """Raises :class:`BatchIdReusedError` when ``batch_id`` committed with records whose digest differs from
+    ``records_digest`` (nothing is checked when either is unknown: a Spark DataFrame's batch, a table before
+    digests)."""
+    b = state.batch(batch_id)
+    if b is None or b.digest is None or records_digest is None or b.digest == records_digest:
+        return
+    raise BatchIdReusedError(
+        f"batch {batch_id!r} was committed at version {b.landed_version} with other records: a committed batch "
+        f"is not changed by ingesting its id again (that is a no-op for the same records, an idempotent retry); "
+        f"replace it with replace_batch({batch_id!r}, data), or revert it with revert_batch({batch_id!r}), or "
+        f"ingest the new records under a new batch id")
+
+
+def input_digest(data: Any, meta: TableMetadata, op_column: str | None) -> str | None:
+    """The digest ``data`` would land with (:func:`landing_of`), read from it; None for a Spark DataFrame or
+    input that is not Arrow's (which landing refuses)."""
+    reader = conform.arrow_input(data)
+    if reader is None:
+        return None
+    d = digest.Digest()
+    for b in conform.conformed(reader, meta, op_column):
+        d.update(b)
+    return d.hexdigest()
 
 
 def already_committed(io: FileIO, state: TableState, batch_id: str) -> IngestResult | None:
@@ -108,12 +136,18 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
         raise InvalidInputError(f"cannot ingest a {type(data).__name__}: pass {conform.ACCEPTED}"
                                 f"{conform.not_arrow_hint(data)}")
     batches = conform.conformed(reader, meta, op_column)
+    # A Spark DataFrame collected to the driver takes no digest: comparing a retry's records would run its query
+    # again (docs/ingestion.md).
+    records = None if _is_spark_dataframe(data) else digest.Digest()
+    if records is not None:
+        batches = records.over(batches)
     # A batch of known size that the inline MetaGen will take keeps its records for it.
     keep = meta.keyed and rows is not None and rows <= meta.int_prop("metagen.inline_max_rows")
 
     def land_here(io: FileIO, part: int) -> LandedFiles:
         landed = landing.land_local(io, meta, part, op_column is not None, batches, rows, keep=keep)
-        return LandedFiles(landed.data, landed.keys, landed.rows, landed.files)
+        return LandedFiles(landed.data, landed.keys, landed.rows, landed.files,
+                           records.hexdigest() if records is not None else None)
 
     return land_here
 
@@ -130,7 +164,8 @@ def land(tx: Transaction, state: TableState, land_fn, batch_id: str, settle: boo
     files = land_fn(tx.io, part)
     faults.point("after_landing")
     records = sum(f.rows for f in files.data) + sum(f.rows for f in files.keys)
-    batch = Landed(batch_id, part, records, tuple(files.data), tuple(files.keys), files.rows, files.writing)
+    batch = Landed(batch_id, part, records, tuple(files.data), tuple(files.keys), files.rows, files.writing,
+                   files.digest)
     return batch.settled() if settle else batch
 
 
@@ -149,7 +184,7 @@ def output_commit(io: FileIO, state: TableState, operation: str, output: MetaGen
         events = [{**e, "tags": {**e["tags"], **tags}} for e in events]
     records = list(statuses)
     if new is not None:
-        records.append(BatchRecord(new.batch_id, new.part, LIVE, new.records, new.keys_files))
+        records.append(BatchRecord(new.batch_id, new.part, LIVE, new.records, new.keys_files, new.digest))
     return Commit(
         version, operation, timestamp_ms, parameters=parameters,
         protocol=state.protocol.needing(*features, *output.features()), batches=tuple(records),
@@ -164,6 +199,7 @@ def _check_not_taken(io: FileIO, state: TableState, batch: Landed | None) -> Non
     done = None if batch is None else already_committed(io, state, batch.batch_id)
     if done is not None:
         batch.settled()  # its files are written before they go
+        check_same_records(state, batch.batch_id, batch.digest)  # another writer committed the id meanwhile
         raise Finished(done)
 
 
@@ -171,7 +207,7 @@ def commit_landing(tx: Transaction, batch: Landed) -> IngestResult:
     """The ``LAND`` commit of a batch landed pending (MetaGen makes it visible later)."""
     def plan(state: TableState) -> Attempt:
         _check_not_taken(tx.io, state, batch)
-        record = BatchRecord(batch.batch_id, batch.part, PENDING, batch.records, batch.keys_files)
+        record = BatchRecord(batch.batch_id, batch.part, PENDING, batch.records, batch.keys_files, batch.digest)
         return Attempt(Commit(state.version + 1, LAND, commitlog.now_ms(state.timestamp_ms),
                               parameters={"batch_id": batch.batch_id}, batches=(record,), add_files=batch.data_files))
 
@@ -231,7 +267,9 @@ def _run(tx: Transaction, spark, state: TableState, batches: list[Landed], versi
     rows = sum(b.records for b in batches)
     if not meta.keyed:
         return engine_metagen.unkeyed_output(batches)
-    if inline is False or (inline is None and rows > meta.int_prop("metagen.inline_max_rows")):
+    # Spark runs MetaGen only where it is asked for: inline=False, or a batch past the limit with a session given
+    # (spark=, or the Spark DataFrame's own).
+    if inline is False or (inline is None and spark is not None and rows > meta.int_prop("metagen.inline_max_rows")):
         from bitlake.spark import metagen as spark_metagen  # Spark is optional: imported when a Spark MetaGen runs
         from bitlake.spark.session import spark_session
 
@@ -253,10 +291,15 @@ def write(tx: Transaction, data: Any, *, op_column: str | None, batch_id: str | 
         raise InvalidInputError("an unkeyed (append-only) table takes no op_column: it has no deletes")
     done = already_committed(tx.io, state, batch_id)
     if done is not None:
+        b = state.batch(batch_id)
+        if b is not None and b.digest is not None and not _is_spark_dataframe(data):
+            check_same_records(state, batch_id, input_digest(data, meta, op_column))
         return done
     land_fn = landing_of(data, meta, op_column)  # checks the input before anything is written
     # The batch's MetaGen needs its records' keys, not its files: it runs while the files are written.
     batch = land(tx, state, land_fn, batch_id, settle=False)
+    if spark is None and _is_spark_dataframe(data):
+        spark = data.sparkSession  # the session a Spark MetaGen of a Spark input runs in
     return commit_landed(tx, batch, metagen=metagen, inline=inline, operation=operation, spark=spark)
 
 

@@ -33,6 +33,11 @@ class SchemaMismatchError(InvalidInputError):
     """The input's columns or types do not match the table schema."""
 
 
+class BatchIdReusedError(InvalidInputError):
+    """A batch id that already committed was ingested again with other records: a committed batch is changed by
+    ``replace_batch`` (or ``revert_batch``), not by ingesting its id again (docs/ingestion.md)."""
+
+
 class NullValueError(InvalidInputError):
     """A key column, the delta column or a non-nullable column holds a null."""
 

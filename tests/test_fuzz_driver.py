@@ -172,6 +172,7 @@ class Run:
         self.ids: list[str] = []
         self.pending: list[tuple[str, list[Record]]] = []
         self.took: dict[str, int] = {}  # batch id -> the version a retry answers with (when known)
+        self.inputs: dict[str, list] = {}  # batch id -> the records its current incarnation was given
         self.live: dict[str, int] = {}  # batch id -> the version its current incarnation was made live at
         self.window: tuple[int, int] | None = None  # (W, watermark as an int), as the harness expects it
         self.readable_from = 0  # the first version a read may ask for (the window's, or the look-back's before it)
@@ -268,6 +269,7 @@ class Run:
             result = t.ingest(self.input(recs, form), op_column="op", batch_id=batch_id, metagen=now, inline=True)
             assert result.committed and result.version == before + 1 and result.visible == now
             self.ids.append(batch_id)
+            self.inputs[batch_id] = list(recs)
             waiting = [b for b, _ in self.pending]
             self.pending.append((batch_id, self.records(recs)))
             if now:
@@ -298,7 +300,14 @@ class Run:
             if not self.ids:
                 return "retry (no batch)"
             batch_id = self.ids[s[1] % len(self.ids)]
-            result = t.ingest(self.arrow(s[2]), op_column="op", batch_id=batch_id, metagen=s[3], inline=True)
+            # Half the retries give the batch's own records (a no-op), half others (refused unless equal).
+            recs = self.inputs[batch_id] if s[1] % 2 else s[2]
+            if self.arrow(recs) != self.arrow(self.inputs[batch_id]):
+                with pytest.raises(bitlake.BatchIdReusedError, match=batch_id):
+                    t.ingest(self.arrow(recs), op_column="op", batch_id=batch_id, metagen=s[3], inline=True)
+                assert t.version == before
+                return f"retry {batch_id} (other records: refused)"
+            result = t.ingest(self.arrow(recs), op_column="op", batch_id=batch_id, metagen=s[3], inline=True)
             assert not result.committed and t.version == before, result
             assert result.visible == all(b != batch_id for b, _ in self.pending)
             if batch_id in self.took:
@@ -343,6 +352,7 @@ class Run:
             else:
                 assert result.committed and result.version == before + 1, result
                 self.oracle.replace(batch_id, self.records(s[2]), result.version)
+                self.inputs[batch_id] = list(s[2])
                 self.live[batch_id] = result.version
                 self.took[batch_id] = result.version
             made = collections.Counter(c for c, _, _ in self.oracle.changes[changes_before:])

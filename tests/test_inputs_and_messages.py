@@ -79,3 +79,82 @@ def test_convert_takes_a_polars_frame_and_a_duckdb_relation(tmp_path):
     assert sorted(r.table.to_arrow().column("name").to_pylist()) == ["a", "c"]
     r = bitlake.convert(duckdb.sql("SELECT 1 AS x"), str(tmp_path / "d"))
     assert r.table.to_arrow().column("x").to_pylist() == [1]
+
+
+# ------------------------------------------------------------------------------------------ batch digest
+
+
+def test_a_committed_batch_id_with_other_records_is_refused(table):
+    first = table.ingest(rows([1, 2], ["a", "b"], [1, 1]), batch_id="b1")
+    with pytest.raises(bitlake.BatchIdReusedError, match=r"batch 'b1'.*other records.*replace_batch\('b1'"):
+        table.ingest(rows([1, 2], ["a", "CHANGED"], [1, 1]), batch_id="b1")
+    assert issubclass(bitlake.BatchIdReusedError, InvalidInputError)
+    assert current(table) == [(1, "a", 1), (2, "b", 1)] and table.version == first.version
+
+
+def test_a_retry_with_the_same_records_is_a_no_op_whatever_their_producer_or_chunks(table):
+    records = rows([1, 2, 3], ["a", None, "c"], [1, 1, 2])
+    first = table.ingest(records, batch_id="b1")
+    for same in (records.to_reader(max_chunksize=1), pl.from_arrow(records), records.to_pandas(),
+                 records.select(["mod", "id", "name"])):
+        again = table.ingest(same, batch_id="b1")
+        assert (again.committed, again.version, again.counts) == (False, first.version, first.counts)
+
+
+def test_a_pending_batch_id_and_a_replaced_one_compare_their_records(table):
+    table.ingest(rows([1], ["a"], [1]), batch_id="p", metagen=False)
+    with pytest.raises(bitlake.BatchIdReusedError, match="'p'"):
+        table.ingest(rows([1], ["b"], [1]), batch_id="p")
+    table.ingest(rows([2], ["a"], [1]), batch_id="r")
+    table.replace_batch("r", rows([2], ["new"], [1]))
+    assert not table.ingest(rows([2], ["new"], [1]), batch_id="r").committed
+    with pytest.raises(bitlake.BatchIdReusedError):
+        table.ingest(rows([2], ["a"], [1]), batch_id="r")
+
+
+def test_the_digest_is_recorded_and_a_table_without_one_keeps_the_no_op(table):
+    table.ingest(rows([1], ["a"], [1]), batch_id="b1")
+    b = table.refresh().batch("b1")
+    assert b.digest.startswith("sha256-columns-v1:")
+    # A batch committed before digests (or from a Spark DataFrame) has none: its id stays a no-op.
+    import dataclasses
+
+    from bitlake.batches import check_same_records
+    from bitlake.format.state import TableState
+
+    state = table.refresh()
+    old = dataclasses.replace(state, parts={**state.parts, b.part: dataclasses.replace(b, digest=None)})
+    assert isinstance(old, TableState)
+    check_same_records(old, "b1", "sha256-columns-v1:other")  # no error
+    with pytest.raises(bitlake.BatchIdReusedError):
+        check_same_records(state, "b1", "sha256-columns-v1:other")
+
+
+def test_the_digest_depends_on_the_records_not_on_their_chunks():
+    import decimal
+
+    from bitlake.engine.write.digest import Digest
+
+    t = pa.table({
+        "i": [1, None, 3, 4, 5], "s": ["x", None, "yy", "", "z"], "l": [[1], [2, None], None, [], [5]],
+        "st": [{"p": 1, "q": "a"}, None, {"p": None, "q": "b"}, {"p": 4, "q": None}, {"p": 5, "q": "e"}],
+        "b": [True, False, None, True, True],
+        "dec": pa.array([decimal.Decimal(1), None, decimal.Decimal(2), decimal.Decimal(3), decimal.Decimal(4)],
+                        pa.decimal128(10, 2)),
+        "m": pa.array([[(1, "a")], None, [], [(2, "b")], [(3, "c")]], pa.map_(pa.int64(), pa.string())),
+        "n": pa.nulls(5)})
+
+    def digest(batches) -> str:
+        d = Digest()
+        for b in batches:
+            d.update(b)
+        return d.hexdigest()
+
+    whole = digest(t.to_batches())
+    for size in (1, 2, 3):
+        assert digest(t.to_batches(max_chunksize=size)) == whole
+    assert digest(t.slice(0, 2).to_batches() + t.slice(2).to_batches()) == whole
+    assert digest(t.drop_columns(["n"]).to_batches()) == whole  # a column of nulls only takes no part
+    for i, name, values in [(0, "i", [1, 3, None, 4, 5]), (1, "s", ["x", None, "y", "y", "z"]),
+                            (2, "l", [[1], [2], [None], [], [5]]), (0, "i", [1, None, 3, 4, 6])]:
+        assert digest(t.set_column(i, name, pa.array(values)).to_batches()) != whole

@@ -119,7 +119,9 @@ def test_a_revert_rewrites_no_data_file_and_brings_back_what_the_batch_hid(tmp_p
     # A retry is a no-op; the id stays taken; the pending batch is refused; an unknown id is refused.
     again = t.revert_batch("b1")
     assert not again.committed and t.version == r.version
-    assert not t.ingest(batch([1], 9, 0), op_column="op", batch_id="b1").committed
+    assert not t.ingest(batch(range(0, 20, 4), 5, 100), op_column="op", batch_id="b1").committed  # its records
+    with pytest.raises(bitlake.BatchIdReusedError):  # other records under the taken id
+        t.ingest(batch([1], 9, 0), op_column="op", batch_id="b1")
     t.ingest(batch([40], 1, 0), op_column="op", batch_id="landed", metagen=False)
     with pytest.raises(bitlake.InvalidInputError, match="pending MetaGen"):
         t.revert_batch("landed")

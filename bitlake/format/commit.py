@@ -99,8 +99,9 @@ class KeysFile:
 class BatchRecord:
     """A batch incarnation (``batch_id`` landed under segment part ``part``) and its status.
 
-    The record that lands a batch carries its ``records`` count and ``keys_files``; a later record of the
-    same ``part`` only changes the status.
+    The record that lands a batch carries its ``records`` count and ``keys_files``, and the ``digest`` of its
+    records when they came as Arrow input (:mod:`bitlake.engine.write.digest`; None for a Spark DataFrame and
+    for tables written before digests); a later record of the same ``part`` only changes the status.
     """
 
     batch_id: str
@@ -108,18 +109,21 @@ class BatchRecord:
     status: str
     records: int | None = None
     keys_files: tuple[KeysFile, ...] = ()
+    digest: str | None = None
 
     def to_json(self) -> dict:
         d: dict[str, Any] = {"id": self.batch_id, "part": self.part, "status": self.status}
         if self.records is not None:
             d["records"] = self.records
             d["keys_files"] = [f.to_json() for f in self.keys_files]
+        if self.digest is not None:
+            d["digest"] = self.digest
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> BatchRecord:
         return cls(d["id"], d["part"], d["status"], d.get("records"),
-                   tuple(KeysFile.from_json(f) for f in d.get("keys_files", ())))
+                   tuple(KeysFile.from_json(f) for f in d.get("keys_files", ())), d.get("digest"))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,6 +46,7 @@ class BatchState:
     landed_version: int
     live_version: int | None = None
     restated_version: int | None = None  # the version that reverted or replaced it
+    digest: str | None = None  # of its records, from the record that landed it (None: none was taken)
 
     def to_json(self) -> dict:
         d = {"id": self.batch_id, "part": self.part, "status": self.status, "records": self.records,
@@ -53,12 +54,14 @@ class BatchState:
              "live_version": self.live_version}
         if self.restated_version is not None:
             d["restated_version"] = self.restated_version
+        if self.digest is not None:
+            d["digest"] = self.digest
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> BatchState:
         return cls(d["id"], d["part"], d["status"], d["records"], tuple(KeysFile.from_json(f) for f in d["keys_files"]),
-                   d["landed_version"], d["live_version"], d.get("restated_version"))
+                   d["landed_version"], d["live_version"], d.get("restated_version"), d.get("digest"))
 
     def changed_by(self, b: BatchRecord, version: int) -> BatchState:
         """This incarnation after a commit at ``version`` recorded ``b`` for it."""
@@ -275,7 +278,7 @@ class _Replay:
         parts = self._mine("parts")
         known = parts.get(b.part)
         if known is None:
-            known = BatchState(b.batch_id, b.part, b.status, b.records or 0, b.keys_files, version)
+            known = BatchState(b.batch_id, b.part, b.status, b.records or 0, b.keys_files, version, digest=b.digest)
             self.fields["max_part"] = max(self.fields["max_part"], b.part)
         dict.__setitem__(parts, b.part, known.changed_by(b, version))
         if b.status != REPLACED:

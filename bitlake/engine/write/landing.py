@@ -251,6 +251,7 @@ class Landed:
     # them written, as (data files, keys files).
     writing: Callable[[], tuple[list[DataFile], list[KeysFile]]] | None = dataclasses.field(
         default=None, compare=False, repr=False)
+    digest: str | None = None  # of its records (:mod:`bitlake.engine.write.digest`), when they came as Arrow input
 
     def settled(self) -> Landed:
         """This batch once its files are written (the same batch when they were)."""
