@@ -208,7 +208,18 @@ def test_compact_look_back_needs_major(lake, capsys):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
+    (["compact", "{k}", "--major", "--look-back", "last week"], "argument --look-back: 'last week': give a version"),
+    (["cleanup", "{k}", "--min-age-seconds", "-1"], "argument --min-age-seconds: '-1': give a number of seconds"),
+])
+def test_option_values_are_checked_before_the_table_is_touched(lake, capsys, argv, message):
+    with pytest.raises(SystemExit) as e:
+        main([a.format(k=lake) for a in argv])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
     (["show", "{t}", "--valid-at", "2024-01-01T00:00:00Z"], "--valid-at needs a keyed table"),
+    (["show", "{k}", "--valid-at", "soon"], "--valid-at: 'soon' is not an ISO-8601 time"),
     (["changes", "{k}", "--starting-version", "2", "--ending-version", "1"],
      "--starting-version 2 is after --ending-version 1"),
     (["changes", "{k}", "--starting-version", "7"], "--starting-version 7 does not exist"),
@@ -261,3 +272,15 @@ def test_json_values_are_json_typed():
         "n": None, "l": [1, None], "st": {"x": True}}
     table = pa.table({"m": pa.array([[("k", 1)]], pa.map_(pa.string(), pa.int64()))})
     assert json.loads(json_value(table.to_pylist()[0])) == {"m": [["k", 1]]}
+
+
+def test_a_spark_struct_type_schema_file_needs_no_spark(tmp_path):
+    struct = {"type": "struct", "fields": [
+        {"name": "id", "type": "long", "nullable": False, "metadata": {}},
+        {"name": "amount", "type": "decimal(10,2)", "nullable": True, "metadata": {}},
+        {"name": "ts", "type": "timestamp", "nullable": True, "metadata": {}}]}
+    (tmp_path / "schema.json").write_text(json.dumps(struct))
+    r = cli("create", tmp_path / "t", "--schema", tmp_path / "schema.json")
+    assert r.returncode == 0, r.stderr
+    assert bitlake.open_table(str(tmp_path / "t")).metadata.schema == pa.schema([
+        pa.field("id", pa.int64(), False), ("amount", pa.decimal128(10, 2)), ("ts", pa.timestamp("us", tz="UTC"))])

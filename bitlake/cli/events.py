@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import hashlib
 import json
-import math
 import os
 import time
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import bitlake
 from bitlake.cli.output import print_grid, say
-from bitlake.cli.tables import PATH_HELP
+from bitlake.cli.tables import PATH_HELP, seconds
 from bitlake.errors import InvalidInputError
 from bitlake.triggers.__main__ import add_token_parser, token_command
 from bitlake.triggers.config import TriggerConfig
@@ -189,17 +188,6 @@ def cmd_events_token(args, out: Console, err: Console) -> int:
     return token_command(args)
 
 
-def _seconds(text: str) -> float:
-    """An ``--interval``: a finite number of seconds, at least 0 (time.sleep refuses a negative one)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds of at least 0")
-    return value
-
-
 def add_parsers(sub) -> None:
     """The trigger service commands' sub-parsers."""
     sv = sub.add_parser("serve", help="run the trigger service (FastAPI on uvicorn)")
@@ -233,7 +221,7 @@ def add_parsers(sub) -> None:
     w.add_argument("location", help="the table's local folder (or file:// URI); with --catalog an Iceberg identifier")
     target_options(w)
     w.add_argument("--table", help="the table's name in the events (default: its location URI)")
-    w.add_argument("--interval", type=_seconds, default=30.0, help="seconds between looks (default 30)")
+    w.add_argument("--interval", type=seconds, default=30.0, help="seconds between looks (default 30)")
     w.add_argument("--once", action="store_true", help="look once and exit")
     w.add_argument("--state", help="the adapter's state file (default: under $XDG_STATE_HOME/bitlake/watch)")
     w.add_argument("--catalog", help="iceberg: a pyiceberg catalog name (~/.pyiceberg.yaml, PYICEBERG_CATALOG__*)")

@@ -3,8 +3,11 @@ tombstone, vacuum, revert, replace, delete, update, convert, upgrade."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import datetime
 import json
+import math
 import os
 import re
 from typing import TYPE_CHECKING
@@ -16,6 +19,7 @@ from bitlake import cdc
 from bitlake.cli.output import _counts, print_grid, print_json_lines, render_history, render_rows, say, step
 from bitlake.errors import InvalidInputError
 from bitlake.format import rowid
+from bitlake.format.metadata import AGE, delta_to_int
 from bitlake.mirror import PostgresMirror, lsn_text
 from bitlake.spark.schema import to_arrow_schema
 
@@ -216,6 +220,11 @@ def cmd_show(args, out: Console, err: Console) -> None:
     if args.valid_at is not None and not meta.keyed:
         raise InvalidInputError("--valid-at needs a keyed table: an append-only table has no delta column")
     valid_at = _valid_at(table, args.valid_at)
+    if valid_at is not None:
+        try:
+            delta_to_int(valid_at, meta.delta_type)
+        except InvalidInputError as e:
+            raise InvalidInputError(f"--valid-at: {e}") from None
     columns = _columns(args.columns)
     keys = list(meta.primary_key)
     # The projection is pushed into the read, with the key columns the order needs (dropped before printing).
@@ -582,7 +591,7 @@ def _add_maintenance_parsers(sub) -> None:
     """cleanup, compact, maintain: the commands that rewrite or remove a table's files and keep its current view."""
     k = sub.add_parser("cleanup", help="remove files no commit references (leftovers of failed jobs)")
     k.add_argument("path", help=PATH_HELP)
-    k.add_argument("--min-age-seconds", type=float, default=3600.0,
+    k.add_argument("--min-age-seconds", type=seconds, default=3600.0,
                    help="keep younger files: a running job may still commit them (default 3600)")
     k.add_argument("--dry-run", action="store_true", help="list the files without removing them")
     k.set_defaults(run=cmd_cleanup)
@@ -594,14 +603,15 @@ def _add_maintenance_parsers(sub) -> None:
     m.add_argument("--dry-run", action="store_true", help="say what would be rewritten, rewrite nothing")
     m.add_argument("--major", action="store_true",
                    help="also set the retention window and purge what no view inside it can see")
-    m.add_argument("--look-back", help="with --major, the window's start: a version, an age (7d, 12h) or an "
-                                       "ISO-8601 time (default: the compact.look_back property)")
+    m.add_argument("--look-back", type=look_back,
+                   help="with --major, the window's start: a version, an age (7d, 12h) or an ISO-8601 time "
+                        "(default: the compact.look_back property)")
     m.set_defaults(run=cmd_compact)
 
     mt = sub.add_parser("maintain", help="run the compactions and cleanup the table's metrics call for")
     mt.add_argument("path", help=PATH_HELP)
     mt.add_argument("--dry-run", action="store_true", help="print the plan and its expected gain, change nothing")
-    mt.add_argument("--min-age-seconds", type=float, default=3600.0,
+    mt.add_argument("--min-age-seconds", type=seconds, default=3600.0,
                     help="cleanup keeps younger files (default 3600)")
     mt.set_defaults(run=cmd_maintain)
 
@@ -645,7 +655,7 @@ def _add_change_capture_parsers(sub) -> None:
     mi.add_argument("--table", required=True, help="the source table, schema.table")
     mi.add_argument("--slot", help="the replication slot's name (default bitlake_<schema>_<table>)")
     mi.add_argument("--key", help="key columns of a table without a primary key (it needs REPLICA IDENTITY FULL)")
-    mi.add_argument("--interval", type=float, default=1.0, help="seconds between polls when nothing is waiting "
+    mi.add_argument("--interval", type=seconds, default=1.0, help="seconds between polls when nothing is waiting "
                                                                 "(default 1)")
     mi.add_argument("--batch-changes", type=int, default=50_000, help="changes per commit at most (whole "
                     "transactions; default 50000)")
@@ -700,4 +710,29 @@ def row_count(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 1 << 62:
         raise ValueError(text)
+    return value
+
+
+def seconds(text: str) -> float:
+    """A number of seconds: finite, at least 0 (argparse names the option when it is not)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds of at least 0")
+    return value
+
+
+def look_back(text: str) -> str:
+    """A ``--look-back``: a version, an age (7d, 12h, 30m, 90s) or an ISO-8601 time, checked before the table
+    opens; the library reads it."""
+    value = text.strip()
+    if value.isdigit() or AGE.match(value):
+        return value
+    try:
+        datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a version, an age (7d, 12h, 30m, 90s) or an ISO-8601 "
+                                         "time") from None
     return value
