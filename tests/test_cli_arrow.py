@@ -38,13 +38,14 @@ CHANGES_JSONL = """\
 """
 
 
-def cli(*argv, columns: str | None = None) -> subprocess.CompletedProcess:
-    """``bitlake ARGV`` in a subprocess without pyspark, its stdout and stderr piped (not a terminal)."""
+def cli(*argv, columns: str | None = None, without: str = "pyspark") -> subprocess.CompletedProcess:
+    """``bitlake ARGV`` in a subprocess where ``import pyspark`` (or another package) fails, its stdout and stderr
+    piped (not a terminal)."""
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     if columns is not None:
         env["COLUMNS"] = columns
-    return subprocess.run([sys.executable, "-c", NO_SPARK, *map(str, argv)], capture_output=True, text=True,
-                          timeout=120, env=env)
+    return subprocess.run([sys.executable, "-c", NO_SPARK.replace("'pyspark'", repr(without)), *map(str, argv)],
+                          capture_output=True, text=True, timeout=120, env=env)
 
 
 def run(capsys, *argv) -> tuple[int, str, str]:
@@ -126,6 +127,13 @@ def test_a_command_that_needs_spark_says_how_to_install_it(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("bitlake metagen: error:") and "pip install 'bitlake[spark]'" in last
+
+
+def test_a_command_that_needs_another_extra_says_which(lake):
+    r = cli("events", "publish", lake, "--url", "http://127.0.0.1:9", "--token", "t", without="httpx")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == "bitlake events: error: this needs httpx, which is not installed: " \
+                               "pip install 'bitlake[client]'"
 
 
 def json_lines(out: str) -> list[dict]:

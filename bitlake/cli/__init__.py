@@ -106,7 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 # The optional packages a command can need, by import name: what to say, and bitlake's extra that installs it.
 _EXTRAS = {"pyspark": ("Spark (pyspark)", "spark"), "py4j": ("Spark (pyspark)", "spark"),
            "httpx": ("httpx", "client"), "fastapi": ("FastAPI", "service"), "uvicorn": ("uvicorn", "service"),
-           "sqlalchemy": ("SQLAlchemy", "service")}
+           "sqlalchemy": ("SQLAlchemy", "service"), "alembic": ("alembic", "service"),
+           "psycopg": ("psycopg", "service")}
 # The library's errors name its keyword arguments: those whose option is not named after them, by the option's dest.
 _ARGUMENTS = {"num_buckets": "buckets", "file_format": "format", "major=True": "major"}
 
