@@ -149,3 +149,13 @@ def test_nav_covers_every_page():
     pages = [p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md")]
     missing = [p for p in pages if not re.search(rf":\s*{re.escape(p)}\s*$", nav, re.M)]
     assert not missing, f"pages missing from mkdocs.yml's nav: {missing}"
+
+
+def test_one_install_wording():
+    """bitlake installs from a clone: `pip install .` or `pip install '.[extra,...]'`, never an editable or a
+    registry install in the docs (issue 41: the README mixed `pip install bitlake` and `pip install -e '.[...]'`).
+    Error messages name an extra as `bitlake[spark]`; the README's install section says what that means."""
+    wrong = re.compile(r"pip install (-e\b|bitlake\b|'bitlake\[)")
+    bad = [f"{page_id(p)}:{n}: {line.strip()}" for p in PAGES for n, line in enumerate(p.read_text().splitlines(), 1)
+           if wrong.search(line)]
+    assert not bad, "\n".join(bad)
