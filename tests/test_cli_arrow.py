@@ -97,6 +97,32 @@ def test_ingest_of_csv_and_json_lines_runs_without_spark(lake, tmp_path):
     assert table.to_arrow().sort_by("aid") == expected.to_arrow().sort_by("aid")
 
 
+def test_ingest_reads_csv_and_json_as_spark_would(tmp_path, capsys):
+    """Times without a zone offset are UTC, an integer in a double column is a double, a folder's files are read
+    but not Spark's markers, and files may order and spell their columns differently."""
+    path = tmp_path / "t"
+    assert main(["create", str(path), "--schema", SCHEMA, "--primary-key", "aid", "--delta-column", "mod"]) == 0
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.csv").write_text("aid,name,bal,mod\n1,a,1,2024-03-01 00:00:00\n2,b,2.5,2024-03-01\n")
+    (folder / "b.csv").write_text("MOD,Bal,name,AID\n2024-03-01T02:00:00+02:00,3,c,3\n")
+    (folder / "_SUCCESS").write_text("")
+    (tmp_path / "c.jsonl").write_text('{"aid": 4, "name": "d", "bal": 4, "mod": "2024-03-01T00:00:00"}\n'
+                                      '{"aid": 5, "mod": "2024-03-01T00:00:00Z", "name": "e", "bal": 5.5}\n')
+    code, _, err = run(capsys, "ingest", path, folder, "--input-format", "csv")
+    assert code == 0, err
+    code, _, err = run(capsys, "ingest", path, tmp_path / "c.jsonl")
+    assert code == 0, err
+    march = datetime.datetime(2024, 3, 1, tzinfo=datetime.UTC)
+    assert bitlake.open_table(str(path)).to_arrow().sort_by("aid").to_pylist() == [
+        {"aid": 1, "name": "a", "bal": 1.0, "mod": march}, {"aid": 2, "name": "b", "bal": 2.5, "mod": march},
+        {"aid": 3, "name": "c", "bal": 3.0, "mod": march}, {"aid": 4, "name": "d", "bal": 4.0, "mod": march},
+        {"aid": 5, "name": "e", "bal": 5.5, "mod": march}]
+    (folder / "c.csv").write_text("aid,name,mod\n6,f,2024-03-01\n")
+    code, _, err = run(capsys, "ingest", path, folder, "--input-format", "csv")
+    assert code == 2 and "c.csv has the columns ['aid', 'name', 'mod']" in err
+
+
 def test_ingest_of_a_value_that_does_not_parse_is_one_line(lake, tmp_path):
     (tmp_path / "bad.csv").write_text("aid,name,bal,mod\nx,zed,1.0,2024-03-01T00:00:00Z\n")
     r = cli("ingest", lake, tmp_path / "bad.csv")

@@ -16,6 +16,7 @@ import pyarrow as pa
 
 import bitlake
 from bitlake import cdc
+from bitlake.cli.inputs import input_format, read_input
 from bitlake.cli.output import _counts, print_grid, print_json_lines, render_history, render_rows, say, step
 from bitlake.errors import InvalidInputError
 from bitlake.format import rowid
@@ -46,8 +47,6 @@ TYPES = {
 }
 _LOWER_TYPES = {name.lower(): t for name, t in TYPES.items()}  # names are matched case-insensitively
 _DECIMAL = re.compile(r"decimal(?:128)?\((\d+),\s*(\d+)\)")
-INPUT_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv",
-                 ".json": "json", ".jsonl": "json", ".ndjson": "json"}
 
 
 def parse_type(text: str) -> pa.DataType:
@@ -116,47 +115,6 @@ def cmd_create(args, out: Console, err: Console) -> None:
     meta = table.metadata
     kind = f"keyed on {', '.join(meta.primary_key)} by {meta.delta_column}" if meta.keyed else "append-only"
     say(out, f"created table {table.path}, {kind} (version {table.version})")
-
-
-def input_format(paths: list[str], given: str | None) -> str:
-    """Checks the inputs exist (before anything is read) and returns their format."""
-    for p in paths:
-        if not os.path.exists(p):
-            raise InvalidInputError(f"no such input file: {p}")
-    fmt = given or INPUT_FORMATS.get(os.path.splitext(paths[0].rstrip("/"))[1].lower())
-    if fmt is None:
-        raise InvalidInputError(
-            f"cannot tell the format of {paths[0]}: pass --input-format parquet, csv or json")
-    return fmt
-
-
-def read_input(schema: pa.Schema, paths: list[str], fmt: str) -> pa.RecordBatchReader:
-    """The input files (or folders: their files starting with "_" or "." are skipped, as Spark's markers) as one
-    stream of record batches, read with pyarrow in bounded memory (no Spark).
-
-    Parquet keeps its types (bitlake checks them against the table). A CSV file (with a header line) and a JSON-lines
-    file are read with the table's types for the columns the table has, matched by name regardless of case; in CSV an
-    empty field is a null, as Spark reads it. Any other column keeps the type pyarrow infers, for bitlake to reject
-    (or to serve as the op column).
-    """
-    import pyarrow.dataset as ds
-
-    if fmt == "parquet":
-        return ds.dataset([ds.dataset(p, format="parquet") for p in paths]).scanner().to_reader()
-    types = {f.name.lower(): f.type for f in schema}
-    # The inputs' column names first (pyarrow reads the first block of each), to give each its table type by name.
-    names = {n for p in paths for n in ds.dataset(p, format=fmt).schema.names}
-    typed = {n: types[n.lower()] for n in sorted(names) if n.lower() in types}
-    if fmt == "csv":
-        import pyarrow.csv as csv
-
-        file_format = ds.CsvFileFormat(convert_options=csv.ConvertOptions(column_types=typed, strings_can_be_null=True))
-    else:
-        import pyarrow.json as pajson
-
-        file_format = ds.JsonFileFormat(parse_options=pajson.ParseOptions(
-            explicit_schema=pa.schema(list(typed.items())), unexpected_field_behavior="infer"))
-    return ds.dataset([ds.dataset(p, format=file_format) for p in paths]).scanner().to_reader()
 
 
 def _batch_input_args(parser, inputs_help: str) -> None:
