@@ -158,3 +158,26 @@ def test_the_digest_depends_on_the_records_not_on_their_chunks():
     for i, name, values in [(0, "i", [1, 3, None, 4, 5]), (1, "s", ["x", None, "y", "y", "z"]),
                             (2, "l", [[1], [2], [None], [], [5]]), (0, "i", [1, None, 3, 4, 6])]:
         assert digest(t.set_column(i, name, pa.array(values)).to_batches()) != whole
+
+
+# ------------------------------------------------------------------------------------------ compaction
+
+
+def test_compacting_a_one_file_table_leaves_one_file(table):
+    # One batch whose later records of 20 keys supersede their earlier ones: one file, a sixth of it superseded.
+    table.ingest(rows([*range(100), *range(20)], ["a"] * 120, [1] * 100 + [2] * 20))
+    assert len(table.state().data_files()) == 1
+    assert table.compact().version is None and len(table.state().data_files()) == 1
+    r = table.compact(major=True)  # sets the window; the file holds nothing the window lets go
+    assert (r.removed_files, r.added_files) == (0, 0) and len(table.state().data_files()) == 1
+    assert table.to_arrow().num_rows == 100
+
+
+def test_compaction_never_leaves_more_files_than_it_found(table):
+    table.ingest(rows(range(100), ["a"] * 100, [1] * 100))
+    for i in range(3):
+        table.ingest(rows(range(i * 10, i * 10 + 10), ["b"] * 10, [2 + i] * 10))
+        before = len(table.state().data_files())
+        table.compact()
+        assert len(table.state().data_files()) <= before
+    assert table.to_arrow().num_rows == 100
