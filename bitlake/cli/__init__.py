@@ -22,7 +22,7 @@ import bitlake
 from bitlake.cli import events, tables
 from bitlake.cli.events import watch_state_path
 from bitlake.cli.output import _first_line, render_history, render_rows, say
-from bitlake.cli.tables import parse_schema, parse_type
+from bitlake.cli.schema import parse_schema, parse_type
 from bitlake.errors import BitlakeError
 from bitlake.triggers.__main__ import database_error
 

@@ -6,10 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import math
-import os
-import re
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -18,11 +15,11 @@ import bitlake
 from bitlake import cdc
 from bitlake.cli.inputs import input_format, read_input
 from bitlake.cli.output import _counts, print_grid, print_json_lines, render_history, render_rows, say, step
+from bitlake.cli.schema import parse_schema
 from bitlake.errors import InvalidInputError
 from bitlake.format import rowid
 from bitlake.format.metadata import AGE, delta_to_int
 from bitlake.mirror import PostgresMirror, lsn_text
-from bitlake.spark.schema import to_arrow_schema
 
 # rich (bitlake[cli]), httpx (bitlake[client]) and pyspark are imported where they are used, and so is the table
 # library (through ``bitlake``'s lazy names, or bitlake.bootstrap): `bitlake --help` starts without them. No command
@@ -30,77 +27,6 @@ from bitlake.spark.schema import to_arrow_schema
 # library starts, and a schema file holding a Spark StructType with nested types.
 if TYPE_CHECKING:
     from rich.console import Console
-
-TYPES = {
-    "bool": pa.bool_(), "boolean": pa.bool_(),
-    "int8": pa.int8(), "byte": pa.int8(),
-    "int16": pa.int16(), "short": pa.int16(),
-    "int32": pa.int32(), "int": pa.int32(), "integer": pa.int32(),
-    "int64": pa.int64(), "long": pa.int64(), "bigint": pa.int64(),
-    "float": pa.float32(), "float32": pa.float32(),
-    "double": pa.float64(), "float64": pa.float64(),
-    "string": pa.string(), "binary": pa.binary(),
-    "date": pa.date32(), "date32": pa.date32(), "date32[day]": pa.date32(),
-    # Spark's TIMESTAMP is an instant (Arrow: with a time zone); TIMESTAMP_NTZ is the local kind.
-    "timestamp": pa.timestamp("us", tz="UTC"), "timestamp[us, tz=UTC]": pa.timestamp("us", tz="UTC"),
-    "timestamp_ntz": pa.timestamp("us"), "timestamp[us]": pa.timestamp("us"),
-}
-_LOWER_TYPES = {name.lower(): t for name, t in TYPES.items()}  # names are matched case-insensitively
-_DECIMAL = re.compile(r"decimal(?:128)?\((\d+),\s*(\d+)\)")
-
-
-def parse_type(text: str) -> pa.DataType:
-    """A type name of the compact spec (``int64``, ``timestamp``, ``decimal(10,2)``…) as an Arrow type."""
-    name = text.strip().lower()
-    if name in _LOWER_TYPES:
-        return _LOWER_TYPES[name]
-    m = _DECIMAL.fullmatch(name)
-    if m:
-        return pa.decimal128(int(m[1]), int(m[2]))
-    known = ", ".join(sorted(t for t in TYPES if "[" not in t))
-    raise InvalidInputError(f"unknown column type {text!r}; known: {known}, decimal(p,s)")
-
-
-def parse_schema(spec: str) -> pa.Schema:
-    """``id:int64,name:string`` or a JSON file: a list of ``{name, type, nullable}`` (what ``describe``
-    prints under ``columns``), an object holding such a list under ``columns``, or a Spark StructType."""
-    if os.path.isfile(spec):
-        with open(spec) as f:
-            try:
-                doc = json.load(f)
-            except json.JSONDecodeError as e:
-                raise InvalidInputError(f"schema file {spec} is not valid JSON: {e}") from None
-        if isinstance(doc, dict) and doc.get("type") == "struct":
-            return _struct_type_schema(doc)
-        columns = doc.get("columns") if isinstance(doc, dict) else doc
-        if not isinstance(columns, list) or not all(isinstance(c, dict) and "name" in c and "type" in c
-                                                    for c in columns):
-            raise InvalidInputError(f"schema file {spec} holds no list of {{name, type}} columns")
-        return pa.schema([pa.field(c["name"], parse_type(c["type"]), c.get("nullable", True))
-                          for c in columns])
-    fields = []
-    for item in re.split(r",(?![^(]*\))", spec):  # not the comma of decimal(p,s)
-        name, sep, type_name = item.partition(":")
-        if not sep or not name.strip():
-            raise InvalidInputError(f"schema item {item!r} is not name:type (and {spec!r} is not a file)")
-        fields.append(pa.field(name.strip(), parse_type(type_name)))
-    return pa.schema(fields)
-
-
-def _struct_type_schema(doc: dict) -> pa.Schema:
-    """A Spark StructType's JSON (``df.schema.json()``): read here when every column has a simple type (``long``,
-    ``decimal(10,2)``…); one with nested types is read by pyspark."""
-    fields = doc.get("fields")
-    if isinstance(fields, list) and all(isinstance(f, dict) and isinstance(f.get("type"), str) and "name" in f
-                                        for f in fields):
-        return pa.schema([pa.field(f["name"], parse_type(f["type"]), f.get("nullable", True)) for f in fields])
-    try:
-        from pyspark.sql.types import StructType
-    except ImportError:
-        raise InvalidInputError("a schema file of a Spark StructType with nested types is read by pyspark: "
-                                "pip install 'bitlake[spark]'") from None
-    return to_arrow_schema(StructType.fromJson(doc))
-
 
 def _columns(text: str | None) -> list[str] | None:
     return [c.strip() for c in text.split(",") if c.strip()] if text else None
