@@ -234,6 +234,14 @@ def test_piped_output_is_plain_and_full_width(lake):
     assert r.returncode == 0 and r.stdout.splitlines()[1].split()[:4] == ["version", "time", "(UTC)", "operation"]
 
 
+def test_piped_compact_and_maintain_log_no_empty_lines(tmp_path):
+    t = bitlake.create_table(str(tmp_path / "t"), parse_schema(SCHEMA), primary_key=["aid"], delta_column="mod")
+    t.ingest(pa.Table.from_pylist(records(BASE_CSV)))
+    for command in ("compact", "maintain"):
+        r = cli(command, t.path)
+        assert r.returncode == 0 and "\n\n" not in "\n" + r.stderr and "\n\n" not in r.stdout, (command, r.stderr)
+
+
 def test_compact_look_back_needs_major(lake, capsys):
     code, _, err = run(capsys, "compact", lake, "--look-back", "7d")
     assert code == 2 and err.strip() == "bitlake compact: error: --look-back needs --major: it sets the retention " \

@@ -195,9 +195,13 @@ def cmd_cleanup(args, out: Console, err: Console) -> None:
 
 @contextlib.contextmanager
 def compaction_progress(err: Console):
-    """A transient rich progress bar of the rows a compaction rewrites; yields its ``progress(rows, total)``."""
+    """A transient rich progress bar of the rows a compaction rewrites; yields its ``progress(rows, total)``. Off a
+    terminal there is no bar (rich would leave an empty line in a log)."""
     from rich.progress import Progress
 
+    if not err.is_terminal:
+        yield lambda rows, total: None
+        return
     with Progress(console=err, transient=True) as bar:
         task = bar.add_task("compacting", total=None)
 
