@@ -262,6 +262,7 @@ def test_option_values_are_checked_before_the_table_is_touched(lake, capsys, arg
 @pytest.mark.parametrize(("argv", "message"), [
     (["show", "{t}", "--valid-at", "2024-01-01T00:00:00Z"], "--valid-at needs a keyed table"),
     (["show", "{k}", "--valid-at", "soon"], "--valid-at: 'soon' is not an ISO-8601 time"),
+    (["update", "{k}", "--where", "aid = 1", "--set", "aid=5"], "update: error: cannot set the primary key"),
     (["changes", "{k}", "--starting-version", "2", "--ending-version", "1"],
      "--starting-version 2 is after --ending-version 1"),
     (["changes", "{k}", "--starting-version", "7"], "--starting-version 7 does not exist"),

@@ -69,6 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = args.run(args, out, err)
     except BitlakeError as e:
         message = cli_wording(" ".join(str(e).split()), command_options(parser, args))
+        message = message.removeprefix(f"{args.command}: ")  # the library names its call, as the line already does
         say(err, f"bitlake {args.command}: error: {message}")
         return 2
     except ImportError as e:
