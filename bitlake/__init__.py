@@ -11,6 +11,8 @@ from bitlake.errors import (
     CorruptTableError,
     IndexUnavailableError,
     InvalidInputError,
+    InvalidSettingError,
+    MissingDependencyError,
     NotATableError,
     NullValueError,
     SchemaMismatchError,
@@ -48,12 +50,9 @@ def spark_session(master: str | None = None, app_name: str = "bitlake", **conf: 
     """The active SparkSession, or a local one set up for bitlake: see :func:`bitlake.spark.session.spark_session`;
     ``format("bitlake")`` is registered with it.
 
-    PySpark (``pip install 'bitlake[spark]'``) is imported here, not by ``import bitlake``.
+    PySpark (``pip install 'bitlake[spark]'``) is imported here, not by ``import bitlake``; without it this raises
+    :class:`MissingDependencyError`.
     """
-    import importlib.util
-
-    if importlib.util.find_spec("pyspark") is None:
-        raise BitlakeError("Spark is not installed: pip install 'bitlake[spark]'")
     from bitlake.spark.session import spark_session
 
     spark = spark_session(master, app_name, **conf)
@@ -87,11 +86,11 @@ def foreach_batch(path: str, *, op_column: str | None = None, batch_id_prefix: s
 
 
 __all__ = [
-    "BatchIdReusedError", "BitlakeError", "CommitConflictError", "CommitStateUnknownError", "ConditionalPutUnsupportedError",
-    "ConvertResult", "CorruptTableError", "IndexUnavailableError", "IngestResult", "InvalidInputError",
-    "NotATableError", "NullValueError", "SchemaMismatchError", "StorageError", "Table", "TableExistsError",
-    "TableNotFoundError", "UnknownOperationError", "UnsupportedFormatVersionError", "VersionExpiredError",
-    "VersionNotFoundError",
+    "BatchIdReusedError", "BitlakeError", "CommitConflictError", "CommitStateUnknownError",
+    "ConditionalPutUnsupportedError", "ConvertResult", "CorruptTableError", "IndexUnavailableError", "IngestResult",
+    "InvalidInputError", "InvalidSettingError", "MissingDependencyError", "NotATableError", "NullValueError",
+    "SchemaMismatchError", "StorageError", "Table", "TableExistsError", "TableNotFoundError", "UnknownOperationError",
+    "UnsupportedFormatVersionError", "VersionExpiredError", "VersionNotFoundError",
     "convert", "create_table", "foreach_batch", "open_table", "register_data_source", "spark_jar",
     "spark_session",
 ]

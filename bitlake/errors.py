@@ -5,6 +5,11 @@ class BitlakeError(Exception):
     """Base class of bitlake's errors."""
 
 
+class MissingDependencyError(BitlakeError, ImportError):
+    """A call needs an optional package that is not installed; the message names the extra to install (``pip
+    install 'bitlake[spark]'``)."""
+
+
 class TableNotFoundError(BitlakeError):
     """The path does not exist."""
 
@@ -27,6 +32,11 @@ class CorruptTableError(BitlakeError):
 
 class InvalidInputError(BitlakeError):
     """A batch or an argument breaks the table's contract; nothing of it was written."""
+
+
+class InvalidSettingError(InvalidInputError, ValueError):
+    """A setting bitlake is given is not one it can use: an Airflow connection or operator argument, the trigger
+    store's database URL. Also a ``ValueError``, which these raised before."""
 
 
 class SchemaMismatchError(InvalidInputError):

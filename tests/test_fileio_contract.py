@@ -436,5 +436,5 @@ def test_unknown_scheme_is_refused_naming_it(scheme):
 
 def test_file_uris_with_one_slash_are_local_and_with_a_host_are_refused():
     assert file_io("file:/x/y") == file_io("/x/y")
-    with pytest.raises(ValueError, match="names the host 'x'"):
+    with pytest.raises(InvalidInputError, match="names the host 'x'"):
         file_io("file://x/y")

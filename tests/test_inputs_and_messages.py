@@ -181,3 +181,64 @@ def test_compaction_never_leaves_more_files_than_it_found(table):
         table.compact()
         assert len(table.state().data_files()) <= before
     assert table.to_arrow().num_rows == 100
+
+
+# ------------------------------------------------------------------------------------------ messages
+
+
+def test_an_expired_event_time_is_written_as_a_time(tmp_path):
+    import datetime as dt
+
+    schema = pa.schema([("id", pa.int64()), ("at", pa.timestamp("us", tz="UTC"))])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key="id", delta_column="at")
+    for day in range(1, 6):
+        t.ingest(pa.table({"id": [1, 2], "at": [dt.datetime(2024, 1, day, tzinfo=dt.UTC)] * 2}, schema=schema))
+    t.compact(major=True, look_back=3)
+    for table in (t, bitlake.open_table(t.path)):  # the window replayed, and read from a checkpoint
+        with pytest.raises(bitlake.VersionExpiredError,
+                           match=r"valid_at 2024-01-01T00:00:00\+00:00 is before .* event times from "
+                                 r"2024-01-03T00:00:00\+00:00"):
+            table.to_arrow(valid_at=dt.datetime(2024, 1, 1))
+
+
+def test_storage_options_a_store_does_not_know_are_named_with_those_it_takes(tmp_path):
+    with pytest.raises(InvalidInputError, match=r"unknown storage option 'AWS_ENDPOINT_URLX' for s3://.*"
+                                                r"AWS_ENDPOINT_URL.*allow_http"):
+        bitlake.open_table("s3://bucket/t", storage_options={"AWS_ENDPOINT_URLX": "http://127.0.0.1:1"})
+    with pytest.raises(InvalidInputError, match=r"memory:// stores take no storage options.*'colour'"):
+        bitlake.create_table("memory:///opts", SCHEMA, storage_options={"colour": "red"})
+    with pytest.raises(InvalidInputError, match="is a local path, which takes none"):
+        bitlake.create_table(str(tmp_path / "t"), SCHEMA, storage_options={"region": "x"})
+
+
+@pytest.mark.parametrize(("marker", "kind"), [("_delta_log/00000000000000000000.json", "a Delta table"),
+                                              ("metadata/v1.metadata.json", "an Iceberg table"),
+                                              ("_versions/1.manifest", "a lance dataset")])
+def test_opening_another_formats_folder_points_to_convert(tmp_path, marker, kind):
+    path = tmp_path / "other"
+    (path / marker).parent.mkdir(parents=True)
+    (path / marker).write_text("{}")
+    with pytest.raises(bitlake.NotATableError, match=rf"is {kind}, not a bitlake table: .*bitlake convert .*"
+                                                     r"bitlake\.convert\("):
+        bitlake.open_table(str(path))
+
+
+def test_settings_errors_are_bitlake_errors_and_still_value_errors():
+    from bitlake.triggers.database import make_engine
+
+    with pytest.raises(bitlake.InvalidSettingError, match="SQLite or PostgreSQL") as e:
+        make_engine("mysql://localhost/x")
+    assert isinstance(e.value, bitlake.BitlakeError) and isinstance(e.value, ValueError)
+
+
+def test_a_call_that_needs_spark_without_pyspark_names_the_extra(table, monkeypatch):
+    import sys
+
+    for name in [m for m in sys.modules if m == "pyspark" or m.startswith("pyspark.")] + ["pyspark"]:
+        monkeypatch.setitem(sys.modules, name, None)  # import pyspark fails, as on the Arrow-only install
+    for call in (bitlake.spark_session, table.to_spark,
+                 lambda: table.ingest(rows([1], ["a"], [1]), inline=False)):
+        with pytest.raises(bitlake.MissingDependencyError) as e:
+            call()
+        assert str(e.value) == "this needs Spark, and pyspark is not installed: pip install 'bitlake[spark]'"
+        assert isinstance(e.value, ImportError) and isinstance(e.value, bitlake.BitlakeError)

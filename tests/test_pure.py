@@ -1000,6 +1000,7 @@ def test_change_events_name_the_partitions_whose_rows_changed(tmp_path, monkeypa
     monkeypatch.setattr(changeevent, "READ_BUDGET_ROWS", 0)  # no file read: more events, never fewer
     assert ingest([3], ["ap"], [5]) == [["ap"], ["eu"], ["us"]]
     monkeypatch.undo()
+    assert ingest([4], ["eu"], [1]) == [["eu"]]  # a third file in eu: compacting it leaves fewer files
     t.compact()
     assert len({f.partition["region"] for f in t.state().data_files() if f.offsets}) >= 2
     assert ingest([1], ["eu"], [4]) == [["eu"]]  # compacted files: their offsets files say which rows they hold

@@ -23,6 +23,7 @@ from airflow.sdk import BaseHook
 from pydantic import BaseModel
 
 from bitlake.airflow import CONNECTION_FIELD_BEHAVIOUR
+from bitlake.errors import InvalidSettingError
 from bitlake.triggers import Client, Event
 from bitlake.triggers.client import Timestampish, parse_response
 from bitlake.triggers.event import format_timestamp, parse_timestamp
@@ -54,7 +55,7 @@ class ServiceSettings:
         extra = conn.extra_dejson if conn.extra else {}
         host = (conn.host or "").strip()
         if not host:
-            raise ValueError(f"connection {conn.conn_id!r} has no host: set it to the trigger service's URL, "
+            raise InvalidSettingError(f"connection {conn.conn_id!r} has no host: set it to the trigger service's URL, "
                              "e.g. http://127.0.0.1:8400")
         if "://" in host:
             url = urlsplit(host)
@@ -68,12 +69,13 @@ class ServiceSettings:
         if conn.schema:
             path = f"{path.rstrip('/')}/{conn.schema.strip('/')}"
         if not conn.password:
-            raise ValueError(f"connection {conn.conn_id!r} has no token: put a consumer token of the trigger "
+            raise InvalidSettingError(f"connection {conn.conn_id!r} has no token: put a consumer token of the trigger "
                              "service in its password")
         try:
             timeout = float(extra.get("timeout", DEFAULT_TIMEOUT))
         except (TypeError, ValueError):
-            raise ValueError(f"connection {conn.conn_id!r}: extra 'timeout' must be a number of seconds") from None
+            raise InvalidSettingError(
+                f"connection {conn.conn_id!r}: extra 'timeout' must be a number of seconds") from None
         return cls(f"{scheme}://{netloc}{path}".rstrip("/"), conn.password, timeout)
 
 
@@ -133,7 +135,7 @@ class BitlakeTriggersHook(BaseHook):
                 return client.partition_trigger(**params)
             if trigger_type == SNAPSHOT:
                 return client.snapshot_trigger(**params)
-        raise ValueError(f"unknown trigger type {trigger_type!r}: {' or '.join(TRIGGER_TYPES)}")
+        raise InvalidSettingError(f"unknown trigger type {trigger_type!r}: {' or '.join(TRIGGER_TYPES)}")
 
 
 def _ts(value: Timestampish | None) -> str | None:
@@ -151,22 +153,22 @@ def trigger_params(trigger_type: str, *, table: str, partition: Sequence[str | N
     """
     if trigger_type == PARTITION:
         if flow is not None:
-            raise ValueError("a partition trigger has no flow (flows belong to snapshot triggers)")
+            raise InvalidSettingError("a partition trigger has no flow (flows belong to snapshot triggers)")
         if scheduled_time is not None and start is not None:
-            raise ValueError("give either scheduled_time or the schedule (start, frequency, frequency_unit)")
+            raise InvalidSettingError("give either scheduled_time or the schedule (start, frequency, frequency_unit)")
         return {"table": table, "partition": None if partition is None else list(partition),
                 "tags": dict(tags or {}), "start": _ts(start), "frequency": frequency,
                 "frequency_unit": frequency_unit, "scheduled_time": _ts(scheduled_time), "timezone": timezone,
                 "limit": limit}
     if trigger_type == SNAPSHOT:
         if not flow:
-            raise ValueError("a snapshot trigger needs the name of its consumer flow (flow=...)")
+            raise InvalidSettingError("a snapshot trigger needs the name of its consumer flow (flow=...)")
         if partition is not None or frequency is not None or frequency_unit is not None \
                 or scheduled_time is not None:
-            raise ValueError("a snapshot trigger takes table, flow, tags, start and limit only "
+            raise InvalidSettingError("a snapshot trigger takes table, flow, tags, start and limit only "
                              "(partition and schedule belong to partition triggers)")
         return {"flow": flow, "table": table, "tags": dict(tags or {}), "start": _ts(start), "limit": limit}
-    raise ValueError(f"unknown trigger type {trigger_type!r}: {' or '.join(TRIGGER_TYPES)}")
+    raise InvalidSettingError(f"unknown trigger type {trigger_type!r}: {' or '.join(TRIGGER_TYPES)}")
 
 
 def events_json(events: Sequence[Event]) -> list[dict[str, Any]]:
@@ -209,4 +211,4 @@ class AsyncTriggerClient:
             return await self._post("/triggers/partition", body, PartitionTriggerResult)
         if trigger_type == SNAPSHOT:
             return await self._post("/triggers/snapshot", body, SnapshotTriggerResult)
-        raise ValueError(f"unknown trigger type {trigger_type!r}: {' or '.join(TRIGGER_TYPES)}")
+        raise InvalidSettingError(f"unknown trigger type {trigger_type!r}: {' or '.join(TRIGGER_TYPES)}")

@@ -11,6 +11,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from bitlake.airflow.hooks import DEFAULT_CONN_ID, BitlakeTriggersHook, events_json
+from bitlake.errors import InvalidSettingError
 from bitlake.triggers.event import MAX_EVENTS_PER_REQUEST
 
 ANY = "*"  # ``partition`` of DataChangeEventOperator: events of every partition
@@ -61,7 +62,7 @@ class DataChangeEventOperator(BaseOperator):
                  **kwargs: Any):
         super().__init__(**kwargs)
         if max_events < 1:
-            raise ValueError("max_events must be at least 1")
+            raise InvalidSettingError("max_events must be at least 1")
         self.table = table
         self.start_time = start_time
         self.end_time = end_time
@@ -79,10 +80,10 @@ class DataChangeEventOperator(BaseOperator):
             if flow is not None:
                 # Checked here, after rendering: a template such as "{{ params.flow }}" may render empty.
                 if end is not None:
-                    raise ValueError("with a flow, the events are those after its acknowledged cursor: "
+                    raise InvalidSettingError("with a flow, the events are those after its acknowledged cursor: "
                                      "no end_time")
                 if not _unset(self.partition) and self.partition != ANY:
-                    raise ValueError("with a flow, the events are those of its snapshot trigger: no partition")
+                    raise InvalidSettingError("with a flow, the events are those of its snapshot trigger: no partition")
                 result = client.snapshot_trigger(flow, self.table, tags=self.tags, start=start,
                                                   limit=min(self.max_events, MAX_EVENTS_PER_REQUEST))
                 events = result.events
@@ -132,7 +133,7 @@ class DataChangeEventAckOperator(BaseOperator):
                  conn_id: str = DEFAULT_CONN_ID, **kwargs: Any):
         super().__init__(**kwargs)
         if events is None and event_id is None:
-            raise ValueError("give the events the run processed (events=...) or the event id to acknowledge")
+            raise InvalidSettingError("give the events the run processed (events=...) or the event id to acknowledge")
         self.flow = flow
         self.table = table
         self.events = events

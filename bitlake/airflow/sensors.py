@@ -20,6 +20,7 @@ from bitlake.airflow.hooks import (
     trigger_params,
 )
 from bitlake.airflow.triggers import RETRYABLE_STATUS, DataChangeEventTrigger
+from bitlake.errors import InvalidSettingError
 from bitlake.triggers import TriggerServiceError
 
 #: The default ``scheduled_time`` of a partition trigger: the run's logical date, so ``{{ ds }}`` in a
@@ -76,7 +77,7 @@ class DataChangeEventSensor(BaseSensorOperator):
                  **kwargs: Any):
         super().__init__(**kwargs)
         if trigger_type not in TRIGGER_TYPES:
-            raise ValueError(f"trigger_type must be one of {', '.join(TRIGGER_TYPES)}, not {trigger_type!r}")
+            raise InvalidSettingError(f"trigger_type must be one of {', '.join(TRIGGER_TYPES)}, not {trigger_type!r}")
         if scheduled_time == LOGICAL_DATE and (trigger_type == SNAPSHOT or start is not None):
             scheduled_time = None  # the default only applies to unscheduled partition triggers
         self.table = table

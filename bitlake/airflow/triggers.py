@@ -21,6 +21,7 @@ from bitlake.airflow.hooks import (
     BitlakeTriggersHook,
     events_json,
 )
+from bitlake.errors import InvalidSettingError
 from bitlake.triggers import TriggerServiceError
 
 # Statuses worth retrying: a timeout, throttling, or the service or its database being unavailable.
@@ -48,9 +49,9 @@ class DataChangeEventTrigger(BaseTrigger):
                  poll_interval: float = 60.0):
         super().__init__()
         if trigger_type not in TRIGGER_TYPES:
-            raise ValueError(f"unknown trigger type {trigger_type!r}: {' or '.join(TRIGGER_TYPES)}")
+            raise InvalidSettingError(f"unknown trigger type {trigger_type!r}: {' or '.join(TRIGGER_TYPES)}")
         if poll_interval <= 0:
-            raise ValueError("poll_interval must be a positive number of seconds")
+            raise InvalidSettingError("poll_interval must be a positive number of seconds")
         self.trigger_type = trigger_type
         self.params = dict(params)
         self.conn_id = conn_id

@@ -295,6 +295,8 @@ class Window:
 
     version: int
     watermark: int | None  # None: an unkeyed table (no event time)
+    # The delta column's type, which a snapshot sets so that messages can write the watermark as a time; not stored.
+    delta_type: Any = dataclasses.field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict:
         return {"version": self.version, "watermark": self.watermark}

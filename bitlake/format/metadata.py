@@ -360,6 +360,22 @@ def delta_to_int(value: Any, delta_type: pa.DataType) -> int:
     raise InvalidInputError(f"cannot use {value!r} as a value of a {delta_type} delta column")
 
 
+def delta_text(value: int, delta_type: pa.DataType | None) -> str:
+    """A stored delta value (an event time) as a reader writes it: ISO-8601 for a timestamp or date delta column,
+    the number for an integer one (or when the type is not known), ``+infinity`` for the largest int64."""
+    if value >= DELTA_INFINITY:
+        return "+infinity"
+    if delta_type is None or pa.types.is_integer(delta_type):
+        return str(value)
+    try:
+        when = _EPOCH + dt.timedelta(microseconds=value)
+    except OverflowError:
+        return str(value)
+    if pa.types.is_date(delta_type) and value % MICROS_PER_DAY == 0:
+        return when.date().isoformat()
+    return when.isoformat()
+
+
 def deltas_as_int(column: pa.ChunkedArray | pa.Array, delta_type: pa.DataType) -> np.ndarray:
     """Vectorised :func:`delta_to_int` of a delta column (a null becomes 0: the caller refuses nulls; an unsigned
     value beyond the int64 range becomes DELTA_INFINITY, which the landing refuses)."""

@@ -163,9 +163,10 @@ class TableState:
             bf = BucketFile.from_json(f)
             keystore.setdefault(bf.bucket, []).append(bf)
         parts = {b["part"]: BatchState.from_json(b) for b in d["batches"]}
+        metadata = TableMetadata.from_json(d["metadata"])
         return cls(
             protocol=Protocol.from_json(d["protocol"]),
-            metadata=TableMetadata.from_json(d["metadata"]),
+            metadata=metadata,
             version=d["version"],
             timestamp_ms=d["timestamp_ms"],
             parts=parts,
@@ -177,7 +178,7 @@ class TableState:
             tombstones=[(v, Tombstone.from_json(t)) for v, t in d["tombstones"]],
             last_event_version=d["last_event_version"],
             max_part=d["max_part"],
-            window=Window.from_json(d["window"]) if d.get("window") else None,
+            window=typed_window(Window.from_json(d["window"]), metadata) if d.get("window") else None,
             rewritten={p: DataFile.from_json(f) if f else None for p, f in d.get("rewritten", [])},
             purged=[(v, PurgedFile.from_json(f)) for v, f in d.get("purged", [])],
         )
@@ -251,7 +252,7 @@ class _Replay:
         if c.logs:
             list.extend(self._mine("logs"), [(c.version, f) for f in c.logs])
         if c.window is not None:
-            s["window"] = c.window
+            s["window"] = typed_window(c.window, s["metadata"])
         if c.keystore_remove:
             removed = set(c.keystore_remove)
             self._set("keystore", {b: FrozenList(f for f in fs if f.path not in removed)
@@ -285,6 +286,11 @@ class _Replay:
             dict.__setitem__(self._mine("batches"), b.batch_id, b.part)
 
 
+def typed_window(window: Window, metadata: TableMetadata) -> Window:
+    """``window`` knowing the type of the table's delta column (its watermark is then written as a time)."""
+    return dataclasses.replace(window, delta_type=metadata.delta_type if metadata.delta_column else None)
+
+
 def initial(io: FileIO, first: Commit) -> TableState:
     """The state at version 0, from the ``CREATE`` commit."""
     if first.metadata is None or first.protocol is None:
@@ -308,6 +314,20 @@ def earliest_version(io: FileIO) -> int:
     return min(versions) if versions else 0
 
 
+def _foreign_format(io: FileIO) -> str | None:
+    """What other table format the folder holds, if one that ``bitlake convert`` reads."""
+    try:
+        if io.listdir("_delta_log"):
+            return "a Delta table"
+        if any(n.endswith(".metadata.json") for n in io.listdir("metadata")):
+            return "an Iceberg table"
+        if io.listdir("_versions"):
+            return "a lance dataset"
+    except Exception:  # noqa: BLE001 - only a hint: the error it adds to is raised whatever happens here
+        return None
+    return None
+
+
 def latest_version(io: FileIO) -> int:
     """The latest version: listed once, then probed forwards (a listing may lag behind a fresh commit)."""
     versions = sorted(commitlog.list_versions(io))
@@ -316,6 +336,11 @@ def latest_version(io: FileIO) -> int:
         if not io.exists():
             raise TableNotFoundError(f"no such table: {io.uri()} does not exist")
         what = "no commit log" if not versions else f"its commit log starts at {versions[0]} without a checkpoint"
+        foreign = _foreign_format(io) if not versions else None
+        if foreign is not None:
+            raise NotATableError(f"{io.uri()} is {foreign}, not a bitlake table: convert it into one with "
+                                 f"`bitlake convert {io.uri()} NEW_PATH` or bitlake.convert({io.uri()!r}, new_path) "
+                                 "(docs/convert.md)")
         raise NotATableError(f"{io.uri()} is not a bitlake table ({what} under {layout.COMMITS_DIR})")
     latest = versions[-1]
     while commitlog.exists(io, latest + 1):

@@ -300,7 +300,7 @@ def _fsync_dir(directory: str, *, may_be_unreadable: bool = False) -> None:
 def _local_uri(uri: str) -> LocalFileIO:
     parsed = urlparse(uri)
     if parsed.netloc not in ("", "localhost"):
-        raise ValueError(f"{uri!r} names the host {parsed.netloc!r}: a file URI is file:///absolute/path")
+        raise InvalidInputError(f"{uri!r} names the host {parsed.netloc!r}: a file URI is file:///absolute/path")
     return LocalFileIO(unquote(parsed.path))
 
 
@@ -312,7 +312,8 @@ def _object_store(base: str, storage_options: dict | None) -> FileIO:
 
 def _local(base: str, storage_options: dict | None) -> FileIO:
     if storage_options:
-        raise ValueError(f"storage_options configure object stores; {base!r} is a local path")
+        raise InvalidInputError(f"storage_options configure object stores (s3://, gs://, az://); {base!r} is a local "
+                                f"path, which takes none (given: {sorted(storage_options)})")
     return _local_uri(base) if base.startswith("file:") else LocalFileIO(base)
 
 

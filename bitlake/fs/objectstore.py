@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import threading
 import uuid
 from typing import Any
@@ -36,6 +37,17 @@ _CLIENT_KEYS = {
     "randomize_addresses", "read_timeout", "timeout", "user_agent",
 }
 _ALIASES = {"endpoint_url": "endpoint"}
+# The options most asked for, by delta-rs's names, for messages (obstore's S3Config, GCSConfig, AzureConfig hold
+# every key; case and the scheme's prefix do not matter).
+_COMMON = {
+    "aws_": ("AWS_ENDPOINT_URL", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+             "AWS_ALLOW_HTTP", "AWS_S3_CONDITIONAL_PUT", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST", "AWS_SKIP_SIGNATURE"),
+    "google_": ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_KEY", "GOOGLE_APPLICATION_CREDENTIALS",
+                "GOOGLE_BUCKET"),
+    "azure_": ("AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_KEY",
+               "AZURE_STORAGE_CLIENT_ID", "AZURE_STORAGE_CLIENT_SECRET", "AZURE_STORAGE_TENANT_ID",
+               "AZURE_STORAGE_USE_EMULATOR"),
+}
 _ENV_PREFIXES = {"aws_": "AWS_", "google_": "GOOGLE_", "azure_": "AZURE_"}
 # Files up to this size are read with one request; larger ones by ranges as a reader asks for them.
 WHOLE_READ_BYTES = 8 << 20
@@ -45,6 +57,21 @@ _PROBE = "_bitlake/.conditional-put-probe-"
 _memory_stores: dict[str, Any] = {}
 _checked: dict[tuple, bool] = {}
 _lock = threading.Lock()
+
+
+class _UnknownOption(Exception):
+    """obstore refused a configuration key (its normalized name)."""
+
+
+def unknown_option_message(scheme: str, key: str, given: dict[str, Any]) -> str:
+    """Names the storage option ``key`` (obstore's name; the caller's spelling when it gave one) that ``scheme``
+    stores do not know, and the options they take."""
+    prefix = SCHEMES[scheme]
+    named = next((k for k in given if _normalize(scheme, {k: ""})[0].keys() == {key}), key)
+    common = ", ".join(_COMMON.get(prefix, ()))
+    return (f"unknown storage option {named!r} for {scheme}:// stores; they take the store's keys ({common}... as "
+            f"delta-rs names them, or obstore's names without the {prefix.upper()} prefix; "
+            f"case does not matter) and the client options {', '.join(sorted(_CLIENT_KEYS))} (docs/storage.md)")
 
 
 def _normalize(scheme: str, options: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
@@ -94,14 +121,19 @@ class ObjectStoreFileIO(FileIO):
         parsed = urlparse(base)
         scheme = parsed.scheme.lower()
         if scheme not in SCHEMES:
-            raise ValueError(f"{base!r}: object stores are {sorted(SCHEMES)}")
+            raise InvalidInputError(f"{base!r}: object stores are {sorted(SCHEMES)}")
         if not parsed.netloc and scheme != "memory":
             raise InvalidInputError(f"{base!r} names no bucket: give {scheme}://<bucket>/<path>")
         self.base = base.rstrip("/")
         self.scheme = scheme
         self.process_local = scheme == "memory"
+        if scheme == "memory" and storage_options:
+            raise InvalidInputError(f"memory:// stores take no storage options, not {sorted(storage_options)}")
         self._config, self._client = _configuration(base, scheme, storage_options or {})
-        self._store = self._open()
+        try:
+            self._store = self._open()
+        except _UnknownOption as e:
+            raise InvalidInputError(unknown_option_message(scheme, str(e), storage_options or {})) from None
 
     def _open(self):
         from obstore.exceptions import BaseError, UnknownConfigurationKeyError
@@ -114,8 +146,8 @@ class ObjectStoreFileIO(FileIO):
             return from_url(self.base, config=self._config or None,  # type: ignore[call-overload]
                             client_options=self._client or None)  # type: ignore[arg-type]
         except UnknownConfigurationKeyError as e:
-            first = str(e).splitlines()[0]
-            raise ValueError(f"a storage option is not known for {self.scheme}:// stores: {first}") from None
+            found = re.search(r"key: '([^']+)'", str(e))
+            raise _UnknownOption(found.group(1) if found else str(e).splitlines()[0]) from None
         except BaseError as e:
             raise _storage_error(self.base, e) from None
 

@@ -7,8 +7,18 @@ import shutil
 import subprocess
 import sys
 
-from bitlake.errors import BitlakeError
+from bitlake.errors import BitlakeError, MissingDependencyError
 from bitlake.spark import jar
+
+SPARK_MISSING = "this needs Spark, and pyspark is not installed: pip install 'bitlake[spark]'"
+
+
+def require_pyspark() -> None:
+    """Raises :class:`MissingDependencyError` (one line naming the extra) when pyspark cannot be imported."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        raise MissingDependencyError(SPARK_MISSING, name="pyspark") from None
 
 
 def check_java() -> None:
@@ -29,7 +39,11 @@ def spark_session(master: str | None = None, app_name: str = "bitlake", **conf: 
         master: Spark master URL; default ``local[*]`` (or ``$BITLAKE_SPARK_MASTER``).
         app_name: the application name.
         **conf: extra Spark settings, e.g. ``spark_session(**{"spark.executor.memory": "2g"})``.
+
+    Raises:
+        MissingDependencyError: pyspark is not installed (``pip install 'bitlake[spark]'``).
     """
+    require_pyspark()
     from pyspark.sql import SparkSession
 
     active = SparkSession.getActiveSession()

@@ -14,6 +14,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
 
+from bitlake.errors import InvalidSettingError
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 # A PostgreSQL advisory lock key ("bitlake2" as a 64-bit number; statements.REGISTRATION_LOCK is "bitlake1").
 MIGRATION_LOCK = 0x6269746C616B6532
@@ -43,7 +45,7 @@ def make_engine(url: str, *, pool_size: int = 5, max_overflow: int = 10, echo: b
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")
         return create_engine(parsed, echo=echo, pool_size=pool_size, max_overflow=max_overflow)
-    raise ValueError(f"the trigger store runs on SQLite or PostgreSQL, not {backend!r} ({url})")
+    raise InvalidSettingError(f"the trigger store runs on SQLite or PostgreSQL, not {backend!r} ({url})")
 
 
 def run_migrations(engine: Engine, revision: str = "head") -> None:

@@ -44,7 +44,7 @@ def target_id(target: TriggerStore | Client) -> str:
 
     if isinstance(target, TriggerStore):
         return target.engine.url.render_as_string(hide_password=True)
-    raise TypeError(f"publish to a TriggerStore or a Client, not a {type(target).__name__}")
+    raise InvalidInputError(f"publish to a TriggerStore or a Client, not a {type(target).__name__}")
 
 
 def cursor_path(target: str) -> str:

@@ -9,6 +9,7 @@ from bitlake.errors import InvalidInputError, VersionExpiredError, VersionNotFou
 from bitlake.format import commitlog
 from bitlake.format import state as state_mod
 from bitlake.format.commit import Window
+from bitlake.format.metadata import delta_text
 from bitlake.fs import FileIO
 
 
@@ -76,11 +77,18 @@ def check_window(window: Window | None, version: int, valid_at: int | None = Non
     """Refuses a read outside the retention window a major compaction set (``VersionExpiredError``)."""
     if window is None:
         return
-    span = f"the table keeps versions from {window.version}" + (
-        f" and event times from {window.watermark}" if window.watermark is not None else "")
+    span = window_text(window)
     if version < window.version:
         raise VersionExpiredError(f"{what} {version} is before the retention window: {span} (a major compaction "
                                   "purged the rest)")
     if valid_at is not None and window.watermark is not None and valid_at < window.watermark:
-        raise VersionExpiredError(f"valid_at {valid_at} is before the retention window: {span} (a major "
-                                  "compaction purged the rest)")
+        raise VersionExpiredError(f"valid_at {delta_text(valid_at, window.delta_type)} is before the retention "
+                                  f"window: {span} (a major compaction purged the rest)")
+
+
+def window_text(window: Window) -> str:
+    """What a retention window keeps, in words: its first version and, on a keyed table, its first event time
+    (ISO-8601 for a time or date delta column)."""
+    return f"the table keeps versions from {window.version}" + (
+        f" and event times from {delta_text(window.watermark, window.delta_type)}"
+        if window.watermark is not None else "")

@@ -13,7 +13,6 @@ import pyarrow.compute as pc
 from bitlake.errors import InvalidInputError, SchemaMismatchError
 from bitlake.format.metadata import OP_COLUMN, TableMetadata
 
-
 ACCEPTED = ("a pyarrow Table, RecordBatch or RecordBatchReader, a pandas DataFrame, anything that exports the Arrow "
             "PyCapsule interface (__arrow_c_stream__: a polars DataFrame, a DuckDB relation, a bitlake view; or "
             "__arrow_c_array__: a struct array), or a Spark DataFrame")
