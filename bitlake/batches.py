@@ -52,13 +52,13 @@ class IngestResult:
 class LandedFiles(NamedTuple):
     """What a landing wrote: the data files and keys files, the records' keys-file rows when the landing kept them,
     while the last files are still being written, what waits for them (:attr:`Landed.writing`), and the digest
-    of the records when they came as Arrow input."""
+    of what takes the records' digest when they came as Arrow input."""
 
     data: list[DataFile]
     keys: list[KeysFile]
     rows: pa.Table | None = None
     writing: Callable[[], tuple[list[DataFile], list[KeysFile]]] | None = None
-    digest: str | None = None
+    digesting: Callable[[], str] | None = None  # what waits for the records' digest and returns it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +147,7 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
     def land_here(io: FileIO, part: int) -> LandedFiles:
         landed = landing.land_local(io, meta, part, op_column is not None, batches, rows, keep=keep)
         return LandedFiles(landed.data, landed.keys, landed.rows, landed.files,
-                           records.hexdigest() if records is not None else None)
+                           records.hexdigest if records is not None else None)
 
     return land_here
 
@@ -165,7 +165,7 @@ def land(tx: Transaction, state: TableState, land_fn, batch_id: str, settle: boo
     faults.point("after_landing")
     records = sum(f.rows for f in files.data) + sum(f.rows for f in files.keys)
     batch = Landed(batch_id, part, records, tuple(files.data), tuple(files.keys), files.rows, files.writing,
-                   files.digest)
+                   digesting=files.digesting)
     return batch.settled() if settle else batch
 
 
@@ -235,9 +235,9 @@ def make_live(tx: Transaction, batch: Landed | None, *, inline: bool | None, spa
             out = _run(tx, spark, state, batches, state.version + 1, inline)
         except keyindex.IndexAheadError:
             raise Replan from None
-        if batch is not None and batch.writing is not None:
+        if batch is not None and (batch.writing is not None or batch.digesting is not None):
             try:
-                batch = batches[-1] = batch.settled()  # the commit names its files with their sizes
+                batch = batches[-1] = batch.settled()  # the commit names its files with their sizes, and the digest
             except BaseException:
                 for path in out.written():  # no commit can name them
                     io.delete(path)

@@ -2,8 +2,10 @@
 with its row id, so that no view, at any version or event time, and no change range reads anything else.
 
 Which files: per partition, the files whose superseded rows are at least ``compact.invalid_fraction`` of
-their rows (a file that holds superseded rows only is history, not waste), and the files smaller than
-``compact.small_file_bytes`` merged by size tiers of at least ``compact.min_input_files`` files.
+their rows (a file that holds superseded rows only is history, not waste) with the partition's small files, or
+else the files smaller than ``compact.small_file_bytes`` merged by size tiers of at least
+``compact.min_input_files`` files; never a group that would not leave fewer files than it takes (one file would
+become a current and a history file).
 
 How: the rows valid in the current view go to **current** files, the others to **history** files, so that
 the current view reads the current files whole and skips the history files (time travel and the change feed

@@ -12,6 +12,8 @@ nullable column and an all-null one are the same records.
 from __future__ import annotations
 
 import hashlib
+import queue
+import threading
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -19,20 +21,41 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 ALGORITHM = "sha256-columns-v1"
+_QUEUED_BATCHES = 16
 
 
 class Digest:
-    """A running digest of conformed record batches; :meth:`over` passes them through while it feeds them."""
+    """A running digest of conformed record batches; :meth:`over` passes them through while a thread of its own
+    feeds them (SHA-256, NumPy and Arrow release the GIL), so the landing does not wait for the hashing."""
 
     def __init__(self) -> None:
         self._hashes: dict[str, hashlib._Hash] = {}
         self._seen: dict[str, int] = {}  # values fed to a stream so far (nulls included): where its next one sits
         self._valued: set[str] = set()  # columns with a non-null value
+        self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None
 
     def over(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for b in batches:
-            self.update(b)
-            yield b
+        """``batches``, digested on a thread as they pass; :meth:`hexdigest` waits for it."""
+        # Bounded, so a stream that lands faster than it is hashed is held back rather than held in memory.
+        todo: queue.Queue[pa.RecordBatch | None] = queue.Queue(maxsize=_QUEUED_BATCHES)
+
+        def work() -> None:
+            while (b := todo.get()) is not None:
+                if self._failed is None:
+                    try:
+                        self.update(b)
+                    except BaseException as e:  # noqa: BLE001 - raised by hexdigest, in the caller's thread
+                        self._failed = e
+
+        self._thread = threading.Thread(target=work, name="bitlake-digest", daemon=True)
+        self._thread.start()
+        try:
+            for b in batches:
+                todo.put(b)
+                yield b
+        finally:
+            todo.put(None)
 
     def update(self, batch: pa.RecordBatch) -> None:
         for name, column in zip(batch.schema.names, batch.columns, strict=True):
@@ -42,6 +65,11 @@ class Digest:
 
     def hexdigest(self) -> str:
         """``sha256-columns-v1:`` and the hex SHA-256 of each valued column's streams, by name."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._failed is not None:
+            raise self._failed
         top = hashlib.sha256(ALGORITHM.encode())
         for stream in sorted(self._hashes):
             if stream.split("\0", 1)[0] in self._valued:

@@ -252,13 +252,17 @@ class Landed:
     writing: Callable[[], tuple[list[DataFile], list[KeysFile]]] | None = dataclasses.field(
         default=None, compare=False, repr=False)
     digest: str | None = None  # of its records (:mod:`bitlake.engine.write.digest`), when they came as Arrow input
+    # While the digest is still being taken: what waits for it and returns it.
+    digesting: Callable[[], str] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def settled(self) -> Landed:
-        """This batch once its files are written (the same batch when they were)."""
-        if self.writing is None:
+        """This batch once its files are written and its digest taken (the same batch when they were)."""
+        if self.writing is None and self.digesting is None:
             return self
-        data, keys = self.writing()
-        return dataclasses.replace(self, data_files=tuple(data), keys_files=tuple(keys), writing=None)
+        data, keys = self.writing() if self.writing is not None else (self.data_files, self.keys_files)
+        digest = self.digesting() if self.digesting is not None else self.digest
+        return dataclasses.replace(self, data_files=tuple(data), keys_files=tuple(keys), writing=None, digest=digest,
+                                   digesting=None)
 
 
 
