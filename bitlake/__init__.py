@@ -63,6 +63,9 @@ def spark_session(master: str | None = None, app_name: str = "bitlake", **conf: 
 def register_data_source(spark) -> None:
     """Makes ``spark.read.format("bitlake")`` and ``df.write.format("bitlake")`` known to a SparkSession that
     :func:`spark_session` did not build (docs/spark.md)."""
+    from bitlake.spark.session import require_pyspark
+
+    require_pyspark()
     from bitlake.datasource import register
 
     register(spark)
@@ -80,6 +83,9 @@ def spark_jar() -> str | None:
 def foreach_batch(path: str, *, op_column: str | None = None, batch_id_prefix: str | None = None,
                   storage_options: dict | None = None):
     """A Structured Streaming ``foreachBatch`` function that ingests each epoch exactly once (docs/spark.md)."""
+    from bitlake.spark.session import require_pyspark
+
+    require_pyspark()
     from bitlake.datasource import foreach_batch as make
 
     return make(path, op_column=op_column, batch_id_prefix=batch_id_prefix, storage_options=storage_options)

@@ -236,7 +236,7 @@ def test_a_call_that_needs_spark_without_pyspark_names_the_extra(table, monkeypa
 
     for name in [m for m in sys.modules if m == "pyspark" or m.startswith("pyspark.")] + ["pyspark"]:
         monkeypatch.setitem(sys.modules, name, None)  # import pyspark fails, as on the Arrow-only install
-    for call in (bitlake.spark_session, table.to_spark,
+    for call in (bitlake.spark_session, table.to_spark, lambda: bitlake.foreach_batch(table.path),
                  lambda: table.ingest(rows([1], ["a"], [1]), inline=False)):
         with pytest.raises(bitlake.MissingDependencyError) as e:
             call()
