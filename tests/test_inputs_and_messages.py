@@ -242,3 +242,26 @@ def test_a_call_that_needs_spark_without_pyspark_names_the_extra(table, monkeypa
             call()
         assert str(e.value) == "this needs Spark, and pyspark is not installed: pip install 'bitlake[spark]'"
         assert isinstance(e.value, ImportError) and isinstance(e.value, bitlake.BitlakeError)
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_a_batch_id_another_writer_commits_meanwhile_compares_the_records(table, monkeypatch, same):
+    from bitlake import faults
+
+    point = faults.point
+    other = bitlake.open_table(table.path)
+
+    def meanwhile(name: str) -> None:
+        if name == "after_landing":  # this writer's batch is landed, not committed: another commits the id
+            monkeypatch.setattr(faults, "point", point)
+            other.ingest(rows([1], ["a" if same else "other"], [1]), batch_id="b1")
+        point(name)
+
+    monkeypatch.setattr(faults, "point", meanwhile)
+    if same:
+        r = table.ingest(rows([1], ["a"], [1]), batch_id="b1")
+        assert not r.committed and r.version == 1
+    else:
+        with pytest.raises(bitlake.BatchIdReusedError, match="'b1'"):
+            table.ingest(rows([1], ["a"], [1]), batch_id="b1")
+    assert table.version == 1 and current(table) == [(1, "a" if same else "other", 1)]
