@@ -242,6 +242,19 @@ def test_piped_compact_and_maintain_log_no_empty_lines(tmp_path):
         assert r.returncode == 0 and "\n\n" not in "\n" + r.stderr and "\n\n" not in r.stdout, (command, r.stderr)
 
 
+def test_major_compaction_says_its_window_in_times(tmp_path, capsys):
+    t = bitlake.create_table(str(tmp_path / "t"), parse_schema(SCHEMA), primary_key=["aid"], delta_column="mod")
+    t.ingest(pa.Table.from_pylist(records(BASE_CSV)))
+    t.ingest(pa.Table.from_pylist(records(CHANGES_JSONL)), op_column="op")
+    code, out, _ = run(capsys, "compact", t.path, "--major", "--look-back", "2")
+    assert code == 0 and out.splitlines()[-1].endswith(", event times from 2024-02-01T00:00:00+00:00"), out
+    u = bitlake.create_table(str(tmp_path / "u"), pa.schema([("a", pa.int64())]))
+    for _ in range(2):
+        u.ingest(pa.table({"a": [1]}))
+    code, out, _ = run(capsys, "compact", u.path, "--major", "--look-back", "1")
+    assert code == 0 and out.splitlines()[-1] == "retention window: versions from 1"  # no event time: no key
+
+
 def test_compact_look_back_needs_major(lake, capsys):
     code, _, err = run(capsys, "compact", lake, "--look-back", "7d")
     assert code == 2 and err.strip() == "bitlake compact: error: --look-back needs --major: it sets the retention " \

@@ -18,7 +18,7 @@ from bitlake.cli.output import _counts, print_grid, print_json_lines, render_his
 from bitlake.cli.schema import parse_schema
 from bitlake.errors import InvalidInputError
 from bitlake.format import rowid
-from bitlake.format.metadata import AGE, delta_to_int
+from bitlake.format.metadata import AGE, delta_text, delta_to_int
 from bitlake.mirror import PostgresMirror, lsn_text
 
 # rich (bitlake[cli]), httpx (bitlake[client]) and pyspark are imported where they are used, and so is the table
@@ -238,7 +238,9 @@ def cmd_compact(args, out: Console, err: Console) -> None:
     if args.major:
         w = table.state().window
         assert w is not None
-        say(out, f"retention window: versions from {w.version}, event times from {w.watermark}")
+        times = "" if w.watermark is None else \
+            f", event times from {delta_text(w.watermark, table.metadata.delta_type)}"  # ISO for a time column
+        say(out, f"retention window: versions from {w.version}{times}")
 
 
 def cmd_maintain(args, out: Console, err: Console) -> None:
