@@ -265,3 +265,26 @@ def test_a_batch_id_another_writer_commits_meanwhile_compares_the_records(table,
         with pytest.raises(bitlake.BatchIdReusedError, match="'b1'"):
             table.ingest(rows([1], ["a"], [1]), batch_id="b1")
     assert table.version == 1 and current(table) == [(1, "a" if same else "other", 1)]
+
+
+def test_the_digest_is_what_docs_format_says():
+    """docs/FORMAT.md, "Batch digest", computed from the text for an int64 and a string column with a null."""
+    import hashlib
+    import struct
+
+    from bitlake.engine.write.digest import Digest
+
+    t = pa.table({"id": pa.array([1, 2, 3], pa.int64()), "name": pa.array(["ab", None, "c"])})
+    streams = {
+        "id": b"".join(struct.pack("<q", v) for v in (1, 2, 3)),
+        "name": b"abc",
+        "name\0lengths": struct.pack("<qq", 2, 1),
+        "name\0nulls": struct.pack("<q", 1),
+    }
+    top = hashlib.sha256(b"sha256-columns-v1")
+    for name in sorted(streams, key=lambda n: n.encode()):
+        top.update(name.encode() + b"\0" + hashlib.sha256(streams[name]).digest())
+    d = Digest()
+    for b in t.to_batches(max_chunksize=2):
+        d.update(b)
+    assert d.hexdigest() == "sha256-columns-v1:" + top.hexdigest()
