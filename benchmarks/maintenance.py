@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     def history_reads(t) -> dict[str, float]:
         return timed_runs({
             "past_view": lambda: aggregate(t, version=past),
-            "change_range": lambda: t.changes(spark, start_version=start).count(),
+            "change_range": lambda: t.changes(spark, starting_version=start + 1).count(),
         }, args.runs)
 
     result: dict = {"scale_factor": sf, "small_batches": args.small_batches, "date": dt.date.today().isoformat(),

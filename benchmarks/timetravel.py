@@ -11,7 +11,7 @@ the base, change batches of 0.1 %, 1 % and 10 % (95 % updates, 0.1 % deletes, th
    together (the version after the 10 % batch, ``valid_at`` = the 1 % batch): one warm-up each, then
    ``--runs`` runs interleaved (order rotating), medians. Ratios to the current view; target: at most 1.5;
 2. it ingests a batch of new keys only (0.1 % of the base rows) at version ``v`` and times the change
-   feed ``t.changes(spark, start_version=v-1, end_version=v)`` consumed by an aggregate over all its
+   feed ``t.changes(spark, starting_version=v, ending_version=v)`` consumed by an aggregate over all its
    columns, interleaved with the current-view scan. Ratio to the scan; target: at most 0.05;
 3. it ingests a batch of random updates only (0.1 %), whose preimages lie all over the table, and times
    its change feed with all columns, with only the key columns and ``_change_type``, and written in
@@ -370,7 +370,7 @@ def markdown(result: dict) -> str:
         "",
         "### Change feed",
         "",
-        "`t.changes(spark, start_version=v - 1, end_version=v)` of one batch, consumed by the aggregate over "
+        "`t.changes(spark, starting_version=v, ending_version=v)` of one batch, consumed by the aggregate over "
         "all its columns (table columns, `_change_type`, `_commit_version`, `_commit_timestamp`), or over "
         "the keys and `_change_type` only, or written in the feed's order to Spark's `noop` sink (every row "
         "produced, sorted), each interleaved with the full current-view scan. Files opened: data files of "
@@ -625,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def built(name: str, v: int):
         t0 = time.perf_counter()
-        df = table.changes(spark, start_version=v - 1, end_version=v)
+        df = table.changes(spark, starting_version=v, ending_version=v)
         build_s.setdefault(name, []).append(time.perf_counter() - t0)
         return df
 
@@ -672,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
         if rows != want:
             raise SystemExit(f"the {label} feed has {rows} rows, expected {want}")
         got = {r["_change_type"]: r["n"] for r in
-               table.changes(spark, start_version=v - 1, end_version=v).groupBy("_change_type")
+               table.changes(spark, starting_version=v, ending_version=v).groupBy("_change_type")
                .count().withColumnRenamed("count", "n").collect()}
         if got != expect:
             raise SystemExit(f"the {label} feed has {got}, expected {expect}")

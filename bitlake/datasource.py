@@ -2,7 +2,8 @@
 over the same read planner and ingestion as the rest of bitlake (docs/spark.md).
 
 Reads take Delta's option names: ``versionAsOf``, ``timestampAsOf``, ``validAt`` (bitlake's event time),
-``readChangeFeed`` with ``startingVersion`` / ``endingVersion``. A task reads a group of the view's files
+``readChangeFeed`` with ``startingVersion`` / ``endingVersion`` or ``startingTimestamp`` / ``endingTimestamp``
+(both ends included, as :meth:`bitlake.Table.changes` takes them). A task reads a group of the view's files
 through the table's :class:`~bitlake.fs.FileIO` (any store, no Hadoop connector) and yields Arrow batches;
 filters are Spark's alone (docs/spark.md says why). Writes (mode ``append``) are one batch, with
 ``batchId`` and ``opColumn``: the tasks land the rows, the commit runs MetaGen on the driver; a ``batchId``
@@ -14,6 +15,7 @@ Registered by :func:`bitlake.spark_session`; any other session: ``bitlake.regist
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pyarrow as pa
@@ -34,7 +36,7 @@ from bitlake.engine.read import plan, reader
 from bitlake.engine.write import landing
 from bitlake.engine.write.conform import Conformer, conformed
 from bitlake.engine.write.landing import Landed
-from bitlake.errors import InvalidInputError, VersionNotFoundError
+from bitlake.errors import BitlakeError, InvalidInputError
 from bitlake.format.layout import STAGING_DIR
 from bitlake.format.metadata import OP_COLUMN
 from bitlake.spark.schema import spark_schema, spark_typed, to_arrow_schema
@@ -46,6 +48,9 @@ NAME = "bitlake"
 PARTITION_BYTES = 128 << 20
 # A write task numbers its segments seq = task, task + STRIDE, ...: up to this many tasks per write.
 STRIDE = 4096
+# The data source's names (Delta's) of a change range's ends.
+CHANGE_OPTIONS = {"starting_version": "startingVersion", "ending_version": "endingVersion",
+                  "starting_timestamp": "startingTimestamp", "ending_timestamp": "endingTimestamp"}
 CHANGE_COLUMNS = [pa.field("_change_type", pa.string()), pa.field("_commit_version", pa.int64()),
                   pa.field("_commit_timestamp", pa.timestamp("us", tz="UTC"))]
 
@@ -154,38 +159,62 @@ class ViewReader(DataSourceReader):
 
 
 class ChangeFeedReader(DataSourceReader):
-    """The change feed of ``(startingVersion, endingVersion]`` (Delta's inclusive ``startingVersion`` is the
-    first commit read: bitlake reads the commits after ``startingVersion - 1``), read in one task."""
+    """The change feed of commits ``startingVersion`` (or ``startingTimestamp``) to ``endingVersion`` (or
+    ``endingTimestamp``, default the latest), both included as in Delta, read in one task through the planner
+    :meth:`bitlake.Table.changes` uses. As in Delta, a batch read names its start."""
 
     def __init__(self, options):
         t = _table(options)
-        start = _int(options, "startingVersion")
-        if start is None:
-            raise InvalidInputError("readChangeFeed needs startingVersion (the first commit whose changes are read)")
+        if options.get("startingVersion") is None and options.get("startingTimestamp") is None:
+            raise InvalidInputError("readChangeFeed needs startingVersion or startingTimestamp (the first commit "
+                                    "whose changes are read)")
         self.io = t.io
-        latest = t.refresh()
-        if start > latest.version:
-            raise VersionNotFoundError(f"startingVersion {start} does not exist; the table has versions 0 to "
-                                       f"{latest.version}")
-        # Commit 0 creates the table and changes nothing: startingVersion 0 reads what 1 does.
-        self.plan = read.change_plan(t.io, latest, max(start - 1, 0), _int(options, "endingVersion"), None)
+        with _option_names():
+            self.plan = read.change_plan(t.io, t.refresh(), **_range(options))
 
     def read(self, partition):
         yield from spark_typed(changes_mod.read_arrow(self.io, self.plan).to_batches())
 
 
+@contextlib.contextmanager
+def _option_names():
+    """Errors of a change range name the options it came from (``startingVersion``, not ``starting_version``)."""
+    try:
+        yield
+    except BitlakeError as e:
+        message = str(e)
+        for name, option in CHANGE_OPTIONS.items():
+            message = message.replace(name, option)
+        raise type(e)(message) from None
+
+
+def _range(options) -> dict:
+    """The change range the options name, as :func:`bitlake.read.change_plan` takes it."""
+    return {"starting_version": _int(options, "startingVersion"), "ending_version": _int(options, "endingVersion"),
+            "starting_timestamp": options.get("startingTimestamp"), "ending_timestamp": options.get("endingTimestamp")}
+
+
 class ChangeStreamReader(DataSourceStreamReader):
     """``spark.readStream.format("bitlake")``: the change feed as a stream whose offsets are versions. Each
-    micro-batch reads the changes of the commits since the last one (``startingVersion``: the first commit
-    read; default ``latest``, the commits after the query starts)."""
+    micro-batch reads the changes of the commits since the last one (``startingVersion``, or
+    ``startingTimestamp``: the first commit read; default ``latest``, the commits after the query starts)."""
 
     def __init__(self, options):
         if not _flag(options, "readChangeFeed"):
             raise InvalidInputError('a bitlake stream is its change feed: set option("readChangeFeed", "true")')
         self.options = dict(options)
-        start = options.get("startingVersion", "latest")
         t = _table(options)
-        self.first = t.version if str(start).lower() == "latest" else max(_int(options, "startingVersion") - 1, 0)
+        latest = t.refresh()
+        version, when = options.get("startingVersion", "latest"), options.get("startingTimestamp")
+        if when is not None and "startingVersion" in options:
+            raise InvalidInputError("give startingVersion or startingTimestamp, not both")
+        if when is None and str(version).lower() == "latest":
+            self.first = latest.version
+        else:
+            # An offset is the last version read: the start of the range, which the engine takes exclusive.
+            with _option_names():
+                self.first, _ = read.change_range(t.io, latest, None if when else _int(options, "startingVersion"),
+                                                  starting_timestamp=when)
 
     def initialOffset(self) -> dict:  # noqa: N802
         return {"version": self.first}
@@ -201,8 +230,8 @@ class ChangeStreamReader(DataSourceStreamReader):
         if end <= start:
             return
         t = _table(self.options)
-        yield from spark_typed(
-            changes_mod.read_arrow(t.io, read.change_plan(t.io, t.refresh(), start, end, None)).to_batches())
+        p = read.change_plan(t.io, t.refresh(), starting_version=start + 1, ending_version=end)
+        yield from spark_typed(changes_mod.read_arrow(t.io, p).to_batches())
 
 
 @dataclasses.dataclass

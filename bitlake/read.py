@@ -9,9 +9,10 @@ import pyarrow.compute as pc
 
 from bitlake.engine.read import changes as changes_mod
 from bitlake.engine.read import plan, reader, timetravel
-from bitlake.errors import InvalidInputError
+from bitlake.errors import InvalidInputError, VersionExpiredError
 from bitlake.format import commitlog
 from bitlake.format import state as state_mod
+from bitlake.format.commit import Window
 from bitlake.format.metadata import delta_to_int
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
@@ -67,21 +68,69 @@ def to_spark(spark, io: FileIO, state: TableState, valid_at: int | None, include
     return spark_reader.read(spark, io, plan.plan(io, state, valid_at), include_row_ids)
 
 
-def change_plan(io: FileIO, latest: TableState, start_version: int, end_version: int | None,
-                change_types: list[str] | None) -> changes_mod.ChangePlan:
-    """The plan of the changes of commits ``(start_version, end_version]`` (default: to the latest)."""
-    end = latest.version if end_version is None else end_version
-    end = timetravel.inside_window(io, latest.window, timetravel.resolve_version(io, latest.version, end))
-    start = timetravel.inside_window(io, latest.window, timetravel.resolve_version(io, latest.version, start_version))
-    if start > end:
-        raise InvalidInputError(f"start_version {start} is after end_version {end}")
-    timetravel.check_window(latest.window, start, what="start_version")
+def change_plan(io: FileIO, latest: TableState, *, starting_version: int | None = None,
+                ending_version: int | None = None, starting_timestamp: Any = None, ending_timestamp: Any = None,
+                change_types: list[str] | None = None) -> changes_mod.ChangePlan:
+    """The plan of the changes of commits ``starting_version`` to ``ending_version``, both included (Delta's
+    ``table_changes``). A timestamp instead of a version: ``starting_timestamp`` is the first version committed
+    at or after it, ``ending_timestamp`` the last one committed at or before it. Defaults: from the first
+    commit whose changes are still readable (:func:`first_readable_change`) to the latest."""
+    start, end = change_range(io, latest, starting_version, ending_version, starting_timestamp, ending_timestamp)
     unknown = set(change_types or []) - set(changes_mod.CHANGE_TYPES)
     if unknown:
         raise InvalidInputError(f"unknown change types {sorted(unknown)}; known: {list(changes_mod.CHANGE_TYPES)}")
     state = latest if end == latest.version else _older(io, latest, end)
     commits = {v: commitlog.read(io, v) for v in range(start + 1, end + 1)}
     return changes_mod.plan(io, state, start, end, commits, change_types)
+
+
+def change_range(io: FileIO, latest: TableState, starting_version: int | None = None,
+                 ending_version: int | None = None, starting_timestamp: Any = None, ending_timestamp: Any = None
+                 ) -> tuple[int, int]:
+    """The range :func:`change_plan` reads, as the engine takes it: ``(start, end]``, start exclusive."""
+    if starting_version is not None and starting_timestamp is not None:
+        raise InvalidInputError("give starting_version or starting_timestamp, not both")
+    end = timetravel.resolve_version(io, latest.version, ending_version, ending_timestamp,
+                                     names=("ending_version", "ending_timestamp"))
+    ending = f"ending_version {end}" if ending_timestamp is None else \
+        f"ending_timestamp {ending_timestamp} (version {end})"
+    earliest = first_readable_change(io, latest.window)
+    if starting_timestamp is not None:
+        first = timetravel.first_at_or_after(io, latest.version, starting_timestamp)
+        starting = f"starting_timestamp {starting_timestamp} (version {first})"
+    elif starting_version is not None:
+        first = timetravel.resolve_version(io, latest.version, starting_version, names=("starting_version", "as_of"))
+        starting = f"starting_version {first}"
+    else:
+        first, starting = earliest, f"the first readable version {earliest}"
+    if min(first, end) < earliest:
+        span = f"the change feed keeps the commits from version {earliest} on"
+        if latest.window is not None:
+            span += (f" (the table keeps versions from {latest.window.version}, and a commit's changes need the "
+                     "version before it)")
+        raise VersionExpiredError(f"{starting if first < earliest else ending} is before the retention window: "
+                                  f"{span}; a major compaction purged the rest")
+    if first > end:
+        if starting_timestamp is None or ending_timestamp is None or _after(starting_timestamp, ending_timestamp):
+            raise InvalidInputError(f"{starting} is after {ending}")
+        first = end + 1  # two ordered times with no commit between them: an empty range, as in Delta
+    # The engine's start is exclusive; commit 0 creates the table and changes nothing.
+    return min(timetravel.inside_window(io, latest.window, max(first - 1, 0)), end), end
+
+
+def first_readable_change(io: FileIO, window: Window | None) -> int:
+    """The first commit whose changes a change feed can read: 0, or once a major compaction set a retention
+    window at version ``w``, ``w + 1`` (the changes of commit ``w`` need version ``w - 1``, which it purged) —
+    ``w`` when the window starts at the compaction's own commit, which reads as ``w - 1`` and changes nothing."""
+    if window is None or window.version == 0:
+        return 0
+    return window.version if timetravel.inside_window(io, window, window.version - 1) == window.version \
+        else window.version + 1
+
+
+def _after(start: Any, end: Any) -> bool:
+    """Whether the time ``start`` is after the time ``end``."""
+    return timetravel.timestamp_ms(start, "starting_timestamp") > timetravel.timestamp_ms(end, "ending_timestamp")
 
 
 def changes_to_arrow(io: FileIO, p: changes_mod.ChangePlan) -> pa.Table:

@@ -25,7 +25,7 @@ from bitlake.fs import FileIO, file_io
 from bitlake.spark.schema import to_arrow_schema
 from bitlake.spark.session import spark_session
 
-__all__ = ["IngestResult", "Table", "create_table", "open_table"]
+__all__ = ["CommitResult", "IngestResult", "Table", "create_table", "open_table"]
 
 
 def create_table(
@@ -97,9 +97,17 @@ def _default_name(io: FileIO) -> str:
     return posixpath.basename(urlparse(io.uri()).path.rstrip("/")) or "table"
 
 
-def open_table(path: str | FileIO, storage_options: dict[str, str] | None = None) -> Table:
+def open_table(path: str | FileIO, storage_options: dict[str, str] | None = None, *, version: int | None = None,
+               as_of: Any = None) -> Table:
     """Opens an existing table (``path`` and ``storage_options`` as for :func:`create_table`);
-    TableNotFoundError / NotATableError otherwise."""
+    TableNotFoundError / NotATableError otherwise.
+
+    Args:
+        version: pins the table to this version (delta-rs's ``DeltaTable(path, version=)``): its reads, its
+            ``version`` and ``describe()`` default to it, and every write raises ``InvalidInputError`` (open the
+            table without ``version=`` to write). VersionNotFoundError if there is no such version.
+        as_of: pins the table to the latest version committed at or before this time (datetime or ISO string).
+    """
     io = file_io(path, storage_options)
     if not io.exists():
         raise TableNotFoundError(f"no such table: {io.uri()} does not exist")
@@ -107,7 +115,9 @@ def open_table(path: str | FileIO, storage_options: dict[str, str] | None = None
     if local is not None and not _is_dir(local):
         raise NotATableError(f"{io.uri()} is a file, not a bitlake table")
     table = Table(io)
-    table.refresh()
+    latest = table.refresh()
+    if version is not None or as_of is not None:
+        table._pinned = read.view(io, latest, version, as_of, None)[0].version
     return table
 
 
@@ -136,6 +146,7 @@ class Table:
     def __init__(self, io: FileIO):
         self.io = io
         self._state: TableState | None = None
+        self._pinned: int | None = None  # open_table(version=): reads default to it, writes are refused
 
     def __repr__(self) -> str:
         return f"Table({self.io.uri()!r}, version={self.version})"
@@ -152,15 +163,24 @@ class Table:
 
     @property
     def metadata(self) -> TableMetadata:
-        return self.refresh().metadata
+        return self.state().metadata
 
     @property
     def version(self) -> int:
-        return self.refresh().version
+        """The latest version, or the one the table was opened at (``open_table(version=)``)."""
+        return self._pinned if self._pinned is not None else self.refresh().version
 
     def refresh(self) -> TableState:
-        """The snapshot of the latest commit: the one returned before if the table did not move, else a new one
-        (a snapshot is a value: one a caller holds never changes)."""
+        """The snapshot of the latest commit, which every write starts from: the one returned before if the table
+        did not move, else a new one (a snapshot is a value: one a caller holds never changes). A table opened at
+        a version is read-only: this is where its writes are refused."""
+        if self._pinned is not None:
+            raise InvalidInputError(f"table opened at version {self._pinned} is read-only: open it without version= "
+                                    "to write")
+        return self._latest()
+
+    def _latest(self) -> TableState:
+        """The snapshot of the latest commit, pinned or not (reads resolve their version against it)."""
         state = self._state if self._state is not None else state_mod.load(self.io)
         # Probing the next version costs one request per new commit, where listing costs one entry per
         # commit ever made; a commit file that exists is complete (it appears by atomic put-if-absent).
@@ -173,8 +193,16 @@ class Table:
         return state
 
     def state(self, version: int | None = None) -> TableState:
-        """The table's snapshot at ``version`` (default: latest)."""
-        return self.refresh() if version is None else state_mod.load(self.io, version)
+        """The table's snapshot at ``version`` (default: latest, or the version the table was opened at)."""
+        if version is None and self._pinned is None:
+            return self.refresh()
+        return self._view(version, None, None)[0]
+
+    def _view(self, version: int | None, as_of: Any, valid_at: Any) -> tuple[TableState, int | None]:
+        """The state and event time a read asks for; with neither ``version`` nor ``as_of``, the pinned version."""
+        if version is None and as_of is None:
+            version = self._pinned
+        return read.view(self.io, self._latest(), version, as_of, valid_at)
 
     # ----------------------------------------------------------------------------------- writes
 
@@ -299,7 +327,7 @@ class Table:
             valid_at: the rows valid at this value of the delta column (event time), as the chosen
                 version knew them; for a timestamp column a datetime or ISO string.
         """
-        state, t = read.view(self.io, self.refresh(), version, as_of, valid_at)
+        state, t = self._view(version, as_of, valid_at)
         return read.to_spark(spark or _session(), self.io, state, t, include_row_ids)
 
     def to_arrow(self, *, version: int | None = None, as_of: Any = None, valid_at: Any = None,
@@ -323,26 +351,43 @@ class Table:
              include_row_ids: bool = False) -> read.View:
         """A view that DuckDB, Polars and other Arrow consumers scan, as often as they like, without Spark:
         ``duckdb.sql("SELECT count(*) FROM v")``, ``polars.DataFrame(v)`` (docs/reading.md)."""
-        state, t = read.view(self.io, self.refresh(), version, as_of, valid_at)
+        state, t = self._view(version, as_of, valid_at)
         return read.View(self.io, state, t, columns, filter, include_row_ids)
 
-    def changes(self, spark: Any = None, *, start_version: int, end_version: int | None = None,
-                change_types: list[str] | None = None):
-        """What changed in commits ``(start_version, end_version]`` as a Spark DataFrame.
+    def changes(self, spark: Any = None, *, starting_version: int | None = None, ending_version: int | None = None,
+                starting_timestamp: Any = None, ending_timestamp: Any = None, change_types: list[str] | None = None):
+        """What changed in commits ``starting_version`` to ``ending_version``, both included (Delta's
+        ``table_changes``), as a Spark DataFrame.
 
         The rows carry the table's columns plus ``_change_type`` (insert, update_preimage,
         update_postimage, delete), ``_commit_version`` and ``_commit_timestamp``, in commit order.
-        ``start_version`` is exclusive, ``end_version`` inclusive (default: the latest).
+
+        Args:
+            starting_version: the first commit read (default: the first whose changes are still readable: 0, or
+                just after the start of a major compaction's retention window; before that ``VersionExpiredError``).
+            ending_version: the last commit read (default: the latest, or the version the table was opened at).
+            starting_timestamp: instead of ``starting_version``: the first version committed at or after this
+                time (datetime or ISO string).
+            ending_timestamp: instead of ``ending_version``: the last version committed at or before this time.
+            change_types: only these of the four change types.
         """
-        p = read.change_plan(self.io, self.refresh(), start_version, end_version, change_types)
+        p = self._change_plan(starting_version, ending_version, starting_timestamp, ending_timestamp, change_types)
         return read.changes(spark or _session(), self.io, p)
 
-    def changes_to_arrow(self, *, start_version: int, end_version: int | None = None,
+    def changes_to_arrow(self, *, starting_version: int | None = None, ending_version: int | None = None,
+                         starting_timestamp: Any = None, ending_timestamp: Any = None,
                          change_types: list[str] | None = None) -> pa.Table:
         """:meth:`changes` as a pyarrow Table, read on this machine without Spark (the same rows, in the same
         order; ``_commit_timestamp`` is a UTC timestamp)."""
-        p = read.change_plan(self.io, self.refresh(), start_version, end_version, change_types)
+        p = self._change_plan(starting_version, ending_version, starting_timestamp, ending_timestamp, change_types)
         return read.changes_to_arrow(self.io, p)
+
+    def _change_plan(self, starting_version, ending_version, starting_timestamp, ending_timestamp, change_types):
+        if ending_version is None and ending_timestamp is None:
+            ending_version = self._pinned
+        return read.change_plan(self.io, self._latest(), starting_version=starting_version,
+                                ending_version=ending_version, starting_timestamp=starting_timestamp,
+                                ending_timestamp=ending_timestamp, change_types=change_types)
 
     def history(self) -> list[dict[str, Any]]:
         """One entry per commit, newest first (from the retention window's start, once cleanup dropped the
@@ -361,7 +406,7 @@ class Table:
         return out
 
     def describe(self) -> dict[str, Any]:
-        state = self.refresh()
+        state = self.state()
         meta = state.metadata
         files = state.data_files()
         return {

@@ -43,7 +43,7 @@ def views(t, upto: int) -> dict:
 
 
 def changes(t, spark, start: int, end: int) -> list[tuple]:
-    df = t.changes(spark, start_version=start, end_version=end)
+    df = t.changes(spark, starting_version=start + 1, ending_version=end)
     return sorted((r["_change_type"], r["_commit_version"], *(r[c] for c in COLUMNS)) for r in df.collect())
 
 
@@ -90,7 +90,7 @@ def test_compaction_keeps_every_view_and_change(tmp_path, spark, options):
             got = rows_key(spec_reader.read_view(t.path, version=v, valid_at=at), COLUMNS)
             assert got == before[(before_version, at)], (v, at)
     assert rows_key(spec_reader.read_changes(t.path, 0, t.version), COLUMNS + ["_change_type"]) == rows_key(
-        [r.asDict() for r in t.changes(spark, start_version=0).collect()], COLUMNS + ["_change_type"])
+        [r.asDict() for r in t.changes(spark, starting_version=1).collect()], COLUMNS + ["_change_type"])
     got = [r.asDict() for r in t.to_spark(spark).collect()]
     assert rows_key(got, COLUMNS) == before[(before_version, None)]
 
@@ -224,7 +224,7 @@ def test_unkeyed_major_compaction_keeps_rows_removed_inside_the_window(tmp_path)
 
     def feed():
         return sorted((r["k"], r["v"], r["_change_type"], r["_commit_version"])
-                      for r in t.changes_to_arrow(start_version=4).to_pylist())
+                      for r in t.changes_to_arrow(starting_version=5).to_pylist())
 
     views = {v: sorted(map(tuple, (r.values() for r in t.to_arrow(version=v).to_pylist()))) for v in range(4, 8)}
     changes = feed()
@@ -263,12 +263,12 @@ def test_major_compaction_keeps_the_window_and_purges_the_rest(tmp_path, spark, 
                 t.to_arrow(version=v, valid_at=at)
     with pytest.raises(bitlake.VersionNotFoundError):  # the subclass callers already catch
         t.to_spark(spark, version=3)
-    with pytest.raises(bitlake.VersionExpiredError, match="start_version 3"):
-        t.changes(spark, start_version=3)
+    with pytest.raises(bitlake.VersionExpiredError, match="starting_version 4 is before the retention window"):
+        t.changes(spark, starting_version=4)
     for s, expected in feeds.items():
         assert changes(t, spark, s, latest) == expected
         assert rows_key(spec_reader.read_changes(t.path, s, t.version), COLUMNS + ["_change_type"]) == rows_key(
-            [r.asDict() for r in t.changes(spark, start_version=s).collect()], COLUMNS + ["_change_type"])
+            [r.asDict() for r in t.changes(spark, starting_version=s + 1).collect()], COLUMNS + ["_change_type"])
     for v in (4, latest, t.version):
         for at in (12, 30, None):
             assert rows_key(spec_reader.read_view(t.path, version=v, valid_at=at), COLUMNS) == before[
@@ -314,7 +314,7 @@ def test_a_window_at_the_latest_version_releases_storage(tmp_path):
     # The look-back's version w still reads (as the compaction's commit, which reads the same), change
     # ranges from it too, after cleanup released the files the compaction replaced.
     assert rows_key(t.to_arrow(version=w).to_pylist(), COLUMNS) == current
-    assert t.changes_to_arrow(start_version=w).num_rows == 0
+    assert t.changes_to_arrow(starting_version=w + 1).num_rows == 0
     left = [p for p in t.io.walk("data")]
     assert sorted(left) == sorted(f.path for f in t.state().data_files()) and removed
     assert sum(f.bytes for f in t.state().data_files()) < data_before
@@ -371,7 +371,7 @@ def test_log_files_are_regrouped_keeping_every_view_and_change(tmp_path, spark):
         assert rows_key(spec_reader.read_view(t.path, valid_at=at), COLUMNS) == before[(latest, at)]
     for s in (0, 3):
         assert rows_key(spec_reader.read_changes(t.path, s, t.version), COLUMNS + ["_change_type"]) == rows_key(
-            [r.asDict() for r in t.changes(spark, start_version=s).collect()], COLUMNS + ["_change_type"])
+            [r.asDict() for r in t.changes(spark, starting_version=s + 1).collect()], COLUMNS + ["_change_type"])
 
     # A major compaction whose window starts inside the regrouped versions keeps every read inside it.
     m = t.compact(major=True, look_back=6)

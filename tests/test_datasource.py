@@ -93,7 +93,7 @@ def test_the_change_feed_option_reads_delta_style_inclusive_starting_versions(sp
                 reader = reader.option("endingVersion", end)
             got = sorted((r["_change_type"], r["_commit_version"], r["k"]) for r in reader.load(t.path).collect())
             want = sorted((r["_change_type"], r["_commit_version"], r["k"]) for r in t.changes_to_arrow(
-                start_version=max(start - 1, 0), end_version=end).to_pylist())
+                starting_version=start, ending_version=end).to_pylist())
             assert got == want and want, (start, end)
     with pytest.raises(AnalysisException, match="startingVersion"):
         spark.read.format("bitlake").option("readChangeFeed", "true").load(t.path).collect()

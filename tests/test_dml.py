@@ -55,7 +55,7 @@ def test_spark_sql_dml_change_feed_and_commands(tmp_path, spark, capsys):
     u = t.update("k = 0 or k = 1", {"amount": "amount + 1000"}, spark=spark)
     assert (r.matched, u.matched) == (2, 2)
     changes = sorted((x["_change_type"], x["_commit_version"], x["k"], x["amount"])
-                     for x in t.changes(spark, start_version=1).collect())
+                     for x in t.changes(spark, starting_version=2).collect())
     assert changes == [("delete", 2, 7, 7), ("delete", 2, 9, 9), ("update_postimage", 3, 0, 1000),
                        ("update_postimage", 3, 1, 1001), ("update_preimage", 3, 0, 0), ("update_preimage", 3, 1, 1)]
     version = t.version
@@ -88,7 +88,7 @@ def test_unkeyed_delete_is_a_deletion_vector(tmp_path, spark):
     assert len(t.to_arrow(version=1).to_pylist()) == 4
     assert sorted((r["user"], r["n"]) for r in spec_reader.read_view(t.path)) == [("a", 1), ("c", 33), ("d", 4)]
     changes = sorted((x["_change_type"], x["_commit_version"], x["user"], x["n"])
-                     for x in t.changes(spark, start_version=1).collect())
+                     for x in t.changes(spark, starting_version=2).collect())
     assert changes == [("delete", 2, "b", 2), ("update_postimage", 3, "c", 33), ("update_preimage", 3, "c", 3)]
     assert sorted((x["_change_type"], x["user"]) for x in spec_reader.read_changes(t.path, 1, t.version)) == [
         ("delete", "b"), ("update_postimage", "c"), ("update_preimage", "c")]
@@ -149,7 +149,7 @@ def test_unkeyed_update_pairs_each_preimage_with_its_own_postimage(tmp_path):
     t.ingest(pa.table({"name": ["y"], "v": [3]}, schema=schema))
     r = t.update(pc.field("name").isin(["x1", "y"]), {"v": pc.field("v") + 100})
     assert r.counts["updated"] == 2
-    feed = t.changes_to_arrow(start_version=3).to_pylist()
+    feed = t.changes_to_arrow(starting_version=4).to_pylist()
     pairs = [(a["name"], a["v"], b["v"]) for a, b in zip(feed[::2], feed[1::2], strict=True)]
     assert [(a["_change_type"], b["_change_type"]) for a, b in zip(feed[::2], feed[1::2], strict=True)] == \
         [("update_preimage", "update_postimage")] * 2
@@ -195,6 +195,6 @@ def test_unkeyed_update_racing_a_delete_does_not_bring_rows_back(tmp_path, monke
     r = t.update(pc.field("v") >= 2, {"v": pc.field("v") + 100})
     assert len(calls) == 2 and r.counts["updated"] == 1
     assert sorted((x["name"], x["v"]) for x in t.to_arrow().to_pylist()) == [("a", 1), ("c", 103)]
-    feed = [(x["_change_type"], x["name"]) for x in t.changes_to_arrow(start_version=1).to_pylist()]
+    feed = [(x["_change_type"], x["name"]) for x in t.changes_to_arrow(starting_version=2).to_pylist()]
     assert feed == [("delete", "b"), ("update_preimage", "c"), ("update_postimage", "c")]
     assert [p for p in t.cleanup(min_age_seconds=0, dry_run=True) if p.startswith("data/")] == []

@@ -478,12 +478,18 @@ class Run:
                 assert self.row_ids.setdefault(rid, values) == values, (rid, values, self.row_ids[rid])
 
     def check_changes(self, lo: int, hi: int) -> None:
+        """The feed of commits ``lo + 1`` to ``hi`` (the oracle's ``(lo, hi]``)."""
         t, cols = self.reader, self.kind.columns
         if self.window is not None and lo < self.readable_from:
             with pytest.raises(bitlake.VersionExpiredError):
-                t.changes_to_arrow(start_version=lo, end_version=hi)
+                t.changes_to_arrow(starting_version=lo + 1, ending_version=hi)
             return
-        got = _change_rows(t.changes_to_arrow(start_version=lo, end_version=hi).to_pylist(), cols)
+        if lo == hi:  # no commit: a start after the end, after the latest version, or an end before the window
+            with pytest.raises((bitlake.InvalidInputError, bitlake.VersionNotFoundError),
+                               match="starting_version|ending_version"):
+                t.changes_to_arrow(starting_version=lo + 1, ending_version=hi)
+            return
+        got = _change_rows(t.changes_to_arrow(starting_version=lo + 1, ending_version=hi).to_pylist(), cols)
         expected = [(c, v, tuple(_norm(row[k]) for k in cols)) for c, v, row in self.oracle.changes_between(lo, hi)]
         assert sorted(got) == sorted(expected), (lo, hi)
         assert [v for _, v, _ in got] == sorted(v for _, v, _ in got), "not in commit order"
@@ -491,16 +497,15 @@ class Run:
             if lo < v <= hi:
                 assert [g for g in got if g[1] == v] == [e for e in expected if e[1] == v], (lo, hi, v)
         kinds = self.rnd.sample(CHANGE_TYPES, self.rnd.randint(1, 3))  # a filter prunes files: the same rows
-        some = _change_rows(t.changes_to_arrow(start_version=lo, end_version=hi, change_types=kinds).to_pylist(),
+        some = _change_rows(t.changes_to_arrow(starting_version=lo + 1, ending_version=hi, change_types=kinds).to_pylist(),
                             cols)
         assert sorted(some) == sorted(e for e in expected if e[0] in kinds), (lo, hi, kinds)
 
     def check_timestamps(self) -> None:
         """Every change row's ``_commit_timestamp`` is its commit's, as history() gives it."""
         t = self.reader
-        lo = self.window[0] if self.window else 0
         stamps = {h["version"]: dt.datetime.fromisoformat(h["timestamp"]) for h in t.history()}
-        for row in t.changes_to_arrow(start_version=lo).to_pylist():
+        for row in t.changes_to_arrow().to_pylist():  # from the first commit still readable
             assert row["_commit_timestamp"] == stamps[row["_commit_version"]], row
 
     def check(self, full: bool) -> None:

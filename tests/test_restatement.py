@@ -157,7 +157,7 @@ def test_unkeyed_revert_and_the_commands(tmp_path, spark, capsys):
     assert cli(["revert", t.path, "a"]) == 0
     assert "reverted" in capsys.readouterr().out
     assert [r["user"] for r in t.to_arrow().to_pylist()] == ["cy"]
-    changes = t.changes(spark, start_version=0).collect()
+    changes = t.changes(spark, starting_version=1).collect()
     assert sorted((r["_change_type"], r["_commit_version"], r["user"]) for r in changes) == [
         ("delete", 3, "ann"), ("delete", 3, "bob"), ("insert", 1, "ann"), ("insert", 1, "bob"), ("insert", 2, "cy")]
     path = tmp_path / "fix.parquet"
@@ -167,7 +167,7 @@ def test_unkeyed_revert_and_the_commands(tmp_path, spark, capsys):
     assert cli(["replace", t.path, "b", str(path)]) == 0
     assert "replaced" in capsys.readouterr().out
     assert [r["user"] for r in t.to_arrow().to_pylist()] == ["dee"]
-    assert sorted((r["_change_type"], r["user"]) for r in t.changes(spark, start_version=3).collect()) == [
+    assert sorted((r["_change_type"], r["user"]) for r in t.changes(spark, starting_version=4).collect()) == [
         ("delete", "cy"), ("insert", "dee")]
 
 
@@ -291,7 +291,7 @@ def test_a_restatement_across_a_vacuum_folds_the_purged_records(tmp_path):
     before = t.version
     assert t.revert_batch("b3").committed  # b2's record is the key's last again, and its row is gone
     assert t.to_arrow().num_rows == 0 and t.describe()["valid_rows"] == 0
-    assert [(r["_change_type"], r["grp"]) for r in t.changes_to_arrow(start_version=before).to_pylist()] == \
+    assert [(r["_change_type"], r["grp"]) for r in t.changes_to_arrow(starting_version=before + 1).to_pylist()] == \
         [("delete", "c")]
     assert t.to_arrow(valid_at=2).to_pylist() == [{"k": 1, "grp": "a", "mod": 1}]  # b1's; b4's stays stale
     assert t.to_arrow(valid_at=3).num_rows == 0
@@ -364,7 +364,7 @@ def test_reverting_a_vacuums_deletes_brings_no_erased_row_back(tmp_path):
     assert [tuple(r.values()) for r in t.to_arrow().to_pylist()] == [(2, 1, 20)]
     before = t.version
     assert t.ingest(pa.table({"k": [1], "mod": [2], "value": [11]}, schema=schema)).counts["inserted"] == 1
-    assert [(r["_change_type"], r["value"]) for r in t.changes_to_arrow(start_version=before).to_pylist()] == \
+    assert [(r["_change_type"], r["value"]) for r in t.changes_to_arrow(starting_version=before + 1).to_pylist()] == \
         [("insert", 11)]
 
 

@@ -236,13 +236,16 @@ def test_reverts_and_replaces_match_the_oracle(spark, kind_name):
             assert rows_key(spec_reader.read_view(path), COLUMNS) == rows_key(oracle.view(), COLUMNS)
             got = [_utc(r.asDict()) for r in t.to_spark(spark).collect()]
             assert rows_key(got, COLUMNS) == rows_key(oracle.view(), COLUMNS)
-            start = rnd.randint(first, t.version)
-            for lo, hi in ((start, rnd.randint(start, t.version)), (first, t.version)):
+            # The oracle's (lo, hi] is the feed of commits lo + 1 to hi.
+            start = rnd.randint(first, max(first, t.version - 1))
+            for lo, hi in ((start, rnd.randint(min(start + 1, t.version), t.version)), (first, t.version)):
+                if lo == hi:
+                    continue
                 expected = sorted((c, v, tuple(row[k] for k in COLUMNS)) for c, v, row in oracle.changes_between(lo, hi))
                 got = sorted((r["_change_type"], r["_commit_version"], tuple(_utc(r.asDict())[c] for c in COLUMNS))
-                             for r in t.changes(spark, start_version=lo, end_version=hi).collect())
+                             for r in t.changes(spark, starting_version=lo + 1, ending_version=hi).collect())
                 assert got == expected, (lo, hi)
-                arrow = t.changes_to_arrow(start_version=lo, end_version=hi).to_pylist()
+                arrow = t.changes_to_arrow(starting_version=lo + 1, ending_version=hi).to_pylist()
                 assert sorted((r["_change_type"], r["_commit_version"], tuple(r[c] for c in COLUMNS))
                               for r in arrow) == expected, (lo, hi)
                 spec = sorted((r["_change_type"], r["_commit_version"], tuple(r[c] for c in COLUMNS))
@@ -370,12 +373,12 @@ def test_an_append_only_table_matches_its_model(spark):
                 got = sorted((r["user"], r["n"]) for r in t.to_arrow(version=v).to_pylist())
                 assert got == model.view(v), v
             assert sorted((r["user"], r["n"]) for r in spec_reader.read_view(path)) == model.view(t.version)
-            lo = rnd.randint(0, t.version)
+            lo = rnd.randint(0, max(t.version - 1, 0))  # the model's (lo, latest]: commits lo + 1 on (0 on at 0)
             got = sorted((r["_change_type"], r["_commit_version"], r["user"], r["n"])
-                         for r in t.changes(spark, start_version=lo).collect())
+                         for r in t.changes(spark, starting_version=min(lo + 1, t.version)).collect())
             assert got == model.changes_between(lo, t.version), lo
             arrow = sorted((r["_change_type"], r["_commit_version"], r["user"], r["n"])
-                           for r in t.changes_to_arrow(start_version=lo).to_pylist())
+                           for r in t.changes_to_arrow(starting_version=min(lo + 1, t.version)).to_pylist())
             assert arrow == got, lo
         finally:
             shutil.rmtree(path, ignore_errors=True)

@@ -106,7 +106,7 @@ def test_unsigned_columns_with_spark(tmp_path, spark):
     df = t.to_spark(spark)
     assert [f.dataType.simpleString() for f in df.schema.fields] == ["bigint", "int", "smallint"]
     assert sorted(tuple(x) for x in df.collect()) == expected
-    feed = t.changes(spark, start_version=2).select("k", "v", "_change_type").collect()
+    feed = t.changes(spark, starting_version=3).select("k", "v", "_change_type").collect()
     assert sorted(tuple(x) for x in feed) == [(1, 1, "update_preimage"), (1, 9, "update_postimage")]
     source = spark.read.format("bitlake").option("validAt", "1").load(t.path)  # an option is text
     assert sorted(tuple(x) for x in source.collect()) == [(1, 1, 255), (9, 1, 3)]

@@ -106,7 +106,7 @@ def test_bitlake_reads_what_spec_writer_wrote(written):
     for (v, seconds), names in EVENT_TIME_VIEWS.items():
         if v <= 3:
             assert as_rows(t.to_arrow(version=v, valid_at=at(seconds)).to_pylist()) == rows(names), (v, seconds)
-    assert as_changes(t.changes_to_arrow(start_version=0).to_pylist()) == [c for c in CHANGES if c[0] <= 3]
+    assert as_changes(t.changes_to_arrow(starting_version=1).to_pylist()) == [c for c in CHANGES if c[0] <= 3]
     assert [h["counts"] for h in reversed(t.history()[:-1])] == [COUNTS[v] for v in (1, 2, 3)]
 
 
@@ -150,6 +150,6 @@ def test_bitlake_ingests_into_spec_table_and_spec_reader_agrees(written):
         valid_at = delta_int64(at(seconds), SCHEMA.field("ts").type)
         assert as_rows(t.to_arrow(version=v, valid_at=at(seconds)).to_pylist()) == rows(names), (v, seconds)
         assert as_rows(spec_reader.read_view(written, v, valid_at=valid_at)) == rows(names), (v, seconds)
-    assert as_changes(t.changes_to_arrow(start_version=0).to_pylist()) == CHANGES
+    assert as_changes(t.changes_to_arrow(starting_version=1).to_pylist()) == CHANGES
     assert as_changes(spec_reader.read_changes(written, 0, 4)) == CHANGES
     assert as_changes(spec_reader.read_changes(written, 2, 4)) == [c for c in CHANGES if c[0] > 2]

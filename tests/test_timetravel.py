@@ -98,12 +98,13 @@ def test_every_version_and_event_time_and_change_range_matches_the_oracle(spark)
             v, at = rnd.choice(inside)
             got = [r.asDict() for r in t.to_spark(spark, version=v, valid_at=at).collect()]
             assert rows_key(got, COLUMNS) == rows_key(oracle.view(at, v), COLUMNS)
-            start = rnd.randint(first, t.version)
-            end = rnd.randint(start, t.version)
+            # The oracle's (start, end] is the feed of commits start + 1 to end.
+            start = rnd.randint(first, max(first, t.version - 1))
+            end = rnd.randint(min(start + 1, t.version), t.version)
             expected = sorted((c, ver, tuple(row[k] for k in COLUMNS)) for c, ver, row in oracle.changes_between(start, end))
-            spark_rows = t.changes(spark, start_version=start, end_version=end).collect()
+            spark_rows = t.changes(spark, starting_version=start + 1, ending_version=end).collect()
             assert _changes_of([r.asDict() for r in spark_rows]) == expected
-            arrow_rows = t.changes_to_arrow(start_version=start, end_version=end).to_pylist()
+            arrow_rows = t.changes_to_arrow(starting_version=start + 1, ending_version=end).to_pylist()
             assert _changes_of(arrow_rows) == expected
             # The same order: commit, batch, delta value, cause, the old row before the new one.
             assert [(r["_change_type"], r["_commit_version"]) for r in arrow_rows] == [
@@ -128,7 +129,7 @@ def history_table(spark, tmp_path_factory):
 
 def test_change_feed_in_commit_order(history_table, spark):
     t, oracle = history_table
-    rows = [(r["_change_type"], r["_commit_version"], r["k"], r["value"]) for r in t.changes(spark, start_version=0).collect()]
+    rows = [(r["_change_type"], r["_commit_version"], r["k"], r["value"]) for r in t.changes(spark, starting_version=1).collect()]
     assert rows == [
         ("insert", 1, 1, 10), ("insert", 1, 2, 20), ("insert", 1, 3, 30),
         ("update_preimage", 2, 1, 10), ("update_postimage", 2, 1, 11),
@@ -138,13 +139,13 @@ def test_change_feed_in_commit_order(history_table, spark):
         ("delete", 4, 3, 30), ("insert", 4, 3, 31),
     ]
     assert sorted(rows) == sorted((c, v, row["k"], row["value"]) for c, v, row in oracle.changes_between(0, 4))
-    deletes = t.changes(spark, start_version=1, end_version=2, change_types=["delete"]).collect()
+    deletes = t.changes(spark, starting_version=2, ending_version=2, change_types=["delete"]).collect()
     assert [(r["k"], r["_change_type"]) for r in deletes] == [(2, "delete")]
-    stamps = {r["_commit_version"]: r["_commit_timestamp"] for r in t.changes(spark, start_version=0).collect()}
+    stamps = {r["_commit_version"]: r["_commit_timestamp"] for r in t.changes(spark, starting_version=1).collect()}
     history = {h["version"]: h["timestamp"] for h in t.history()}
     for v, ts in stamps.items():
         assert ts.replace(tzinfo=dt.UTC) == dt.datetime.fromisoformat(history[v])
-    assert t.changes(spark, start_version=2, end_version=3).count() == 0  # a LAND commit changes nothing
+    assert t.changes(spark, starting_version=3, ending_version=3).count() == 0  # a LAND commit changes nothing
 
 
 def test_as_of_picks_the_latest_commit_at_or_before(history_table, spark):
@@ -184,12 +185,12 @@ def test_bad_time_travel_arguments(history_table, kwargs, error, message):
 
 def test_bad_change_ranges(history_table, spark):
     t, _ = history_table
-    with pytest.raises(bitlake.InvalidInputError, match="after end_version"):
-        t.changes(spark, start_version=3, end_version=1)
+    with pytest.raises(bitlake.InvalidInputError, match="starting_version 4 is after ending_version 1"):
+        t.changes(spark, starting_version=4, ending_version=1)
     with pytest.raises(bitlake.VersionNotFoundError):
-        t.changes(spark, start_version=0, end_version=99)
+        t.changes(spark, starting_version=1, ending_version=99)
     with pytest.raises(bitlake.InvalidInputError, match="unknown change types"):
-        t.changes(spark, start_version=0, change_types=["upsert"])
+        t.changes(spark, starting_version=1, change_types=["upsert"])
 
 
 def test_append_only_change_feed_lists_inserts(spark, tmp_path):
@@ -197,8 +198,8 @@ def test_append_only_change_feed_lists_inserts(spark, tmp_path):
     t.ingest(pa.table({"k": [1, 2], "value": [1, 2], "mod": [0, 0]}), spark=spark)
     t.ingest(pa.table({"k": [3], "value": [3], "mod": [0]}), spark=spark)
     t.ingest(pa.table({"k": [5, 4], "value": [5, 4], "mod": [0, 0]}), spark=spark)
-    rows = [(r["_change_type"], r["_commit_version"], r["k"]) for r in t.changes(spark, start_version=0).collect()]
+    rows = [(r["_change_type"], r["_commit_version"], r["k"]) for r in t.changes(spark, starting_version=1).collect()]
     assert rows == [("insert", 1, 1), ("insert", 1, 2), ("insert", 2, 3), ("insert", 3, 5), ("insert", 3, 4)]
-    assert [r["k"] for r in t.changes(spark, start_version=1, end_version=2).collect()] == [3]
+    assert [r["k"] for r in t.changes(spark, starting_version=2, ending_version=2).collect()] == [3]
     with pytest.raises(bitlake.InvalidInputError, match="keyed table"):
         t.to_arrow(valid_at=1)

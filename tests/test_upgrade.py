@@ -44,7 +44,7 @@ def test_a_v1_table_reads_as_bitlake_0_1_read_it(keyed, spark):
         got = [r.asDict() for r in t.to_spark(spark, version=v).collect()]
         assert _rows(got) == expected["views"][str(v)]
         if v:
-            feed = t.changes(spark, start_version=v - 1, end_version=v).drop("_commit_timestamp").collect()
+            feed = t.changes(spark, starting_version=v, ending_version=v).drop("_commit_timestamp").collect()
             assert _rows([r.asDict() for r in feed]) == expected["changes"][str(v)]
 
 
@@ -81,7 +81,7 @@ def test_writes_to_a_v1_table_are_refused_until_it_is_upgraded(keyed, spark, cap
     want.pop(7)
     want[100] = {"k": 100, "grp": "g0", "value": 1, "mod": 100}
     assert _rows(t.to_arrow().to_pylist()) == _rows(want.values())
-    feed = t.changes(spark, start_version=t.version - 1).drop("_commit_timestamp").collect()
+    feed = t.changes(spark, starting_version=t.version).drop("_commit_timestamp").collect()
     assert sorted((r["_change_type"], r["k"]) for r in feed) == [
         ("delete", 7), ("insert", 100), ("update_postimage", 4), ("update_preimage", 4)]
 
@@ -93,7 +93,7 @@ def test_an_unkeyed_v1_table_upgrades_and_appends(tmp_path, spark):
     t.upgrade()
     t.ingest(pa.table({"x": [5], "s": ["e"]}), batch_id="u3", spark=spark)
     assert sorted(t.to_arrow().column("x").to_pylist()) == [1, 2, 3, 4, 5]
-    feed = t.changes(spark, start_version=0).collect()
+    feed = t.changes(spark, starting_version=1).collect()
     assert sorted(r["x"] for r in feed) == [1, 2, 3, 4, 5]
 
 
@@ -110,6 +110,6 @@ def test_the_spec_reader_agrees_with_bitlake_across_an_upgrade(keyed, spark):
             got = spec_reader.read_view(str(keyed), version=v, valid_at=at)
             assert _rows(got) == _rows(t.to_arrow(version=v, valid_at=at).to_pylist())
         if v:
-            mine = [r.asDict() for r in t.changes(spark, start_version=v - 1, end_version=v).drop("_commit_timestamp")
+            mine = [r.asDict() for r in t.changes(spark, starting_version=v, ending_version=v).drop("_commit_timestamp")
                     .collect()]
             assert _rows(spec_reader.read_changes(str(keyed), v - 1, v)) == _rows(mine)

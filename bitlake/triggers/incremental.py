@@ -6,7 +6,7 @@ snapshots (start exclusive: the snapshot before the first event's; end inclusive
 do not form one unbroken chain: a missing event would mean rows silently skipped. :func:`read_changes`
 reads exactly that range with Spark, in each table format's own terms:
 
-- **BITLAKE**: the change feed, ``Table.changes(start_version=start, end_version=end)``: inserts, update
+- **BITLAKE**: the change feed, ``Table.changes(starting_version=start + 1, ending_version=end)``: inserts, update
   pre- and postimages and deletes, with ``_change_type``, ``_commit_version``, ``_commit_timestamp``.
 - **DELTA**: Delta's change data feed over versions ``start + 1 .. end`` (deltalake's ``load_cdf``; the
   table needs ``delta.enableChangeDataFeed=true``), with the same three columns.
@@ -207,7 +207,10 @@ def _int_snapshot(rng: SnapshotRange, snapshot_id: str | None) -> int | None:
 def _read_bitlake(spark, rng: SnapshotRange, *, location: str | None, catalog: Any):
     table = bitlake.open_table(_location(rng, location))
     start = _int_snapshot(rng, rng.start_snapshot_id)
-    return table.changes(spark, start_version=start or 0, end_version=_int_snapshot(rng, rng.end_snapshot_id))
+    # The feed's range includes its start; the events' range excludes it. No start: from the table's creation (a
+    # range the retention window cut is refused rather than read in part).
+    return table.changes(spark, starting_version=0 if start is None else start + 1,
+                         ending_version=_int_snapshot(rng, rng.end_snapshot_id))
 
 
 def _read_delta(spark, rng: SnapshotRange, *, location: str | None, catalog: Any):

@@ -59,7 +59,7 @@ def main(master: str, uri: str) -> None:
     assert rows(current) == arrow_rows(t.to_arrow())
     assert rows(spark.read.format("bitlake").load(uri)) == arrow_rows(t.to_arrow())
     assert rows(t.to_spark(spark, version=1)) == arrow_rows(t.to_arrow(version=1))
-    feed = t.changes(spark, start_version=1).groupBy("_change_type").count().collect()
+    feed = t.changes(spark, starting_version=2).groupBy("_change_type").count().collect()
     assert {x["_change_type"]: x["count"] for x in feed} == {"update_preimage": 2286, "update_postimage": 2286,
                                                             "delete": 572}
     # A Parquet file Spark reads lands from its row groups, which the workers' tasks read themselves (the file is

@@ -42,9 +42,9 @@ def check(spark, path: str, storage: dict) -> None:
     assert rows(t.to_spark(spark)) == arrow_rows(t)
     assert rows(read.option("versionAsOf", 2).load(path)) == sorted(
         (r["id"], r["v"], r["ts"]) for r in t.to_arrow(version=2).to_pylist())
-    feed = sorted((r["_change_type"], r["_commit_version"], r["id"]) for r in t.changes(spark, start_version=1).collect())
+    feed = sorted((r["_change_type"], r["_commit_version"], r["id"]) for r in t.changes(spark, starting_version=2).collect())
     assert feed == sorted((r["_change_type"], r["_commit_version"], r["id"])
-                          for r in t.changes_to_arrow(start_version=1).to_pylist())
+                          for r in t.changes_to_arrow(starting_version=2).to_pylist())
 
 
 def main(url: str, folder: str, s3_uri: str | None = None) -> None:

@@ -96,7 +96,7 @@ def test_end_to_end_commits_publish_trigger_read_ack(spark, tmp_path, service):
     expected = [(1, "a", "update_preimage", 2), (1, "a2", "update_postimage", 2), (2, "b", "delete", 2),
                 (4, "d", "insert", 3)]
     assert change_rows(changes) == expected
-    assert change_rows(table.changes(spark, start_version=1, end_version=3)) == expected
+    assert change_rows(table.changes(spark, starting_version=2, ending_version=3)) == expected
     service.consumer.ack(flow, name, fired.events[-1].event_id)
     assert not service.consumer.snapshot_trigger(flow, name).fired
 

@@ -13,43 +13,46 @@ from bitlake.format.metadata import delta_text
 from bitlake.fs import FileIO
 
 
-def timestamp_ms(value: Any) -> int:
-    """A commit-time argument (``as_of``) as milliseconds since the epoch."""
+def timestamp_ms(value: Any, what: str = "as_of") -> int:
+    """A commit-time argument (``as_of``, or the argument ``what`` names) as milliseconds since the epoch."""
     if isinstance(value, str):
         try:
             value = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
         except ValueError:
-            raise InvalidInputError(f"as_of {value!r} is not an ISO-8601 time") from None
+            raise InvalidInputError(f"{what} {value!r} is not an ISO-8601 time") from None
     if isinstance(value, dt.datetime):
         if value.tzinfo is None:
             value = value.replace(tzinfo=dt.UTC)
         return int(value.timestamp() * 1000)
     if isinstance(value, dt.date):
         return int(dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC).timestamp() * 1000)
-    raise InvalidInputError(f"as_of must be a datetime, a date or an ISO-8601 string, not {value!r}")
+    raise InvalidInputError(f"{what} must be a datetime, a date or an ISO-8601 string, not {value!r}")
 
 
-def resolve_version(io: FileIO, latest: int, version: int | None = None, as_of: Any = None) -> int:
-    """The version a read asks for: ``version``, or the latest commit at or before ``as_of``."""
+def resolve_version(io: FileIO, latest: int, version: int | None = None, as_of: Any = None, *,
+                    names: tuple[str, str] = ("version", "as_of")) -> int:
+    """The version a read asks for: ``version``, or the latest commit at or before ``as_of`` (``names``: what
+    the caller calls the two in its errors)."""
+    vname, tname = names
     if version is not None and as_of is not None:
-        raise InvalidInputError("give version or as_of, not both")
+        raise InvalidInputError(f"give {vname} or {tname}, not both")
     if version is not None:
         if isinstance(version, bool) or not isinstance(version, int):
-            raise InvalidInputError(f"version must be an integer, not {version!r}")
+            raise InvalidInputError(f"{vname} must be an integer, not {version!r}")
         if not 0 <= version <= latest:
-            raise VersionNotFoundError(f"version {version} does not exist; the table has versions 0 to {latest}")
+            raise VersionNotFoundError(f"{vname} {version} does not exist; the table has versions 0 to {latest}")
         return version
     if as_of is None:
         return latest
-    target = timestamp_ms(as_of)
+    target = timestamp_ms(as_of, tname)
     earliest = state_mod.earliest_version(io)
     first = commitlog.read(io, earliest).timestamp_ms
     if target < first:
-        when = dt.datetime.fromtimestamp(first / 1000, dt.UTC).isoformat()
+        when = _iso(first)
         if earliest:
-            raise VersionExpiredError(f"as_of {as_of} is before the retention window: the table keeps versions "
+            raise VersionExpiredError(f"{tname} {as_of} is before the retention window: the table keeps versions "
                                       f"from {earliest}, committed at {when}")
-        raise VersionNotFoundError(f"as_of {as_of} is before the table's first commit at {when}")
+        raise VersionNotFoundError(f"{tname} {as_of} is before the table's first commit at {when}")
     # Commit timestamps strictly increase, so the answer is a binary search over the versions.
     lo, hi = earliest, latest
     while lo < hi:
@@ -59,6 +62,42 @@ def resolve_version(io: FileIO, latest: int, version: int | None = None, as_of: 
         else:
             hi = mid - 1
     return lo
+
+
+def first_at_or_after(io: FileIO, latest: int, when: Any, what: str = "starting_timestamp") -> int:
+    """The first version committed at or after the time ``when`` (Delta's reading of a change feed's
+    ``startingTimestamp``); VersionNotFoundError when the latest commit is older, VersionExpiredError when
+    the commits it could be were dropped by cleanup."""
+    target = timestamp_ms(when, what)
+    if isinstance(when, (str, dt.datetime)) and _sub_ms(when):
+        target += 1  # a time inside a millisecond comes after a commit of that millisecond
+    last = commitlog.read(io, latest).timestamp_ms
+    if target > last:
+        raise VersionNotFoundError(f"{what} {when} is after the latest commit, version {latest} at {_iso(last)}")
+    earliest = state_mod.earliest_version(io)
+    first = commitlog.read(io, earliest).timestamp_ms
+    if target < first and earliest:
+        raise VersionExpiredError(f"{what} {when} is before the retention window: the table keeps versions from "
+                                  f"{earliest}, committed at {_iso(first)}")
+    lo, hi = earliest, latest
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if commitlog.read(io, mid).timestamp_ms >= target:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _sub_ms(when: str | dt.datetime) -> bool:
+    """Whether a time has a fraction of a millisecond (commit times are whole milliseconds)."""
+    if isinstance(when, str):
+        when = dt.datetime.fromisoformat(when.replace("Z", "+00:00"))
+    return when.microsecond % 1000 != 0
+
+
+def _iso(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat()
 
 
 def inside_window(io: FileIO, window: Window | None, version: int) -> int:
