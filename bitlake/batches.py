@@ -196,7 +196,9 @@ def output_commit(io: FileIO, state: TableState, operation: str, output: MetaGen
 
 
 def _check_not_taken(io: FileIO, state: TableState, batch: Landed | None) -> None:
-    done = None if batch is None else already_committed(io, state, batch.batch_id)
+    if batch is None:
+        return
+    done = already_committed(io, state, batch.batch_id)
     if done is not None:
         settled = batch.settled()  # its files are written before they go, and its digest taken
         check_same_records(state, batch.batch_id, settled.digest)  # another writer committed the id meanwhile
