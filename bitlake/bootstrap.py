@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from bitlake.errors import InvalidInputError, TableExistsError
+from bitlake.errors import InvalidInputError, MissingDependencyError, TableExistsError
 from bitlake.format.metadata import normalize_schema
 from bitlake.fs import file_io
 from bitlake.table import Table, create_table
@@ -102,7 +102,8 @@ def _delta(location: str) -> Source:
     try:
         from deltalake import DeltaTable
     except ImportError:
-        raise InvalidInputError("reading a Delta table needs deltalake: pip install 'bitlake[formats]'") from None
+        raise MissingDependencyError("reading a Delta table needs deltalake: pip install 'bitlake[formats]'",
+                                     name="deltalake") from None
     table = DeltaTable(location)
     partition_columns = tuple(table.metadata().partition_columns)
     if "deletionVectors" in (table.protocol().reader_features or []):
@@ -119,7 +120,8 @@ def _iceberg(location: str) -> Source:
     try:
         from pyiceberg.table import StaticTable
     except ImportError:
-        raise InvalidInputError("reading an Iceberg table needs pyiceberg: pip install 'bitlake[formats]'") from None
+        raise MissingDependencyError("reading an Iceberg table needs pyiceberg: pip install 'bitlake[formats]'",
+                                     name="pyiceberg") from None
     metadata = location
     if not location.endswith(".metadata.json"):
         found = sorted(glob.glob(os.path.join(location, "metadata", "*.metadata.json")), key=_metadata_order)
@@ -155,7 +157,8 @@ def _lance(location: str) -> Source:
     try:
         import lance
     except ImportError:
-        raise InvalidInputError("reading a lance dataset needs pylance: pip install pylance") from None
+        raise MissingDependencyError("reading a lance dataset needs pylance: pip install 'bitlake[formats]'",
+                                     name="lance") from None
     dataset = lance.dataset(location)
     return Source("lance", location, dataset.schema, (), lambda: dataset.scanner().to_reader())
 

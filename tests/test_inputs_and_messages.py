@@ -288,3 +288,12 @@ def test_the_digest_is_what_docs_format_says():
     for b in t.to_batches(max_chunksize=2):
         d.update(b)
     assert d.hexdigest() == "sha256-columns-v1:" + top.hexdigest()
+
+
+def test_converting_a_delta_table_without_deltalake_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "d" / "_delta_log").mkdir(parents=True)
+    monkeypatch.setitem(sys.modules, "deltalake", None)
+    with pytest.raises(bitlake.MissingDependencyError, match=r"needs deltalake: pip install 'bitlake\[formats\]'"):
+        bitlake.convert(str(tmp_path / "d"), str(tmp_path / "t"))
