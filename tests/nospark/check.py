@@ -65,7 +65,7 @@ def check(path: str) -> None:
     assert t.ingest(batch([1000, 1001], 5), op_column="op").counts["inserted"] == 2
     t.set_properties({"metagen.inline_max_rows": ""})
     # SQL strings without Spark, as a delta-rs user writes them.
-    assert t.delete("k = 3").matched == 1 and t.to_arrow(filter="k = 3").num_rows == 0
+    assert t.delete("k = 4").matched == 1 and t.to_arrow(filter="k = 4").num_rows == 0
     assert t.update("k = 1", {"v": "v * 10 - 5"}).matched == 1
     assert [r["v"] for r in t.to_arrow(filter="k = 1 and g = 'g1'").to_pylist()] == [-15]
     r = (t.merge(pa.table({"k": [1, 500], "g": ["g1", "g2"], "v": [7, 8], "mod": [9, 9]}), "target.k = source.k")
