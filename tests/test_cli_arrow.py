@@ -255,6 +255,15 @@ def test_major_compaction_says_its_window_in_times(tmp_path, capsys):
     assert code == 0 and out.splitlines()[-1] == "retention window: versions from 1"  # no event time: no key
 
 
+def test_a_reused_batch_id_points_to_the_commands(lake, tmp_path, capsys):
+    (tmp_path / "other.csv").write_text("aid,name,bal,mod\n1,zed,1.0,2024-01-01T00:00:00Z\n")
+    code, _, err = run(capsys, "ingest", lake, tmp_path / "other.csv", "--batch-id", "base")
+    line = err.splitlines()[-1]
+    assert code == 2 and line.startswith("bitlake ingest: error: batch 'base' was committed"), err
+    assert f"`bitlake replace {lake} 'base' INPUT...`" in line and f"`bitlake revert {lake} 'base'`" in line
+    assert "replace_batch" not in line and "revert_batch" not in line
+
+
 def test_compact_look_back_needs_major(lake, capsys):
     code, _, err = run(capsys, "compact", lake, "--look-back", "7d")
     assert code == 2 and err.strip() == "bitlake compact: error: --look-back needs --major: it sets the retention " \

@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = args.run(args, out, err)
     except BitlakeError as e:
-        message = cli_wording(" ".join(str(e).split()), command_options(parser, args))
+        message = cli_wording(" ".join(str(e).split()), command_options(parser, args), getattr(args, "path", None))
         message = message.removeprefix(f"{args.command}: ")  # the library names its call, as the line already does
         say(err, f"bitlake {args.command}: error: {message}")
         return 2
@@ -111,12 +111,18 @@ _EXTRAS = {"pyspark": ("Spark (pyspark)", "spark"), "py4j": ("Spark (pyspark)", 
            "psycopg": ("psycopg", "service")}
 # The library's errors name its keyword arguments: those whose option is not named after them, by the option's dest.
 _ARGUMENTS = {"num_buckets": "buckets", "file_format": "format", "major=True": "major"}
+# The calls the library's errors suggest, and the commands that do the same.
+_CALLS = [(re.compile(r"\breplace_batch\(('[^']*'), data\)"), "`bitlake replace {0} {1} INPUT...`"),
+          (re.compile(r"\brevert_batch\(('[^']*')\)"), "`bitlake revert {0} {1}`")]
 
 
-def cli_wording(message: str, options: dict[str, str]) -> str:
+def cli_wording(message: str, options: dict[str, str], path: str | None = None) -> str:
     """``message`` with each keyword argument of the library it names (``look_back``, ``major=True``,
-    ``starting_version``) written as the command's option (``--look-back``, ``--major``, ``--starting-version``):
-    a command line user passed flags, not arguments. ``options``: the command's options by dest."""
+    ``starting_version``) written as the command's option (``--look-back``, ``--major``, ``--starting-version``),
+    and each call it suggests as the command (``revert_batch('b')``: ``bitlake revert PATH 'b'``): a command line
+    user passed flags, not arguments. ``options``: the command's options by dest; ``path``: the table's."""
+    for call, command in _CALLS:
+        message = call.sub(lambda m, command=command: command.format(path or "PATH", *m.groups()), message)
     flags = {dest: flag for dest, flag in options.items() if "_" in dest}
     flags.update({name: options[dest] for name, dest in _ARGUMENTS.items() if dest in options})
     if not flags:

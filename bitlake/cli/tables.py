@@ -380,8 +380,9 @@ def cmd_upgrade(args, out: Console, err: Console) -> None:
 
 
 PATH_HELP = "the table: a folder or a file://, s3://, gs://, az:// or memory:// URI"
-_METAGEN_MODE_HELP = ("how MetaGen runs: inline on the driver with the RocksDB key index, a Spark job, or auto "
-                      "(inline up to the table's metagen.inline_max_rows records; default)")
+_METAGEN_MODE_HELP = ("how MetaGen runs: inline on this machine (key lookups in the RocksDB key index, or a scan of "
+                      "the touched key-store buckets), or as a Spark job (needs bitlake[spark]); auto, the default, "
+                      "runs inline: the command has no Spark session at hand")
 
 
 def add_parsers(sub) -> None:
@@ -413,7 +414,8 @@ def _add_write_parsers(sub) -> None:
     i = sub.add_parser("ingest", help="ingest one batch from Parquet, CSV or JSON-lines files")
     i.add_argument("path", help=PATH_HELP)
     _batch_input_args(i, "files (or folders) of one batch, all one format")
-    i.add_argument("--batch-id", help="the batch id; re-ingesting a committed id does nothing (default: a new id)")
+    i.add_argument("--batch-id", help="the batch id; re-ingesting a committed id with the same records does nothing, "
+                                      "with other records is an error (default: a new id)")
     i.add_argument("--no-metagen", action="store_true", help="land only; `bitlake metagen` makes it visible")
     i.add_argument("--metagen-mode", choices=list(METAGEN_MODES), default="auto", help=_METAGEN_MODE_HELP)
     i.set_defaults(run=cmd_ingest)
