@@ -349,3 +349,16 @@ def test_a_spark_struct_type_schema_file_needs_no_spark(tmp_path):
     assert r.returncode == 0, r.stderr
     assert bitlake.open_table(str(tmp_path / "t")).metadata.schema == pa.schema([
         pa.field("id", pa.int64(), False), ("amount", pa.decimal128(10, 2)), ("ts", pa.timestamp("us", tz="UTC"))])
+
+
+def test_a_piped_table_keeps_a_line_per_row():
+    import io
+
+    from rich.console import Console
+
+    from bitlake.cli.output import print_grid, render_rows
+
+    file = io.StringIO()
+    print_grid(Console(file=file, width=20), render_rows(["k", "note"], [(1, "two\nlines\tand a tab"), (2, None)],
+                                                         title="t"))
+    assert file.getvalue().splitlines() == ["t", "k  note", "1  two\\nlines\\tand a tab", "2  ∅"]

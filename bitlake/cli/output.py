@@ -99,8 +99,8 @@ def print_grid(console: Console, grid: RichTable) -> None:
 
 
 def _plain(value: Any) -> str:
-    # A line per row: a newline or tab inside a value is written as its escape.
-    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    # A line per row: a newline or tab inside a value is written as its escape (--json keeps values exact).
+    return str(value).replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
 
 
 def print_json_lines(console: Console, rows: Iterable[dict[str, Any]]) -> None:
