@@ -362,3 +362,9 @@ def test_a_piped_table_keeps_a_line_per_row():
     print_grid(Console(file=file, width=20), render_rows(["k", "note"], [(1, "two\nlines\tand a tab"), (2, None)],
                                                          title="t"))
     assert file.getvalue().splitlines() == ["t", "k  note", "1  two\\nlines\\tand a tab", "2  ∅"]
+
+
+def test_mirror_from_a_database_it_cannot_reach_is_one_line(tmp_path):
+    r = cli("mirror", "postgresql://nobody@127.0.0.1:9/db", tmp_path / "m", "--table", "public.x")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("bitlake mirror: error: the database: OperationalError:")

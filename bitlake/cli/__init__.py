@@ -97,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if reason is not None:
             say(err, f"bitlake {args.command}: error: {reason}")
             return 2
+        psycopg = sys.modules.get("psycopg")  # mirror's source database: unreachable, refusing, without wal2json
+        if psycopg is not None and isinstance(e, psycopg.Error):
+            say(err, f"bitlake {args.command}: error: the database: {type(e).__name__}: {_first_line(e)}")
+            return 2
         if pyspark_errors is None or not isinstance(e, pyspark_errors.PySparkException):
             raise
         say(err, f"bitlake {args.command}: Spark error: {_first_line(e)}")
