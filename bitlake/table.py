@@ -193,10 +193,11 @@ class Table:
         return state
 
     def state(self, version: int | None = None) -> TableState:
-        """The table's snapshot at ``version`` (default: latest, or the version the table was opened at)."""
-        if version is None and self._pinned is None:
-            return self.refresh()
-        return self._view(version, None, None)[0]
+        """The table's snapshot at ``version`` (default: latest, or the version the table was opened at, as its
+        reads see it)."""
+        if version is not None:
+            return state_mod.load(self.io, version)
+        return self.refresh() if self._pinned is None else self._view(None, None, None)[0]
 
     def _view(self, version: int | None, as_of: Any, valid_at: Any) -> tuple[TableState, int | None]:
         """The state and event time a read asks for; with neither ``version`` nor ``as_of``, the pinned version."""
