@@ -184,7 +184,7 @@ class Table:
         state = self._state if self._state is not None else state_mod.load(self.io)
         # Probing the next version costs one request per new commit, where listing costs one entry per
         # commit ever made; a commit file that exists is complete (it appears by atomic put-if-absent).
-        new = []
+        new: list[Commit] = []
         while commitlog.exists(self.io, state.version + len(new) + 1):
             new.append(commitlog.read(self.io, state.version + len(new) + 1))
         state = state.applied(*new)
