@@ -7,6 +7,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bitlake import sql
 from bitlake.engine.read import changes as changes_mod
 from bitlake.engine.read import plan, reader, timetravel
 from bitlake.errors import InvalidInputError, VersionExpiredError
@@ -41,9 +42,11 @@ class View:
 
     def __init__(self, io: FileIO, state: TableState, valid_at: int | None, columns: list[str] | None,
                  where: Any, include_row_ids: bool):
-        if where is not None and not isinstance(where, pc.Expression):
-            raise InvalidInputError(f"filter must be a pyarrow compute expression (pyarrow.compute.field('x') > 1), "
-                                    f"not {type(where).__name__}")
+        if isinstance(where, str):
+            where = sql.to_expression(where, state.metadata.schema)
+        elif where is not None and not isinstance(where, pc.Expression):
+            raise InvalidInputError(f"filter must be a SQL condition (\"bal > 2\") or a pyarrow compute expression "
+                                    f"(pyarrow.compute.field('bal') > 2), not {type(where).__name__}")
         if where is not None:
             _check_filter(where, state.metadata.schema)
         self._io, self._columns, self._where, self._ids = io, columns, where, include_row_ids

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import posixpath
 from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from bitlake import dml, faults, ingest, maintenance, read, restatement, transaction
 from bitlake.batches import IngestResult
@@ -224,9 +226,10 @@ class Table:
             metagen: False lands the data only (pending); ``metagen()`` makes it visible later.
             inline: how MetaGen runs (docs/ingestion.md). None (default) chooses: inline (on the driver: key
                 lookups in the RocksDB key index, or a scan of the touched key-store buckets for larger
-                batches) when the pending records are at most ``metagen.inline_max_rows``, else a Spark job.
-            spark: the SparkSession for the Spark MetaGen; default ``bitlake.spark_session()``, started
-                only when a Spark MetaGen runs.
+                batches), or a Spark job when a session is at hand (``spark``, or a Spark DataFrame's) and the
+                pending records are more than ``metagen.inline_max_rows``. False: a Spark job.
+            spark: the SparkSession for a Spark MetaGen; with ``inline=False`` and none given,
+                ``bitlake.spark_session()``. Spark never starts unless asked for.
         """
         return self._upkeep(ingest.ingest(self.io, self.refresh, data, op_column=op_column, batch_id=batch_id,
                                           metagen=metagen, inline=inline, spark=spark))
@@ -246,11 +249,11 @@ class Table:
             maintenance.after_commit(self.io, self.refresh, result.version)
         return result
 
-    def set_properties(self, properties: dict[str, str]) -> int:
-        """Sets table properties (an empty value resets one to its default) in one commit; returns its version."""
+    def set_properties(self, properties: dict[str, str]) -> CommitResult:
+        """Sets table properties (an empty value resets one to its default) in one commit."""
         return self._set_metadata(lambda m: m.evolve(properties=properties), {"properties": properties})
 
-    def add_columns(self, columns: pa.Schema | list[pa.Field]) -> int:
+    def add_columns(self, columns: pa.Schema | list[pa.Field]) -> CommitResult:
         """Adds nullable columns at the end of the schema in one commit; earlier rows read them as null."""
         schema = columns if isinstance(columns, pa.Schema) else pa.schema(columns)
         if not len(schema):
@@ -258,7 +261,7 @@ class Table:
         datafile.check_storable(schema, self.metadata.file_format)
         return self._set_metadata(lambda m: m.evolve(add_columns=schema), {"add_columns": schema.names})
 
-    def _set_metadata(self, change, parameters: dict) -> int:
+    def _set_metadata(self, change, parameters: dict) -> CommitResult:
         def build(state: TableState):
             state.protocol.check_write(self.io.uri())
             meta = change(state.metadata)
@@ -267,14 +270,14 @@ class Table:
 
         c = transaction.run(self.io, self.refresh, build)
         assert c is not None
-        return c.version
+        return CommitResult.of(c)
 
-    def tombstone(self, column: str, values: Any) -> int:
+    def tombstone(self, column: str, values: Any) -> CommitResult:
         """Hides, in every view at versions from this commit on, the rows committed before it whose ``column``
         holds one of ``values`` (an erased user id, a bad source's id); rows committed later with those values
         are visible as usual, and views at earlier versions are unchanged. Costs metadata only: no data file
-        is read or written (docs/restatement.md). Returns the commit's version."""
-        return restatement.tombstone(self.io, self.refresh, column, values).version
+        is read or written (docs/restatement.md). ``counts`` holds the commit's tombstone metrics."""
+        return CommitResult.of(restatement.tombstone(self.io, self.refresh, column, values))
 
     def vacuum(self) -> restatement.VacuumResult:
         """Removes the rows the table's tombstones hide from every data file that holds them, in any version
@@ -296,25 +299,46 @@ class Table:
         that commit); a reader never sees one without the other. ``data`` is what :meth:`ingest` takes."""
         return restatement.replace_batch(self.io, self.refresh, batch_id, data, op_column)
 
-    def delete(self, where: Any, *, spark: Any = None) -> dml.DmlResult:
-        """Deletes the current view's rows ``where`` holds for: a Spark SQL condition (``"region = 'EU' and
-        amount < 0"``) or a pyarrow compute expression (read on the driver, no Spark). A keyed table ingests a
-        delete record per row; an unkeyed one invalidates the rows' ids. No data file is rewritten
-        (docs/dml.md)."""
-        return dml.delete(self.io, self.refresh, where, spark)
+    def delete(self, where: Any = None, *, predicate: Any = None, spark: Any = None) -> dml.DmlResult:
+        """Deletes the current view's rows ``where`` holds for (``predicate``: delta-rs's name for it; neither:
+        every row): a SQL condition (``"region = 'EU' and amount < 0"``, run on Arrow without Spark, or in Spark
+        SQL when ``spark`` is given) or a pyarrow compute expression. A keyed table ingests a delete record per
+        row; an unkeyed one invalidates the rows' ids. No data file is rewritten (docs/dml.md)."""
+        return dml.delete(self.io, self.refresh, _one("where", where, "predicate", predicate), spark)
 
-    def merge(self, source: Any, on: Any = None, *, spark: Any = None) -> dml.Merge:
-        """A merge of ``source`` (a pyarrow Table or pandas DataFrame) by the primary key (``on``, default the key),
-        built as in delta-rs: ``.when_matched_update(set=...)`` / ``.when_matched_update_all()`` /
-        ``.when_matched_delete()`` / ``.when_not_matched_insert_all()``, each with an optional predicate over
-        ``source.<column>`` and ``target.<column>``, then ``.execute()`` (docs/dml.md)."""
-        return dml.Merge(self.io, self.refresh, source, on, spark)
+    def merge(self, source: Any, predicate: str | None = None, *, source_alias: str = "source",
+              target_alias: str = "target", on: str | list[str] | None = None, spark: Any = None) -> dml.Merge:
+        """A merge of ``source`` (a pyarrow Table, a pandas DataFrame, or anything that exports an Arrow stream:
+        polars, DuckDB, a view) into the table, built as in delta-rs (docs/dml.md#merge)::
 
-    def update(self, where: Any, set: dict[str, Any], *, spark: Any = None) -> dml.DmlResult:  # noqa: A002
-        """Sets, in the current view's rows ``where`` holds for, each column of ``set`` to its expression: Spark
-        SQL strings with a Spark SQL condition, pyarrow compute expressions (or constants) with a pyarrow
-        one. Keys cannot be set. The updated rows are ingested as new records (docs/dml.md)."""
-        return dml.update(self.io, self.refresh, where, set, spark)
+            t.merge(src, "target.id = source.id").when_matched_update_all().when_not_matched_insert_all().execute()
+
+        ``predicate`` pairs source and target rows (a keyed table's default: its key; ``on=["id"]`` says the same
+        for columns both sides name alike). Clauses: ``when_matched_update(updates=, predicate=)``,
+        ``when_matched_update_all``, ``when_matched_delete``, ``when_not_matched_insert(updates=)``,
+        ``when_not_matched_insert_all``, ``when_not_matched_by_source_update(updates=)``,
+        ``when_not_matched_by_source_delete``; predicates and values are SQL over ``source.<column>`` and
+        ``target.<column>`` (or pyarrow expressions); then ``.execute()`` returns a :class:`~bitlake.dml.MergeResult`."""
+        return dml.Merge(self.io, self.refresh, source, predicate, source_alias, target_alias, on, spark)
+
+    def update(self, where: Any = None, set: dict[str, Any] | None = None, *,  # noqa: A002
+               predicate: Any = None, updates: dict[str, Any] | None = None, new_values: dict[str, Any] | None = None,
+               spark: Any = None) -> dml.DmlResult:
+        """Sets, in the current view's rows ``where`` holds for (``predicate``: delta-rs's name; neither: every row),
+        each column of ``set`` (``updates``: delta-rs's name) to its value: a SQL expression (``"amount * 2"``,
+        ``"'fixed'"``) or a pyarrow expression; ``new_values`` takes plain Python values instead (a string there is
+        the string). Conditions and values run on Arrow without Spark, or in Spark SQL when ``spark`` is given.
+        Keys cannot be set. The updated rows are ingested as new records (docs/dml.md)."""
+        if isinstance(where, dict) and set is None and updates is None:  # delta-rs's update({"a": "..."}, ...)
+            where, updates = None, where
+        assignments = _one("set", set, "updates", updates)
+        if new_values is not None:
+            if assignments is not None:
+                raise InvalidInputError("update: pass set= (SQL expressions) or new_values= (values), not both")
+            if not isinstance(new_values, dict):
+                raise InvalidInputError("update: new_values must be a dict {column: value}")
+            assignments = {c: v if isinstance(v, pc.Expression) else pc.scalar(v) for c, v in new_values.items()}
+        return dml.update(self.io, self.refresh, _one("where", where, "predicate", predicate), assignments, spark)
 
     # ------------------------------------------------------------------------------------ reads
 
@@ -480,10 +504,32 @@ class Table:
         return maintenance.maintain(self.io, self.refresh, dry_run=dry_run, min_age_seconds=min_age_seconds,
                                     progress=progress)
 
-    def upgrade(self) -> int | None:
-        """Upgrades a format v1 table to format v2 in one commit; returns its version (None: already v2)."""
+    def upgrade(self) -> CommitResult:
+        """Upgrades a format v1 table to format v2 in one commit (``version`` None: it was v2 already)."""
         c = maintenance.upgrade(self.io, self.refresh)
-        return c.version if c is not None else None
+        return CommitResult.of(c) if c is not None else CommitResult(None, "UPGRADE", {})
+
+
+@dataclasses.dataclass(frozen=True)
+class CommitResult:
+    """What a write that is neither an ingestion nor DML did: the version it committed (None: nothing to do), its
+    operation, and its counts or metrics."""
+
+    version: int | None
+    operation: str
+    counts: dict[str, Any]
+
+    @classmethod
+    def of(cls, commit: Commit) -> CommitResult:
+        return cls(commit.version, commit.operation, {**dict(commit.counts), **{
+            k: v for k, v in commit.parameters.items() if isinstance(v, int) and not isinstance(v, bool)}})
+
+
+def _one(name: str, value: Any, other: str, other_value: Any) -> Any:
+    """The argument given under one of two names (ours and delta-rs's)."""
+    if value is not None and other_value is not None:
+        raise InvalidInputError(f"pass {name}= or {other}= (the same thing), not both")
+    return value if value is not None else other_value
 
 
 def _session():

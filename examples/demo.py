@@ -147,7 +147,7 @@ def main(path: str = "demo-lake") -> bitlake.Table:
             "from every file.")
     report(table.revert_batch("changes-2"), "revert of changes-2")
     say(f"  account 201 after the revert: {name_of(table, 201)}")
-    say(f"  tombstone at version {table.tombstone('aid', [7])}: account 7 is hidden from every view from now on")
+    say(f"  tombstone at version {table.tombstone('aid', [7]).version}: account 7 is hidden from every view from now on")
     v = table.vacuum()
     say(f"  vacuum at version {v.version}: {v.rows_purged} row(s) purged, {v.files_rewritten} of "
         f"{v.files_considered} data files rewritten")

@@ -362,7 +362,7 @@ class Run:
         if op == "tombstone":
             column = kind.tombstone_columns[s[1] % len(kind.tombstone_columns)]
             values = [kind.column_value(column, i) for i in s[2]]
-            version = t.tombstone(column, values)
+            version = t.tombstone(column, values).version
             assert version == before + 1
             self.oracle.tombstone(column, values, version)
             if not s[3]:

@@ -37,7 +37,7 @@ def test_a_tombstone_hides_what_was_committed_before_it(tmp_path, spark, monkeyp
     open_input = t.io.open_input
     monkeypatch.setattr(t.io, "open_input", lambda rel: (opened.append(rel), open_input(rel))[1])
 
-    w = t.tombstone("value", [104, 5, 5, 999, None])  # 104: key 4 of b1; 5: key 5 of b0; 999: no row
+    w = t.tombstone("value", [104, 5, 5, 999, None]).version  # 104: key 4 of b1; 5: key 5 of b0; 999: no row
     assert not [p for p in opened if p.startswith("data/")] and sorted(t.io.walk("data")) == files
     monkeypatch.undo()
     c = t.history()[0]
@@ -219,7 +219,7 @@ def test_vacuum_leaves_no_byte_of_a_purged_row_and_time_travel_follows(tmp_path,
     t.ingest(secret_batch([0, 1, 20], ["ann", "zed", "ann"], 2))  # ann's key 0 updated; key 1 becomes zed's
     t.compact()  # older versions now read the landed files, later ones the compacted files: both hold ann's rows
     t.ingest(secret_batch([40], ["ann"], 1), batch_id="pending", metagen=False)
-    w = t.tombstone("user", ["ann"])
+    w = t.tombstone("user", ["ann"]).version
     t.metagen()  # made live after the tombstone: not hidden, not purged
     t.ingest(secret_batch([30], ["ann"], 3))  # after the tombstone too
     views = {v: rows_key(t.to_arrow(version=v).to_pylist(), SECRET_SCHEMA.names) for v in range(t.version + 1)}

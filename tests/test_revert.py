@@ -116,7 +116,7 @@ def _run(t: bitlake.Table, oracle: Oracle, steps, kind: Kind) -> None:
             t.compact(**({"major": True, "look_back": max(0, t.version - 2)} if s[1] == "major" else {}))
             continue
         if s[0] == "tombstone":
-            oracle.tombstone("value", s[1], t.tombstone("value", s[1]))
+            oracle.tombstone("value", s[1], t.tombstone("value", s[1]).version)
             continue
         if s[0] == "vacuum":
             v = t.vacuum()
@@ -363,7 +363,7 @@ def test_an_append_only_table_matches_its_model(spark):
                             model.rows.append(_Row(m.user, m.n + 10, t.version, None))
                             model.changes.append(("update_postimage", t.version, model.rows[-1]))
                 elif s[0] == "tombstone":
-                    model.tombstones.append((t.tombstone("user", [s[1]]), s[1]))
+                    model.tombstones.append((t.tombstone("user", [s[1]]).version, s[1]))
                 elif s[0] == "vacuum":
                     if t.vacuum().version is not None:
                         model.vacuum()

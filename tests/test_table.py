@@ -199,7 +199,7 @@ def test_added_columns_read_as_null_in_older_rows(tmp_path, spark, file_format):
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod",
                              file_format=file_format)
     t.ingest(batch([1, 2], ["a", "b"], [1, 1]), batch_id="before", spark=spark)
-    v = t.add_columns([pa.field("score", pa.float64())])
+    v = t.add_columns([pa.field("score", pa.float64())]).version
     assert t.version == v and t.metadata.column_names == ["id", "name", "mod", "score"]
     t.ingest(pa.table({"id": [2, 3], "name": ["b2", "c"], "mod": [2, 2], "score": [0.5, None]}), batch_id="after",
              spark=spark)
@@ -214,7 +214,7 @@ def test_added_columns_read_as_null_in_older_rows(tmp_path, spark, file_format):
 
 
 def test_properties_change_in_a_commit(table):
-    v = table.set_properties({"checkpoint.interval": "5"})
+    v = table.set_properties({"checkpoint.interval": "5"}).version
     assert table.metadata.properties == {"checkpoint.interval": "5"}
     assert table.history()[0]["operation"] == "SET_METADATA" and table.version == v
     table.set_properties({"checkpoint.interval": ""})

@@ -104,7 +104,7 @@ def main(spec_path: str) -> None:
                                       major=step.get("major", False), look_back=step.get("look_back"))
                     line = {"step": i, "op": "compact", "version": c.version, "removed_files": c.removed_files}
                 else:
-                    line = {"step": i, "op": "tombstone", "version": table.tombstone(step["column"], step["values"])}
+                    line = {"step": i, "op": "tombstone", "version": table.tombstone(step["column"], step["values"]).version}
                 line.update(seconds=round(time.monotonic() - started, 2), lost_races=LOST_RACES[0])
                 _ack(ack, line)
                 continue
