@@ -30,6 +30,7 @@ __version__ = "0.1.0"
 # The table API is imported on first use (PEP 562), so a process that needs one module of the package (a key
 # index's SST writer, a Spark worker) does not pay for pandas, pyarrow.dataset and the rest.
 _LAZY = {"ConvertResult": "bitlake.bootstrap", "convert": "bitlake.bootstrap", "IngestResult": "bitlake.table",
+         "CommitResult": "bitlake.table", "DmlResult": "bitlake.dml", "MergeResult": "bitlake.dml",
          "Table": "bitlake.table", "create_table": "bitlake.table", "open_table": "bitlake.table"}
 
 
@@ -92,8 +93,9 @@ def foreach_batch(path: str, *, op_column: str | None = None, batch_id_prefix: s
 
 
 __all__ = [
-    "BatchIdReusedError", "BitlakeError", "CommitConflictError", "CommitStateUnknownError",
-    "ConditionalPutUnsupportedError", "ConvertResult", "CorruptTableError", "IndexUnavailableError", "IngestResult",
+    "BatchIdReusedError", "BitlakeError", "CommitConflictError", "CommitResult", "CommitStateUnknownError",
+    "ConditionalPutUnsupportedError", "ConvertResult", "CorruptTableError", "DmlResult", "IndexUnavailableError",
+    "IngestResult", "MergeResult",
     "InvalidInputError", "InvalidSettingError", "MissingDependencyError", "NotATableError", "NullValueError",
     "SchemaMismatchError", "StorageError", "Table", "TableExistsError", "TableNotFoundError", "UnknownOperationError",
     "UnsupportedFormatVersionError", "VersionExpiredError", "VersionNotFoundError",
