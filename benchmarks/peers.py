@@ -1250,14 +1250,22 @@ def peak_rss_text(record: dict) -> str:
     return mb(peak["tree"]) + (f" (JVM {mb(peak['jvm'])})" if peak["jvm"] else "")
 
 
-def render(results: dict, img_links: list[str] | None = None) -> str:
-    """The doc section, from the results JSON alone."""
-    records = results["records"]
-    runs = results.get("runs", [])
-    sfs = sorted({r["scale_factor"] for r in records})
-    systems = systems_in(records)
-    lines = [SECTION, ""]
-    for run in runs:
+RUNS_DOC = ROOT / "benchmarks" / "results" / "peers-runs.md"
+RUNS_HEADER = """# Peers: the runs behind the tables, and the notes on them
+
+The section "Peers" of docs/benchmarks.md shows, for each system, scale factor and operation, the figures of the
+latest run that measured it (`benchmarks/peers.py --render-only` merges the results files, later ones winning).
+These are the runs merged into it, oldest first, with the commands that made them, and the notes added to them
+afterwards (`--render-only ... --note`). Written by `benchmarks/peers.py` with the section; the raw results are
+the JSON files beside this one.
+
+"""
+
+
+def render_runs(results: dict) -> str:
+    """The run log of the section (benchmarks/results/peers-runs.md): each run's command, and the notes."""
+    lines = []
+    for run in results.get("runs", []):
         code = run.get("code", {})
         lines.append(f"Command: `{run['command']}`, {run['date']} (scale factors "
                      f"{', '.join(sf_text(s) for s in run['scale_factors'])}; systems {', '.join(run['systems'])}; "
@@ -1276,6 +1284,18 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
     if results.get("notes"):
         lines += ["Notes on these runs, added afterwards (`--render-only ... --note`):", ""]
         lines += [f"- {n}" for n in results["notes"]] + [""]
+    return RUNS_HEADER + "\n".join(lines)
+
+
+def render(results: dict, img_links: list[str] | None = None) -> str:
+    """The doc section, from the results JSON alone (the run log: :func:`render_runs`)."""
+    records = results["records"]
+    runs = results.get("runs", [])
+    sfs = sorted({r["scale_factor"] for r in records})
+    systems = systems_in(records)
+    lines = [SECTION, "", "The tables below merge several runs: each row is from the latest run that measured it. "
+             "The runs, their commands, and the notes on what changed between them are in "
+             "`benchmarks/results/peers-runs.md`.", ""]
     if runs:
         last = runs[-1]
         m, v = last["machine"], last["versions"]
@@ -1503,6 +1523,7 @@ def publish(results: dict, plots: bool = True) -> str:
         if renamed != lines:
             core.DOC.write_text("".join(renamed))
     core.write_doc(section, SECTION)
+    RUNS_DOC.write_text(render_runs(results))
     return section
 
 

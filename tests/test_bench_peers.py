@@ -172,4 +172,4 @@ def test_repeated_sequences_report_each_operation_from_its_round_of_median_time(
     assert peers.median_records(rounds)[1]["error"].startswith("crashed")  # failed once: reported as failed
     assert peers.median_records(rounds[:1]) == rounds[0]
     run = {**results()["runs"][0], "repeat": 3}
-    assert "ran 3 times" in peers.render({**results(), "runs": [run]})
+    assert "ran 3 times" in peers.render_runs({**results(), "runs": [run]})
