@@ -25,9 +25,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Pages whose blocks fail today (most use names an earlier block or the prose defines: `t`, `spark`, `df`), for
 # their owners to fix (issue 41): make each page's blocks run in order, mark Spark blocks <!-- spark -->. The test
 # skips a pending page that fails, naming it, and fails once it passes, so that it leaves this set. To be emptied.
-PENDING: set[str] = {
-    "docs/dml.md",
-}
+PENDING: set[str] = set()
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^\n`]*)$")
 MARKER = re.compile(r"^\s*<!--\s*(?P<body>.*?)\s*-->\s*$")
