@@ -22,11 +22,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
-# Pages whose blocks fail today (most use names an earlier block or the prose defines: `t`, `spark`, `df`), for
-# their owners to fix (issue 41): make each page's blocks run in order, mark Spark blocks <!-- spark -->. The test
-# skips a pending page that fails, naming it, and fails once it passes, so that it leaves this set. To be emptied.
-PENDING: set[str] = set()
-
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^\n`]*)$")
 MARKER = re.compile(r"^\s*<!--\s*(?P<body>.*?)\s*-->\s*$")
 
@@ -100,15 +95,9 @@ def test_code_blocks_run(path: Path, with_spark: bool, tmp_path, monkeypatch, re
     if with_spark:
         namespace["spark"] = request.getfixturevalue("spark")
     monkeypatch.chdir(tmp_path)
-    try:
-        for block in blocks:
-            code = compile(block.code, f"{name}, block at line {block.line}", "exec")
-            exec(code, namespace)  # noqa: S102 - running the docs' examples is the point
-    except Exception:
-        if name in PENDING:
-            pytest.skip(f"{name}: its blocks fail; pending their owners' fixes (PENDING in tests/test_docs.py)")
-        raise
-    assert name not in PENDING, f"{name}'s blocks run now: remove it from PENDING in tests/test_docs.py"
+    for block in blocks:
+        code = compile(block.code, f"{name}, block at line {block.line}", "exec")
+        exec(code, namespace)  # noqa: S102 - running the docs' examples is the point
 
 
 def test_opt_outs_give_a_reason():
@@ -121,10 +110,6 @@ def test_opt_outs_give_a_reason():
             if not re.fullmatch(r"not run:\s*\S.*", b.marker):
                 bad.append(f"{page_id(path)}:{b.line}: <!-- {b.marker} -->")
     assert not bad, "markers before ```python blocks must be <!-- spark --> or <!-- not run: REASON -->:\n" + "\n".join(bad)
-
-
-def test_pending_pages_exist():
-    assert PENDING <= {page_id(p) for p in PAGES}
 
 
 def test_site_builds_strict(tmp_path):
