@@ -92,7 +92,7 @@ def to_expression(text: str, scope: Scope | pa.Schema, *, what: str = "condition
 
 
 @functools.lru_cache(maxsize=256)
-def parse(text: str) -> exp.Expression:
+def parse(text: str) -> exp.Expr:
     try:
         tree = sqlglot.parse_one(text, read="spark")
     except sqlglot.errors.ParseError as e:
@@ -102,7 +102,7 @@ def parse(text: str) -> exp.Expression:
     return tree
 
 
-def conjuncts(tree: exp.Expression) -> list[exp.Expression]:
+def conjuncts(tree: exp.Expr) -> list[exp.Expr]:
     """The parts of ``a AND b AND ...``."""
     tree = tree.unnest() if isinstance(tree, exp.Paren) else tree
     if isinstance(tree, exp.And):
@@ -110,7 +110,7 @@ def conjuncts(tree: exp.Expression) -> list[exp.Expression]:
     return [tree]
 
 
-def column_of(node: exp.Expression) -> tuple[str, str] | None:
+def column_of(node: exp.Expr) -> tuple[str, str] | None:
     """``(qualifier, name)`` when ``node`` is a bare column reference."""
     node = node.unnest() if isinstance(node, exp.Paren) else node
     if isinstance(node, exp.Column) and isinstance(node.this, exp.Identifier):
@@ -122,14 +122,14 @@ _COMPARE = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater, exp.GTE
             exp.LT: pc.less, exp.LTE: pc.less_equal}
 _ARITHMETIC = {exp.Add: pc.add_checked, exp.Sub: pc.subtract_checked, exp.Mul: pc.multiply_checked}
 # Functions by sqlglot's node (or, for those it keeps anonymous, the lower-case name) and their pyarrow kernel.
-_FUNCTIONS = {exp.Lower: pc.utf8_lower, exp.Upper: pc.utf8_upper, exp.Length: pc.utf8_length, exp.Abs: pc.abs,
+_FUNCTIONS: dict[type, Any] = {exp.Lower: pc.utf8_lower, exp.Upper: pc.utf8_upper, exp.Length: pc.utf8_length, exp.Abs: pc.abs,
               exp.Floor: pc.floor, exp.Ceil: pc.ceil, exp.Year: pc.year, exp.Month: pc.month, exp.Day: pc.day,
               exp.Trim: pc.utf8_trim_whitespace}
 _TYPES = {"BOOLEAN": pa.bool_(), "TINYINT": pa.int8(), "SMALLINT": pa.int16(), "INT": pa.int32(),
           "BIGINT": pa.int64(), "FLOAT": pa.float32(), "DOUBLE": pa.float64(), "VARCHAR": pa.string(),
           "TEXT": pa.string(), "DATE": pa.date32(), "TIMESTAMP": pa.timestamp("us", "UTC"),
-          "TIMESTAMPTZ": pa.timestamp("us", "UTC"),
-          "TIMESTAMPLTZ": pa.timestamp("us", "UTC"), "TIMESTAMPNTZ": pa.timestamp("us"), "DATETIME": pa.timestamp("us"), "BINARY": pa.binary()}
+          "TIMESTAMPTZ": pa.timestamp("us", "UTC"), "TIMESTAMPLTZ": pa.timestamp("us", "UTC"),
+          "TIMESTAMPNTZ": pa.timestamp("us"), "DATETIME": pa.timestamp("us"), "BINARY": pa.binary()}
 SUPPORTED = ("comparisons (= <> != < <= > >= <=>), AND, OR, NOT, IS [NOT] NULL, IS [NOT] TRUE/FALSE, [NOT] IN (...), "
              "[NOT] BETWEEN, [NOT] LIKE/ILIKE, + - * / %, ||, CASE, IF, COALESCE, NULLIF, CAST, DATE '...', "
              "TIMESTAMP '...', lower, upper, length, trim, abs, floor, ceil, round, year, month, day, "
@@ -140,9 +140,10 @@ class _Compiler:
     def __init__(self, scope: Scope, text: str):
         self.scope, self.text = scope, text
 
-    def fail(self, node: exp.Expression, why: str = "") -> InvalidInputError:
+    def fail(self, node: exp.Expr, why: str = "") -> InvalidInputError:
         why = why or f"{node.sql(dialect='spark')!r} is not supported"
-        return InvalidInputError(f"{self.text!r}: {why} without Spark (supported: {SUPPORTED}; or pass spark= to run it in Spark SQL)")
+        return InvalidInputError(f"{self.text!r}: {why} without Spark (supported: {SUPPORTED}; or pass spark= to "
+                                 "run it in Spark SQL)")
 
     def type_of(self, e: pc.Expression) -> pa.DataType:
         """The type ``e`` gives: evaluated over no rows of the scope's schema."""
@@ -151,7 +152,7 @@ class _Compiler:
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as err:
             raise InvalidInputError(f"{self.text!r}: {str(err).splitlines()[0]}") from None
 
-    def compile(self, node: exp.Expression) -> pc.Expression:
+    def compile(self, node: exp.Expr) -> pc.Expression:
         if node.args.get("negate"):  # NOT LIKE, NOT IN, NOT BETWEEN
             inner = node.copy()
             inner.set("negate", False)
@@ -226,12 +227,12 @@ class _Compiler:
                                 round_mode="half_up")
             case exp.Anonymous() | exp.StartsWith() | exp.EndsWith():
                 return self.function(node)
-        for kind, fn in _FUNCTIONS.items():
-            if isinstance(node, kind):
-                return fn(c(node.this))
+        for function, kernel in _FUNCTIONS.items():
+            if isinstance(node, function):
+                return kernel(c(node.this))
         raise self.fail(node)
 
-    def function(self, node: exp.Expression) -> pc.Expression:
+    def function(self, node: exp.Expr) -> pc.Expression:
         name = node.name.lower() if isinstance(node, exp.Anonymous) else type(node).__name__.lower()
         args = node.expressions if isinstance(node, exp.Anonymous) else [node.this, node.expression]
         patterns = {"startswith": pc.starts_with, "starts_with": pc.starts_with, "endswith": pc.ends_with,
@@ -241,11 +242,11 @@ class _Compiler:
         raise self.fail(node, f"function {name}() is not supported" if name not in patterns
                         else f"{name}() takes a column and a string literal")
 
-    def comparable(self, a: exp.Expression, b: exp.Expression) -> tuple[pc.Expression, pc.Expression]:
+    def comparable(self, a: exp.Expr, b: exp.Expr) -> tuple[pc.Expression, pc.Expression]:
         left, right = self.comparable_all([a, b])
         return left, right
 
-    def comparable_all(self, nodes: list[exp.Expression]) -> list[pc.Expression]:
+    def comparable_all(self, nodes: list[exp.Expr]) -> list[pc.Expression]:
         """The expressions of ``nodes``, a string literal among them read as the type of the first of the others
         that is not a string (``d >= '2024-01-01'`` on a date), and a temporal operand cast to a zoned
         timestamp's type."""
@@ -339,11 +340,11 @@ def _known(condition: pc.Expression) -> pc.Expression:
     return pc.coalesce(condition, pc.scalar(False))
 
 
-def _is_string_literal(node: exp.Expression) -> bool:
+def _is_string_literal(node: exp.Expr) -> bool:
     return isinstance(node, exp.Literal) and node.is_string
 
 
-def _literal(node: exp.Expression) -> Any:
+def _literal(node: exp.Expr) -> Any:
     if isinstance(node, exp.Neg):
         return -_literal(node.this)
     if not isinstance(node, exp.Literal):

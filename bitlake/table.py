@@ -318,7 +318,7 @@ class Table:
         ``when_matched_update_all``, ``when_matched_delete``, ``when_not_matched_insert(updates=)``,
         ``when_not_matched_insert_all``, ``when_not_matched_by_source_update(updates=)``,
         ``when_not_matched_by_source_delete``; predicates and values are SQL over ``source.<column>`` and
-        ``target.<column>`` (or pyarrow expressions); then ``.execute()`` returns a :class:`~bitlake.dml.MergeResult`."""
+        ``target.<column>`` (or pyarrow expressions); ``.execute()`` returns a :class:`~bitlake.dml.MergeResult`."""
         return dml.Merge(self.io, self.refresh, source, predicate, source_alias, target_alias, on, spark)
 
     def update(self, where: Any = None, set: dict[str, Any] | None = None, *,  # noqa: A002

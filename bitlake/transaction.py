@@ -81,7 +81,7 @@ class Transaction:
     def __enter__(self) -> Transaction:
         return self
 
-    def __exit__(self, kind, exc, tb) -> bool:
+    def __exit__(self, kind, exc, tb) -> None:  # an error goes on up
         try:
             if self._putting is not None and self.committed is None and not self.unknown:
                 self._learn_outcome()  # interrupted before it learned what its put did
@@ -93,7 +93,6 @@ class Transaction:
         finally:
             if self._index is not None:
                 self._index.close()
-        return False
 
     def _learn_outcome(self) -> None:
         c, data = self._putting  # type: ignore[misc]
