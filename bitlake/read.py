@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
 from bitlake import sql
 from bitlake.engine.read import changes as changes_mod
@@ -35,24 +37,28 @@ def view(io: FileIO, latest: TableState, version: int | None, as_of: Any, valid_
     return state, t
 
 
-class View:
-    """A view of a table (a version, an event time, columns and a condition) that Arrow consumers scan: each
-    scan streams the view anew from the files in bounded memory. DuckDB (``duckdb.sql("... FROM v")``),
-    Polars (``polars.DataFrame(v)``) and pyarrow take it through the Arrow C stream interface."""
+class View(ds.Dataset):
+    """A view of a table (a version, an event time, columns and a condition) that engines scan: each scan streams
+    the view anew from the files in bounded memory.
 
+    A view is a ``pyarrow.dataset.Dataset``, as lance's ``LanceDataset`` is: DuckDB (``duckdb.sql("... FROM
+    v")``) calls its :meth:`scanner` with the columns and the filter of the query, which the view's reader pushes
+    into each Parquet file. Polars scans a table lazily with :func:`bitlake.polars.scan`; ``polars.DataFrame(v)``
+    and ``pyarrow.table(v)`` take the whole view through the Arrow C stream interface."""
+
+    # Dataset's constructor is not called: its C++ dataset stays unset (as LanceDataset's), so every method of
+    # Dataset that a reader reaches is overridden here and the others refuse (see _refused below).
     def __init__(self, io: FileIO, state: TableState, valid_at: int | None, columns: list[str] | None,
                  where: Any, include_row_ids: bool):
-        if isinstance(where, str):
-            where = sql.to_expression(where, state.metadata.schema)
-        elif where is not None and not isinstance(where, pc.Expression):
-            raise InvalidInputError(f"filter must be a SQL condition (\"bal > 2\") or a pyarrow compute expression "
-                                    f"(pyarrow.compute.field('bal') > 2), not {type(where).__name__}")
-        if where is not None:
-            _check_filter(where, state.metadata.schema)
-        self._io, self._columns, self._where, self._ids = io, columns, where, include_row_ids
+        self._where = _expression(where, state.metadata.schema)
+        self._io, self._columns, self._ids = io, columns, include_row_ids
         self._plan = plan.plan(io, state, valid_at)
         self.version = state.version
-        self.schema = reader.output_schema(self._plan, columns, include_row_ids)
+        self._schema = reader.output_schema(self._plan, columns, include_row_ids)
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
 
     def __repr__(self) -> str:
         return f"View(version={self.version}, columns={self.schema.names})"
@@ -60,11 +66,77 @@ class View:
     def to_reader(self, batch_rows: int = reader.BATCH_ROWS) -> pa.RecordBatchReader:
         return reader.reader(self._io, self._plan, self._ids, self._where, self._columns, batch_rows)
 
-    def to_table(self) -> pa.Table:
-        return reader.read(self._io, self._plan, self._ids, self._where, self._columns)
+    def scanner(self, columns: list[str] | None = None, filter: Any = None,  # noqa: A002 - pyarrow's name
+                batch_size: int | None = None, **_: Any) -> ds.Scanner:
+        """A one-shot scanner of ``columns`` of the view (default all) where ``filter`` (a pyarrow expression or
+        a SQL condition) holds, on top of the view's own condition: DuckDB's hook. Both go to the view's reader,
+        so only those columns are decoded and row groups the filter rules out are skipped. Other options of
+        ``Dataset.scanner`` (threads, readahead) do not apply to the view's reader and are ignored."""
+        return ds.Scanner.from_batches(self._reader(columns, filter, batch_size))
+
+    def to_table(self, columns: list[str] | None = None, filter: Any = None, **_: Any  # noqa: A002
+                 ) -> pa.Table:
+        if columns is None and filter is None:
+            return reader.read(self._io, self._plan, self._ids, self._where, self._columns)
+        return self._reader(columns, filter).read_all()
+
+    def to_batches(self, columns: list[str] | None = None, filter: Any = None,  # noqa: A002
+                   batch_size: int | None = None, **_: Any) -> Iterator[pa.RecordBatch]:
+        return iter(self._reader(columns, filter, batch_size))
+
+    def count_rows(self, filter: Any = None, **_: Any) -> int:  # noqa: A002
+        return sum(rb.num_rows for rb in self._reader([], filter))
+
+    def head(self, num_rows: int, columns: list[str] | None = None, filter: Any = None,  # noqa: A002
+             **_: Any) -> pa.Table:
+        out, n = [], 0
+        stream = self._reader(columns, filter)
+        for rb in stream:
+            if n >= num_rows:
+                break
+            out.append(rb.slice(0, num_rows - n))
+            n += out[-1].num_rows
+        return pa.Table.from_batches(out, schema=stream.schema)
 
     def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
         return self.to_reader().__arrow_c_stream__(requested_schema)
+
+    def _reader(self, columns: list[str] | None, where: Any, batch_rows: int | None = None
+                ) -> pa.RecordBatchReader:
+        """The view's reader for ``columns`` of its schema (its row-id columns among them when it has them),
+        with ``where`` and the view's own condition pushed into the files."""
+        names = self.schema.names if columns is None else list(columns)
+        unknown = [c for c in names if c not in self.schema.names]
+        if unknown:
+            raise InvalidInputError(f"columns {unknown} are not in the view; it has {self.schema.names}")
+        where = _expression(where, reader.output_schema(self._plan, None, True))
+        both = where if self._where is None else self._where if where is None else self._where & where
+        # The row-id columns are columns of the data files: named like the others, no include_row_ids needed.
+        return reader.reader(self._io, self._plan, False, both, names, batch_rows or reader.BATCH_ROWS)
+
+
+def _refused(name: str) -> Any:
+    def refuse(self: View, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidInputError(f"a bitlake view has no {name}(): read it (to_table, scanner) and use pyarrow's")
+    refuse.__name__ = name
+    return refuse
+
+
+for _name in ("get_fragments", "filter", "sort_by", "join", "join_asof", "replace_schema", "take"):
+    setattr(View, _name, _refused(_name))
+View.partition_expression = property(_refused("partition_expression"))  # type: ignore[assignment,method-assign]
+
+
+def _expression(where: Any, schema: pa.Schema) -> pc.Expression | None:
+    """A filter as a checked pyarrow expression: a SQL condition is compiled, an expression kept."""
+    if isinstance(where, str):
+        where = sql.to_expression(where, schema)
+    elif where is not None and not isinstance(where, pc.Expression):
+        raise InvalidInputError(f"filter must be a SQL condition (\"bal > 2\") or a pyarrow compute expression "
+                                f"(pyarrow.compute.field('bal') > 2), not {type(where).__name__}")
+    if where is not None:
+        _check_filter(where, schema)
+    return where
 
 
 def to_spark(spark, io: FileIO, state: TableState, valid_at: int | None, include_row_ids: bool):

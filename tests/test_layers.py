@@ -17,7 +17,7 @@ LAYERS = [
     ("engine", {"bitlake.engine", "bitlake.spark"}),
     ("operations", {"bitlake.transaction", "bitlake.changeevent", "bitlake.batches", "bitlake.ingest",
                     "bitlake.restatement", "bitlake.dml", "bitlake.maintenance", "bitlake.read", "bitlake.cdc"}),
-    ("API", {"bitlake.table", "bitlake.bootstrap"}),
+    ("API", {"bitlake.table", "bitlake.bootstrap", "bitlake.polars"}),
     ("CLI/service", {"bitlake", "bitlake.cli", "bitlake.triggers", "bitlake.airflow", "bitlake.datasource",
                      "bitlake.mirror"}),
 ]

@@ -1,0 +1,205 @@
+"""DuckDB and Polars over a table: the projection and the filter of a query reach bitlake's reader, and the
+rows are exactly those of ``to_arrow`` — current and past views, narrow, filtered and full queries."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import subprocess
+import sys
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import bitlake
+import bitlake.polars as bp
+from bitlake.engine.read import reader as reader_mod
+from bitlake.errors import InvalidInputError, MissingDependencyError
+
+SCHEMA = pa.schema([("k", pa.int64()), ("x", pa.float64()), ("s", pa.string()), ("day", pa.date32()),
+                    ("n", pa.int32()), ("v", pa.int64())])
+
+
+def _batch(keys, version, op="upsert"):
+    keys = list(keys)
+    return pa.table({"k": keys, "x": [float("nan") if k % 97 == 0 else k * 0.5 + version for k in keys],
+                     "s": [None if k % 11 == 0 else f"s{(k + version) % 5}" for k in keys],
+                     "day": [dt.date(2026, 1, 1) + dt.timedelta(days=(k * 7 + version) % 60) for k in keys],
+                     "n": pa.array([k % 13 for k in keys], pa.int32()), "v": [version] * len(keys),
+                     "op": [op] * len(keys)})
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    """Version 1: 3,000 rows; 2: a third of them updated and 500 new; 3: 200 deleted, 100 updated."""
+    t = bitlake.create_table(str(tmp_path_factory.mktemp("engines") / "t"), SCHEMA, primary_key="k",
+                             delta_column="v")
+    t.ingest(_batch(range(3000), 1), op_column="op")
+    t.ingest(_batch(list(range(0, 3000, 3)) + list(range(3000, 3500)), 2), op_column="op")
+    t.ingest(pa.concat_tables([_batch(range(1000, 1200), 3, "delete"), _batch(range(2000, 2100), 3)]),
+             op_column="op")
+    return t
+
+
+@pytest.fixture
+def asked(monkeypatch):
+    """The columns and conditions bitlake's reader was asked for, one entry a read."""
+    calls = []
+    real = reader_mod.reader
+
+    def spy(io, p, include_row_ids=False, where=None, columns=None, batch_rows=reader_mod.BATCH_ROWS):
+        calls.append({"columns": columns, "where": where})
+        return real(io, p, include_row_ids, where, columns, batch_rows)
+
+    monkeypatch.setattr(reader_mod, "reader", spy)
+    return calls
+
+
+def _rows(table: pa.Table) -> list[tuple]:
+    """Rows sorted by k, NaN made comparable."""
+    rows = [tuple("nan" if isinstance(x, float) and math.isnan(x) else x for x in r.values())
+            for r in table.to_pylist()]
+    return sorted(rows, key=lambda r: r[0])
+
+
+def _duck(sql: str, **names) -> list[tuple]:
+    con = duckdb.connect()
+    for name, obj in names.items():
+        con.register(name, obj)
+    rows = con.sql(sql).fetchall()
+    return sorted((tuple("nan" if isinstance(x, float) and math.isnan(x) else x for x in r) for r in rows),
+                  key=lambda r: r[0])
+
+
+# ------------------------------------------------------------------------------------------------ DuckDB
+
+@pytest.mark.parametrize("version", [None, 1, 2])
+def test_duckdb_full_narrow_and_filtered_equal_to_arrow(table, version):
+    v = table.view(version=version)
+    assert _duck("SELECT * FROM v", v=v) == _rows(table.to_arrow(version=version))
+    expected = table.to_arrow(version=version, columns=["n"])
+    assert duckdb.sql("SELECT sum(n), count(*) FROM v").fetchall() == [(pc.sum(expected["n"]).as_py(),
+                                                                        expected.num_rows)]
+    where = (pc.field("day") >= dt.date(2026, 1, 10)) & (pc.field("day") < dt.date(2026, 2, 10)) \
+        & (pc.field("s") != "s1")
+    assert _duck("SELECT k, s, day FROM v WHERE day >= DATE '2026-01-10' AND day < DATE '2026-02-10' "
+                 "AND s <> 's1'", v=v) == _rows(table.to_arrow(version=version, columns=["k", "s", "day"],
+                                                                filter=where))
+    assert _duck("SELECT k, x FROM v WHERE s IS NULL AND k BETWEEN 100 AND 2500", v=v) == _rows(
+        table.to_arrow(version=version, columns=["k", "x"],
+                       filter=pc.field("s").is_null() & (pc.field("k") >= 100) & (pc.field("k") <= 2500)))
+
+
+def test_duckdb_pushes_the_projection_and_the_filter_into_the_reader(table, asked):
+    v = table.view()  # noqa: F841 - DuckDB finds it by its name
+    duckdb.sql("SELECT sum(n) FROM v").fetchall()
+    assert asked[-1]["columns"] == ["n"] and asked[-1]["where"] is None
+    duckdb.sql("SELECT sum(x) FROM v WHERE k > 3200 AND s = 's2'").fetchall()
+    assert asked[-1]["columns"] == ["x"]
+    pushed = str(asked[-1]["where"])
+    assert "k" in pushed and "3200" in pushed and "s2" in pushed
+    plan = duckdb.sql("EXPLAIN SELECT sum(x) FROM v WHERE k > 3200").fetchall()[0][1]
+    assert "k>3200" in plan.replace(" ", "").replace('"', "")
+
+
+def test_duckdb_filter_adds_to_the_views_own(table, asked):
+    v = table.view(version=2, columns=["k", "n"], filter="n < 5")
+    assert _duck("SELECT k FROM v WHERE k >= 3000", v=v) == _rows(
+        table.to_arrow(version=2, columns=["k"], filter=(pc.field("n") < 5) & (pc.field("k") >= 3000)))
+    assert "n" in str(asked[-1]["where"]) and "3000" in str(asked[-1]["where"])
+
+
+def test_duckdb_reads_row_ids_of_a_view_that_has_them(table):
+    v = table.view(include_row_ids=True)
+    ids = table.to_arrow(include_row_ids=True)
+    assert _duck("SELECT * FROM v", v=v) == _rows(ids)
+    names = ids.schema.names[-3:]
+    assert _duck(f"SELECT k, {names[2]} FROM v WHERE k < 50", v=v) == _rows(
+        ids.filter(pc.field("k") < 50).select(["k", names[2]]))
+
+
+def test_a_view_is_a_pyarrow_dataset_that_reads_like_one(table):
+    v = table.view(version=2)
+    expected = table.to_arrow(version=2)
+    assert v.count_rows() == expected.num_rows
+    assert v.count_rows(filter="k < 100") == expected.filter(pc.field("k") < 100).num_rows
+    assert v.head(7).num_rows == 7
+    assert _rows(v.to_table(columns=["k", "s"], filter=pc.field("n") == 3)) == _rows(
+        expected.filter(pc.field("n") == 3).select(["k", "s"]))
+    assert _rows(v.scanner(columns=["k"]).to_table()) == _rows(expected.select(["k"]))
+    assert sum(b.num_rows for b in v.to_batches(batch_size=100)) == expected.num_rows
+    assert pa.table(v).num_rows == pl.DataFrame(v).height == expected.num_rows
+    with pytest.raises(InvalidInputError, match="not in the view"):
+        v.scanner(columns=["nope"])
+    with pytest.raises(InvalidInputError, match="no join"):
+        v.join(v, "k")
+
+
+# ------------------------------------------------------------------------------------------------ Polars
+
+@pytest.mark.parametrize("version", [None, 1])
+def test_polars_scan_equals_to_arrow(table, version):
+    lf = bp.scan(table, version=version)
+    expected = table.to_arrow(version=version)
+    assert _rows(lf.collect().to_arrow()) == _rows(expected)
+    assert lf.select(pl.col("n").sum()).collect().item() == pc.sum(expected["n"]).as_py()
+    month = lf.filter(pl.col("day").is_between(dt.date(2026, 1, 10), dt.date(2026, 2, 10), closed="left")
+                      & (pl.col("s") != "s1")).select("k", "s", "day")
+    where = (pc.field("day") >= dt.date(2026, 1, 10)) & (pc.field("day") < dt.date(2026, 2, 10)) \
+        & (pc.field("s") != "s1")
+    assert _rows(month.collect().to_arrow()) == _rows(expected.filter(where).select(["k", "s", "day"]))
+
+
+def test_polars_scan_of_a_path_and_a_past_version(table):
+    lf = bp.scan(table.io.uri(), version=2)
+    assert _rows(lf.collect().to_arrow()) == _rows(table.to_arrow(version=2))
+
+
+def test_polars_pushes_columns_filter_and_row_limit(table, asked):
+    lf = bp.scan(table)
+    lf.select(pl.col("n").sum()).collect()
+    assert asked[-1]["columns"] == ["n"] and asked[-1]["where"] is None
+    out = lf.filter((pl.col("k") > 3200) & pl.col("s").str.contains("2")).select("k", "x").collect()
+    assert set(asked[-1]["columns"]) == {"k", "x", "s"} and "3200" in str(asked[-1]["where"])
+    expected = table.to_arrow(filter=(pc.field("k") > 3200) & pc.match_substring(pc.field("s"), "2"))
+    assert _rows(out.to_arrow()) == _rows(expected.select(["k", "x"]))
+    assert lf.head(10).collect().height == 10
+    assert lf.filter(pl.col("k") >= 3000).head(5).collect()["k"].min() >= 3000
+
+
+def test_polars_predicates_that_stay_with_polars_are_exact(table):
+    """NaN is above every number in Polars and equal to itself; pyarrow compares it false: float comparisons
+    are not pushed. A predicate that does not translate (a string function, an expression of two columns) is
+    applied to each batch."""
+    lf = bp.scan(table)
+    expected = table.to_arrow()
+    got = lf.filter(pl.col("x") > 1000).select("k").collect()["k"].to_list()
+    xs = expected["x"].to_pylist()
+    assert sorted(got) == sorted(k for k, x in zip(expected["k"].to_pylist(), xs, strict=True)
+                                 if math.isnan(x) or x > 1000)
+    got = lf.filter(pl.col("k") * 2 > pl.col("n") + 5000).select("k").collect()["k"].to_list()
+    assert sorted(got) == sorted(k for k, n in zip(expected["k"].to_pylist(), expected["n"].to_pylist(),
+                                                   strict=True) if k * 2 > n + 5000)
+
+
+def test_polars_predicate_translation():
+    schema = SCHEMA
+    assert str(bp.to_arrow_expression((pl.col("k") > 3) & (pl.col("s") == "u"), schema)) == \
+        str((pc.field("k") > 3) & (pc.field("s") == "u"))
+    assert bp.to_arrow_expression(pl.col("x") > 1, schema) is None
+    assert str(bp.to_arrow_expression((pl.col("k") > 1) & pl.col("s").str.contains("a"), schema)) == \
+        str(pc.field("k") > 1)
+    assert bp.to_arrow_expression((pl.col("k") > 1) | pl.col("s").str.contains("a"), schema) is None
+    assert bp.to_arrow_expression(None, schema) is None
+
+
+def test_polars_is_optional(monkeypatch, table):
+    out = subprocess.run([sys.executable, "-c", "import sys, bitlake, bitlake.polars; "
+                          "print('polars' in sys.modules)"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    monkeypatch.setitem(sys.modules, "polars", None)
+    with pytest.raises(MissingDependencyError, match="pip install polars"):
+        bp.scan(table)
