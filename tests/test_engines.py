@@ -7,6 +7,7 @@ import datetime as dt
 import math
 import subprocess
 import sys
+from decimal import Decimal
 
 import duckdb
 import polars as pl
@@ -119,6 +120,37 @@ def test_duckdb_reads_row_ids_of_a_view_that_has_them(table):
     names = ids.schema.names[-3:]
     assert _duck(f"SELECT k, {names[2]} FROM v WHERE k < 50", v=v) == _rows(
         ids.filter(pc.field("k") < 50).select(["k", names[2]]))
+
+
+def test_duckdb_and_polars_over_an_event_time_view(table):
+    expected = table.to_arrow(version=3, valid_at=2)
+    v = table.view(version=3, valid_at=2)
+    assert _duck("SELECT * FROM v", v=v) == _rows(expected)
+    assert _duck("SELECT k, v FROM v WHERE v = 1 AND k < 900", v=v) == _rows(
+        expected.filter((pc.field("v") == 1) & (pc.field("k") < 900)).select(["k", "v"]))
+    lf = bp.scan(table, version=3, valid_at=2)
+    assert _rows(lf.filter(pl.col("v") == 2).collect().to_arrow()) == _rows(expected.filter(pc.field("v") == 2))
+
+
+TYPES = pa.schema([("k", pa.int64()), ("ts", pa.timestamp("ms")), ("tz", pa.timestamp("us", tz="UTC")),
+                   ("dec", pa.decimal128(12, 2)), ("b", pa.bool_()), ("i16", pa.int16()), ("u", pa.uint32()),
+                   ("f", pa.float32()), ("d", pa.int64())])
+
+
+@pytest.mark.parametrize("where", ["ts >= TIMESTAMP '2026-01-02 00:00:00'", "tz >= TIMESTAMPTZ '2026-01-02 00:00:00+00'",
+                                   "dec > 10.5", "b", "NOT b", "i16 < 5", "u > 90", "f > 40.25", "k IN (1, 5, 7)",
+                                   "k % 3 = 0", "k IS NULL", "ts::date = DATE '2026-01-02'"])
+def test_duckdb_filters_of_every_type_give_the_rows_of_the_table(tmp_path, where):
+    start = dt.datetime(2026, 1, 1)
+    t = bitlake.create_table(str(tmp_path / "t"), TYPES, primary_key="k", delta_column="d")
+    t.ingest(pa.table({"k": range(100), "ts": [start + dt.timedelta(hours=i) for i in range(100)],
+                       "tz": [start.replace(tzinfo=dt.UTC) + dt.timedelta(hours=i) for i in range(100)],
+                       "dec": [Decimal(i) / 4 for i in range(100)], "b": [i % 2 == 0 for i in range(100)],
+                       "i16": range(100), "u": range(100), "f": [i / 2 for i in range(100)], "d": [1] * 100},
+                      schema=TYPES))
+    v, whole = t.view(), t.to_arrow()  # noqa: F841 - DuckDB finds them by their names
+    assert duckdb.sql(f"SELECT k FROM v WHERE {where} ORDER BY k").fetchall() == \
+        duckdb.sql(f"SELECT k FROM whole WHERE {where} ORDER BY k").fetchall()
 
 
 def test_a_view_is_a_pyarrow_dataset_that_reads_like_one(table):
