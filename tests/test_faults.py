@@ -79,7 +79,7 @@ OPERATIONS = {
     "tombstone": (True, keyed_base, lambda t: t.tombstone("user", ["bob"]), False),
     "vacuum": (True, lambda t: keyed_base(t, tombstoned=True), lambda t: t.vacuum(), True),
     "delete": (True, keyed_base, lambda t: t.delete(pc.field("v") > 4), True),
-    "update": (True, keyed_base, lambda t: t.update(pc.field("v") > 4, {"user": "zed"}), False),
+    "update": (True, keyed_base, lambda t: t.update(pc.field("v") > 4, {"user": "'zed'"}), False),
     "merge": (True, keyed_base, lambda t: t.merge(rows([3, 40], 17).drop_columns(["op"]))
               .when_matched_update_all().when_not_matched_insert_all().execute(), False),
     "compact": (True, keyed_base, lambda t: t.compact(), False),

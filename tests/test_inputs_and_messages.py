@@ -163,27 +163,15 @@ def test_the_digest_depends_on_the_records_not_on_their_chunks():
 # ------------------------------------------------------------------------------------------ compaction
 
 
-def test_compacting_a_one_file_table_leaves_one_file(table):
-    # One batch whose later records of 20 keys supersede their earlier ones: one file, a sixth of it superseded.
+def test_compacting_a_one_file_table_parts_current_rows_from_superseded_ones(table):
+    """A one-file table whose batch superseded its own records (a key twice) becomes two files: its current rows
+    and its superseded ones, which event-time views still read (valid_at=1 shows the first records)."""
     table.ingest(rows([*range(100), *range(20)], ["a"] * 120, [1] * 100 + [2] * 20))
     assert len(table.state().data_files()) == 1
-    assert table.compact().version is None and len(table.state().data_files()) == 1
-    r = table.compact(major=True)  # sets the window; the file holds nothing the window lets go
-    assert (r.removed_files, r.added_files) == (0, 0) and len(table.state().data_files()) == 1
-    assert table.to_arrow().num_rows == 100
-
-
-def test_compaction_never_leaves_more_files_than_it_found(table):
-    table.ingest(rows(range(100), ["a"] * 100, [1] * 100))
-    for i in range(3):
-        table.ingest(rows(range(i * 10, i * 10 + 10), ["b"] * 10, [2 + i] * 10))
-        before = len(table.state().data_files())
-        table.compact()
-        assert len(table.state().data_files()) <= before
-    assert table.to_arrow().num_rows == 100
-
-
-# ------------------------------------------------------------------------------------------ messages
+    r = table.compact()
+    assert (r.removed_files, r.added_files, r.current_rows, r.history_rows) == (1, 2, 100, 20)
+    assert table.to_arrow().num_rows == 100 and table.to_arrow(valid_at=1).num_rows == 100
+    assert table.compact().version is None  # a compacted table is left as it is
 
 
 def test_an_expired_event_time_is_written_as_a_time(tmp_path):

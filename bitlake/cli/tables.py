@@ -235,6 +235,9 @@ def cmd_compact(args, out: Console, err: Console) -> None:
              + (f", {r.purged_rows} purged" if args.major else "")
              + (f"; {r.log_files_removed} log file(s) {'folded' if args.major else 'regrouped'}"
                 if r.log_files_removed else ""))
+    if r.history_rows:
+        say(out, "superseded rows go to files of their own, which reads of the current view skip; past and "
+                 "event-time views read them until a major compaction's window lets them go (--major)")
     if args.major:
         w = table.state().window
         assert w is not None

@@ -88,13 +88,10 @@ def metrics(cache: bitmap.BitmapCache, state: TableState) -> list[FileMetrics]:
     return out
 
 
-def choose(files: list[FileMetrics], min_files: int, budget: int | None = None,
-           target_bytes: int | None = None) -> list[list[FileMetrics]]:
-    """The groups to rewrite, one per partition: its wasteful files with its small files (they are rewritten
-    with the current rows anyway), or else its small files of each kind (current rows, history rows) tiered by
-    size (:func:`tiered`). A group that would not leave fewer files than it takes is left as it is
-    (:func:`fewer_files`): a table that is one file stays one file. With a ``budget`` (bytes to rewrite at most:
-    the upkeep after a commit) only what fits is taken, smallest first."""
+def choose(files: list[FileMetrics], min_files: int, budget: int | None = None) -> list[list[FileMetrics]]:
+    """The groups to rewrite, one per partition: its wasteful files, and its small files of each kind (current
+    rows, history rows) tiered by size (:func:`tiered`). A compacted table is left as it is. With a ``budget``
+    (bytes to rewrite at most: the upkeep after a commit) only what fits is taken, smallest first."""
     by_partition: dict[tuple, list[FileMetrics]] = {}
     for m in files:
         by_partition.setdefault(_partition_key(m.file), []).append(m)
@@ -107,40 +104,14 @@ def choose(files: list[FileMetrics], min_files: int, budget: int | None = None,
                 break
             taken.append(m)
             left -= m.file.bytes
+        for history in (False, True):
+            tier = tiered([m for m in found if m.small and not m.wasteful and (m.valid_rows == 0) == history],
+                          min_files, _file_bytes, left)
+            taken += tier
+            left -= sum(m.file.bytes for m in tier)
         if taken:
-            for m in sorted((m for m in found if m.small and not m.wasteful), key=lambda m: m.file.bytes):
-                if m.file.bytes > left:
-                    break
-                taken.append(m)
-                left -= m.file.bytes
-        else:
-            for history in (False, True):
-                tier = tiered([m for m in found if m.small and not m.wasteful and (m.valid_rows == 0) == history],
-                              min_files, _file_bytes, left)
-                taken += tier
-                left -= sum(m.file.bytes for m in tier)
-        if taken and fewer_files(taken, target_bytes):
             groups.append(taken)
-        elif budget is not None:
-            left += sum(m.file.bytes for m in taken)
     return groups
-
-
-def fewer_files(group: list[FileMetrics], target_bytes: int | None) -> bool:
-    """Whether rewriting ``group`` leaves fewer files than it takes: its current rows and its superseded rows
-    each go to files of ``target_bytes`` at most (one file each without a target). Splitting one file into its
-    current and history rows would turn one file into two."""
-    current = sum(m.file.bytes * (m.valid_rows / m.file.rows) for m in group if m.file.rows)
-    history = sum(m.file.bytes for m in group) - current
-    valid = sum(m.valid_rows for m in group)
-    superseded = sum(m.file.rows for m in group) - valid
-
-    def files(size: float, rows: float) -> int:
-        if rows < 0.5:
-            return 0
-        return max(1, -(-int(size) // target_bytes)) if target_bytes else 1
-
-    return files(current, valid) + files(history, superseded) < len(group)
 
 
 def tiered(small: list[T], min_files: int, size: Callable[[T], int], budget: float = float("inf")) -> list[T]:
@@ -332,7 +303,7 @@ def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = No
     target = target_file_bytes or meta.int_prop("compact.target_file_bytes")
     cache = bitmap.BitmapCache(io)
     found = metrics(cache, state)
-    groups = choose(found, meta.int_prop("compact.min_input_files"), budget, target)
+    groups = choose(found, meta.int_prop("compact.min_input_files"), budget)
     purge: window.Purge | None = None
     if major:
         start = window.start(io, state, meta.prop("compact.look_back") if look_back is None else look_back)
@@ -354,16 +325,10 @@ def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = No
     current_rows = history_rows = 0
     log: LogFile | None = None
     unlisted: list[str] = []
-    kept: list[list[FileMetrics]] = []
     try:
         for group in groups:
             files, paths, cur, hist = rewrite(io, state, group, target, cache, progress,
                                               purge.drop if purge is not None else None)
-            if len(files) >= len(group) and cur + hist == sum(m.file.rows for m in group):
-                for path in paths:  # neither fewer files nor fewer rows (a major one's file it purges nothing of)
-                    io.delete(path)
-                continue
-            kept.append(group)
             added += files
             written += paths
             current_rows += cur
@@ -378,9 +343,7 @@ def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = No
         for path in written:
             io.delete(path)
         raise
-    if not kept and log is None and (new_window is None or new_window == state.window):
-        return None
-    removed = [m.file for g in kept for m in g]
+    removed = [m.file for g in groups for m in g]
     purged = int(len(purge.dropped_ids())) if purge is not None else 0
     result = CompactResult(None, len(removed), len(added), sum(f.bytes for f in removed),
                            sum(f.bytes for f in added), current_rows, history_rows, purged, len(unlisted))

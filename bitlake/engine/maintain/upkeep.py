@@ -55,8 +55,7 @@ class Task:
 def metrics(io: FileIO, state: TableState) -> Metrics:
     files = compaction.metrics(bitmap.BitmapCache(io), state)
     meta = state.metadata
-    groups = compaction.choose(files, meta.int_prop("compact.min_input_files"),
-                               target_bytes=meta.int_prop("compact.target_file_bytes"))
+    groups = compaction.choose(files, meta.int_prop("compact.min_input_files"))
     start = state.window.version if state.window else 0
     return Metrics(
         data_files=len(state.files),
