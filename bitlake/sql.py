@@ -157,10 +157,9 @@ class _Compiler:
             inner = node.copy()
             inner.set("negate", False)
             return ~self.compile(inner)
-        for kind, fn in _COMPARE.items():
+        for kind in _COMPARE:
             if isinstance(node, kind):
-                left, right = self.comparable(node.this, node.expression)
-                return fn(left, right)
+                return self.compare(kind, *self.comparable(node.this, node.expression))
         for kind, fn in _ARITHMETIC.items():
             if isinstance(node, kind):
                 return fn(self.compile(node.this), self.compile(node.expression))
@@ -187,14 +186,14 @@ class _Compiler:
             case exp.NullSafeEQ():
                 left, right = self.comparable(node.this, node.expression)
                 both = left.is_null() & right.is_null()
-                return both | (~left.is_null() & ~right.is_null() & _known(pc.equal(left, right)))
-            case exp.Div():
-                return pc.divide(c(node.this).cast(pa.float64()), c(node.expression).cast(pa.float64()))
+                return both | (~left.is_null() & ~right.is_null() & _known(self.compare(exp.EQ, left, right)))
+            case exp.Div():  # by zero: an error, as in Spark's ANSI mode (not pyarrow's inf or NaN)
+                return pc.divide_checked(c(node.this).cast(pa.float64()), c(node.expression).cast(pa.float64()))
             case exp.Mod():
                 return pc.remainder_checked(c(node.this), c(node.expression))
             case exp.DPipe():
-                return pc.binary_join_element_wise(c(node.this).cast(pa.string()),
-                                                   c(node.expression).cast(pa.string()), "")
+                return pc.binary_join_element_wise(self.to_string(node, c(node.this)),
+                                                   self.to_string(node, c(node.expression)), "")
             case exp.Is():
                 return self.is_(node)
             case exp.In():
@@ -202,7 +201,7 @@ class _Compiler:
             case exp.Between():
                 value, low = self.comparable(node.this, node.args["low"])
                 _, high = self.comparable(node.this, node.args["high"])
-                return (value >= low) & (value <= high)
+                return self.compare(exp.GTE, value, low) & self.compare(exp.LTE, value, high)
             case exp.Like() | exp.ILike():
                 pattern = node.expression
                 if not (isinstance(pattern, exp.Literal) and pattern.is_string):
@@ -219,7 +218,7 @@ class _Compiler:
                 return pc.coalesce(*self.comparable_all([node.this, *node.expressions]))
             case exp.Nullif():
                 value, other = self.comparable(node.this, node.expression)
-                return pc.if_else(_known(pc.equal(value, other)), pc.scalar(None).cast(
+                return pc.if_else(_known(self.compare(exp.EQ, value, other)), pc.scalar(None).cast(
                     self.type_of(value)), value)
             case exp.Round():
                 digits = node.args.get("decimals")
@@ -241,6 +240,30 @@ class _Compiler:
             return patterns[name](self.compile(args[0]), args[1].this)
         raise self.fail(node, f"function {name}() is not supported" if name not in patterns
                         else f"{name}() takes a column and a string literal")
+
+    def compare(self, kind: type, left: pc.Expression, right: pc.Expression) -> pc.Expression:
+        """``left <op> right`` as Spark compares: NaN equals NaN and is greater than any other number (pyarrow:
+        NaN equals nothing and is neither less nor greater), null unknown."""
+        fn = _COMPARE[kind]
+        floating = [pa.types.is_floating(self.type_of(e)) for e in (left, right)]
+        if not any(floating):
+            return fn(left, right)
+        no = pc.scalar(False)
+        a_nan = _known(pc.is_nan(left)) if floating[0] else no
+        b_nan = _known(pc.is_nan(right)) if floating[1] else no
+        on_nan = {exp.EQ: a_nan & b_nan, exp.NEQ: ~(a_nan & b_nan), exp.LT: ~a_nan & b_nan, exp.LTE: b_nan,
+                  exp.GT: a_nan & ~b_nan, exp.GTE: a_nan}[kind]
+        out = pc.if_else(a_nan | b_nan, on_nan, fn(left, right))
+        return pc.if_else(left.is_valid() & right.is_valid(), out, pc.scalar(pa.scalar(None, pa.bool_())))
+
+    def to_string(self, node: exp.Expr, e: pc.Expression) -> pc.Expression:
+        """``e`` as a string, as Spark writes it; a floating-point or timestamp value is refused (pyarrow writes
+        1.0 as '1' and a timestamp with its zone, Spark '1.0' and the session's time)."""
+        t = self.type_of(e)
+        if pa.types.is_floating(t) or pa.types.is_timestamp(t) or pa.types.is_time(t) or pa.types.is_binary(t):
+            raise self.fail(node, f"a {t} value as a string ({node.sql(dialect='spark')!r}) is not supported: "
+                                  "pyarrow does not write it as Spark does")
+        return e.cast(pa.string())
 
     def comparable(self, a: exp.Expr, b: exp.Expr) -> tuple[pc.Expression, pc.Expression]:
         left, right = self.comparable_all([a, b])
@@ -283,18 +306,33 @@ class _Compiler:
             out = None
             for v in values:
                 left, right = self.comparable(value, v)
-                out = pc.equal(left, right) if out is None else out | pc.equal(left, right)
+                equal = self.compare(exp.EQ, left, right)
+                out = equal if out is None else out | equal
             return out
         compiled = self.comparable_all([node.this, *values])
         field, constants = compiled[0], compiled[1:]
         target = self.type_of(field)
+        python = [_constant(e, self) for e in constants]
+        # x IN (..., NULL): true where x is in the list, else unknown (SQL); pyarrow's isin would match a null x.
+        unknown = pc.scalar(pa.scalar(None, pa.bool_())) if any(v is None for v in python) else None
+        python = [v for v in python if v is not None]
+        if not python:
+            return pc.if_else(field.is_valid(), unknown, unknown)  # null, whatever x is
+        if pa.types.is_floating(target):  # -0.0 IN (0.0) is true, as -0.0 = 0.0 (isin hashes them apart)
+            field = pc.add(field, pc.scalar(0.0).cast(target))
+            python = [v + 0.0 if isinstance(v, float) else v for v in python]
+        if pa.types.is_floating(target) and any(isinstance(v, float) and v != v for v in python):
+            raise self.fail(node, "NaN in an IN list is not supported")
         try:
-            array = pa.array([_constant(e, self) for e in constants]).cast(target)
+            array = pa.array(python).cast(target)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
             raise InvalidInputError(f"{self.text!r}: the IN list does not match the column's type {target}: "
                                     f"{str(e).splitlines()[0]}") from None
         # null IN (...) is unknown, as in SQL (isin says false): an equality with one of the values brings the null.
-        return field.isin(array) | pc.equal(field, pc.scalar(array[0]))
+        found = field.isin(array)
+        if unknown is not None:
+            return found | unknown
+        return found | pc.equal(field, pc.scalar(array[0]))
 
     def cast(self, node: exp.Cast) -> pc.Expression:
         to = node.args["to"]
@@ -306,7 +344,16 @@ class _Compiler:
             raise self.fail(node, f"CAST to {to.sql()} is not supported")
         if _is_string_literal(node.this):  # DATE '...', TIMESTAMP '...'
             return pc.scalar(_read_as(node.this.this, target, self.text))
-        return self.compile(node.this).cast(target, safe=not isinstance(node, exp.TryCast))
+        # sqlglot reads Spark's CAST as TryCast (Spark's legacy mode, null where a value does not convert); an
+        # unsafe pyarrow cast would wrap or give garbage instead, so a value that does not convert is an error, as
+        # in Spark's ANSI mode (TRY_CAST included: pyarrow cannot give null for it).
+        value = self.compile(node.this)
+        source = self.type_of(value)
+        if pa.types.is_string(target):
+            return self.to_string(node, value)
+        if pa.types.is_integer(target) and (pa.types.is_floating(source) or pa.types.is_decimal(source)):
+            value = pc.trunc(value) if pa.types.is_floating(source) else value  # toward zero, as Spark
+        return value.cast(target, safe=True)
 
     def case(self, node: exp.Case) -> pc.Expression:
         ifs = node.args["ifs"]

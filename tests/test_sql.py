@@ -116,3 +116,69 @@ def test_a_filter_string_is_pushed_into_the_files(tmp_path):
     assert t.view(filter="bal < 0").to_table().num_rows == 0
     with pytest.raises(bitlake.InvalidInputError, match="no column 'nope'"):
         t.to_arrow(filter="nope > 1")
+
+
+# Regressions found by tests/test_sql_oracle.py (bitlake against DuckDB, Spark's rules where they differ).
+EDGE = pa.table({"f": [1.5, float("nan"), -0.0, None], "i": pa.array([1, 0, -2, None], pa.int32()),
+                 "j": pa.array([1 << 40, 0, -3, None], pa.int64())})
+
+
+def edge(text: str, what: str = "condition") -> list:
+    return ds.dataset(EDGE).to_table(columns={"x": sql.to_expression(text, EDGE.schema, what=what)}).column(0).to_pylist()
+
+
+@pytest.mark.parametrize("text, expected", [
+    # NaN as Spark orders it: equal to NaN, greater than any other number (pyarrow: false both ways).
+    ("f = cast('NaN' as double)", [False, True, False, None]),
+    ("f > 100", [False, True, False, None]),
+    ("f >= f", [True, True, True, None]),
+    ("f < 100", [True, False, True, None]),
+    ("f <> f", [False, False, False, None]),
+    ("f between 0 and f", [True, True, True, None]),
+    ("nullif(f, f) is null", [True, True, True, True]),
+    ("f <=> f", [True, True, True, True]),
+    ("coalesce(f, 0) > 1e300", [False, True, False, False]),
+    # x IN (..., NULL) is true or unknown, never false; null IN (NULL) is unknown, not true.
+    ("i in (1, null)", [True, None, None, None]),
+    ("i not in (1, null)", [False, None, None, None]),
+    ("i in (null)", [None, None, None, None]),
+    ("f in (0.0)", [False, False, True, None]),  # -0.0 = 0.0
+    ("f not in (0.0, null)", [None, None, False, None]),
+])
+def test_sql_rules_where_pyarrow_differs(text, expected):
+    assert edge(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("cast(f * 0 + 2.7 as int)", [2, None, 2, None]),  # toward zero, as Spark (NaN * 0 is NaN: see below)
+    ("cast(i - 0.5 as int)", [0, 0, -2, None]),
+    ("cast(i as string)", ["1", "0", "-2", None]),
+])
+def test_casts_as_spark(text, expected):
+    if "f *" in text:
+        with pytest.raises(pa.ArrowInvalid, match="nan"):  # NaN to an integer: an error, as in Spark's ANSI mode
+            edge(text, "value")
+        assert edge("cast(coalesce(nullif(f, f), 2.7) as int)", "value") == [2, 2, 2, 2]
+        return
+    assert edge(text, "value") == expected
+
+
+@pytest.mark.parametrize("text", ["1 / i", "1.5 / (f - f)", "i % 0"])
+def test_division_by_zero_is_an_error_not_inf(text):
+    """Spark's ANSI mode raises DIVIDE_BY_ZERO; pyarrow's divide gave inf (or NaN for 0/0)."""
+    with pytest.raises(pa.ArrowInvalid, match="divide by zero"):
+        edge(text, "value")
+
+
+@pytest.mark.parametrize("text", ["cast(j as int)", "cast(f as bigint)"])
+def test_a_cast_that_does_not_convert_is_an_error_not_garbage(text):
+    """sqlglot reads Spark's CAST as TRY_CAST; pyarrow's unsafe cast wrapped 2**40 to 0 and NaN to INT64_MIN."""
+    with pytest.raises(pa.ArrowInvalid):
+        edge(text, "value")
+
+
+@pytest.mark.parametrize("text", ["cast(f as string)", "f || 'x'", "cast(ts as string)"])
+def test_strings_pyarrow_writes_unlike_spark_are_refused(text):
+    """pyarrow writes 1.0 as '1' (Spark '1.0') and a timestamp with its zone: refused by name."""
+    with pytest.raises(bitlake.InvalidInputError, match="as a string .* is not supported"):
+        sql.to_expression(text, EDGE.schema.append(pa.field("ts", pa.timestamp("us", "UTC"))), what="value")
