@@ -12,8 +12,11 @@ Names resolve in a :class:`Scope`: a table's columns, or in a merge, the source'
 their aliases (``source.id``); an unqualified name both sides have is refused as ambiguous. Names are matched
 exactly, else without regard to case (as Spark does) when that is unique. Types follow SQL where pyarrow differs:
 ``/`` divides as floating point, ``%`` is the remainder with the dividend's sign, a string literal compared with
-a date, timestamp or number is read as that type (``d >= '2024-01-01'``), and a timestamp without zone compared
-with a zoned column is UTC.
+a date, timestamp or number is read as that type (``d >= '2024-01-01'``), a timestamp without zone compared
+with a zoned column is UTC, NaN equals NaN and is greater than any other number, ``x IN (..., NULL)`` is true or
+unknown, and numbers of mixed kinds meet as Spark widens them. Errors follow Spark's ANSI mode (Spark 4's
+default): division by zero and a CAST whose value does not convert raise (sqlglot reads CAST as TRY_CAST, but an
+unsafe pyarrow cast would wrap rather than give null). tests/test_sql_oracle.py checks all this against DuckDB.
 """
 
 from __future__ import annotations
@@ -162,7 +165,7 @@ class _Compiler:
                 return self.compare(kind, *self.comparable(node.this, node.expression))
         for kind, fn in _ARITHMETIC.items():
             if isinstance(node, kind):
-                return fn(self.compile(node.this), self.compile(node.expression))
+                return fn(*self.numeric([self.compile(node.this), self.compile(node.expression)]))
         c = self.compile
         match node:
             case exp.Paren():
@@ -190,7 +193,7 @@ class _Compiler:
             case exp.Div():  # by zero: an error, as in Spark's ANSI mode (not pyarrow's inf or NaN)
                 return pc.divide_checked(c(node.this).cast(pa.float64()), c(node.expression).cast(pa.float64()))
             case exp.Mod():
-                return pc.remainder_checked(c(node.this), c(node.expression))
+                return pc.remainder_checked(*self.numeric([c(node.this), c(node.expression)]))
             case exp.DPipe():
                 return pc.binary_join_element_wise(self.to_string(node, c(node.this)),
                                                    self.to_string(node, c(node.expression)), "")
@@ -286,7 +289,18 @@ class _Compiler:
             elif types[i] is not None and pa.types.is_temporal(target) and pa.types.is_temporal(types[i]) \
                     and types[i] != target:
                 out[i] = out[i].cast(target)
-        return out
+        return self.numeric(out)
+
+    def numeric(self, values: list[pc.Expression]) -> list[pc.Expression]:
+        """``values`` cast to one numeric type when they mix kinds, as Spark widens: with a float, double (an
+        integer as big as 2**40 included, which pyarrow's implicit cast refuses); integers with a decimal, a
+        decimal that holds both."""
+        types = [self.type_of(v) for v in values]
+        target = _common_numeric(types)
+        if target is None:
+            return values
+        return [v if t == target or pa.types.is_null(t) else v.cast(target, safe=not pa.types.is_integer(t))
+                for v, t in zip(values, types, strict=True)]
 
     def is_(self, node: exp.Is) -> pc.Expression:
         value, what = self.compile(node.this), node.expression
@@ -323,6 +337,11 @@ class _Compiler:
             python = [v + 0.0 if isinstance(v, float) else v for v in python]
         if pa.types.is_floating(target) and any(isinstance(v, float) and v != v for v in python):
             raise self.fail(node, "NaN in an IN list is not supported")
+        if pa.types.is_integer(target) and any(isinstance(v, float | decimal.Decimal) for v in python):
+            target = pa.float64()  # i IN (1.5): compared as doubles, as Spark
+            field = field.cast(target)
+        if pa.types.is_decimal(target):
+            python = [decimal.Decimal(str(v)) if isinstance(v, float | int) else v for v in python]
         try:
             array = pa.array(python).cast(target)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
@@ -352,7 +371,7 @@ class _Compiler:
         if pa.types.is_string(target):
             return self.to_string(node, value)
         if pa.types.is_integer(target) and (pa.types.is_floating(source) or pa.types.is_decimal(source)):
-            value = pc.trunc(value) if pa.types.is_floating(source) else value  # toward zero, as Spark
+            value = pc.trunc(value) if pa.types.is_floating(source) else pc.round(value, 0, round_mode="towards_zero")
         return value.cast(target, safe=True)
 
     def case(self, node: exp.Case) -> pc.Expression:
@@ -380,6 +399,23 @@ class _Compiler:
             return values
         target = known.pop()
         return [v if t == target else v.cast(target) for v, t in zip(values, types, strict=True)]
+
+
+_INTEGER_DIGITS = {1: 3, 2: 5, 4: 10, 8: 20}
+
+
+def _common_numeric(types: list[pa.DataType]) -> pa.DataType | None:
+    """The type numbers of ``types`` mixing floats, decimals and integers meet in; None when they do not mix."""
+    numbers = [t for t in types if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)]
+    kinds = {("f" if pa.types.is_floating(t) else "d" if pa.types.is_decimal(t) else "i") for t in numbers}
+    if len(kinds) < 2:
+        return None
+    if "f" in kinds:
+        return pa.float64()
+    scale = max(t.scale for t in numbers if pa.types.is_decimal(t))
+    digits = max(t.precision - t.scale if pa.types.is_decimal(t) else _INTEGER_DIGITS[t.bit_width // 8]
+                 for t in numbers)
+    return pa.decimal128(min(38, digits + scale), scale)
 
 
 def _known(condition: pc.Expression) -> pc.Expression:

@@ -4,6 +4,7 @@ types SQL implies where pyarrow's differ, and every name or construct it cannot 
 from __future__ import annotations
 
 import datetime as dt
+from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -182,3 +183,19 @@ def test_strings_pyarrow_writes_unlike_spark_are_refused(text):
     """pyarrow writes 1.0 as '1' (Spark '1.0') and a timestamp with its zone: refused by name."""
     with pytest.raises(bitlake.InvalidInputError, match="as a string .* is not supported"):
         sql.to_expression(text, EDGE.schema.append(pa.field("ts", pa.timestamp("us", "UTC"))), what="value")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("j * 0.5", [float(1 << 39), 0.0, -1.5, None]),  # pyarrow's implicit cast refused an int64 beyond 2**24
+    ("j % 0.5 = 0", [True, True, True, None]),  # -3 % 0.5 is -0.0
+    ("i in (1.5, -2)", [False, False, True, None]),  # compared as doubles (the list was refused)
+    ("cast(m as int)", [-2, 123, 0, None]),  # decimal to integer: toward zero
+    ("m + j", [Decimal("1099511627773.25"), Decimal("123.45"), Decimal("-3.01"), None]),  # refused: precision
+    ("m in (3, 123.45)", [False, True, False, None]),  # the list was refused: precision
+])
+def test_numbers_of_mixed_kinds_meet_as_spark_widens(text, expected):
+    table = EDGE.append_column("m", pa.array([Decimal("-2.75"), Decimal("123.45"), Decimal("-0.01"), None],
+                                             pa.decimal128(10, 2)))
+    what = "condition" if any(op in text for op in ("=", " in ")) else "value"
+    got = ds.dataset(table).to_table(columns={"x": sql.to_expression(text, table.schema, what=what)})
+    assert got.column(0).to_pylist() == expected
