@@ -77,7 +77,8 @@ str_literals = st.sampled_from(["''", "'a'", "'abc'", "'é'", "'B_%'", "'b'"]).m
 dates = ["'2024-01-01'", "'1999-12-31'", "'2024-02-29'", "'1970-01-01'"]
 timestamps = ["'2024-01-01'", "'2024-01-01 12:30:00'", "'1999-12-31 23:59:59.5'", "'2024-03-01T00:00:00'"]
 NULL = same("NULL", "null")
-DUCK_TYPES = {"INT": "INTEGER", "BIGINT": "BIGINT"}
+DUCK_TYPES = {"INT": "INTEGER", "BIGINT": "BIGINT", "DOUBLE": "DOUBLE"}
+NUMBER_STRINGS = ["'12'", "'-3'", "'1.5'", "'NaN'", "'abc'", "''", "'1e3'", "'-0.0'", "'Infinity'"]
 
 
 def numbers(depth: int):
@@ -108,6 +109,9 @@ def numbers(depth: int):
                                  "int"), sub, st.sampled_from(["INT", "BIGINT"])),
         st.builds(lambda a: E(f"CAST({a.spark} AS DOUBLE)", f"CAST({a.duck} AS DOUBLE)", "num"), sub),
         st.builds(lambda a, b: E(f"nullif({a.spark}, {b.spark})", f"nullif({a.duck}, {b.duck})", a.kind), sub, sub),
+        st.builds(lambda lit, t: E(f"CAST({lit} AS {t})", f"TRY_CAST({lit} AS {DUCK_TYPES[t]})",
+                                   "num" if t == "DOUBLE" else "int"),
+                  st.sampled_from(NUMBER_STRINGS + ["s"]), st.sampled_from(["INT", "BIGINT", "DOUBLE"])),
     )
 
 
@@ -143,6 +147,14 @@ def conditions(depth: int):
                   st.sampled_from(dates)),
         st.builds(lambda lit: E(f"(d = CAST({lit} AS DATE))", f"(d = CAST({lit} AS DATE))", "bool"),
                   st.sampled_from(dates)),
+        st.builds(lambda lit, op: E(f"(d {op} CAST({lit} AS DATE))", f"(d {op} TRY_CAST({lit} AS DATE))", "bool"),
+                  st.sampled_from(["s", "'2024-01-01'", "'2024-1-2'", "'abc'"]), ops),
+        st.builds(lambda a, t: E(f"({a.spark} IS {t})", f"({a.duck} IS {t})", "bool"),
+                  conditions(0) if depth else st.just(same("(i > 0)", "bool")),
+                  st.sampled_from(["TRUE", "FALSE", "NOT TRUE", "NOT FALSE"])),
+        st.builds(lambda op: same(f"(ts {op} d)", "bool"), ops),
+        st.builds(lambda a, op, lit: binary(a, op, lit, "bool"), num, ops, st.sampled_from(
+            ["'1.5'", "'-2'", "'0'"]).map(lambda t: same(t, "str"))),
         st.builds(lambda a, n: same(f"({a.spark} IS {n}NULL)", "bool")
                   if a.spark == a.duck else E(f"({a.spark} IS {n}NULL)", f"({a.duck} IS {n}NULL)", "bool"),
                   st.one_of(num, text), st.sampled_from(["", "NOT "])),
