@@ -125,9 +125,10 @@ _COMPARE = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater, exp.GTE
             exp.LT: pc.less, exp.LTE: pc.less_equal}
 _ARITHMETIC = {exp.Add: pc.add_checked, exp.Sub: pc.subtract_checked, exp.Mul: pc.multiply_checked}
 # Functions by sqlglot's node (or, for those it keeps anonymous, the lower-case name) and their pyarrow kernel.
-_FUNCTIONS: dict[type, Any] = {exp.Lower: pc.utf8_lower, exp.Upper: pc.utf8_upper, exp.Length: pc.utf8_length, exp.Abs: pc.abs,
-              exp.Floor: pc.floor, exp.Ceil: pc.ceil, exp.Year: pc.year, exp.Month: pc.month, exp.Day: pc.day,
-              exp.Trim: pc.utf8_trim_whitespace}
+_FUNCTIONS: dict[type, Any] = {
+    exp.Lower: pc.utf8_lower, exp.Upper: pc.utf8_upper, exp.Length: pc.utf8_length, exp.Abs: pc.abs,
+    exp.Floor: pc.floor, exp.Ceil: pc.ceil, exp.Year: pc.year, exp.Month: pc.month, exp.Day: pc.day,
+    exp.Trim: pc.utf8_trim_whitespace}
 _TYPES = {"BOOLEAN": pa.bool_(), "TINYINT": pa.int8(), "SMALLINT": pa.int16(), "INT": pa.int32(),
           "BIGINT": pa.int64(), "FLOAT": pa.float32(), "DOUBLE": pa.float64(), "VARCHAR": pa.string(),
           "TEXT": pa.string(), "DATE": pa.date32(), "TIMESTAMP": pa.timestamp("us", "UTC"),
