@@ -267,7 +267,7 @@ class Merge:
     delete takes the target's, an insert the source's; records keep the source's order, which breaks ties of one
     key's equal delta values as for any batch. On an append-only table the matched rows' ids become invalid and the
     updated and inserted rows are appended, in one commit; a target row that more than one source row would update
-    or delete is refused, as in Delta."""
+    or delete is refused, as in Delta, unless the first matched clause is an unconditional delete (deleted once)."""
 
     def __init__(self, io: FileIO, refresh, source: Any, predicate: Any, source_alias: str, target_alias: str,
                  on: Any, spark: Any):
@@ -515,6 +515,12 @@ class Merge:
             return pa.concat_tables(tables) if tables else None
 
         updated, deleted, inserted = of("update"), of("delete"), of("insert")
+        first = next((c for c in self.clauses if c.side == "matched"), None)
+        if deleted is not None and first is not None and first.kind == "delete" and first.predicate is None:
+            # Every matched pair takes an unconditional delete: a target row that several source rows match is
+            # deleted once, as Delta allows (deleting it twice could not disagree).
+            _, once = np.unique(_rids(deleted), return_index=True)
+            deleted = deleted.take(pa.array(np.sort(once)))
         touched = [x for x in (updated, deleted) if x is not None]
         rids = np.concatenate([_rids(x) for x in touched]) if touched else np.empty(0, np.int64)
         if len(np.unique(rids)) < len(rids):

@@ -112,3 +112,22 @@ def test_append_only_target_merged_by_predicate(tmp_path):
         t.merge(src).when_matched_delete().execute()
     # on= names columns both sides share.
     assert t.merge(pa.table({"user": ["d"]}), on="user").when_matched_delete().execute().deleted == 1
+
+
+def test_an_unconditional_delete_of_a_row_two_source_rows_match_deletes_it_once(tmp_path):
+    """Delta (and delta-rs) allow several source rows to match a target row when the first matched clause is an
+    unconditional delete: the row is deleted once. bitlake refused it (tests/test_merge_oracle.py found it)."""
+    schema = pa.schema([("user", pa.string()), ("n", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "events"), schema)
+    t.ingest(pa.table({"user": ["a", "b"], "n": [1, 2]}))
+    twice = pa.table({"user": ["a", "a", "c"], "n": [5, 6, 7]})
+    r = (t.merge(twice, "target.user = source.user").when_matched_delete().when_matched_update_all()
+         .when_not_matched_insert_all().execute())
+    assert (r.matched, r.deleted, r.updated, r.inserted) == (2, 1, 0, 1)
+    assert sorted((x["user"], x["n"]) for x in t.to_arrow().to_pylist()) == [("b", 2), ("c", 7)]
+    feed = sorted((x["_change_type"], x["user"]) for x in t.changes_to_arrow(starting_version=r.version).to_pylist())
+    assert feed == [("delete", "a"), ("insert", "c")]
+    # A conditional delete could disagree between the two source rows: still refused, as in Delta.
+    t.ingest(pa.table({"user": ["a"], "n": [1]}))
+    with pytest.raises(bitlake.InvalidInputError, match="more than one source row matched"):
+        t.merge(twice, "target.user = source.user").when_matched_delete(predicate="source.n > 0").execute()
