@@ -348,7 +348,7 @@ class Merge:
         # The target rows the source's values of the first join column admit (pushed to the files); all of them
         # when a clause acts on target rows no source row matched.
         s0, t0 = on[0]
-        where = None if by_source else pc.field(t0).isin(pc.unique(source.column(s0)).cast(meta.schema.field(t0).type))
+        where = None if by_source else _admitted(t0, source.column(s0).cast(meta.schema.field(t0).type))
         target = reader.read(self.io, plan.plan(self.io, state), include_row_ids=True, where=where)
         pairs = _pairs(source, target, on)
         joined = self._joined(source, target, pairs)
@@ -540,13 +540,27 @@ class Merge:
                            r.version, r.counts)
 
 
+def _admitted(column: str, values: pa.ChunkedArray) -> pc.Expression:
+    """The target rows whose ``column`` may equal one of the source's ``values`` (pushed to the files). ``isin``
+    tells -0.0 from 0.0 where SQL's equality (and the join) does not: a zero admits both."""
+    admitted = pc.field(column).isin(pc.unique(values))
+    if pa.types.is_floating(values.type) and pc.any(pc.equal(values, 0)).as_py():
+        admitted = admitted | (pc.field(column) == pa.scalar(0, values.type))
+    return admitted
+
+
 def _pairs(source: pa.Table, target: pa.Table, on: list[tuple[str, str]]) -> tuple[np.ndarray, np.ndarray]:
-    """The row numbers of source and target rows whose ``on`` columns are equal (nulls equal nothing), in the
-    source's order. The join carries row numbers only (pyarrow's join takes no nested column)."""
+    """The row numbers of source and target rows whose ``on`` columns are equal (nulls equal nothing, -0.0 equals
+    0.0, NaN equals NaN, as in Spark and DataFusion), in the source's order. The join carries row numbers only
+    (pyarrow's join takes no nested column)."""
     keys = [f"_k{i}" for i in range(len(on))]
-    left = pa.table([*(source.column(s).cast(target.schema.field(t).type) for s, t in on),
+
+    def key(column):  # the join hashes a float's bits: -0.0 + 0.0 is 0.0, which SQL's equality takes it for
+        return pc.add(column, pa.scalar(0, column.type)) if pa.types.is_floating(column.type) else column
+
+    left = pa.table([*(key(source.column(s).cast(target.schema.field(t).type)) for s, t in on),
                      pa.array(np.arange(source.num_rows, dtype=np.int64))], names=[*keys, "_source_row"])
-    right = pa.table([*(target.column(t) for _, t in on), pa.array(np.arange(target.num_rows, dtype=np.int64))],
+    right = pa.table([*(key(target.column(t)) for _, t in on), pa.array(np.arange(target.num_rows, dtype=np.int64))],
                      names=[*keys, "_target_row"])
     joined = left.join(right, keys=keys, join_type="inner").sort_by([("_source_row", "ascending"),
                                                                     ("_target_row", "ascending")])

@@ -131,3 +131,16 @@ def test_an_unconditional_delete_of_a_row_two_source_rows_match_deletes_it_once(
     t.ingest(pa.table({"user": ["a"], "n": [1]}))
     with pytest.raises(bitlake.InvalidInputError, match="more than one source row matched"):
         t.merge(twice, "target.user = source.user").when_matched_delete(predicate="source.n > 0").execute()
+
+
+def test_a_source_zero_matches_a_target_negative_zero(tmp_path):
+    """SQL's equality (and delta-rs's merge) has -0.0 = 0.0; bitlake's join (pyarrow's, which hashes the bits) and
+    the ``isin`` that narrows the target rows to the source's keys told them apart: the -0.0 row was not updated
+    and the source row was inserted beside it (tests/test_merge_oracle.py's probes found it)."""
+    schema = pa.schema([("k", pa.float64()), ("n", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "floats"), schema)
+    t.ingest(pa.table({"k": [-0.0, 1.0], "n": [1, 2]}))
+    r = (t.merge(pa.table({"k": [0.0, 2.0], "n": [10, 20]}), "target.k = source.k")
+         .when_matched_update(updates={"n": "source.n"}).when_not_matched_insert_all().execute())
+    assert (r.matched, r.not_matched, r.updated, r.inserted) == (1, 1, 1, 1)
+    assert sorted((x["k"], x["n"]) for x in t.to_arrow().to_pylist()) == [(0.0, 10), (1.0, 2), (2.0, 20)]
