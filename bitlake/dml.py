@@ -177,7 +177,8 @@ def condition_of(where: Any, scope: sql.Scope, what: str) -> pc.Expression | Non
 
 def value_of(value: Any, scope: sql.Scope, to: pa.DataType) -> pc.Expression:
     """A value given as a SQL expression (a string: ``"amount * 2"``, ``"'fixed'"``), a pyarrow expression or a
-    constant, cast to the column's type ``to``."""
+    constant, cast to the column's type ``to`` (a decimal of more places rounded half up to the column's, as Spark
+    stores it)."""
     if isinstance(value, str):
         value = sql.to_expression(value, scope, what="value")
     elif not isinstance(value, pc.Expression):
@@ -185,6 +186,10 @@ def value_of(value: Any, scope: sql.Scope, to: pa.DataType) -> pc.Expression:
             value = pc.scalar(value)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
             raise InvalidInputError(f"{value!r} is not a value Arrow can hold: {e}") from None
+    if pa.types.is_decimal(to):
+        given = sql.type_of(value, scope)
+        if pa.types.is_decimal(given) and given.scale > to.scale:
+            value = pc.round(value, to.scale, round_mode="half_up")
     return value.cast(to)
 
 

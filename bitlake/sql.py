@@ -94,6 +94,11 @@ def to_expression(text: str, scope: Scope | pa.Schema, *, what: str = "condition
     return out
 
 
+def type_of(e: pc.Expression, scope: Scope) -> pa.DataType:
+    """The type the expression ``e`` over ``scope``'s columns gives."""
+    return _Compiler(scope, str(e)).type_of(e)
+
+
 @functools.lru_cache(maxsize=256)
 def parse(text: str) -> exp.Expr:
     try:
@@ -166,7 +171,7 @@ class _Compiler:
                 return self.compare(kind, *self.comparable(node.this, node.expression))
         for kind, fn in _ARITHMETIC.items():
             if isinstance(node, kind):
-                return fn(*self.numeric([self.compile(node.this), self.compile(node.expression)]))
+                return fn(*self.numeric(self.literal_digits([node.this, node.expression])))
         c = self.compile
         match node:
             case exp.Paren():
@@ -291,6 +296,21 @@ class _Compiler:
                     and types[i] != target:
                 out[i] = out[i].cast(target)
         return self.numeric(out)
+
+    def literal_digits(self, nodes: list[exp.Expr]) -> list[pc.Expression]:
+        """The operands of an arithmetic operator; beside a decimal, an integer is a decimal of its digits, as Spark
+        types it (``amount * 2``: decimal(1, 0); an int64 column: decimal(20, 0)), not the decimal both would
+        meet in, whose product with a decimal(10, 2) would need 45 digits."""
+        out = [self.compile(n) for n in nodes]
+        types = [self.type_of(e) for e in out]
+        if any(pa.types.is_decimal(t) for t in types):
+            for i, (n, t) in enumerate(zip(nodes, types, strict=True)):
+                if isinstance(n, exp.Literal) and not n.is_string and isinstance(value := _literal(n), int):
+                    digits = max(1, len(str(abs(value))))
+                    out[i] = pc.scalar(pa.scalar(decimal.Decimal(value), pa.decimal128(digits, 0)))
+                elif pa.types.is_integer(t):
+                    out[i] = out[i].cast(pa.decimal128(_INTEGER_DIGITS[t.bit_width // 8], 0))
+        return out
 
     def numeric(self, values: list[pc.Expression]) -> list[pc.Expression]:
         """``values`` cast to one numeric type when they mix kinds, as Spark widens: with a float, double (an

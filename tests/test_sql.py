@@ -72,6 +72,8 @@ def test_conditions(text, expected):
     ("round(bal)", [2.0, 3.0, None]),  # half up, as Spark
     ("nullif(id, 2)", [1, None, 3]),
     ("null", [None] * 3),
+    ("amt * 2", [Decimal("2.00"), Decimal("4.00"), Decimal("6.00")]),  # 2 is decimal(1, 0), as in Spark
+    ("amt * id", [Decimal("1.00"), Decimal("4.00"), Decimal("9.00")]),
     ("case when id > 1 then 1 else 2.5 end", [2.5, 1.0, 1.0]),  # branches of a mix of numbers: float64
 ])
 def test_values(text, expected):
@@ -199,3 +201,13 @@ def test_numbers_of_mixed_kinds_meet_as_spark_widens(text, expected):
     what = "condition" if any(op in text for op in ("=", " in ")) else "value"
     got = ds.dataset(table).to_table(columns={"x": sql.to_expression(text, table.schema, what=what)})
     assert got.column(0).to_pylist() == expected
+
+
+def test_a_decimal_value_of_more_places_is_rounded_half_up_to_the_column(tmp_path):
+    """``x * x`` on a decimal(10, 2) column has four places: stored rounded half up, as Spark stores it (it was
+    refused: 'Rescaling Decimal value would cause data loss'); ``x * 2`` was refused (45 digits)."""
+    schema = pa.schema([("id", pa.int64()), ("x", pa.decimal128(10, 2)), ("d", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key="id", delta_column="d")
+    t.ingest(pa.table({"id": [1, 2], "x": [Decimal("1.25"), Decimal("2.50")], "d": [1, 1]}, schema=schema))
+    assert t.update("id = 1", {"x": "x * x"}).matched == 1 and t.update("id = 2", {"x": "x * 2"}).matched == 1
+    assert t.to_arrow().sort_by("id").column("x").to_pylist() == [Decimal("1.56"), Decimal("5.00")]
