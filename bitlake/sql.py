@@ -126,7 +126,7 @@ def column_of(node: exp.Expr) -> tuple[str, str] | None:
     return None
 
 
-_COMPARE = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater, exp.GTE: pc.greater_equal,
+_COMPARE: dict[type, Any] = {exp.EQ: pc.equal, exp.NEQ: pc.not_equal, exp.GT: pc.greater, exp.GTE: pc.greater_equal,
             exp.LT: pc.less, exp.LTE: pc.less_equal}
 _ARITHMETIC = {exp.Add: pc.add_checked, exp.Sub: pc.subtract_checked, exp.Mul: pc.multiply_checked}
 # Functions by sqlglot's node (or, for those it keeps anonymous, the lower-case name) and their pyarrow kernel.
@@ -257,11 +257,18 @@ class _Compiler:
         floating = [pa.types.is_floating(self.type_of(e)) for e in (left, right)]
         if not any(floating):
             return fn(left, right)
+        # Against a number that is not NaN, pyarrow's answer is Spark's but that NaN is greater: the comparison
+        # stays one the scan can prune row groups by (an if_else below is not).
+        if _plain_number(right) or _plain_number(left):
+            nan = _known(pc.is_nan(left if _plain_number(right) else right))
+            greater = (exp.GT, exp.GTE) if _plain_number(right) else (exp.LT, exp.LTE)
+            return fn(left, right) | nan if kind in greater else fn(left, right)
         no = pc.scalar(False)
         a_nan = _known(pc.is_nan(left)) if floating[0] else no
         b_nan = _known(pc.is_nan(right)) if floating[1] else no
-        on_nan = {exp.EQ: a_nan & b_nan, exp.NEQ: ~(a_nan & b_nan), exp.LT: ~a_nan & b_nan, exp.LTE: b_nan,
-                  exp.GT: a_nan & ~b_nan, exp.GTE: a_nan}[kind]
+        by_kind: dict[type, pc.Expression] = {exp.EQ: a_nan & b_nan, exp.NEQ: ~(a_nan & b_nan), exp.LT: ~a_nan & b_nan,
+                                              exp.LTE: b_nan, exp.GT: a_nan & ~b_nan, exp.GTE: a_nan}
+        on_nan = by_kind[kind]
         out = pc.if_else(a_nan | b_nan, on_nan, fn(left, right))
         return pc.if_else(left.is_valid() & right.is_valid(), out, pc.scalar(pa.scalar(None, pa.bool_())))
 
@@ -461,7 +468,16 @@ def _literal(node: exp.Expr) -> Any:
     return int(text)
 
 
-def _constant(e: pc.Expression, compiler: _Compiler) -> Any:
+def _plain_number(e: pc.Expression) -> bool:
+    """Whether ``e`` is a constant number that is neither null nor NaN."""
+    try:
+        value = _constant(e, None)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return False  # it names a column
+    return isinstance(value, int | float | decimal.Decimal) and not isinstance(value, bool) and value == value
+
+
+def _constant(e: pc.Expression, compiler: _Compiler | None) -> Any:
     """The Python value of a constant expression."""
     table = ds.dataset(pa.table({"_": [0]})).to_table(columns={"v": e})
     return table.column(0)[0].as_py()

@@ -211,3 +211,16 @@ def test_a_decimal_value_of_more_places_is_rounded_half_up_to_the_column(tmp_pat
     t.ingest(pa.table({"id": [1, 2], "x": [Decimal("1.25"), Decimal("2.50")], "d": [1, 1]}, schema=schema))
     assert t.update("id = 1", {"x": "x * x"}).matched == 1 and t.update("id = 2", {"x": "x * 2"}).matched == 1
     assert t.to_arrow().sort_by("id").column("x").to_pylist() == [Decimal("1.56"), Decimal("5.00")]
+
+
+def test_a_float_compared_with_a_number_stays_a_comparison_the_scan_prunes_by():
+    """Spark's NaN rule (NaN is greater than any number) needs no if_else against a number that is not NaN:
+    ``bal < 2`` stays pyarrow's comparison (row groups are skipped by it), ``bal > 2`` adds the NaN rows."""
+    assert "if_else" not in str(sql.to_expression("bal < 2", TABLE.schema))
+    assert "if_else" not in str(sql.to_expression("bal > 2", TABLE.schema))
+    assert "is_nan" not in str(sql.to_expression("bal <= 2.5", TABLE.schema))
+    nan = pa.table({"bal": [float("nan"), 1.0, None, 3.0]})
+    for text, expected in [("bal > 2", [True, False, None, True]), ("2 > bal", [False, True, None, False]),
+                           ("bal = 1", [False, True, None, False]), ("bal <> 1", [True, False, None, True])]:
+        assert ds.dataset(nan).to_table(columns={"x": sql.to_expression(text, nan.schema)}).column(0).to_pylist() \
+            == expected, text
