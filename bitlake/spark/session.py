@@ -1,4 +1,5 @@
-"""A ready local SparkSession: the project's interpreter for workers, Arrow on, UTC, small shuffles."""
+"""A ready local SparkSession: the project's interpreter for workers, Arrow on, UTC, small shuffles, and bitlake's
+jar with its session extension and catalog, which give bitlake tables names in Spark SQL (docs/spark-sql.md)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,17 @@ def check_java() -> None:
     out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
     if '"17' not in out and '"21' not in out:
         raise BitlakeError(f"Spark 4 needs Java 17 or 21; `java -version` says: {out.splitlines()[0] if out else '?'}")
+
+
+def sql_conf(jar_file: str | None = None) -> dict[str, str]:
+    """The Spark settings of bitlake's jar, its session extension and its catalog (docs/spark-sql.md), for a
+    session or a Spark Connect server built by hand: ``--conf key=value`` each. Empty without a JDK to compile
+    the jar. ``spark.bitlake.python`` is the interpreter of the driver's planner process (this one)."""
+    jar_file = jar_file or jar.jar_path()
+    if jar_file is None:
+        return {}
+    return {"spark.jars": jar_file, "spark.sql.extensions": jar.EXTENSION,
+            "spark.sql.catalog.spark_catalog": jar.CATALOG, "spark.bitlake.python": sys.executable}
 
 
 def spark_session(master: str | None = None, app_name: str = "bitlake", **conf: str):
@@ -69,10 +81,12 @@ def spark_session(master: str | None = None, app_name: str = "bitlake", **conf: 
         .config("spark.sql.sources.parallelPartitionDiscovery.threshold", "512")
     )
 
-    own = jar.jar_path()  # bitlake's row filter (reads of tables with invalid rows)
-    if own is not None:
-        conf = dict(conf)
-        conf["spark.jars"] = ",".join(j for j in (conf.get("spark.jars"), own) if j)
+    conf = dict(conf)
+    for key, value in sql_conf().items():  # the row filter, and tables named in Spark SQL
+        if key in ("spark.jars", "spark.sql.extensions"):  # lists: the caller's and bitlake's
+            conf[key] = ",".join(j for j in (conf.get(key), value) if j)
+        else:
+            conf.setdefault(key, value)
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

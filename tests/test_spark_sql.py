@@ -1,0 +1,146 @@
+"""bitlake tables by name in Spark SQL (the session extension and catalog of bitlake/spark/jvm, docs/spark-sql.md):
+``SELECT`` of current and past views returns the rows of ``Table.to_arrow`` with the same columns and filter; the
+physical plan reads only the columns a query needs and pushes its filters into the Parquet scans; SQL writes
+(``INSERT``, ``DELETE``, ``UPDATE``, ``MERGE``) each make one commit equal to the Python call they map to."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import re
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import bitlake
+from tests.oracle import rows_key
+from tests.test_datasource import COLUMNS, _build, _rows
+
+pytestmark = pytest.mark.spark
+_names = itertools.count()
+
+
+def executed(df) -> str:
+    return df._jdf.queryExecution().executedPlan().toString()
+
+
+def arrow_rows(t, columns, **view) -> list[tuple]:
+    return rows_key([_utc(r) for r in t.to_arrow(columns=columns, **view).to_pylist()], columns)
+
+
+def _utc(row: dict) -> dict:
+    return {k: v.replace(tzinfo=dt.UTC) if isinstance(v, dt.datetime) and v.tzinfo is None else v
+            for k, v in row.items()}
+
+
+def spark_rows(df, columns) -> list[tuple]:
+    return rows_key([_utc(r.asDict()) for r in df.collect()], columns)
+
+
+def register(spark, t) -> str:
+    name = f"bl_{next(_names)}"
+    spark.sql(f"CREATE TABLE {name} USING bitlake LOCATION '{t.path}'")
+    return name
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    return _build(str(tmp_path_factory.mktemp("sql") / "t"))
+
+
+@pytest.fixture(scope="module")
+def named(spark, table):
+    t, _ = table
+    return register(spark, t)
+
+
+VIEWS = ["current", "version 1", "version 2", "timestamp 1", "timestamp 2"]
+
+
+def _view(spark, table, view):
+    """(the SQL clause of ``view``, the to_arrow keywords of the same view)."""
+    t, times = table
+    if view == "current":
+        return "", {}
+    kind, n = view.split()
+    if kind == "version":
+        return f"VERSION AS OF {n}", {"version": int(n)}
+    return f"TIMESTAMP AS OF '{times[int(n) - 1]}'", {"as_of": times[int(n) - 1]}
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_select_by_name_returns_the_rows_to_arrow_returns(spark, table, named, view):
+    t, _ = table
+    clause, keywords = _view(spark, table, view)
+    assert spark_rows(spark.sql(f"SELECT * FROM {named} {clause}"), COLUMNS) == arrow_rows(t, COLUMNS, **keywords)
+    df = spark.sql(f"SELECT k, name FROM {named} {clause} WHERE score > 10 AND name IS NOT NULL")
+    expected = rows_key(t.to_arrow(columns=["k", "name"], filter=(pc.field("score") > 10) & pc.field("name").is_valid(),
+                                   **keywords).to_pylist(), ["k", "name"])
+    assert spark_rows(df, ["k", "name"]) == expected and expected
+
+
+def test_an_aggregate_by_name_counts_the_view(spark, table, named):
+    t, _ = table
+    got = spark.sql(f"SELECT flag, count(*) AS n, sum(score) AS s FROM {named} GROUP BY flag").collect()
+    view = t.to_arrow().group_by("flag").aggregate([("k", "count"), ("score", "sum")])
+    assert sorted((r["flag"], r["n"], r["s"]) for r in got) == sorted(
+        zip(view["flag"].to_pylist(), view["k_count"].to_pylist(), view["score_sum"].to_pylist(), strict=True))
+
+
+@pytest.mark.parametrize("clause", ["", "VERSION AS OF 2"])
+def test_a_one_column_query_reads_that_column_and_pushes_its_filter(spark, table, named, clause):
+    df = spark.sql(f"SELECT name FROM {named} {clause} WHERE k > 40")
+    plan = executed(df)
+    schemas = re.findall(r"ReadSchema: (struct<[^>]*>)", plan)
+    # The files the row filter reads also give it the row ids; no other column is read.
+    assert schemas and all(s in ("struct<k:bigint,name:string>", "struct<k:bigint,name:string,_segment_part:int,"
+                                 "_segment_seq:int,_segment_offset:int>") for s in schemas), plan
+    assert len(re.findall(r"PushedFilters: \[[^]]*GreaterThan\(k,40\)", plan)) == len(schemas), plan
+    # Version 2 has superseded rows in files of rows still valid: the row filter drops them.
+    assert ("bitlake_keep" in plan) == (clause != ""), plan
+
+
+def test_format_bitlake_reads_prune_and_match_the_table_api(spark, table):
+    t, times = table
+    for options, keywords in [({}, {}), ({"versionAsOf": 2}, {"version": 2}),
+                              ({"timestampAsOf": times[0]}, {"as_of": times[0]}),
+                              ({"validAt": "2026-01-01T15:00:00Z"}, {"valid_at": "2026-01-01T15:00:00Z"})]:
+        df = spark.read.format("bitlake").options(**options).load(t.path)
+        assert _rows(df) == arrow_rows(t, COLUMNS, **keywords), options
+        one = df.where("k < 30").select("score")
+        assert "ReadSchema: struct<k:bigint,score:double" in executed(one), options
+        assert sorted(r["score"] for r in one.collect()) == sorted(
+            t.to_arrow(columns=["score"], filter=pc.field("k") < 30, **keywords)["score"].to_pylist())
+
+
+def test_a_table_named_by_its_path(spark, table):
+    t, _ = table
+    df = spark.sql(f"SELECT k FROM bitlake.`{t.path}` VERSION AS OF 1 WHERE k < 10")
+    assert sorted(r["k"] for r in df.collect()) == sorted(
+        t.to_arrow(version=1, columns=["k"], filter=pc.field("k") < 10)["k"].to_pylist())
+
+
+def test_tombstones_and_deletes_hide_rows_by_name(spark, tmp_path):
+    schema = pa.schema([("id", pa.int64()), ("who", pa.string()), ("ts", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="ts")
+    t.ingest(pa.table({"id": [1, 2, 3, 4], "who": ["ann", "o'neil", "bob", "ann"], "ts": [1, 1, 1, 1]}))
+    t.tombstone("who", ["ann", "o'neil"])
+    t.ingest(pa.table({"id": [5, 3], "who": ["ann", "cy"], "ts": [2, 2]}))
+    name = register(spark, t)
+    for clause, keywords in [("", {}), ("VERSION AS OF 2", {"version": 2}), ("VERSION AS OF 1", {"version": 1})]:
+        got = spark_rows(spark.sql(f"SELECT * FROM {name} {clause}"), schema.names)
+        assert got == arrow_rows(t, schema.names, **keywords), clause
+    assert sorted(r["id"] for r in spark.sql(f"SELECT id FROM {name}").collect()) == [3, 5]
+
+
+def test_the_schema_is_the_table_s_and_a_sql_schema_is_refused(spark, table, named):
+    t, _ = table
+    assert spark.table(named).columns == COLUMNS
+    with pytest.raises(Exception, match="registers an existing bitlake table"):
+        spark.sql(f"CREATE TABLE bl_refused (k bigint) USING bitlake LOCATION '{t.path}'")
+
+
+def test_a_table_that_is_not_there_is_named_in_the_error(spark, tmp_path):
+    with pytest.raises(Exception, match="TableNotFoundError"):
+        spark.sql(f"CREATE TABLE bl_missing USING bitlake LOCATION '{tmp_path / 'nothing'}'")
