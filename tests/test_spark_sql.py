@@ -144,3 +144,56 @@ def test_the_schema_is_the_table_s_and_a_sql_schema_is_refused(spark, table, nam
 def test_a_table_that_is_not_there_is_named_in_the_error(spark, tmp_path):
     with pytest.raises(Exception, match="TableNotFoundError"):
         spark.sql(f"CREATE TABLE bl_missing USING bitlake LOCATION '{tmp_path / 'nothing'}'")
+
+
+WRITE_SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string()), ("ts", pa.int64())])
+MERGE_SOURCE = pa.table({"id": [1, 50, 4], "v": ["m", "n", "x"], "ts": [5, 5, 5]}, schema=WRITE_SCHEMA)
+# Each SQL write, and the Python call it maps to.
+WRITES = [
+    ("INSERT INTO {t} VALUES (4, 'd', 2), (1, 'A', 2)",
+     lambda t: t.ingest(pa.table({"id": [4, 1], "v": ["d", "A"], "ts": [2, 2]}, schema=WRITE_SCHEMA))),
+    ("INSERT INTO {t} SELECT id + 10, v, ts FROM {t} WHERE id < 3",
+     lambda t: t.ingest(pa.table({"id": [11, 12], "v": ["A", "b"], "ts": [2, 1]}, schema=WRITE_SCHEMA))),
+    ("DELETE FROM {t} WHERE id = 2 OR v = 'c'", lambda t: t.delete("id = 2 OR v = 'c'")),
+    ("UPDATE {t} SET v = upper(v), ts = ts + 1 WHERE id > 10",
+     lambda t: t.update("id > 10", set={"v": "upper(v)", "ts": "ts + 1"})),
+    ("MERGE INTO {t} AS t USING (SELECT * FROM VALUES (1L, 'm', 5L), (50L, 'n', 5L), (4L, 'x', 5L) AS s(id, v, ts)) s "
+     "ON t.id = s.id WHEN MATCHED AND s.id = 4 THEN DELETE WHEN MATCHED THEN UPDATE SET * "
+     "WHEN NOT MATCHED THEN INSERT * WHEN NOT MATCHED BY SOURCE AND t.id > 11 THEN UPDATE SET v = 'gone'",
+     lambda t: t.merge(MERGE_SOURCE, "target.id = source.id").when_matched_delete("source.id = 4")
+     .when_matched_update_all().when_not_matched_insert_all()
+     .when_not_matched_by_source_update({"v": "'gone'"}, "target.id > 11").execute()),
+]
+
+
+def test_each_sql_write_is_one_commit_equal_to_the_python_call(spark, tmp_path):
+    tables = []
+    for side in ("sql", "python"):
+        t = bitlake.create_table(str(tmp_path / side), WRITE_SCHEMA, primary_key=["id"], delta_column="ts")
+        t.ingest(pa.table({"id": [1, 2, 3], "v": ["a", "b", "c"], "ts": [1, 1, 1]}, schema=WRITE_SCHEMA))
+        tables.append(t)
+    by_sql, by_python = tables
+    name = register(spark, by_sql)
+    for statement, call in WRITES:
+        before = by_sql.version
+        spark.sql(statement.format(t=name)).collect()
+        call(by_python)
+        assert by_sql.version == before + 1 == by_python.version, statement
+        assert by_sql.history()[0]["operation"] == by_python.history()[0]["operation"], statement
+        assert rows_key(by_sql.to_arrow().to_pylist(), WRITE_SCHEMA.names) == rows_key(
+            by_python.to_arrow().to_pylist(), WRITE_SCHEMA.names), statement
+        assert spark_rows(spark.sql(f"SELECT * FROM {name}"), WRITE_SCHEMA.names) == rows_key(
+            by_python.to_arrow().to_pylist(), WRITE_SCHEMA.names), statement
+
+
+def test_writes_that_do_not_map_are_refused_by_name(spark, tmp_path):
+    t = bitlake.create_table(str(tmp_path / "t"), WRITE_SCHEMA, primary_key=["id"], delta_column="ts")
+    t.ingest(pa.table({"id": [1, 2], "v": ["a", "b"], "ts": [1, 1]}, schema=WRITE_SCHEMA))
+    name = register(spark, t)
+    with pytest.raises(Exception, match="INSERT OVERWRITE"):
+        spark.sql(f"INSERT OVERWRITE {name} VALUES (3, 'c', 2)")
+    with pytest.raises(Exception, match="has a subquery"):
+        spark.sql(f"DELETE FROM {name} WHERE id IN (SELECT id FROM {name} WHERE v = 'a')")
+    with pytest.raises(Exception, match="primary key"):
+        spark.sql(f"UPDATE {name} SET id = id + 1")
+    assert t.version == 1

@@ -121,7 +121,7 @@ def merge(request: dict[str, Any]) -> dict[str, Any]:
         for c in request["clauses"]:
             name = {"matched": "when_matched", "not_matched": "when_not_matched",
                     "not_matched_by_source": "when_not_matched_by_source"}[c["when"]] + "_" + c["action"]
-            if c["action"] == "delete":
+            if c["action"] in ("delete", "update_all"):
                 builder = getattr(builder, name)(c.get("condition"))
             else:
                 builder = getattr(builder, name)(c["set"], c.get("condition"))

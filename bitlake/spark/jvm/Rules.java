@@ -24,8 +24,9 @@ final class Rules extends Rule<LogicalPlan> {
 
     @Override
     public LogicalPlan apply(LogicalPlan plan) {
-        if (Writes.targetsBitlake(plan)) {
-            return Writes.rewrite(session, plan);
+        BitlakeTable written = Writes.target(plan);
+        if (written != null) {
+            return Writes.rewrite(session, plan, written);
         }
         return plan.resolveOperatorsUp(new AbstractPartialFunction<LogicalPlan, LogicalPlan>() {
             @Override
