@@ -52,7 +52,7 @@ class View(ds.Dataset):
                  where: Any, include_row_ids: bool):
         self._where = _expression(where, state.metadata.schema)
         self._io, self._columns, self._ids = io, columns, include_row_ids
-        self._plan = plan.plan(io, state, valid_at)
+        self._plan = plan_of(io, state, valid_at)
         self.version = state.version
         self._schema = reader.output_schema(self._plan, columns, include_row_ids)
 
@@ -63,8 +63,8 @@ class View(ds.Dataset):
     def __repr__(self) -> str:
         return f"View(version={self.version}, columns={self.schema.names})"
 
-    def to_reader(self, batch_rows: int = reader.BATCH_ROWS) -> pa.RecordBatchReader:
-        return reader.reader(self._io, self._plan, self._ids, self._where, self._columns, batch_rows)
+    def to_reader(self, batch_size: int = reader.BATCH_ROWS) -> pa.RecordBatchReader:
+        return reader.reader(self._io, self._plan, self._ids, self._where, self._columns, batch_size)
 
     def scanner(self, columns: list[str] | None = None, filter: Any = None,  # noqa: A002 - pyarrow's name
                 batch_size: int | None = None, **_: Any) -> ds.Scanner:
@@ -115,16 +115,49 @@ class View(ds.Dataset):
         return reader.reader(self._io, self._plan, False, both, names, batch_rows or reader.BATCH_ROWS)
 
 
+class TableDataset(ds.Dataset):
+    """The ``pyarrow.dataset.Dataset`` side of :class:`bitlake.Table`: ``duckdb.sql("SELECT ... FROM t")`` on a
+    table scans its latest version (or the one it was opened at) with the query's columns and filters pushed
+    down, as on a :class:`View` (each scan takes a new view: a table's scans follow its commits)."""
+
+    def view(self, **kwargs: Any) -> View:
+        raise NotImplementedError
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self.view().schema
+
+    def scanner(self, columns: list[str] | None = None, filter: Any = None,  # noqa: A002 - pyarrow's name
+                batch_size: int | None = None, **kwargs: Any) -> ds.Scanner:
+        return self.view().scanner(columns, filter, batch_size, **kwargs)
+
+    def to_table(self, columns: list[str] | None = None, filter: Any = None, **kwargs: Any  # noqa: A002
+                 ) -> pa.Table:
+        return self.view().to_table(columns, filter, **kwargs)
+
+    def count_rows(self, filter: Any = None, **kwargs: Any) -> int:  # noqa: A002
+        return self.view().count_rows(filter, **kwargs)
+
+    def head(self, num_rows: int, columns: list[str] | None = None, filter: Any = None,  # noqa: A002
+             **kwargs: Any) -> pa.Table:
+        return self.view().head(num_rows, columns, filter, **kwargs)
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        return self.view().__arrow_c_stream__(requested_schema)
+
+
 def _refused(name: str) -> Any:
-    def refuse(self: View, *args: Any, **kwargs: Any) -> Any:
-        raise InvalidInputError(f"a bitlake view has no {name}(): read it (to_table, scanner) and use pyarrow's")
+    def refuse(self: ds.Dataset, *args: Any, **kwargs: Any) -> Any:
+        raise InvalidInputError(f"a bitlake {type(self).__name__.lower()} has no {name}(): read it (to_table, "
+                                "scanner) and use pyarrow's")
     refuse.__name__ = name
     return refuse
 
 
-for _name in ("get_fragments", "filter", "sort_by", "join", "join_asof", "replace_schema", "take"):
-    setattr(View, _name, _refused(_name))
-View.partition_expression = property(_refused("partition_expression"))  # type: ignore[assignment,method-assign]
+for _cls in (View, TableDataset):
+    for _name in ("get_fragments", "filter", "sort_by", "join", "join_asof", "replace_schema", "take"):
+        setattr(_cls, _name, _refused(_name))
+    _cls.partition_expression = property(_refused("partition_expression"))  # type: ignore[assignment]
 
 
 def _expression(where: Any, schema: pa.Schema) -> pc.Expression | None:
@@ -140,7 +173,7 @@ def _expression(where: Any, schema: pa.Schema) -> pc.Expression | None:
 
 
 def to_spark(spark, io: FileIO, state: TableState, valid_at: int | None, include_row_ids: bool):
-    return spark_reader.read(spark, io, plan.plan(io, state, valid_at), include_row_ids)
+    return spark_reader.read(spark, io, plan_of(io, state, valid_at), include_row_ids)
 
 
 def change_plan(io: FileIO, latest: TableState, *, starting_version: int | None = None,
@@ -216,9 +249,31 @@ def changes(spark, io: FileIO, p: changes_mod.ChangePlan):
     return spark_changes.read_changes(spark, io, p)
 
 
+def plan_of(io: FileIO, state: TableState, valid_at: int | None) -> plan.ReadPlan:
+    """The read plan of a view, made once per snapshot and event time: reads of one version plan once."""
+    return _derived(state, ("plan", valid_at), lambda: plan.plan(io, state, valid_at))
+
+
 def _older(io: FileIO, latest: TableState, version: int) -> TableState:
-    """The state at an older ``version``, reading what a later vacuum left of the files it names."""
-    return state_mod.load(io, version).read_through(latest.rewritten)
+    """The state at an older ``version``, reading what a later vacuum left of the files it names (kept with the
+    latest snapshot, so repeated reads of a past version replay its commits once)."""
+    return _derived(latest, ("older", version), lambda: state_mod.load(io, version).read_through(latest.rewritten))
+
+
+DERIVED_PER_SNAPSHOT = 8
+
+
+def _derived(state: TableState, key: tuple, make: Any) -> Any:
+    """``state.derived[key]``, made by ``make()`` when missing; the least recently used of more than
+    :data:`DERIVED_PER_SNAPSHOT` go."""
+    memo = state.derived
+    value = memo.pop(key, None)
+    if value is None:
+        value = make()
+    memo[key] = value
+    while len(memo) > DERIVED_PER_SNAPSHOT:
+        memo.pop(next(iter(memo)))
+    return value
 
 
 def _check_filter(where: pc.Expression, schema: pa.Schema) -> None:

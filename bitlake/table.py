@@ -142,13 +142,23 @@ def _under_a_file(path: str) -> bool:
     return not os.path.isdir(path)
 
 
-class Table:
-    """A bitlake table. Cheap to create; every call reads the commit log as needed."""
+def _reopened(io: FileIO, pinned: int | None) -> Table:
+    table = Table(io)
+    table._pinned = pinned
+    return table
+
+
+class Table(read.TableDataset):
+    """A bitlake table. Cheap to create; every call reads the commit log as needed. It is also a
+    ``pyarrow.dataset.Dataset`` (:class:`bitlake.read.TableDataset`): DuckDB scans it by name."""
 
     def __init__(self, io: FileIO):
         self.io = io
         self._state: TableState | None = None
         self._pinned: int | None = None  # open_table(version=): reads default to it, writes are refused
+
+    def __reduce__(self) -> tuple:
+        return _reopened, (self.io, self._pinned)  # pyarrow's Dataset has no pickling of its own to offer
 
     def __repr__(self) -> str:
         return f"Table({self.io.uri()!r}, version={self.version})"
@@ -366,10 +376,10 @@ class Table:
 
     def to_batches(self, *, version: int | None = None, as_of: Any = None, valid_at: Any = None,
                    columns: list[str] | None = None, filter: Any = None,  # noqa: A002
-                   include_row_ids: bool = False, batch_rows: int = 131_072) -> pa.RecordBatchReader:
+                   include_row_ids: bool = False, batch_size: int = 131_072) -> pa.RecordBatchReader:
         """:meth:`to_arrow` as a ``pyarrow.RecordBatchReader`` that streams the view in bounded memory."""
         return self.view(version=version, as_of=as_of, valid_at=valid_at, columns=columns, filter=filter,
-                         include_row_ids=include_row_ids).to_reader(batch_rows)
+                         include_row_ids=include_row_ids).to_reader(batch_size)
 
     def view(self, *, version: int | None = None, as_of: Any = None, valid_at: Any = None,
              columns: list[str] | None = None, filter: Any = None,  # noqa: A002

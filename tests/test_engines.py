@@ -170,6 +170,55 @@ def test_a_view_is_a_pyarrow_dataset_that_reads_like_one(table):
         v.join(v, "k")
 
 
+def test_duckdb_scans_the_table_itself_by_name_and_follows_its_commits(tmp_path, asked):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key="k", delta_column="v")
+    t.ingest(_batch(range(100), 1), op_column="op")
+    assert duckdb.sql("SELECT count(*), sum(n) FROM t WHERE k >= 10").fetchall() == [
+        (90, sum(k % 13 for k in range(10, 100)))]
+    assert asked[-1]["columns"] == ["n"] and "10" in str(asked[-1]["where"])
+    t.ingest(_batch(range(50, 150), 2), op_column="op")  # the next scan reads the new version
+    assert _duck("SELECT * FROM t", t=t) == _rows(t.to_arrow())
+    pinned = bitlake.open_table(t.path, version=1)
+    assert _duck("SELECT * FROM pinned", pinned=pinned) == _rows(t.to_arrow(version=1))
+    assert pinned.count_rows() == 100 and t.count_rows(filter="k >= 100") == 50
+    assert pl.scan_pyarrow_dataset(t).select(pl.len()).collect().item() == 150
+    with pytest.raises(InvalidInputError, match="no join"):
+        t.join(t, "k")
+
+
+def test_a_table_pickles_as_its_location_and_pinned_version(tmp_path):
+    import pickle
+
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key="k", delta_column="v")
+    t.ingest(_batch(range(10), 1), op_column="op")
+    t.ingest(_batch(range(5), 2), op_column="op")
+    again = pickle.loads(pickle.dumps(bitlake.open_table(t.path, version=1)))
+    assert again.version == 1 and _rows(again.to_arrow()) == _rows(t.to_arrow(version=1))
+
+
+def test_reads_of_one_version_plan_once(table, monkeypatch):
+    from bitlake.engine.read import plan as plan_mod
+
+    made = []
+    real = plan_mod.plan
+    monkeypatch.setattr(plan_mod, "plan", lambda *a, **k: made.append(a[2:]) or real(*a, **k))
+    fresh = bitlake.open_table(table.path)
+    for _ in range(3):
+        fresh.to_arrow(columns=["k"])
+        fresh.to_arrow(version=2)
+    assert made == [(None,), (None,)]  # the latest version once, version 2 once
+
+
+def test_the_reader_keeps_the_file_order_and_raises_what_a_file_read_raises(table, tmp_path, monkeypatch):
+    expected = table.to_arrow()  # several files read at once
+    monkeypatch.setattr(reader_mod, "READERS", 1)
+    assert table.to_arrow(columns=["k"]).column("k").to_pylist() == expected.column("k").to_pylist()
+    assert len(table.state().data_files()) > reader_mod.READERS
+    monkeypatch.setattr(reader_mod, "_row_groups", lambda *a: (_ for _ in ()).throw(OSError("disk gone")))
+    with pytest.raises(OSError, match="disk gone"):
+        bitlake.open_table(table.path).to_arrow()
+
+
 # ------------------------------------------------------------------------------------------------ Polars
 
 @pytest.mark.parametrize("version", [None, 1])

@@ -59,22 +59,27 @@ class DataFile:
     partition: dict[str, str | None] | None
     segments: tuple[SegmentRows, ...]
     offsets: str | None = None
+    stats: dict | None = None  # column statistics (bitlake/format/stats.py); None for files written before them
 
     def __post_init__(self):
         if self.partition is not None and type(self.partition) is not FrozenDict:  # a snapshot holds it: a value
             object.__setattr__(self, "partition", FrozenDict(self.partition))
+        if self.stats is not None and type(self.stats) is not FrozenDict:
+            object.__setattr__(self, "stats", FrozenDict({k: FrozenDict(v) for k, v in self.stats.items()}))
 
     def to_json(self) -> dict:
         d = {"path": self.path, "rows": self.rows, "bytes": self.bytes, "partition": self.partition,
              "segments": [[s.part, s.seq, s.rows] for s in self.segments]}
         if self.offsets is not None:
             d["offsets"] = self.offsets
+        if self.stats is not None:
+            d["stats"] = {k: dict(v) for k, v in self.stats.items()}
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> DataFile:
         return cls(d["path"], d["rows"], d["bytes"], d["partition"], tuple(SegmentRows(*s) for s in d["segments"]),
-                   d.get("offsets"))
+                   d.get("offsets"), d.get("stats"))
 
 
 @dataclasses.dataclass(frozen=True)

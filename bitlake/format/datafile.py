@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from bitlake.errors import InvalidInputError
-from bitlake.format import bucket, keystore, rowid
+from bitlake.format import bucket, keystore, rowid, stats
 from bitlake.format.metadata import TableMetadata, deltas_as_int
 from bitlake.fs import FileIO
 
@@ -126,7 +126,8 @@ class FileWriter:
     """One output file; buffers incoming tables into full-size row groups. A Parquet file's writer starts with
     its first row group, which picks the columns tried with a dictionary (:func:`_dictionary_columns`)."""
 
-    def __init__(self, io: FileIO, path: str, schema: pa.Schema, file_format: str, options: dict):
+    def __init__(self, io: FileIO, path: str, schema: pa.Schema, file_format: str, options: dict,
+                 stats_columns: list[str] | None = None):
         self.io = io
         self.path = path
         self.rows = 0
@@ -138,6 +139,8 @@ class FileWriter:
         self._out = io.open_output(path)
         self._pq: pq.ParquetWriter | None = None
         self._orc = None
+        self._stats = stats.Collector(schema, stats_columns, file_format == "parquet") \
+            if stats_columns is not None else None
         if file_format == "orc":
             import pyarrow.orc as orc
 
@@ -157,6 +160,8 @@ class FileWriter:
         table = pa.concat_tables(self._buffer)
         self._buffer, self._buffered_rows, self.buffered_bytes = [], 0, 0
         self.flushed_rows += table.num_rows
+        if self._stats is not None:
+            self._stats.add(table)
         if self._orc is not None:
             self._orc.write(table)
             return
@@ -178,8 +183,14 @@ class FileWriter:
         """Closes the file; returns its size in bytes."""
         self.flush()
         (self._orc or self._parquet(self._schema.empty_table())).close()
+        if self._stats is not None and self._pq is not None:
+            self._stats.footer(self._pq.writer.metadata)
         self._out.close()
         return self.io.size(self.path)
+
+    def stats(self) -> dict | None:
+        """The file's column statistics (docs/FORMAT.md, "File statistics"), once closed; None for a keys file."""
+        return self._stats.to_json() if self._stats is not None else None
 
 
 def check_storable(schema: pa.Schema, file_format: str) -> None:
@@ -205,7 +216,8 @@ def check_storable(schema: pa.Schema, file_format: str) -> None:
 def data_writer(io: FileIO, path: str, meta: TableMetadata) -> FileWriter:
     schema = data_schema(meta)
     options = data_parquet_options(schema) if meta.file_format == "parquet" else {}
-    return FileWriter(io, path, schema, meta.file_format, options)
+    columns = [f.name for f in meta.schema if stats.covered(f.type)]
+    return FileWriter(io, path, schema, meta.file_format, options, columns)
 
 
 def keys_writer(io: FileIO, path: str, meta: TableMetadata) -> FileWriter:

@@ -96,6 +96,9 @@ class TableState:
     rewritten: dict[str, DataFile | None] = dataclasses.field(default_factory=dict)
     # The records of the rows vacuums purged, by the version of the vacuum (restatements fold them again).
     purged: list[tuple[int, PurgedFile]] = dataclasses.field(default_factory=list)
+    # What readers derive from this snapshot (read plans, older snapshots), kept as long as it lives: a snapshot
+    # never changes, so neither does what is derived from it. Not copied by dataclasses.replace (init=False).
+    derived: dict = dataclasses.field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self):
         for name in _CONTAINERS:
@@ -206,7 +209,7 @@ class _Replay:
     no second copy). The snapshot it starts from is never changed."""
 
     def __init__(self, s: TableState):
-        self.fields = {f.name: getattr(s, f.name) for f in dataclasses.fields(TableState)}
+        self.fields = {f.name: getattr(s, f.name) for f in dataclasses.fields(TableState) if f.init}
         self._own: set[str] = set()
 
     def _mine(self, name: str):

@@ -39,7 +39,7 @@ def check(path: str) -> None:
     small = t.to_arrow(columns=["k"], filter=(pc.field("g") == "g1") & (pc.field("k") < 30))
     assert small.column_names == ["k"] and sorted(small.column("k").to_pylist()) == [
         k for k in range(30) if k % 3 == 1 and k % 10 != 0]
-    reader = t.to_batches(batch_rows=16)
+    reader = t.to_batches(batch_size=16)
     assert isinstance(reader, pa.RecordBatchReader) and sum(b.num_rows for b in reader) == 110
     view = t.view(version=2)
     assert duckdb.sql("SELECT count(*) FROM view").fetchall() == [(90,)]

@@ -202,7 +202,8 @@ class _Output:
         offsets_path = layout.bitmap_path()
         self.written.append(offsets_path)
         bitmap.write_file(self.io, offsets_path, offsets)
-        self.done.append(DataFile(writer.path, writer.rows, size, self.partition, tuple(rows), offsets_path))
+        self.done.append(DataFile(writer.path, writer.rows, size, self.partition, tuple(rows), offsets_path,
+                                  writer.stats()))
 
 
 Drop = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (row ids, valid now) -> rows to leave out

@@ -47,6 +47,8 @@ class ReadPlan:
     cache: bitmap.BitmapCache = dataclasses.field(repr=False, compare=False)
     hidden: list[tuple[int, str, pa.Array]] = dataclasses.field(default_factory=list)
     live_version: dict[int, int] = dataclasses.field(default_factory=dict)
+    _kept_arrays: dict[tuple[int, int], np.ndarray] = dataclasses.field(default_factory=dict, repr=False,
+                                                                        compare=False)
 
     def tombstoned(self, table: pa.Table) -> np.ndarray:
         """A mask of the rows of ``table`` (with ``_segment_part``) that a tombstone hides."""
@@ -70,6 +72,17 @@ class ReadPlan:
         if segment in self.revived:
             bm |= bitmap.of(self.revived[segment])
         return bm
+
+    def kept_array(self, segment: tuple[int, int]) -> np.ndarray:
+        """:meth:`kept` as a boolean array over the segment's offsets (True: kept), what readers look each row's
+        offset up in; computed once a plan (a byte an offset, while the plan lives)."""
+        kept = self._kept_arrays.get(segment)
+        if kept is None:
+            offsets = bitmap.to_array(self.kept(segment))
+            kept = np.zeros(int(offsets.max()) + 1 if len(offsets) else 1, dtype=bool)  # never empty: 0 indexes
+            kept[offsets] = True
+            self._kept_arrays[segment] = kept
+        return kept
 
     def dropped(self) -> dict[tuple[int, int], BitMap]:
         """Per segment, the offsets of the rows the filtered files hold and the view drops: for a compacted

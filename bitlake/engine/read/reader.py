@@ -1,15 +1,20 @@
-"""Reading a view without Spark: the plan of :mod:`bitlake.engine.read.plan`, executed file by file with pyarrow.
+"""Reading a view without Spark: the plan of :mod:`bitlake.engine.read.plan`, executed with pyarrow.
 
-:func:`batches` streams the view in bounded memory (a Parquet file is scanned batch by batch; the rows a view
-drops are filtered out of each batch by their row ids); :func:`read` collects it. A condition ``where`` (a
-pyarrow compute expression) is pushed down to Parquet: row groups whose statistics rule it out are skipped
-(a partition column is in every file, so partitions prune the same way), and only the columns wanted and
-those the condition names are decoded.
+:func:`batches` streams the view in bounded memory (a few files read at once by threads, each a row group at a
+time; the rows a view drops are filtered out of each row group by their row ids); :func:`read` collects it. A
+condition ``where`` (a pyarrow compute expression) prunes files by their column statistics in the commit
+(:mod:`bitlake.format.stats`), row groups by their Parquet statistics (a partition column is in every file, so
+partitions prune the same way), and only the columns wanted and those the condition names are decoded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import collections
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +23,7 @@ import pyarrow.dataset as ds
 
 from bitlake.engine.read.plan import ReadPlan
 from bitlake.errors import InvalidInputError
-from bitlake.format import bitmap, datafile, rowid
+from bitlake.format import datafile, rowid, stats
 from bitlake.format.commit import DataFile
 from bitlake.format.metadata import deltas_as_int
 from bitlake.fs import FileIO
@@ -40,34 +45,20 @@ def output_schema(p: ReadPlan, columns: list[str] | None = None, include_row_ids
 def batches(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
             columns: list[str] | None = None, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """The rows of the plan (``columns`` of them, default all), and with ``where``, those it holds true for,
-    as record batches of :func:`output_schema`, one file after the other."""
-    if columns == [] and not include_row_ids:  # no column, but the rows' count: batches of zero columns keep it
-        yield from (rb.select([]) for rb in batches(io, p, True, where, columns, batch_rows))
-        return
-    meta = p.state.metadata
+    as record batches of :func:`output_schema`, in the plan's file order. Up to :data:`READERS` files are read
+    at once (decoding releases the GIL), each up to a row group ahead."""
     schema = output_schema(p, columns, include_row_ids)
-    needed = set(schema.names) | set(rowid.ROW_ID_COLUMNS) | {c for _, c, _ in p.hidden}
-    if p.valid_at is not None and meta.keyed:
-        needed.add(str(meta.delta_column))
-    read_columns = [c for c in datafile.data_schema(meta).names if c in needed]
-    filtered = {f.path for f in p.filtered}
-    kept_of: dict = {}
-    for f, rb in _prefetched(io, p.whole + p.filtered, meta, read_columns, where, batch_rows):
-        if not rb.num_rows:
-            continue
-        table = pa.Table.from_batches([rb])
-        if f.path in filtered:
-            mask = _kept_mask(p, f, table, kept_of)
-            if not mask.all():
-                table = table.filter(pa.array(mask))
-        if table.num_rows:
-            if p.valid_at is not None and meta.keyed:
-                deltas = deltas_as_int(table.column(meta.delta_column), meta.delta_type)
-                table = table.filter(pa.array(deltas <= p.valid_at))
-            if p.hidden:
-                table = table.filter(pa.array(~p.tombstoned(table)))
-        if table.num_rows:
-            yield from table.select(schema.names).cast(schema).to_batches()
+    # Files whose column statistics rule ``where`` out are never opened.
+    data = datafile.data_schema(p.state.metadata)
+    files = ([(f, False) for f in stats.pruned(p.whole, where, data)]
+             + [(f, True) for f in stats.pruned(p.filtered, where, data)])
+
+    def read_file(item: tuple[DataFile, bool]) -> Iterator[pa.Table]:
+        f, filtered = item
+        return _file_tables(io, p, f, filtered, schema, where)
+
+    for table in _ordered(files, read_file):
+        yield from table.to_batches(max_chunksize=batch_rows)
 
 
 def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
@@ -84,86 +75,134 @@ def reader(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Exp
     return pa.RecordBatchReader.from_batches(schema, batches(io, p, include_row_ids, where, columns, batch_rows))
 
 
-def _kept_mask(p: ReadPlan, f: DataFile, table: pa.Table, kept_of: dict) -> np.ndarray:
-    """Which rows of ``table`` (a batch of file ``f``) the plan keeps: a lookup of each row's offset in its
-    segment's kept offsets, as a boolean array per segment."""
+def _file_tables(io: FileIO, p: ReadPlan, f: DataFile, filtered: bool, schema: pa.Schema,
+                 where: pc.Expression | None) -> Iterator[pa.Table]:
+    """The rows of data file ``f`` the plan keeps and ``where`` holds for, as tables of ``schema``, a row group
+    at a time. Only the row-id columns a filter needs are read: a file whose rows are all kept is read as
+    plainly as any Parquet file."""
+    meta = p.state.metadata
+    needed = set(schema.names) | {c for _, c, _ in p.hidden}
+    one = (f.segments[0].part, f.segments[0].seq) if len(f.segments) == 1 else None
+    if filtered:  # a file of one segment needs only the offsets (the segment is in the file's entry)
+        needed |= {rowid.OFFSET_COLUMN} if one else set(rowid.ROW_ID_COLUMNS)
+    if p.hidden:
+        needed.add(rowid.PART_COLUMN)
+    event_time = p.valid_at is not None and meta.keyed
+    if event_time:
+        needed.add(str(meta.delta_column))
+    read_columns = [c for c in datafile.data_schema(meta).names if c in needed]
+    for table in _row_groups(io, f.path, meta, read_columns, where):
+        if filtered:
+            mask = _lookup(p.kept_array(one), table.column(rowid.OFFSET_COLUMN)) if one else kept_mask(p, table)
+            if not mask.all():
+                keep = [c for c in table.column_names if c in schema.names or c == rowid.PART_COLUMN
+                        or c == meta.delta_column or any(c == h for _, h, _ in p.hidden)]
+                # A table of no column has no rows either: the offsets stay to carry the count.
+                table = table.select(keep or [rowid.OFFSET_COLUMN]).filter(pa.array(mask))
+        if table.num_rows and event_time:
+            deltas = deltas_as_int(table.column(meta.delta_column), meta.delta_type)
+            table = table.filter(pa.array(deltas <= p.valid_at))
+        if table.num_rows and p.hidden:
+            table = table.filter(pa.array(~p.tombstoned(table)))
+        if table.num_rows:
+            table = table.select(schema.names)
+            yield table.cast(schema) if schema.names else table  # cast drops a table of no column's rows
+
+
+def kept_mask(p: ReadPlan, table: pa.Table) -> np.ndarray:
+    """Which rows of ``table`` (rows of data files, with their row-id columns) the plan keeps: each row's offset
+    looked up in its segment's kept offsets (:meth:`ReadPlan.kept_array`)."""
     part = table.column(rowid.PART_COLUMN).to_numpy()
     seq = table.column(rowid.SEQ_COLUMN).to_numpy()
     offset = table.column(rowid.OFFSET_COLUMN).to_numpy()
-    segments = {(r.part, r.seq) for r in f.segments}
-    one = len(segments) == 1 or (part.min() == part.max() and seq.min() == seq.max())
-    keys = [(int(part[0]), int(seq[0]))] if one else sorted({(int(a), int(b)) for a, b in zip(part, seq, strict=True)})
-    mask = np.zeros(table.num_rows, dtype=bool)
-    for key in keys:
-        kept = kept_of.get(key)
-        if kept is None:
-            kept_of.clear()  # a reader moves from file to file: one file's segments at a time
-            kept = kept_of[key] = _kept_offsets(p, key)
-        rows = slice(None) if one else (part == key[0]) & (seq == key[1])
-        at = offset[rows]
-        inside = at < len(kept)
-        mask[rows] = inside & kept[np.where(inside, at, 0)]
+    if not len(part):
+        return np.zeros(0, dtype=bool)
+    if part.min() == part.max() and seq.min() == seq.max():
+        return _lookup(p.kept_array((int(part[0]), int(seq[0]))), offset)
+    mask = np.zeros(len(part), dtype=bool)
+    keys = np.unique((part.astype(np.int64) << 32) | seq)
+    for key in keys.tolist():
+        rows = (part == key >> 32) & (seq == key & 0xFFFFFFFF)
+        mask[rows] = _lookup(p.kept_array((key >> 32, key & 0xFFFFFFFF)), offset[rows])
     return mask
 
 
-def _kept_offsets(p: ReadPlan, segment: tuple[int, int]) -> np.ndarray:
-    """A boolean array over a segment's offsets: True where the plan keeps the row."""
-    offsets = bitmap.to_array(p.kept(segment))
-    kept = np.zeros(int(offsets.max()) + 1 if len(offsets) else 1, dtype=bool)  # never empty: index 0 is valid
-    kept[offsets] = True
-    return kept
+def _lookup(kept: np.ndarray, offsets: Any) -> np.ndarray:
+    """``kept[offsets]``, False for an offset past its end (a row the plan's bitmaps do not reach)."""
+    if not isinstance(offsets, np.ndarray):
+        offsets = offsets.to_numpy()
+    if not len(offsets) or offsets.max() < len(kept):
+        return kept[offsets]
+    inside = offsets < len(kept)
+    return inside & kept[np.where(inside, offsets, 0)]
 
 
-def _prefetched(io: FileIO, files: list[DataFile], meta, columns: list[str], where: pc.Expression | None,
-                batch_rows: int, depth: int = 4) -> Iterator[tuple[DataFile, pa.RecordBatch]]:
-    """The files' batches, decoded by a background thread up to ``depth`` batches ahead (decoding releases
-    the GIL, so it overlaps the row filtering of the batches before)."""
-    import queue
-    import threading
+READERS = max(2, min(4, os.cpu_count() or 2))
 
-    out: queue.Queue = queue.Queue(maxsize=depth)
+
+def _ordered(items: list, produce: Callable[[Any], Iterator[pa.Table]], workers: int | None = None,
+             depth: int = 1) -> Iterator[pa.Table]:
+    """The tables ``produce(item)`` yields for each item, in the items' order, up to ``workers`` items produced
+    at once by threads, each at most ``depth`` tables ahead of the reader: memory stays bounded by
+    ``workers * (depth + 1)`` tables (row groups) however many files a view has."""
+    if not items:
+        return
     stop = threading.Event()
     done = object()
 
-    def produce() -> None:
+    def run(item: Any, out: queue.Queue) -> None:
         try:
-            for f in files:
-                for rb in _file_batches(io, f.path, meta, columns, where, batch_rows):
-                    while not stop.is_set():
-                        try:
-                            out.put((f, rb), timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                    if stop.is_set():
-                        return
+            for table in produce(item):
+                while not stop.is_set():
+                    try:
+                        out.put(table, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
             out.put(done)
-        except BaseException as e:  # noqa: BLE001 - raised in the consumer
+        except BaseException as e:  # noqa: BLE001 - raised in the reader
             out.put(e)
 
-    worker = threading.Thread(target=produce, daemon=True, name="bitlake-read-ahead")
-    worker.start()
+    running: collections.deque[queue.Queue] = collections.deque()
+    pending = iter(items)
+
+    def start_next() -> None:
+        item = next(pending, done)
+        if item is not done:
+            out: queue.Queue = queue.Queue(maxsize=depth)
+            threading.Thread(target=run, args=(item, out), daemon=True, name="bitlake-read").start()
+            running.append(out)
+
     try:
-        while True:
-            item = out.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        for _ in range(workers or READERS):
+            start_next()
+        while running:
+            table = running[0].get()
+            if table is done:
+                running.popleft()
+                start_next()
+            elif isinstance(table, BaseException):
+                raise table
+            else:
+                yield table
     finally:
         stop.set()
 
 
-def _file_batches(io: FileIO, path: str, meta, columns: list[str], where: pc.Expression | None,
-                  batch_rows: int) -> Iterator[pa.RecordBatch]:
+def _row_groups(io: FileIO, path: str, meta, columns: list[str], where: pc.Expression | None
+                ) -> Iterator[pa.Table]:
+    """``columns`` of a data file's rows where ``where`` holds, a row group (an ORC stripe) at a time."""
     schema = datafile.data_schema(meta)
     if meta.file_format == "parquet":
         # The table's schema: a column added after the file was written reads as null (and fails ``where``).
         fragment = ds.ParquetFileFormat().make_fragment(io.open_input(path))
-        yield from fragment.to_batches(schema=schema, columns=columns, filter=where, batch_size=batch_rows)
+        for rb in fragment.to_batches(schema=schema, columns=columns, filter=where,
+                                      batch_size=datafile.ROW_GROUP_ROWS):
+            yield pa.Table.from_batches([rb])
         return
     for rb in datafile.read_batches(io, path, schema, meta.file_format, None if where is not None else columns,
-                                    batch_rows):
-        yield from (pa.Table.from_batches([rb]).filter(where).select(columns).to_batches() if where is not None
-                    else [rb])
+                                    datafile.ROW_GROUP_ROWS):
+        table = pa.Table.from_batches([rb])
+        yield table.filter(where).select(columns) if where is not None else table

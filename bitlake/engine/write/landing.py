@@ -35,10 +35,11 @@ REPORT_SCHEMA = pa.schema([
     ("kind", pa.string()), ("path", pa.string()), ("seq", pa.int32()), ("rows", pa.int64()),
     ("bytes", pa.int64()), ("partition", pa.string()), ("nulls", pa.string()), ("bad_ops", pa.int64()),
     ("bad_op_sample", pa.string()), ("infinite_deltas", pa.int64()), ("bad_values", pa.string()),
+    ("stats", pa.string()),
 ])
 REPORT_DDL = (
     "kind string, path string, seq int, rows long, bytes long, partition string, nulls string, bad_ops long, "
-    "bad_op_sample string, infinite_deltas long, bad_values string"
+    "bad_op_sample string, infinite_deltas long, bad_values string, stats string"
 )
 
 
@@ -220,7 +221,8 @@ class _Cut:
 
     def reports(self, sizes: list[int] | None = None) -> list[dict]:
         rows = [_report(kind=kind, path=w.path, seq=seq, rows=w.rows, bytes=sizes[i] if sizes else 0,
-                        partition=json.dumps(partition) if partition is not None else None)
+                        partition=json.dumps(partition) if partition is not None else None,
+                        stats=json.dumps(w.stats()) if sizes and w.stats() is not None else None)
                 for i, (kind, w, partition, seq) in enumerate(self.writers)]
         return rows + [self.check]
 
@@ -408,7 +410,8 @@ def collect(io: FileIO, meta: TableMetadata, part: int, reports: Iterator[dict],
         else:
             partition = json.loads(r["partition"]) if r["partition"] else None
             segments = (SegmentRows(part, r["seq"], r["rows"]),)
-            data.append(DataFile(r["path"], r["rows"], r["bytes"], partition, segments))
+            stats = json.loads(r["stats"]) if r.get("stats") else None
+            data.append(DataFile(r["path"], r["rows"], r["bytes"], partition, segments, None, stats))
     error: Exception | None = None
     for c, n in nulls.items():
         if n:

@@ -1,0 +1,165 @@
+"""Per-file column statistics (docs/FORMAT.md, "File statistics"): the least and greatest value and the null
+count of each number, date and timestamp column of a data file, recorded in the file's ``add_files`` entry, so
+that a reader skips the files a filter rules out before it opens any.
+
+:class:`Collector` gathers them while a file is written (floats from the Arrow data, as Parquet footers leave
+out NaN; the rest from the footers the Parquet writer computes anyway); :func:`pruned` keeps the files a filter
+may match. A file without statistics, or a column without them, is always read.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+
+def covered(t: pa.DataType) -> bool:
+    """Whether a column of type ``t`` gets statistics: numbers, dates and timestamps. Strings get none: a
+    commit is never rewritten, and a vacuum must leave no byte of a purged row (a name, an e-mail address) in
+    the table, where a string bound is often a whole value of one row."""
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_date32(t)
+            or pa.types.is_timestamp(t))
+
+
+_UNITS_PER_SECOND = {"s": 1, "ms": 1000, "us": 10**6, "ns": 10**9,
+                     "milliseconds": 1000, "microseconds": 10**6, "nanoseconds": 10**9}
+
+
+class Collector:
+    """The statistics of the rows of one file, gathered as it is written. Floating-point bounds come from the
+    values (numpy: NaN and infinities must be seen); with ``footer`` (a Parquet file) the other bounds come from
+    its row groups' statistics, which the Parquet writer computes anyway, else from the values (an ORC file)."""
+
+    def __init__(self, schema: pa.Schema, columns: list[str], footer: bool):
+        self._fields = {c: schema.field(c).type for c in columns}
+        self._from_values = {c for c, t in self._fields.items() if pa.types.is_floating(t) or not footer}
+        self._min: dict[str, Any] = {}
+        self._max: dict[str, Any] = {}
+        self._nulls = dict.fromkeys(columns, 0)
+        self._unbounded: set[str] = set()  # NaN or an infinity seen, or a row group without bounds
+
+    def add(self, table: pa.Table) -> None:
+        for name in self._fields:
+            if name not in table.column_names:
+                self._nulls[name] += table.num_rows
+                continue
+            column = table.column(name)
+            self._nulls[name] += column.null_count
+            if name in self._from_values and name not in self._unbounded and column.null_count < len(column):
+                self._bound(name, *_min_max(column))
+
+    def footer(self, metadata: Any) -> None:
+        """Takes the bounds of the columns not taken from the values from a Parquet file's metadata."""
+        for i in range(metadata.num_row_groups):
+            rg = metadata.row_group(i)
+            for j in range(rg.num_columns):
+                chunk = rg.column(j)
+                name = chunk.path_in_schema
+                if name not in self._fields or name in self._from_values or name in self._unbounded:
+                    continue
+                st = chunk.statistics
+                if st is not None and not st.has_min_max and st.null_count == chunk.num_values:
+                    continue  # a row group of nulls only
+                if st is None or not st.has_min_max:
+                    self._unbounded.add(name)
+                    continue
+                t = self._fields[name]
+                if pa.types.is_timestamp(t):  # as counts of the column's unit (Parquet stores seconds as ms)
+                    unit = _UNITS_PER_SECOND[json.loads(st.logical_type.to_json())["timeUnit"]]
+                    factor = unit // _UNITS_PER_SECOND[t.unit]
+                    self._bound(name, st.min_raw // factor, st.max_raw // factor)
+                else:
+                    self._bound(name, st.min, st.max)
+
+    def _bound(self, name: str, lo: Any, hi: Any) -> None:
+        if lo is None:
+            self._unbounded.add(name)
+            return
+        if name not in self._min or lo < self._min[name]:
+            self._min[name] = lo
+        if name not in self._max or hi > self._max[name]:
+            self._max[name] = hi
+
+    def to_json(self) -> dict:
+        """``{"min": {column: value}, "max": {...}, "nulls": {column: count}}`` (values as :func:`encode`)."""
+        bounded = [c for c in self._min if c not in self._unbounded]
+        return {"min": {c: encode(self._min[c], self._fields[c]) for c in bounded},
+                "max": {c: encode(self._max[c], self._fields[c]) for c in bounded},
+                "nulls": dict(self._nulls)}
+
+
+def _min_max(column: pa.ChunkedArray) -> tuple[Any, Any]:
+    """The least and greatest non-null value; (None, None) for a float column holding NaN or an infinity."""
+    if pa.types.is_floating(column.type):
+        values = column.drop_null().to_numpy()
+        lo, hi = values.min(), values.max()  # NaN propagates
+        return (float(lo), float(hi)) if np.isfinite(lo) and np.isfinite(hi) else (None, None)
+    if pa.types.is_timestamp(column.type):  # as counts of its unit: exact for every unit
+        column = column.cast(pa.int64())
+    lo, hi = pc.min_max(column).values()
+    return lo.as_py(), hi.as_py()
+
+
+def encode(value: Any, t: pa.DataType) -> Any:
+    """A bound as JSON: integers and floats as numbers, a decimal as its digits with exactly ``scale`` decimals, a
+    date as ``YYYY-MM-DD``, a timestamp as an integer count of its unit since the epoch (UTC)."""
+    if pa.types.is_timestamp(t):
+        return value if isinstance(value, int) else pa.scalar(value, t).cast(pa.int64()).as_py()
+    if isinstance(value, decimal.Decimal):
+        return format(value.quantize(decimal.Decimal(1).scaleb(-t.scale)), "f")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return value
+
+
+def decode(value: Any, t: pa.DataType) -> pa.Scalar:
+    """The Arrow scalar of a bound :func:`encode` wrote for a column of type ``t``."""
+    if pa.types.is_timestamp(t):
+        return pa.scalar(int(value), pa.int64()).cast(t)
+    if pa.types.is_decimal(t):
+        return pa.scalar(decimal.Decimal(value), t)
+    if pa.types.is_date32(t):
+        return pa.scalar(dt.date.fromisoformat(value), t)
+    return pa.scalar(value, t)
+
+
+def guarantee(stats: dict, rows: int, schema: pa.Schema) -> pc.Expression:
+    """What every row of a file with ``stats`` satisfies, as a pyarrow expression: a column's value is within its
+    bounds (or null, when the file holds nulls of it); a column all of whose values are null is null."""
+    out = pc.scalar(True)
+    nulls = stats.get("nulls", {})
+    for name, n in nulls.items():
+        if name not in schema.names or not covered(schema.field(name).type):
+            continue
+        field, t = pc.field(name), schema.field(name).type
+        if n == rows:
+            out &= field.is_null()
+            continue
+        if name not in stats.get("min", {}) or name not in stats.get("max", {}):
+            continue
+        lo, hi = field >= decode(stats["min"][name], t), field <= decode(stats["max"][name], t)
+        if n:
+            lo, hi = lo | field.is_null(), hi | field.is_null()
+        out &= lo & hi
+    return out
+
+
+def pruned(files: list, where: pc.Expression | None, schema: pa.Schema) -> list:
+    """The data files of ``files`` (``DataFile``s) whose statistics do not rule ``where`` out, in order. pyarrow
+    decides, as it does for partitions: each file is a fragment whose guarantee is :func:`guarantee`."""
+    if where is None or not any(f.stats for f in files):
+        return files
+    guarantees = [guarantee(f.stats, f.rows, schema) if f.stats else pc.scalar(True) for f in files]
+    # The fragments are never opened: their paths only number them.
+    dataset = ds.FileSystemDataset.from_paths([str(i) for i in range(len(files))], schema=schema,
+                                              format=ds.ParquetFileFormat(), filesystem=pafs.LocalFileSystem(),
+                                              partitions=guarantees)
+    return [files[int(fragment.path)] for fragment in dataset.get_fragments(filter=where)]
