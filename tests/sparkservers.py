@@ -56,13 +56,18 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
 
 
 def start_connect_server(folder: Path, master: str = "local[2]") -> Server:
-    """``start-connect-server.sh`` in the foreground; ``url`` is its ``sc://`` address."""
+    """``start-connect-server.sh`` in the foreground, with bitlake's jar, session extension and catalog (the
+    settings ``bitlake.spark_session`` gives its sessions, docs/spark-sql.md); ``url`` is its ``sc://`` address."""
+    from bitlake.spark.session import sql_conf
+
     port = free_port()
     log = folder / "connect.log"
     command = ["bash", f"{SPARK_HOME}/sbin/start-connect-server.sh", "--master", master,
                "--conf", f"spark.connect.grpc.binding.port={port}", "--conf", "spark.sql.session.timeZone=UTC",
                "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4",
                "--conf", "spark.driver.memory=1g"]
+    for key, value in sql_conf().items():
+        command += ["--conf", f"{key}={value}"]
     with open(log, "wb") as out:
         p = subprocess.Popen(command, env=_env({"SPARK_LOG_DIR": str(folder), "SPARK_PID_DIR": str(folder)}),
                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

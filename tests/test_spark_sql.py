@@ -8,6 +8,9 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -55,7 +58,8 @@ def named(spark, table):
     return register(spark, t)
 
 
-VIEWS = ["current", "version 1", "version 2", "timestamp 1", "timestamp 2"]
+VIEWS = ["current", "version 1", "version 2", "timestamp 1", "timestamp 2", "event time", "version 2 event time"]
+AT = "2026-01-01T15:00:00Z"
 
 
 def _view(spark, table, view):
@@ -63,6 +67,9 @@ def _view(spark, table, view):
     t, times = table
     if view == "current":
         return "", {}
+    if view.endswith("event time"):  # an option of the table reference: bitlake's valid_at
+        clause, keywords = _view(spark, table, view.removesuffix("event time").strip() or "current")
+        return f"{clause} WITH ('validAt' = '{AT}')", {**keywords, "valid_at": AT}
     kind, n = view.split()
     if kind == "version":
         return f"VERSION AS OF {n}", {"version": int(n)}
@@ -197,3 +204,17 @@ def test_writes_that_do_not_map_are_refused_by_name(spark, tmp_path):
     with pytest.raises(Exception, match="primary key"):
         spark.sql(f"UPDATE {name} SET id = id + 1")
     assert t.version == 1
+
+
+@pytest.mark.slow
+def test_a_spark_connect_client_names_tables_in_sql(tmp_path):
+    from tests.sparkservers import start_connect_server
+
+    server = start_connect_server(tmp_path)
+    try:
+        out = subprocess.run([sys.executable, str(Path(__file__).parent / "connect" / "sql.py"), server.url,
+                              str(tmp_path)], capture_output=True, text=True, timeout=600)
+    finally:
+        server.stop()
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    assert out.stdout.strip().endswith("ok")

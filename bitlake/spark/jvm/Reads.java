@@ -2,8 +2,10 @@ package io.bitlake.spark;
 
 import java.util.ArrayList;
 import java.util.Base64;
+import java.util.Collections;
 import java.util.List;
 import java.util.Map;
+import java.util.WeakHashMap;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import org.apache.spark.sql.Column;
@@ -34,6 +36,10 @@ import scala.jdk.javaapi.CollectionConverters;
  * scans as it does for any Parquet table (what bitlake/spark/reader.py builds in Python).
  */
 final class Reads {
+    /** The data source's tables whose reads stay the Python data source's (on stores Spark's JVM cannot read), so
+     * the analyzer's every pass does not plan them again. */
+    private static final Map<Table, Boolean> PYTHON_READS = Collections.synchronizedMap(new WeakHashMap<>());
+
     private Reads() {
     }
 
@@ -43,7 +49,7 @@ final class Reads {
         if (t instanceof BitlakeTable) {
             return true;
         }
-        return t instanceof PythonTable && Catalog.PROVIDER.equalsIgnoreCase(t.name())
+        return t instanceof PythonTable && Catalog.PROVIDER.equalsIgnoreCase(t.name()) && !PYTHON_READS.containsKey(t)
                 && !"true".equalsIgnoreCase(relation.options().getOrDefault("readChangeFeed", "false").trim());
     }
 
@@ -53,6 +59,10 @@ final class Reads {
         JsonNode read;
         if (relation.table() instanceof BitlakeTable b) {
             read = b.read;
+            String validAt = relation.options().get("validAt");  // SELECT ... FROM name WITH ('validAt' = '...')
+            if (validAt != null) {
+                read = BitlakeTable.plan(b.uri, b.storage, read.get("version").asText(), null, null, validAt);
+            }
             if (!read.get("spark_readable").asBoolean()) {
                 throw new IllegalArgumentException("bitlake: Spark's JVM cannot read " + b.uri + " (an object store "
                         + "without a Hadoop connector): read it with spark.read.format(\"bitlake\") or Table.to_spark");
@@ -66,6 +76,7 @@ final class Reads {
             read = BitlakeTable.plan(path, BitlakeTable.storageOptions(options), relation.options().get("versionAsOf"),
                     null, relation.options().get("timestampAsOf"), relation.options().get("validAt"));
             if (!read.get("spark_readable").asBoolean()) {
+                PYTHON_READS.put(relation.table(), true);
                 return null;
             }
         }
