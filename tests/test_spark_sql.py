@@ -218,3 +218,42 @@ def test_a_spark_connect_client_names_tables_in_sql(tmp_path):
         server.stop()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     assert out.stdout.strip().endswith("ok")
+
+
+TYPED = pa.schema([("k", pa.int64()), ("day", pa.date32()), ("at", pa.timestamp("us", tz="UTC")),
+                   ("score", pa.float64()), ("amount", pa.decimal128(10, 2)), ("seq", pa.int64())])
+
+
+def _typed(k, day, at, score, amount, seq) -> pa.Table:
+    return pa.table({"k": [k], "day": [day], "at": [at], "score": [score], "amount": [amount], "seq": [seq]},
+                    schema=TYPED)
+
+
+def test_sql_writes_of_dates_timestamps_and_decimals_equal_the_python_calls(spark, tmp_path):
+    from decimal import Decimal
+
+    tables = [bitlake.create_table(str(tmp_path / side), TYPED, primary_key=["k"], delta_column="seq")
+              for side in ("sql", "python")]
+    by_sql, by_python = tables
+    name = register(spark, by_sql)
+    first = (1, dt.date(2026, 1, 2), dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC), 1.5, Decimal("10.25"), 1)
+    later = (1, dt.date(2026, 2, 1), dt.datetime(2026, 2, 1, tzinfo=dt.UTC), 2.5, Decimal("5.50"), 2)
+    steps = [
+        (f"INSERT INTO {name} VALUES (1, DATE'2026-01-02', TIMESTAMP'2026-01-02 03:04:05', 1.5, 10.25, 1)",
+         lambda t: t.ingest(_typed(*first))),
+        (f"UPDATE {name} SET score = score + 1, amount = amount * 2 WHERE at < TIMESTAMP'2026-01-03 00:00:00' "
+         "AND day = DATE'2026-01-02'",
+         lambda t: t.update("at < TIMESTAMP'2026-01-03 00:00:00' AND day = DATE'2026-01-02'",
+                            set={"score": "score + 1", "amount": "amount * 2"})),
+        (f"MERGE INTO {name} t USING (SELECT 1L AS k, DATE'2026-02-01' AS day, TIMESTAMP'2026-02-01 00:00:00' AS at, "
+         "2.5D AS score, CAST(5.5 AS DECIMAL(10, 2)) AS amount, 2L AS seq) s ON t.k = s.k "
+         "WHEN MATCHED THEN UPDATE SET * WHEN NOT MATCHED THEN INSERT *",
+         lambda t: t.merge(_typed(*later), "target.k = source.k").when_matched_update_all()
+         .when_not_matched_insert_all().execute()),
+    ]
+    for statement, call in steps:
+        spark.sql(statement).collect()
+        call(by_python)
+        assert by_sql.version == by_python.version, statement
+        assert by_sql.to_arrow().to_pylist() == by_python.to_arrow().to_pylist(), statement
+    assert by_sql.to_arrow().to_pylist() == [dict(zip(TYPED.names, later, strict=True))]

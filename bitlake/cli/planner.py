@@ -70,6 +70,8 @@ def _staged(t: Table, rel: str) -> pa.Table:
     import pyarrow.dataset as ds
 
     path = t.io.local_path(rel)
+    if path is None:
+        raise InvalidInputError(f"SQL writes stage rows on the table's file system; {t.io.uri()} is not local")
     files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".parquet"))
     meta = t.metadata
     if not files:

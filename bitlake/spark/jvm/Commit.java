@@ -30,9 +30,22 @@ final class Commit implements ExternalCommandRunner {
     public String[] executeCommand(String command, CaseInsensitiveStringMap options) {
         if (rows != null) {
             JsonNode staging = Planner.call(BitlakeTable.request("staging", table.uri, table.storage));
-            Dataset.ofRows(session, rows).write().parquet(staging.get("uri").asText());
+            stage(staging.get("uri").asText());
             request.put("staged", staging.get("rel").asText());
         }
         return new String[] {Planner.call(request).toString()};
+    }
+
+    /** The rows as Parquet at {@code uri}, timestamps as INT64 microseconds (Spark's default, INT96, has no zone
+     * for pyarrow, which reads it as nanoseconds). */
+    private void stage(String uri) {
+        String key = "spark.sql.parquet.outputTimestampType";
+        String before = session.conf().get(key);
+        session.conf().set(key, "TIMESTAMP_MICROS");
+        try {
+            Dataset.ofRows(session, rows).write().parquet(uri);
+        } finally {
+            session.conf().set(key, before);
+        }
     }
 }

@@ -85,7 +85,7 @@ final class Writes {
             MergeIntoTable m = (MergeIntoTable) plan;
             request = BitlakeTable.request("merge", table.uri, table.storage);
             Sides sides = new Sides(m.targetTable(), m.sourceTable());
-            request.put("on", sql(withoutUpcasts(m.mergeCondition()), sides, "the MERGE condition"));
+            request.put("on", sql(m.mergeCondition(), sides, "the MERGE condition"));
             ArrayNode clauses = request.putArray("clauses");
             clauses(clauses, "matched", m.matchedActions(), sides);
             clauses(clauses, "not_matched", m.notMatchedActions(), sides);
@@ -147,14 +147,13 @@ final class Writes {
         }
     }
 
-    /** {@code e} without the casts Spark put on a column to compare it with a wider one ({@code CAST(source.id AS
-     * BIGINT) = target.id}), which change no equality: bitlake's merge matches rows by equal columns. */
-    static Expression withoutUpcasts(Expression e) {
-        return e.transform(new AbstractPartialFunction<Expression, Expression>() {
+    /** {@code e} without the casts Spark's analyzer added (those of a {@code CAST} the statement wrote stay): bitlake's
+     * compiler types the SQL as Spark does, and a merge matches rows by equal columns, not by a cast of one. */
+    static Expression withoutImplicitCasts(Expression e) {
+        return e.transformUp(new AbstractPartialFunction<Expression, Expression>() {
             @Override
             public boolean isDefinedAt(Expression x) {
-                return x instanceof Cast c && c.child() instanceof AttributeReference
-                        && Cast.canUpCast(c.child().dataType(), c.dataType());
+                return x instanceof Cast c && c.getTagValue(Cast.USER_SPECIFIED_CAST()).isEmpty();
             }
 
             @Override
@@ -169,14 +168,15 @@ final class Writes {
         });
     }
 
-    /** {@code e} as SQL text bitlake's compiler takes: columns by name (in a merge, {@code target.c} or
-     * {@code source.c}); an expression with a subquery is refused, naming it. */
+    /** {@code e} as SQL text bitlake's compiler takes: as the statement wrote it (without the analyzer's casts),
+     * columns by name (in a merge, {@code target.c} or {@code source.c}); an expression with a subquery is refused,
+     * naming it. */
     static String sql(Expression e, Sides sides, String what) {
         if (SubqueryExpression.hasSubquery(e)) {
             throw new IllegalArgumentException("bitlake: " + what + " (" + e.sql() + ") has a subquery, which a "
                     + "bitlake write cannot evaluate: give the values, or MERGE with the subquery as the source");
         }
-        Expression named = e.transform(new AbstractPartialFunction<Expression, Expression>() {
+        Expression named = withoutImplicitCasts(e).transform(new AbstractPartialFunction<Expression, Expression>() {
             @Override
             public boolean isDefinedAt(Expression x) {
                 return x instanceof AttributeReference;
