@@ -9,6 +9,7 @@ reads every column: the sum of ``hash(*)``) — run on:
 - **by name**: ``spark.sql("... FROM t")`` with ``t`` created ``USING bitlake LOCATION`` (bitlake's session
   extension: Spark's Parquet scans of the plan's files, pruned and filtered by Spark);
 - **plain**: ``spark.read.parquet(<plain file>)`` as a temporary view;
+- **to_spark**: ``Table.to_spark()`` as a temporary view (the same Spark plan, built in Python);
 - **Python data source**: bitlake's PySpark data source, which reads the view's files in Python tasks, registered
   under a second name, ``bitlake_python``, that the session extension leaves to it (``format("bitlake")`` read
   this way before the extension).
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -67,8 +69,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bitlake-spark-sql-") as folder:
         start = time.perf_counter()
         t, plain = engines.build(Path(folder), args.rows, args.batches)
-        print(f"built {t.to_arrow(columns=[]).num_rows:,} rows at version {t.version} "
-              f"in {time.perf_counter() - start:.1f} s; median of {args.runs} after a warm-up (seconds)\n")
+        print(f"load average {os.getloadavg()[0]:.1f}; built {t.to_arrow(columns=[]).num_rows:,} rows at version "
+              f"{t.version} in {time.perf_counter() - start:.1f} s; median of {args.runs} after a warm-up (seconds)\n")
         spark.sql(f"CREATE TABLE t USING bitlake LOCATION '{t.path}'")
         lo, hi = engines.MONTH
         def view(df: Callable[[], object]) -> Callable[[], str]:
@@ -80,6 +82,7 @@ def main() -> None:
         sources: dict[str, Callable[[], str]] = {
             "by name": lambda: "t",
             "plain Parquet": view(lambda: spark.read.parquet(plain)),
+            "to_spark": view(lambda: t.to_spark(spark)),
             "Python data source": view(lambda: spark.read.format("bitlake_python").load(t.path)),
         }
         queries = {
@@ -89,8 +92,9 @@ def main() -> None:
             "every column": "SELECT sum(CAST(hash(*) AS BIGINT)), count(*) FROM {}",
         }
         check = {}
-        print("| query | by name | plain Parquet | Python data source | by name / plain | Python / plain |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        print("| query | by name | plain Parquet | to_spark | Python data source | by name / plain | to_spark / plain "
+              "| Python / plain |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
         for q, sql in queries.items():
             s = {}
             for source, name in sources.items():
@@ -101,9 +105,11 @@ def main() -> None:
             for got in check.values():  # a float sum depends on the order of its terms
                 assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(got, check["plain Parquet"], strict=True)
                            ), (q, check)
-            print(f"| {q} | {s['by name']:.3f} | {s['plain Parquet']:.3f} | {s['Python data source']:.3f} | "
-                  f"{s['by name'] / s['plain Parquet']:.2f}x | {s['Python data source'] / s['plain Parquet']:.2f}x |",
+            p = s["plain Parquet"]
+            print(f"| {q} | {s['by name']:.3f} | {p:.3f} | {s['to_spark']:.3f} | {s['Python data source']:.3f} | "
+                  f"{s['by name'] / p:.2f}x | {s['to_spark'] / p:.2f}x | {s['Python data source'] / p:.2f}x |",
                   flush=True)
+        print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ if "BITLAKE_CACHE" not in os.environ:
 
 @pytest.fixture(scope="session")
 def spark():
-    """One local SparkSession for the whole test session."""
+    """One local SparkSession for the whole test session, as ``bitlake.spark_session`` builds it: bitlake's jar,
+    its session extension and catalog (tables by name in Spark SQL, docs/spark-sql.md) and the Python data source."""
     import bitlake
 
     session = bitlake.spark_session("local[2]")

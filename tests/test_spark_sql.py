@@ -104,8 +104,12 @@ def test_a_one_column_query_reads_that_column_and_pushes_its_filter(spark, table
     assert schemas and all(s in ("struct<k:bigint,name:string>", "struct<k:bigint,name:string,_segment_part:int,"
                                  "_segment_seq:int,_segment_offset:int>") for s in schemas), plan
     assert len(re.findall(r"PushedFilters: \[[^]]*GreaterThan\(k,40\)", plan)) == len(schemas), plan
-    # Version 2 has superseded rows in files of rows still valid: the row filter drops them.
+    # Version 2 has superseded rows in files of rows still valid: the row filter drops them, after the query's
+    # own condition (so it looks up only the ids of the rows that condition keeps).
     assert ("bitlake_keep" in plan) == (clause != ""), plan
+    for line in plan.splitlines():
+        if "Filter" in line and "bitlake_keep" in line:
+            assert -1 < line.index(" > 40)") < line.index("bitlake_keep"), line
 
 
 def test_format_bitlake_reads_prune_and_match_the_table_api(spark, table):

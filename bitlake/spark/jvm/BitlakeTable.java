@@ -1,9 +1,10 @@
 package io.bitlake.spark;
 
 import java.util.EnumSet;
-import java.util.Iterator;
+import java.util.Locale;
 import java.util.Map;
 import java.util.Set;
+import java.util.TreeMap;
 
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
@@ -55,13 +56,12 @@ public final class BitlakeTable implements SupportsRead {
 
     /** The storage options among a data source's options ({@code storage.<KEY>}). */
     static Map<String, String> storageOptions(Map<String, String> options) {
-        Map<String, String> out = new java.util.TreeMap<>();
-        for (Iterator<Map.Entry<String, String>> it = options.entrySet().iterator(); it.hasNext(); ) {
-            Map.Entry<String, String> e = it.next();
-            if (e.getKey().toLowerCase(java.util.Locale.ROOT).startsWith("storage.")) {
-                out.put(e.getKey().substring("storage.".length()), e.getValue());
+        Map<String, String> out = new TreeMap<>();
+        options.forEach((key, value) -> {
+            if (key.toLowerCase(Locale.ROOT).startsWith("storage.")) {
+                out.put(key.substring("storage.".length()), value);
             }
-        }
+        });
         return out;
     }
 
@@ -71,6 +71,7 @@ public final class BitlakeTable implements SupportsRead {
     }
 
     @Override
+    @SuppressWarnings("deprecation")  // Spark's relations still ask a table for it
     public StructType schema() {
         return (StructType) DataType.fromJson(read.get("view_schema").asText());
     }

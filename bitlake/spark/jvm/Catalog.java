@@ -1,7 +1,6 @@
 package io.bitlake.spark;
 
 import java.util.HashMap;
-import java.util.Locale;
 import java.util.Map;
 
 import com.fasterxml.jackson.databind.JsonNode;
@@ -109,9 +108,5 @@ public class Catalog extends DelegatingCatalogExtension {
         } catch (NoSuchTableException e) {
             throw new IllegalStateException(e);
         }
-    }
-
-    static String lower(String s) {
-        return s.toLowerCase(Locale.ROOT);
     }
 }

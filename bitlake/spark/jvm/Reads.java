@@ -94,7 +94,7 @@ final class Reads {
         String[] filtered = strings(read.get("filtered"));
         if (filtered.length > 0) {
             byte[] dropped = Base64.getDecoder().decode(read.get("keep").asText());
-            Column keep = functions.udf(new KeepRow(), DataTypes.BooleanType).withName("bitlake_keep")
+            Column keep = functions.udf(new KeepRow(), DataTypes.BooleanType).withName(KeepLast.NAME)
                     .apply(functions.lit(dropped), functions.expr(read.get("row_id").asText()));
             parts.add(session.read().format(format).schema(schema).load(filtered).filter(keep));
         }
