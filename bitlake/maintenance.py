@@ -13,13 +13,14 @@ import pyarrow as pa
 from bitlake import faults, transaction
 from bitlake.engine.maintain import compaction, upkeep
 from bitlake.errors import CommitConflictError, InvalidInputError
-from bitlake.format import bucket, commitlog, keystore, layout, v1
+from bitlake.format import bucket, commitlog, datafile, keystore, layout, v1
 from bitlake.format import state as state_mod
-from bitlake.format.commit import LIVE, UPGRADE, BucketFile, Commit
+from bitlake.format.commit import ANALYZE, LIVE, UPGRADE, BucketFile, Commit, FileStats
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.protocol import FORMAT_VERSION, V1_HISTORY, Protocol
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
+from bitlake.pool import thread_map
 from bitlake.transaction import Attempt, Transaction
 
 log = logging.getLogger(__name__)
@@ -187,10 +188,32 @@ def after_commit(io: FileIO, refresh, version: int) -> Any:
         return None
 
 
+def analyze(io: FileIO, refresh) -> Commit | None:
+    """Records the column statistics of the data files of the latest version that have none (written before
+    bitlake recorded them, or by format v1), read from their values, in one ``ANALYZE`` commit, so that readers
+    prune them by a filter too. Returns None when every file has them. No view changes; a file a concurrent
+    compaction or vacuum removed meanwhile is left out (its replacement has its own)."""
+    computed: dict[str, dict] = {}
+
+    def build(state: TableState):
+        missing = [f for f in state.data_files() if f.stats is None]
+        if not missing:
+            return Attempt(None)
+        todo = [f for f in missing if f.path not in computed]
+        computed.update(zip([f.path for f in todo],
+                            thread_map(lambda f: datafile.file_stats(io, f.path, state.metadata), todo),
+                            strict=True))
+        return Attempt(Commit(state.version + 1, ANALYZE, commitlog.now_ms(state.timestamp_ms),
+                              parameters={"files": len(missing)},
+                              file_stats=tuple(FileStats(f.path, computed[f.path]) for f in missing)))
+
+    return transaction.run(io, refresh, build)
+
+
 def upgrade(io: FileIO, refresh) -> Commit | None:
-    """Upgrades a format v1 table to v2 in one commit: the v2 protocol and metadata, and the key store
-    re-bucketed by the v2 bucket hash. History stays readable (the ``v1History`` feature). Returns None
-    when the table already is v2."""
+    """Upgrades a format v1 table to v2 in one commit: the v2 protocol and metadata, the key store
+    re-bucketed by the v2 bucket hash, and the data files' column statistics. History stays readable (the
+    ``v1History`` feature). Returns None when the table already is v2."""
 
     def build(state: TableState):
         if state.protocol.writer_version >= FORMAT_VERSION:
@@ -213,9 +236,12 @@ def upgrade(io: FileIO, refresh) -> Commit | None:
             added, _ = keystore.write_bucket_files(io, meta, {}, rows)
             removed = [f.path for files in state.keystore.values() for f in files]
         protocol = Protocol().with_features(V1_HISTORY)
+        files = state.data_files()  # their column statistics, which format v1 did not record
+        found = thread_map(lambda f: datafile.file_stats(io, f.path, meta), files)
         c = Commit(state.version + 1, UPGRADE, commitlog.now_ms(state.timestamp_ms),
                    parameters={"from_format_version": state.protocol.writer_version}, protocol=protocol,
-                   metadata=meta.to_json(), keystore_add=tuple(added), keystore_remove=tuple(removed))
+                   metadata=meta.to_json(), keystore_add=tuple(added), keystore_remove=tuple(removed),
+                   file_stats=tuple(FileStats(f.path, st) for f, st in zip(files, found, strict=True)))
         return Attempt(c, tuple(f.path for f in added))
 
     return transaction.run(io, refresh, build)

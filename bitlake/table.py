@@ -514,6 +514,13 @@ class Table(read.TableDataset):
         return maintenance.maintain(self.io, self.refresh, dry_run=dry_run, min_age_seconds=min_age_seconds,
                                     progress=progress)
 
+    def analyze(self) -> CommitResult:
+        """Records the column statistics of the data files that have none (written before bitlake recorded them, or
+        by format v1), so that filters prune them too; one ``ANALYZE`` commit (``version`` None: every file had
+        them). No view changes (docs/reading.md)."""
+        c = maintenance.analyze(self.io, self.refresh)
+        return CommitResult.of(c) if c is not None else CommitResult(None, "ANALYZE", {})
+
     def upgrade(self) -> CommitResult:
         """Upgrades a format v1 table to format v2 in one commit (``version`` None: it was v2 already)."""
         c = maintenance.upgrade(self.io, self.refresh)

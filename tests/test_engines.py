@@ -209,6 +209,22 @@ def test_reads_of_one_version_plan_once(table, monkeypatch):
     assert made == [(None,), (None,)]  # the latest version once, version 2 once
 
 
+def test_a_landed_file_of_every_offset_of_its_segment_is_filtered_by_position(tmp_path, monkeypatch):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key="k", delta_column="v")
+    t.ingest(_batch(range(10), 1), op_column="op")
+    t.ingest(_batch([0, 7, 8, 9], 2), op_column="op")  # the first file's last three rows go: its kept array ends early
+    read = []
+    real = reader_mod._row_groups
+    monkeypatch.setattr(reader_mod, "_row_groups", lambda io, path, meta, columns, where: read.append(columns)
+                        or real(io, path, meta, columns, where))
+    out = t.to_arrow()
+    assert sorted(zip(out["k"].to_pylist(), out["v"].to_pylist(), strict=True)) == \
+        [(0, 2)] + [(k, 1) for k in range(1, 7)] + [(k, 2) for k in (7, 8, 9)]
+    assert all("_segment_offset" not in columns for columns in read)
+    read.clear()
+    assert t.to_arrow(filter="k > 0").num_rows == 9 and any("_segment_offset" in c for c in read)  # by offset
+
+
 def test_the_reader_keeps_the_file_order_and_raises_what_a_file_read_raises(table, tmp_path, monkeypatch):
     expected = table.to_arrow()  # several files read at once
     monkeypatch.setattr(reader_mod, "READERS", 1)

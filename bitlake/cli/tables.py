@@ -382,6 +382,14 @@ def cmd_upgrade(args, out: Console, err: Console) -> None:
         say(out, f"upgraded {args.path} to format v2 in version {version}")
 
 
+def cmd_analyze(args, out: Console, err: Console) -> None:
+    r = bitlake.open_table(args.path).analyze()
+    if r.version is None:
+        say(out, f"every data file of {args.path} has column statistics: nothing done")
+    else:
+        say(out, f"recorded the column statistics of {r.counts['files']} data file(s) in version {r.version}")
+
+
 PATH_HELP = "the table: a folder or a file://, s3://, gs://, az:// or memory:// URI"
 _METAGEN_MODE_HELP = ("how MetaGen runs: inline on this machine (key lookups in the RocksDB key index, or a scan of "
                       "the touched key-store buckets), or as a Spark job (needs bitlake[spark]); auto, the default, "
@@ -598,6 +606,10 @@ def _add_conversion_parsers(sub) -> None:
     u = sub.add_parser("upgrade", help="upgrade a format v1 table to format v2 (one commit)")
     u.add_argument("path", help=PATH_HELP)
     u.set_defaults(run=cmd_upgrade)
+    a = sub.add_parser("analyze", help="record the column statistics of data files written without them (one "
+                                       "commit), so that filters skip those files too")
+    a.add_argument("path", help=PATH_HELP)
+    a.set_defaults(run=cmd_analyze)
 
 
 def row_count(text: str) -> int:

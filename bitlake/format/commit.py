@@ -28,6 +28,7 @@ DELETE = "DELETE"  # rows matching a condition deleted (a keyed table: an ingest
 UPDATE = "UPDATE"  # rows matching a condition updated (a keyed table: an ingest of upserts)
 MERGE = "MERGE"  # source rows merged by key (an ingest of the records its clauses make)
 VACUUM = "VACUUM"  # tombstoned rows removed from every data file that held them; the tombstones retired
+ANALYZE = "ANALYZE"  # column statistics of data files written without them; no view changes
 
 PENDING, LIVE, REVERTED, REPLACED = "pending", "live", "reverted", "replaced"
 BATCH_STATUSES = (PENDING, LIVE, REVERTED, REPLACED)
@@ -261,6 +262,22 @@ class Rewrite:
 
 
 @dataclasses.dataclass(frozen=True)
+class FileStats:
+    """The column statistics (docs/FORMAT.md, "File statistics") of data file ``path``, which an earlier commit
+    added without them."""
+
+    path: str
+    stats: dict
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "stats": self.stats}
+
+    @classmethod
+    def from_json(cls, d: dict) -> FileStats:
+        return cls(d["path"], d["stats"])
+
+
+@dataclasses.dataclass(frozen=True)
 class ChangeFile:
     """The change rows of a restatement commit: a Parquet file of ``rows`` row ids, each with its change type
     and its place among them (docs/FORMAT.md, "Change feed")."""
@@ -333,6 +350,7 @@ class Commit:
     rewrites: tuple[Rewrite, ...] = ()  # a vacuum's
     remove_tombstones: tuple[str, ...] = ()  # paths of the tombstones a vacuum retired
     purged: tuple[PurgedFile, ...] = ()  # a vacuum's purged records
+    file_stats: tuple[FileStats, ...] = ()  # statistics of files already in the table
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     batch_counts: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     events: tuple[dict, ...] = ()  # Data Change Events (bitlake.changeevent)
@@ -371,6 +389,7 @@ class Commit:
             "rewrites": [r.to_json() for r in self.rewrites],
             "remove_tombstones": list(self.remove_tombstones),
             "purged": [f.to_json() for f in self.purged],
+            "file_stats": [f.to_json() for f in self.file_stats],
             "counts": self.counts,
             "batch_counts": self.batch_counts,
             "events": list(self.events),
@@ -401,6 +420,7 @@ class Commit:
             rewrites=tuple(Rewrite.from_json(r) for r in d.get("rewrites", ())),
             remove_tombstones=tuple(d.get("remove_tombstones", ())),
             purged=tuple(PurgedFile.from_json(f) for f in d.get("purged", ())),
+            file_stats=tuple(FileStats.from_json(f) for f in d.get("file_stats", ())),
             counts=dict(d.get("counts", {})),
             batch_counts=dict(d.get("batch_counts", {})),
             events=tuple(d.get("events", ())),

@@ -260,6 +260,17 @@ def read_batches(io: FileIO, path: str, schema: pa.Schema, file_format: str = "p
         yield from conform(pa.Table.from_batches([rb]), schema, names).to_batches()
 
 
+def file_stats(io: FileIO, path: str, meta: TableMetadata) -> dict:
+    """The column statistics (docs/FORMAT.md, "File statistics") of an existing data file, from its values: what
+    its writer would have recorded (a file written before bitlake recorded them)."""
+    columns = [f.name for f in meta.schema if stats.covered(f.type)]
+    collector = stats.Collector(data_schema(meta), columns, footer=False)
+    if columns:
+        for rb in read_batches(io, path, data_schema(meta), meta.file_format, columns, ROW_GROUP_ROWS):
+            collector.add(pa.Table.from_batches([rb]))
+    return collector.to_json()
+
+
 def conform(table: pa.Table, schema: pa.Schema, names: list[str]) -> pa.Table:
     """``table``'s ``names`` columns as ``schema`` types them; those it lacks as nulls."""
     arrays = [table.column(n).cast(schema.field(n).type) if n in table.column_names

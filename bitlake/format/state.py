@@ -245,6 +245,11 @@ class _Replay:
                 dict.pop(files, path, None)
             for added in c.add_files:
                 dict.__setitem__(files, added.path, added)
+        if c.file_stats:
+            files = self._mine("files")
+            for fs in c.file_stats:  # a file removed meanwhile is not the table's any more: nothing to do
+                if fs.path in files:
+                    dict.__setitem__(files, fs.path, dataclasses.replace(files[fs.path], stats=fs.stats))
         if c.segments:
             segments = self._mine("segments")
             for seg in c.segments:

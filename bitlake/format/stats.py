@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -152,10 +153,18 @@ def guarantee(stats: dict, rows: int, schema: pa.Schema) -> pc.Expression:
     return out
 
 
+def prunes_safely(where: pc.Expression) -> bool:
+    """Whether pyarrow's pruning by bounds (of files here, of row groups in its Parquet scan) keeps every file
+    ``where`` may match: not when ``where`` compares with a NaN literal, where pyarrow 26 prunes wrongly
+    (``~(x < nan)`` holds for every number, yet a scan of a file of numbers with it returns no row). The text
+    of the expression tells, so a column named ``nan`` also turns pruning off: never wrong, only slower."""
+    return re.search(r"\bnan\b", str(where), re.IGNORECASE) is None
+
+
 def pruned(files: list, where: pc.Expression | None, schema: pa.Schema) -> list:
     """The data files of ``files`` (``DataFile``s) whose statistics do not rule ``where`` out, in order. pyarrow
     decides, as it does for partitions: each file is a fragment whose guarantee is :func:`guarantee`."""
-    if where is None or not any(f.stats for f in files):
+    if where is None or not any(f.stats for f in files) or not prunes_safely(where):
         return files
     guarantees = [guarantee(f.stats, f.rows, schema) if f.stats else pc.scalar(True) for f in files]
     # The fragments are never opened: their paths only number them.

@@ -83,7 +83,11 @@ def _file_tables(io: FileIO, p: ReadPlan, f: DataFile, filtered: bool, schema: p
     meta = p.state.metadata
     needed = set(schema.names) | {c for _, c, _ in p.hidden}
     one = (f.segments[0].part, f.segments[0].seq) if len(f.segments) == 1 else None
-    if filtered:  # a file of one segment needs only the offsets (the segment is in the file's entry)
+    # A landed file that holds every offset of its one segment holds them in order (docs/FORMAT.md, "Data
+    # files"): its n-th row is offset n, so a read of all its rows needs no row-id column at all.
+    positional = (filtered and one is not None and where is None and f.offsets is None
+                  and f.rows == p.segments[one].offsets)
+    if filtered and not positional:  # a file of one segment needs only the offsets (its entry names the segment)
         needed |= {rowid.OFFSET_COLUMN} if one else set(rowid.ROW_ID_COLUMNS)
     if p.hidden:
         needed.add(rowid.PART_COLUMN)
@@ -91,14 +95,19 @@ def _file_tables(io: FileIO, p: ReadPlan, f: DataFile, filtered: bool, schema: p
     if event_time:
         needed.add(str(meta.delta_column))
     read_columns = [c for c in datafile.data_schema(meta).names if c in needed]
+    at = 0  # the position in the file of the table's first row
     for table in _row_groups(io, f.path, meta, read_columns, where):
-        if filtered:
+        if positional:
+            mask = _positions(p.kept_array(one), at, table.num_rows)
+        elif filtered:
             mask = _lookup(p.kept_array(one), table.column(rowid.OFFSET_COLUMN)) if one else kept_mask(p, table)
-            if not mask.all():
-                keep = [c for c in table.column_names if c in schema.names or c == rowid.PART_COLUMN
-                        or c == meta.delta_column or any(c == h for _, h, _ in p.hidden)]
-                # A table of no column has no rows either: the offsets stay to carry the count.
-                table = table.select(keep or [rowid.OFFSET_COLUMN]).filter(pa.array(mask))
+        at += table.num_rows
+        if filtered and not mask.all():
+            keep = [c for c in table.column_names if c in schema.names or c == rowid.PART_COLUMN
+                    or c == meta.delta_column or any(c == h for _, h, _ in p.hidden)]
+            # A table of no column has no rows either: the count goes through the filter as a column.
+            table = (table.select(keep) if keep else pa.table({"n": pa.nulls(table.num_rows)})).filter(
+                pa.array(mask))
         if table.num_rows and event_time:
             deltas = deltas_as_int(table.column(meta.delta_column), meta.delta_type)
             table = table.filter(pa.array(deltas <= p.valid_at))
@@ -125,6 +134,12 @@ def kept_mask(p: ReadPlan, table: pa.Table) -> np.ndarray:
         rows = (part == key >> 32) & (seq == key & 0xFFFFFFFF)
         mask[rows] = _lookup(p.kept_array((key >> 32, key & 0xFFFFFFFF)), offset[rows])
     return mask
+
+
+def _positions(kept: np.ndarray, start: int, n: int) -> np.ndarray:
+    """``kept[start:start + n]``, False past its end."""
+    mask = kept[start:start + n]
+    return mask if len(mask) == n else np.concatenate([mask, np.zeros(n - len(mask), dtype=bool)])
 
 
 def _lookup(kept: np.ndarray, offsets: Any) -> np.ndarray:
@@ -195,6 +210,11 @@ def _row_groups(io: FileIO, path: str, meta, columns: list[str], where: pc.Expre
                 ) -> Iterator[pa.Table]:
     """``columns`` of a data file's rows where ``where`` holds, a row group (an ORC stripe) at a time."""
     schema = datafile.data_schema(meta)
+    if meta.file_format == "parquet" and where is not None and not stats.prunes_safely(where):
+        # Filtered after the read, not pushed into the scan (which would prune row groups by their bounds).
+        for table in _row_groups(io, path, meta, schema.names, None):
+            yield table.filter(where).select(columns)
+        return
     if meta.file_format == "parquet":
         # The table's schema: a column added after the file was written reads as null (and fails ``where``).
         fragment = ds.ParquetFileFormat().make_fragment(io.open_input(path))
