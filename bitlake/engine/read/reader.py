@@ -105,14 +105,12 @@ def _file_tables(io: FileIO, p: ReadPlan, f: DataFile, filtered: bool, schema: p
         if filtered and not mask.all():
             keep = [c for c in table.column_names if c in schema.names or c == rowid.PART_COLUMN
                     or c == meta.delta_column or any(c == h for _, h, _ in p.hidden)]
-            # A table of no column has no rows either: the count goes through the filter as a column.
-            table = (table.select(keep) if keep else pa.table({"n": pa.nulls(table.num_rows)})).filter(
-                pa.array(mask))
+            table = _filtered(table.select(keep), pa.array(mask))
         if table.num_rows and event_time:
             deltas = deltas_as_int(table.column(meta.delta_column), meta.delta_type)
-            table = table.filter(pa.array(deltas <= p.valid_at))
+            table = _filtered(table, pa.array(deltas <= p.valid_at))
         if table.num_rows and p.hidden:
-            table = table.filter(pa.array(~p.tombstoned(table)))
+            table = _filtered(table, pa.array(~p.tombstoned(table)))
         if table.num_rows:
             table = table.select(schema.names)
             yield table.cast(schema) if schema.names else table  # cast drops a table of no column's rows
@@ -134,6 +132,14 @@ def kept_mask(p: ReadPlan, table: pa.Table) -> np.ndarray:
         rows = (part == key >> 32) & (seq == key & 0xFFFFFFFF)
         mask[rows] = _lookup(p.kept_array((key >> 32, key & 0xFFFFFFFF)), offset[rows])
     return mask
+
+
+def _filtered(table: pa.Table, mask: pa.Array) -> pa.Table:
+    """The rows of ``table`` where ``mask`` is true, filtered column by column (faster than ``Table.filter``,
+    which converts the table to batches first); a table of no column keeps its count of rows."""
+    if not table.num_columns:
+        return pa.table({"n": pa.nulls(table.num_rows)}).filter(mask).select([])
+    return pa.Table.from_arrays([c.filter(mask) for c in table.columns], schema=table.schema)
 
 
 def _positions(kept: np.ndarray, start: int, n: int) -> np.ndarray:
