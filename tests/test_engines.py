@@ -207,6 +207,10 @@ def test_reads_of_one_version_plan_once(table, monkeypatch):
         fresh.to_arrow(columns=["k"])
         fresh.to_arrow(version=2)
     assert made == [(None,), (None,)]  # the latest version once, version 2 once
+    import pickle
+
+    state = fresh.state()
+    assert state.derived and pickle.loads(pickle.dumps(state)).derived == {}  # Spark tasks get no plans
 
 
 def test_a_landed_file_of_every_offset_of_its_segment_is_filtered_by_position(tmp_path, monkeypatch):

@@ -100,6 +100,9 @@ class TableState:
     # never changes, so neither does what is derived from it. Not copied by dataclasses.replace (init=False).
     derived: dict = dataclasses.field(default_factory=dict, init=False, compare=False, repr=False)
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "derived": {}}  # a snapshot sent to Spark tasks leaves its plans behind
+
     def __post_init__(self):
         for name in _CONTAINERS:
             value = getattr(self, name)
