@@ -219,8 +219,8 @@ def test_a_landed_file_of_every_offset_of_its_segment_is_filtered_by_position(tm
     t.ingest(_batch([0, 7, 8, 9], 2), op_column="op")  # the first file's last three rows go: its kept array ends early
     read = []
     real = reader_mod._row_groups
-    monkeypatch.setattr(reader_mod, "_row_groups", lambda io, path, meta, columns, where: read.append(columns)
-                        or real(io, path, meta, columns, where))
+    monkeypatch.setattr(reader_mod, "_row_groups", lambda io, path, meta, columns, *rest: read.append(columns)
+                        or real(io, path, meta, columns, *rest))
     out = t.to_arrow()
     assert sorted(zip(out["k"].to_pylist(), out["v"].to_pylist(), strict=True)) == \
         [(0, 2)] + [(k, 1) for k in range(1, 7)] + [(k, 2) for k in (7, 8, 9)]

@@ -96,7 +96,8 @@ def _file_tables(io: FileIO, p: ReadPlan, f: DataFile, filtered: bool, schema: p
         needed.add(str(meta.delta_column))
     read_columns = [c for c in datafile.data_schema(meta).names if c in needed]
     at = 0  # the position in the file of the table's first row
-    for table in _row_groups(io, f.path, meta, read_columns, where):
+    rows = _chunk_rows(f, len(read_columns), len(meta.schema) + len(rowid.ROW_ID_COLUMNS))
+    for table in _row_groups(io, f.path, meta, read_columns, where, rows):
         if positional:
             mask = _positions(p.kept_array(one), at, table.num_rows)
         elif filtered:
@@ -212,23 +213,35 @@ def _ordered(items: list, produce: Callable[[Any], Iterator[pa.Table]], workers:
         stop.set()
 
 
-def _row_groups(io: FileIO, path: str, meta, columns: list[str], where: pc.Expression | None
-                ) -> Iterator[pa.Table]:
-    """``columns`` of a data file's rows where ``where`` holds, a row group (an ORC stripe) at a time."""
+CHUNK_BYTES = 32 << 20  # a reader thread's chunk of a file, in Arrow bytes (an estimate)
+
+
+def _chunk_rows(f: DataFile, read: int, stored: int) -> int:
+    """How many rows of ``f`` a reader takes at once: about :data:`CHUNK_BYTES` of the ``read`` columns of its
+    ``stored`` ones (estimated from the file's size, as four times its stored bytes), at least 65,536 rows (a
+    chunk pays a fixed cost in Python), at most a row group."""
+    per_row = 4 * f.bytes / max(1, f.rows) * max(1, read) / max(1, stored)
+    return int(min(datafile.ROW_GROUP_ROWS, max(65_536, CHUNK_BYTES / max(per_row, 1e-9))))
+
+
+def _row_groups(io: FileIO, path: str, meta, columns: list[str], where: pc.Expression | None,
+                rows: int = datafile.ROW_GROUP_ROWS) -> Iterator[pa.Table]:
+    """``columns`` of a data file's rows where ``where`` holds, ``rows`` at a time (a Parquet scan reads one
+    such chunk ahead at most; an ORC file comes a stripe at a time)."""
     schema = datafile.data_schema(meta)
     if meta.file_format == "parquet" and where is not None and not stats.prunes_safely(where):
         # Filtered after the read, not pushed into the scan (which would prune row groups by their bounds).
-        for table in _row_groups(io, path, meta, schema.names, None):
+        for table in _row_groups(io, path, meta, schema.names, None, rows):
             yield table.filter(where).select(columns)
         return
     if meta.file_format == "parquet":
         # The table's schema: a column added after the file was written reads as null (and fails ``where``).
         fragment = ds.ParquetFileFormat().make_fragment(io.open_input(path))
         for rb in fragment.to_batches(schema=schema, columns=columns, filter=where,
-                                      batch_size=datafile.ROW_GROUP_ROWS):
+                                      batch_size=rows, batch_readahead=1):
             yield pa.Table.from_batches([rb])
         return
     for rb in datafile.read_batches(io, path, schema, meta.file_format, None if where is not None else columns,
-                                    datafile.ROW_GROUP_ROWS):
+                                    rows):
         table = pa.Table.from_batches([rb])
         yield table.filter(where).select(columns) if where is not None else table
