@@ -145,11 +145,23 @@ def test_tombstones_and_deletes_hide_rows_by_name(spark, tmp_path):
     assert sorted(r["id"] for r in spark.sql(f"SELECT id FROM {name}").collect()) == [3, 5]
 
 
-def test_the_schema_is_the_table_s_and_a_sql_schema_is_refused(spark, table, named):
+def test_the_schema_is_the_table_s_and_a_table_is_not_created_twice(spark, table, named):
     t, _ = table
     assert spark.table(named).columns == COLUMNS
-    with pytest.raises(Exception, match="registers an existing bitlake table"):
-        spark.sql(f"CREATE TABLE bl_refused (k bigint) USING bitlake LOCATION '{t.path}'")
+    with pytest.raises(Exception, match="TableExistsError"):
+        spark.sql(f"CREATE TABLE bl_twice (k bigint) USING bitlake LOCATION '{t.path}'")
+
+
+def test_create_table_with_columns_makes_a_new_bitlake_table(spark, tmp_path):
+    path = tmp_path / "new"
+    spark.sql(f"CREATE TABLE bl_new (id BIGINT, region STRING, amount DOUBLE, ts BIGINT) USING bitlake "
+              f"PARTITIONED BY (region) LOCATION '{path}' TBLPROPERTIES ('primary_key' = 'id', 'delta_column' = 'ts')")
+    t = bitlake.open_table(str(path))
+    assert (t.metadata.primary_key, t.metadata.delta_column, t.metadata.partition_by) == (("id",), "ts", ("region",))
+    spark.sql("INSERT INTO bl_new VALUES (1, 'eu', 1.5, 1), (2, 'us', 2.5, 1), (1, 'eu', 3.0, 2)").collect()
+    assert t.version == 1 and sorted(t.to_arrow().to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "region": "eu", "amount": 3.0, "ts": 2}, {"id": 2, "region": "us", "amount": 2.5, "ts": 1}]
+    assert [tuple(r) for r in spark.sql("SELECT id, amount FROM bl_new WHERE region = 'eu'").collect()] == [(1, 3.0)]
 
 
 def test_a_table_that_is_not_there_is_named_in_the_error(spark, tmp_path):

@@ -6,6 +6,7 @@ It reads requests from stdin and writes answers to stdout, one JSON object a lin
 
 * ``{"op": "plan", "uri", "storage", "version", "timestamp_us", "as_of", "valid_at"}``: the view's
   :class:`bitlake.spark.reader.SparkRead` (files, row filter literal, conditions) and its Spark schema;
+* ``{"op": "create", "uri", "schema", "partition_by", "properties"}``: a new table of a SQL statement's columns;
 * ``{"op": "staging", "uri"}``: a fresh folder of the table's staging area, where the JVM writes rows as Parquet;
 * ``{"op": "insert", "uri", "staged"}``, ``{"op": "delete", "uri", "where"}``,
   ``{"op": "update", "uri", "set", "where"}``, ``{"op": "merge", "uri", "staged", "on", "clauses"}``: one commit
@@ -34,7 +35,7 @@ from bitlake.errors import InvalidInputError
 from bitlake.format.layout import STAGING_DIR
 from bitlake.spark import reader as spark_reader
 from bitlake.spark.schema import spark_schema
-from bitlake.table import Table, open_table
+from bitlake.table import Table, create_table, open_table
 
 
 def _table(request: dict[str, Any]) -> Table:
@@ -56,6 +57,20 @@ def plan(request: dict[str, Any]) -> dict[str, Any]:
     view = pa.schema([meta.schema.field(c) for c in meta.column_names])
     return {**d.to_json(), "uri": t.io.uri(), "version": state.version, "view_schema": spark_schema(view).json(),
             "row_id": spark_reader.packed_sql()}
+
+
+def create(request: dict[str, Any]) -> dict[str, Any]:
+    """A new table of a SQL statement's columns: ``properties`` ``primary_key`` (comma-separated) and
+    ``delta_column`` make it keyed; the others are the table's properties."""
+    from pyspark.sql.types import StructType
+
+    properties = dict(request.get("properties") or {})
+    key = properties.pop("primary_key", None)
+    create_table(request["uri"], StructType.fromJson(json.loads(request["schema"])),
+                 primary_key=[k.strip() for k in key.split(",")] if key else None,
+                 delta_column=properties.pop("delta_column", None), partition_by=request.get("partition_by") or None,
+                 properties=properties or None, storage_options=request.get("storage") or None)
+    return {"uri": request["uri"]}
 
 
 def staging(request: dict[str, Any]) -> dict[str, Any]:
@@ -132,7 +147,8 @@ def merge(request: dict[str, Any]) -> dict[str, Any]:
         _remove(t, request["staged"])
 
 
-OPS = {"plan": plan, "staging": staging, "insert": insert, "delete": delete, "update": update, "merge": merge}
+OPS = {"plan": plan, "create": create, "staging": staging, "insert": insert, "delete": delete, "update": update,
+       "merge": merge}
 
 
 def answer(request: dict[str, Any]) -> dict[str, Any]:

@@ -2,11 +2,15 @@ package io.bitlake.spark;
 
 import java.util.HashMap;
 import java.util.Map;
+import java.util.Set;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.ArrayNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
 import org.apache.spark.sql.catalyst.analysis.NoSuchTableException;
 import org.apache.spark.sql.catalyst.analysis.TableAlreadyExistsException;
 import org.apache.spark.sql.catalyst.analysis.NoSuchNamespaceException;
+import org.apache.spark.sql.connector.catalog.CatalogV2Util;
 import org.apache.spark.sql.connector.catalog.Column;
 import org.apache.spark.sql.connector.catalog.DelegatingCatalogExtension;
 import org.apache.spark.sql.connector.catalog.Identifier;
@@ -17,7 +21,8 @@ import org.apache.spark.sql.connector.expressions.Transform;
 
 /**
  * The session catalog with bitlake tables ({@code spark.sql.catalog.spark_catalog}, as Delta's): a table created
- * {@code USING bitlake LOCATION '<uri>'} is kept in the session's catalog and loaded as a {@link BitlakeTable},
+ * {@code USING bitlake LOCATION '<uri>'} (an existing table, or a new one of the statement's columns) is kept in the
+ * session's catalog and loaded as a {@link BitlakeTable},
  * at a version ({@code VERSION AS OF}) or a time ({@code TIMESTAMP AS OF}) too; {@code bitlake.`<uri>`} names a
  * table by its location. Every other table is the session catalog's.
  */
@@ -55,6 +60,35 @@ public class Catalog extends DelegatingCatalogExtension {
         }
         return BitlakeTable.load(location(t.properties()), options(t.properties()), version, timestamp, null, null);
     }
+
+    /** A new bitlake table at {@code location} of the statement's columns and identity partitions; its
+     * {@code TBLPROPERTIES} {@code primary_key} (columns, comma-separated) and {@code delta_column} make it keyed,
+     * the others are bitlake's table properties ({@code bitlake.create_table}). */
+    private static void create(String location, Column[] columns, Transform[] partitions,
+                               Map<String, String> properties) {
+        ObjectNode request = BitlakeTable.request("create", location, options(properties));
+        request.put("schema", CatalogV2Util.v2ColumnsToStructType(columns).json());
+        ArrayNode partitionBy = request.putArray("partition_by");
+        for (Transform t : partitions) {
+            if (!"identity".equals(t.name()) || t.references().length != 1) {
+                throw new IllegalArgumentException("a bitlake table is partitioned by columns' values, not by "
+                        + t.describe());
+            }
+            partitionBy.add(String.join(".", t.references()[0].fieldNames()));
+        }
+        ObjectNode own = request.putObject("properties");
+        properties.forEach((k, v) -> {
+            if (!RESERVED.contains(k) && !k.startsWith(TableCatalog.OPTION_PREFIX)) {
+                own.put(k, v);
+            }
+        });
+        Planner.call(request);
+    }
+
+    private static final Set<String> RESERVED = Set.of(TableCatalog.PROP_LOCATION,
+            TableCatalog.PROP_IS_MANAGED_LOCATION, TableCatalog.PROP_EXTERNAL, TableCatalog.PROP_TABLE_TYPE,
+            TableCatalog.PROP_COMMENT, TableCatalog.PROP_COLLATION, TableCatalog.PROP_PROVIDER,
+            TableCatalog.PROP_OWNER);
 
     static boolean isBitlake(Map<String, String> properties) {
         return PROVIDER.equalsIgnoreCase(properties.get(TableCatalog.PROP_PROVIDER));
@@ -94,15 +128,16 @@ public class Catalog extends DelegatingCatalogExtension {
             return super.createTable(ident, columns, partitions, properties);
         }
         String location = location(properties);
-        if (columns.length > 0 || partitions.length > 0) {
-            throw new IllegalArgumentException("CREATE TABLE ... USING bitlake registers an existing bitlake table, "
-                    + "whose schema and partitioning are its own: name neither (create the table with "
-                    + "bitlake.create_table)");
+        if (columns.length > 0) {
+            create(location, columns, partitions, properties);
+        } else if (partitions.length > 0) {
+            throw new IllegalArgumentException("CREATE TABLE ... USING bitlake of an existing table takes no "
+                    + "PARTITIONED BY: the table's partitioning is its own");
         }
         JsonNode read = BitlakeTable.plan(location, options(properties), null, null, null, null);
         Map<String, String> kept = new HashMap<>(properties);
         kept.put(TableCatalog.PROP_LOCATION, read.get("uri").asText());
-        super.createTable(ident, new Column[0], partitions, kept);
+        super.createTable(ident, new Column[0], new Transform[0], kept);
         try {
             return loadTable(ident);
         } catch (NoSuchTableException e) {
