@@ -45,10 +45,25 @@ def output_schema(p: ReadPlan, columns: list[str] | None = None, include_row_ids
 def batches(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
             columns: list[str] | None = None, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """The rows of the plan (``columns`` of them, default all), and with ``where``, those it holds true for,
-    as record batches of :func:`output_schema`, in the plan's file order. Up to :data:`READERS` files are read
-    at once (decoding releases the GIL), each up to a row group ahead."""
+    as record batches of :func:`output_schema` of at most ``batch_rows`` rows, in the plan's file order."""
+    for table in _tables(io, p, output_schema(p, columns, include_row_ids), where):
+        yield from table.to_batches(max_chunksize=batch_rows)
+
+
+def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
+         columns: list[str] | None = None) -> pa.Table:
+    """:func:`batches` as one table (a chunk per chunk a reader thread read)."""
     schema = output_schema(p, columns, include_row_ids)
-    # Files whose column statistics rule ``where`` out are never opened.
+    tables = _tables(io, p, schema, where)
+    if not schema.names:  # concat_tables drops the rows of tables of no column; batches keep them
+        return pa.Table.from_batches([b for t in tables for b in t.to_batches()], schema=schema)
+    return pa.concat_tables([schema.empty_table(), *tables])
+
+
+def _tables(io: FileIO, p: ReadPlan, schema: pa.Schema, where: pc.Expression | None) -> Iterator[pa.Table]:
+    """The rows of :func:`batches`, as tables of the chunks the reader threads read. Up to :data:`READERS` files
+    are read at once (decoding releases the GIL), each a chunk ahead at most; files whose column statistics rule
+    ``where`` out are never opened."""
     data = datafile.data_schema(p.state.metadata)
     files = ([(f, False) for f in stats.pruned(p.whole, where, data)]
              + [(f, True) for f in stats.pruned(p.filtered, where, data)])
@@ -57,15 +72,7 @@ def batches(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Ex
         f, filtered = item
         return _file_tables(io, p, f, filtered, schema, where)
 
-    for table in _ordered(files, read_file):
-        yield from table.to_batches(max_chunksize=batch_rows)
-
-
-def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
-         columns: list[str] | None = None) -> pa.Table:
-    """:func:`batches` as one table."""
-    schema = output_schema(p, columns, include_row_ids)
-    return pa.Table.from_batches(list(batches(io, p, include_row_ids, where, columns)), schema=schema)
+    return _ordered(files, read_file)
 
 
 def reader(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
