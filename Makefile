@@ -37,8 +37,14 @@ $(PAIMON_VENV)/.installed:
 demo: setup  ## run the demo: create a table, ingest a base and changes, show the view and the history
 	$(PY) examples/demo.py
 
-test: setup setup-airflow  ## run every test (unit, Spark, concurrency, crash, trigger service on SQLite and PostgreSQL, Airflow)
+test: setup setup-airflow  ## run every test (unit, Spark, concurrency, crash, trigger service on SQLite and PostgreSQL, console in Chromium, Airflow)
 	bash scripts/setup-postgres.sh
+	@# Debian's chromium for the console's browser tests (tests/test_console_browser.py: Playwright drives it)
+	@command -v chromium >/dev/null 2>&1 || if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing chromium (apt-get) for the console's browser tests" >&2; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "chromium is missing and this is not root: the console's browser tests will fail;" \
+		"install it with: apt-get install -y chromium" >&2; fi
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-airflow
 

@@ -18,7 +18,7 @@ LAYERS = [
     ("operations", {"bitlake.transaction", "bitlake.changeevent", "bitlake.batches", "bitlake.ingest",
                     "bitlake.restatement", "bitlake.dml", "bitlake.maintenance", "bitlake.read", "bitlake.cdc"}),
     ("API", {"bitlake.table", "bitlake.bootstrap", "bitlake.polars"}),
-    ("CLI/service", {"bitlake", "bitlake.cli", "bitlake.triggers", "bitlake.airflow", "bitlake.datasource",
+    ("CLI/service", {"bitlake", "bitlake.cli", "bitlake.triggers", "bitlake.console", "bitlake.airflow", "bitlake.datasource",
                      "bitlake.mirror"}),
 ]
 RANK = {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}

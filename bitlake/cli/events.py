@@ -36,11 +36,43 @@ def cmd_serve(args, out: Console, err: Console) -> None:
     config = TriggerConfig.load(args.config)
     if args.db_url:
         config = config.model_copy(update={"db_url": args.db_url})
+    if (args.token or args.allow_writes) and not args.roots:
+        raise InvalidInputError("--token and --allow-writes are the console's: name the lake folders or URIs to show")
+    app = create_app(config, console=args.roots or None)
     say(err, f"bitlake trigger service on http://{args.host}:{args.port} (store: "
              f"{_redacted(config.db_url)}); OpenAPI at /docs")
-    # loop/http "auto" (uvicorn's defaults): uvloop and httptools, which bitlake installs (uvicorn[standard])
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level=args.log_level,
-                loop="auto", http="auto")
+    made = _console_tokens(app.state.store, args, err) if args.roots else []
+    try:
+        # loop/http "auto" (uvicorn's defaults): uvloop and httptools, which bitlake installs (uvicorn[standard])
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, loop="auto", http="auto")
+    finally:
+        for token in made:  # a console's own tokens live as long as it runs
+            info = app.state.store.authenticate(token)
+            if info is not None:
+                app.state.store.revoke_token(info.token_id)
+
+
+def _console_tokens(store, args, err: Console) -> list[str]:
+    """Prints the console's addresses, Jupyter's way: with a read token (``--token``, else a fresh consumer token)
+    and, with ``--allow-writes``, a second one with a fresh admin token. Returns the tokens made here."""
+    made = []
+    if args.token:
+        info = store.authenticate(args.token)
+        if info is None:
+            raise InvalidInputError("--token: the service's store does not know this token (or it was revoked)")
+        read = args.token
+    else:
+        read = store.create_token("consumer", ["*"], name="console (read)")
+        made.append(read)
+    base = f"http://{args.host}:{args.port}/"
+    say(err, f"bitlake console of {', '.join(args.roots)}, read-only; open:")
+    say(err, f"    {base}?token={read}")
+    if args.allow_writes:
+        write = store.create_token("admin", ["*"], name="console (write)")
+        made.append(write)
+        say(err, "to run maintenance and reverts (a write token: keep it to yourself), open:")
+        say(err, f"    {base}?token={write}")
+    return made
 
 
 def _redacted(db_url: str) -> str:
@@ -190,7 +222,9 @@ def cmd_events_token(args, out: Console, err: Console) -> int:
 
 def add_parsers(sub) -> None:
     """The trigger service commands' sub-parsers."""
-    sv = sub.add_parser("serve", help="run the trigger service (FastAPI on uvicorn)")
+    sv = sub.add_parser("serve", help="run the trigger service (FastAPI on uvicorn) and the console")
+    sv.add_argument("roots", nargs="*", metavar="ROOT",
+                    help="lake folders or URIs (or tables) the console shows (docs/console.md); none: no console")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     sv.add_argument("--port", type=int, default=8400, help="port (default 8400)")
     sv.add_argument("--db-url", help="the store's SQLAlchemy URL (default: $BITLAKE_TRIGGERS_DB_URL, else "
@@ -198,6 +232,11 @@ def add_parsers(sub) -> None:
     sv.add_argument("--config", help="a TOML configuration file (default: $BITLAKE_TRIGGERS_CONFIG)")
     sv.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                     help="uvicorn's log level")
+    sv.add_argument("--token", help="console: the read (consumer) or write (admin) token to print, one the store "
+                                    "knows (default: a fresh consumer token, revoked when serve exits)")
+    sv.add_argument("--allow-writes", action="store_true",
+                    help="console: also make a fresh admin token and print its address (actions: maintain, compact, "
+                         "cleanup, vacuum, revert)")
     sv.set_defaults(run=cmd_serve)
 
     ev = sub.add_parser("events", help="Data Change Events: publish, watch, list; API tokens")

@@ -16,7 +16,7 @@ middlewares in front of FastAPI (:class:`BodyLimit`, :class:`FastRegistration`).
 
 import gc
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -170,13 +170,16 @@ async def _invalid(_request: Request, exc: RequestValidationError) -> JSONRespon
     return JSONResponse({"detail": errors}, status_code=422)
 
 
-def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | None = None) -> FastAPI:
+def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | None = None, *,
+               console: Sequence[str] | None = None) -> FastAPI:
     """The trigger service as a FastAPI application; opening its store migrates the schema.
 
     Args:
         config: a :class:`TriggerConfig`, a mapping of its fields, or the path of a TOML file; by default the
             file named by ``$BITLAKE_TRIGGERS_CONFIG`` and ``BITLAKE_TRIGGERS_*`` variables, else an SQLite
             database ``./bitlake-triggers.db``.
+        console: lake folders or URIs: also serve the console (:mod:`bitlake.console`, docs/console.md) for the
+            bitlake tables under them.
     """
     config = _config(config)
     store = TriggerStore.from_config(config)
@@ -194,6 +197,10 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
     app.state.tokens, app.state.registrations = tokens, registrations
     for router in ROUTERS:
         app.include_router(router)
+    if console:
+        from bitlake.console import mount  # Jinja2: only a service with a console loads it
+
+        mount(app, console)
     if config.fast_registration:
         app.add_middleware(FastRegistration, tokens=tokens, registrations=registrations)
     app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)  # added last: the outer one
