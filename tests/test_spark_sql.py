@@ -273,3 +273,16 @@ def test_sql_writes_of_dates_timestamps_and_decimals_equal_the_python_calls(spar
         assert by_sql.version == by_python.version, statement
         assert by_sql.to_arrow().to_pylist() == by_python.to_arrow().to_pylist(), statement
     assert by_sql.to_arrow().to_pylist() == [dict(zip(TYPED.names, later, strict=True))]
+
+
+def test_a_named_table_describes_itself_takes_writes_by_path_and_by_writer_and_drops_without_its_data(spark, tmp_path):
+    t = bitlake.create_table(str(tmp_path / "t"), WRITE_SCHEMA, primary_key=["id"], delta_column="ts")
+    t.ingest(pa.table({"id": [1, 2], "v": ["a", "b"], "ts": [1, 1]}, schema=WRITE_SCHEMA))
+    name = register(spark, t)
+    described = {r["col_name"]: r["data_type"] for r in spark.sql(f"DESCRIBE TABLE EXTENDED {name}").collect()}
+    assert (described["Provider"], described["Type"], described["id"]) == ("bitlake", "EXTERNAL", "bigint")
+    spark.sql(f"INSERT INTO bitlake.`{t.path}` VALUES (3, 'c', 2)").collect()
+    spark.createDataFrame([(4, "d", 3)], "id long, v string, ts long").writeTo(name).append()
+    assert t.version == 3 and sorted(r["id"] for r in t.to_arrow().to_pylist()) == [1, 2, 3, 4]
+    spark.sql(f"DROP TABLE {name}")
+    assert bitlake.open_table(t.path).to_arrow().num_rows == 4

@@ -9,7 +9,11 @@ import java.util.TreeMap;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.node.ObjectNode;
 import org.apache.spark.sql.connector.catalog.SupportsRead;
+import org.apache.spark.sql.connector.catalog.TableCatalog;
+import org.apache.spark.sql.connector.catalog.TableSummary;
 import org.apache.spark.sql.connector.catalog.TableCapability;
+import org.apache.spark.sql.connector.read.Batch;
+import org.apache.spark.sql.connector.read.Scan;
 import org.apache.spark.sql.connector.read.ScanBuilder;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.StructType;
@@ -71,6 +75,13 @@ public final class BitlakeTable implements SupportsRead {
     }
 
     @Override
+    public Map<String, String> properties() {
+        return Map.of(TableCatalog.PROP_PROVIDER, Catalog.PROVIDER, TableCatalog.PROP_LOCATION, uri,
+                TableCatalog.PROP_TABLE_TYPE, TableSummary.EXTERNAL_TABLE_TYPE, TableCatalog.PROP_EXTERNAL, "true",
+                "version", read.get("version").asText());
+    }
+
+    @Override
     @SuppressWarnings("deprecation")  // Spark's relations still ask a table for it
     public StructType schema() {
         return (StructType) DataType.fromJson(read.get("view_schema").asText());
@@ -81,9 +92,22 @@ public final class BitlakeTable implements SupportsRead {
         return EnumSet.of(TableCapability.BATCH_READ);
     }
 
+    /** A scan that describes itself (DESCRIBE TABLE EXTENDED asks) but reads nothing: {@link Rules} replaces
+     * every read of the table before Spark plans one, unless the session lacks the extension. */
     @Override
     public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
-        throw new UnsupportedOperationException("bitlake tables are read through bitlake's session extension: set "
-                + "spark.sql.extensions=" + Extension.class.getName() + " (docs/spark-sql.md)");
+        StructType schema = schema();
+        return () -> new Scan() {
+            @Override
+            public StructType readSchema() {
+                return schema;
+            }
+
+            @Override
+            public Batch toBatch() {
+                throw new UnsupportedOperationException("bitlake tables are read through bitlake's session "
+                        + "extension: set spark.sql.extensions=" + Extension.class.getName() + " (docs/spark-sql.md)");
+            }
+        };
     }
 }
