@@ -286,3 +286,19 @@ def test_a_named_table_describes_itself_takes_writes_by_path_and_by_writer_and_d
     assert t.version == 3 and sorted(r["id"] for r in t.to_arrow().to_pylist()) == [1, 2, 3, 4]
     spark.sql(f"DROP TABLE {name}")
     assert bitlake.open_table(t.path).to_arrow().num_rows == 4
+
+
+def test_by_name_reads_compacted_files_and_revived_rows_as_the_arrow_reader(spark, tmp_path):
+    from tests.test_compaction import COLUMNS as CHURNED
+    from tests.test_compaction import TIMES, batch, churned
+
+    t = churned(str(tmp_path / "churned"))
+    t.metagen()
+    t.compact()
+    t.ingest(batch(range(0, 40, 2), 30, 500), op_column="op", batch_id="b5")  # compacted files now hold old rows
+    name = register(spark, t)
+    for v in (t.version - 2, t.version - 1, t.version):
+        for at in TIMES:
+            clause = f"VERSION AS OF {v}" + ("" if at is None else f" WITH ('validAt' = '{at}')")
+            got = spark_rows(spark.sql(f"SELECT * FROM {name} {clause}"), CHURNED)
+            assert got == arrow_rows(t, CHURNED, version=v, valid_at=at), clause
