@@ -213,6 +213,20 @@ def test_the_past_view_and_the_events(console, lake):
     assert len(re.findall(r'<tr><td class="n">\d+</td>', html.split('id="events"')[1])) == events > 0
 
 
+def test_the_past_view_and_the_change_feed_are_paged(console, lake):
+    t = lake["quiet"]
+    t.ingest(batch(range(5, 250), 2, 0).drop_columns(["op"]), batch_id="q1")
+    console.login(console.read)
+    view = t.to_arrow()
+    pages = [console.get(f"/console/view?path={q(t.path)}&offset={o}") for o in (0, 100, 200)]
+    got = [re.findall(r"<tr><td>(\d+)</td>", p) for p in pages]
+    assert [len(g) for g in got] == [100, 100, 50] and sum(got, []) == [str(k) for k in view["k"].to_pylist()]
+    assert ["next</a>" in p for p in pages] == [True, True, False]
+    changes = t.changes_to_arrow(starting_version=t.version, ending_version=t.version)
+    html = console.get(f"/console/changes?path={q(t.path)}&start={t.version}&end={t.version}&offset=200")
+    assert len(re.findall(r"<tr><td>", html)) == changes.num_rows - 200 == 45 and "previous</a>" in html
+
+
 def test_no_get_changes_a_table(console, lake):
     t = lake["orders"]
     before = files_of(t), t.version

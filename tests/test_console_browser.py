@@ -17,6 +17,7 @@ from urllib.parse import quote
 import pytest
 
 import bitlake
+from bitlake.triggers.store import TriggerStore
 from tests.ports import free_port, wait_for_port
 from tests.test_compaction import SCHEMA, batch, churned
 
@@ -60,6 +61,9 @@ def server(lake):
     finally:
         process.terminate()
         process.wait(30)
+    with TriggerStore(f"sqlite:///{lake['base']}/service.db") as store:  # the console's tokens end with it
+        assert [(t.name, t.revoked_at is not None) for t in store.tokens()] == [("console (read)", True),
+                                                                                 ("console (write)", True)]
 
 
 @pytest.fixture(scope="module")

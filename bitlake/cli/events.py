@@ -41,15 +41,29 @@ def cmd_serve(args, out: Console, err: Console) -> None:
     app = create_app(config, console=args.roots or None)
     say(err, f"bitlake trigger service on http://{args.host}:{args.port} (store: "
              f"{_redacted(config.db_url)}); OpenAPI at /docs")
-    made = _console_tokens(app.state.store, args, err) if args.roots else []
-    try:
-        # loop/http "auto" (uvicorn's defaults): uvloop and httptools, which bitlake installs (uvicorn[standard])
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, loop="auto", http="auto")
-    finally:
-        for token in made:  # a console's own tokens live as long as it runs
-            info = app.state.store.authenticate(token)
-            if info is not None:
-                app.state.store.revoke_token(info.token_id)
+    if args.roots:
+        _revoked_at_shutdown(app, _console_tokens(app.state.store, args, err))
+    # loop/http "auto" (uvicorn's defaults): uvloop and httptools, which bitlake installs (uvicorn[standard])
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, loop="auto", http="auto")
+
+
+def _revoked_at_shutdown(app, tokens: list[str]) -> None:
+    """A console's own tokens live as long as it runs: they are revoked when the app shuts down, before its
+    store closes (uvicorn re-raises SIGTERM and SIGINT once it has shut down, so no code after run() would)."""
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a):
+        async with inner(a) as state:
+            try:
+                yield state
+            finally:
+                for token in tokens:
+                    info = app.state.store.authenticate(token)
+                    if info is not None:
+                        app.state.store.revoke_token(info.token_id)
+
+    app.router.lifespan_context = lifespan
 
 
 def _console_tokens(store, args, err: Console) -> list[str]:

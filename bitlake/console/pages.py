@@ -138,6 +138,24 @@ def _event_time(text: str | None) -> Any:
     return int(text) if re.fullmatch(r"-?\d+", text.strip()) else text.strip()
 
 
+def _window(reader: pa.RecordBatchReader, skip: int, size: int) -> tuple[list[pa.RecordBatch], bool]:
+    """Rows ``skip`` to ``skip + size`` of a stream, and whether more follow; reads no further than it needs."""
+    taken: list[pa.RecordBatch] = []
+    seen = wanted = 0
+    for batch in reader:
+        if wanted == size and batch.num_rows:
+            return taken, True
+        start = max(skip - seen, 0)
+        seen += batch.num_rows
+        if start < batch.num_rows:
+            part = batch.slice(start, size - wanted)
+            taken.append(part)
+            wanted += part.num_rows
+            if wanted == size and seen > skip + size:
+                return taken, True
+    return taken, False
+
+
 @router.get("/console/view", response_class=HTMLResponse)
 def view_page(request: Request, info: Reader, path: str | None = None, version: str | None = None,
               as_of: str | None = None, valid_at: str | None = None, offset: str | None = None):
@@ -145,20 +163,11 @@ def view_page(request: Request, info: Reader, path: str | None = None, version: 
     v = number(version, "version")
     skip = max(number(offset, "offset", 0) or 0, 0)
     try:
-        reader_ = t.to_batches(version=v, as_of=as_of or None, valid_at=_event_time(valid_at), batch_size=4096)
-        taken: list[pa.RecordBatch] = []
-        seen, more = 0, False
-        for batch in reader_:
-            start = max(skip - seen, 0)
-            seen += batch.num_rows
-            if start < batch.num_rows:
-                taken.append(batch.slice(start, ROWS - sum(b.num_rows for b in taken)))
-            if sum(b.num_rows for b in taken) >= ROWS:
-                more = seen > skip + ROWS or next(iter(reader_), None) is not None
-                break
+        rows_reader = t.to_batches(version=v, as_of=as_of or None, valid_at=_event_time(valid_at), batch_size=4096)
+        taken, more = _window(rows_reader, skip, ROWS)
     except BitlakeError as e:
         raise ConsoleError(400, f"past view: {e}") from None
-    page = pa.Table.from_batches(taken, schema=reader_.schema)
+    page = pa.Table.from_batches(taken, schema=rows_reader.schema)
     columns, rows = cells(page)
     return render(request, "view.html", info, path=t.path, name=t.name, version=version or "", as_of=as_of or "",
                   valid_at=valid_at or "", offset=skip, columns=columns, rows=rows, more=more, size=ROWS,
