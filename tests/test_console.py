@@ -267,6 +267,16 @@ def test_an_action_is_refused_without_a_write_token_and_runs_with_one(console, l
     assert 'id="result"' in html and "compact" in html
 
 
+def test_a_major_compaction_with_a_look_back(console, lake):
+    t = lake["orders"]
+    console.login(console.write)
+    dry = console.get(f"/console/action?path={q(t.path)}&name=compact&look_back={t.version}")
+    assert f'name="look_back" value="{t.version}"' in dry and f"version {t.version}" in dry
+    html = console.post(path=t.path, name="compact", look_back=str(t.version), version=str(t.version), confirm="yes")
+    assert 'id="result"' in html and t.describe()["window"] is not None
+    assert "all versions" not in console.get(f"/console/table?path={q(t.path)}")  # the retention window shows
+
+
 def test_a_token_sees_only_the_tables_its_globs_cover(tmp_path, lake):
     c = Console(tmp_path, [lake["root"]])
     try:

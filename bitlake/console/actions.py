@@ -20,7 +20,8 @@ from bitlake.errors import BitlakeError
 
 ACTIONS = {
     "maintain": "run what the table's metrics call for (compaction, then cleanup)",
-    "compact": "a minor compaction: rewrite small files and files with many superseded rows; no view changes",
+    "compact": "a minor compaction: rewrite small files and files with many superseded rows, no view changes; with "
+               "a look-back (a version, an age such as 7d, or a commit time), a major one: reads before it expire",
     "cleanup": "remove files no commit of the window references, older than the grace period",
     "vacuum": "remove the rows the table's tombstones hide from every data file, for good",
     "revert": "revert a batch: every later view as if it had never been ingested",
@@ -45,6 +46,13 @@ def _action(name: str | None) -> str:
     return name
 
 
+def _compaction(params: dict[str, str]) -> dict[str, Any]:
+    look_back = params.get("look_back")
+    if not look_back:
+        return {}
+    return {"major": True, "look_back": int(look_back) if look_back.isdigit() else look_back}
+
+
 def dry_run(t: bitlake.Table, name: str, params: dict[str, str]) -> Any:
     """What ``name`` would do now, changing nothing."""
     min_age = float(number(params.get("min_age"), "min_age", 3600) or 0)
@@ -53,7 +61,7 @@ def dry_run(t: bitlake.Table, name: str, params: dict[str, str]) -> Any:
         return {"tasks": [{"task": x.name, "reason": x.reason, "gain": x.gain} for x in plan.tasks],
                 "files cleanup would remove": plan.removed}
     if name == "compact":
-        return t.compact(dry_run=True)
+        return t.compact(dry_run=True, **_compaction(params))
     if name == "cleanup":
         return {"files it would remove": t.cleanup(dry_run=True, min_age_seconds=min_age)}
     if name == "vacuum":
@@ -75,7 +83,7 @@ def run(t: bitlake.Table, name: str, params: dict[str, str]) -> Any:
         return {"tasks": [{"task": x.name, "reason": x.reason} for x in r.tasks],
                 "compaction": _plain(r.compaction), "removed": r.removed}
     if name == "compact":
-        return _plain(t.compact())
+        return _plain(t.compact(**_compaction(params)))
     if name == "cleanup":
         return {"removed": t.cleanup(min_age_seconds=min_age)}
     if name == "vacuum":
@@ -85,10 +93,10 @@ def run(t: bitlake.Table, name: str, params: dict[str, str]) -> Any:
 
 @router.get("/console/action", response_class=HTMLResponse)
 def action_page(request: Request, info: Reader, path: str | None = None, name: str | None = None,
-                batch: str | None = None, min_age: str | None = None):
+                batch: str | None = None, min_age: str | None = None, look_back: str | None = None):
     t = open_table(request, info, path)
     action = _action(name)
-    params = {k: v for k, v in {"batch": batch, "min_age": min_age}.items() if v is not None}
+    params = {k: v for k, v in {"batch": batch, "min_age": min_age, "look_back": look_back}.items() if v}
     try:
         plan = _plain(dry_run(t, action, params))
     except BitlakeError as e:
@@ -107,7 +115,7 @@ async def action_run(request: Request):
 def _run(request: Request, info, form: dict[str, str]) -> HTMLResponse:
     t = open_table(request, info, form.get("path"))
     action = _action(form.get("name"))
-    params = {k: form[k] for k in ("batch", "min_age") if form.get(k)}
+    params = {k: form[k] for k in ("batch", "min_age", "look_back") if form.get(k)}
     if form.get("confirm") != "yes":
         raise ConsoleError(400, f"{action} runs only when confirmed: open its dry run and press the confirm button")
     expected = number(form.get("version"), "version")
