@@ -310,3 +310,10 @@ def test_serve_refuses_console_options_without_roots(capsys):
 
     assert main(["serve", "--allow-writes"]) != 0
     assert "name the lake folders" in capsys.readouterr().err
+
+
+def test_serve_refuses_a_token_its_store_does_not_know(tmp_path, lake, capsys):
+    from bitlake.cli import main
+
+    assert main(["serve", lake["root"], "--token", "blt_unknown", "--db-url", f"sqlite:///{tmp_path}/s.db"]) != 0
+    assert "does not know this token" in capsys.readouterr().err

@@ -74,12 +74,12 @@ def _console_tokens(store, args, err: Console) -> list[str]:
         info = store.authenticate(args.token)
         if info is None:
             raise InvalidInputError("--token: the service's store does not know this token (or it was revoked)")
-        read = args.token
+        read, kind = args.token, ("read and write" if info.role == "admin" else "read-only") + f", {info.role} token"
     else:
-        read = store.create_token("consumer", ["*"], name="console (read)")
+        read, kind = store.create_token("consumer", ["*"], name="console (read)"), "read-only"
         made.append(read)
     base = f"http://{args.host}:{args.port}/"
-    say(err, f"bitlake console of {', '.join(args.roots)}, read-only; open:")
+    say(err, f"bitlake console of {', '.join(args.roots)} ({kind}); open:")
     say(err, f"    {base}?token={read}")
     if args.allow_writes:
         write = store.create_token("admin", ["*"], name="console (write)")
