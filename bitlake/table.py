@@ -424,11 +424,18 @@ class Table(read.TableDataset):
                                 ending_version=ending_version, starting_timestamp=starting_timestamp,
                                 ending_timestamp=ending_timestamp, change_types=change_types)
 
-    def history(self) -> list[dict[str, Any]]:
+    def history(self, limit: int | None = None) -> list[dict[str, Any]]:
         """One entry per commit, newest first (from the retention window's start, once cleanup dropped the
-        commits before it)."""
-        out = []
-        for v in range(self.version, state_mod.earliest_version(self.io) - 1, -1):
+        commits before it); with ``limit`` (delta-rs's name), the newest ``limit`` only, reading only their
+        commit files."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise InvalidInputError(f"limit must be a count of commits (an int of at least 0), not {limit!r}")
+        out: list[dict[str, Any]] = []
+        last = self.version
+        first = state_mod.earliest_version(self.io) if limit is None else max(0, last - limit + 1)
+        for v in range(last, first - 1, -1):
+            if limit is not None and not commitlog.exists(self.io, v):
+                break  # before the retention window's start
             c = commitlog.read(self.io, v)
             out.append({
                 "version": c.version,

@@ -373,3 +373,14 @@ def test_one_key_column_may_be_given_by_its_name(tmp_path):
     assert (t.metadata.primary_key, t.metadata.partition_by) == (("id",), ("name",))
     t.ingest(batch([1, 2], ["a", "b"], [1, 1]))
     assert sorted(r["id"] for r in t.to_arrow().to_pylist()) == [1, 2]
+
+
+def test_history_with_a_limit_lists_the_newest_commits_only(tmp_path):
+    t = bitlake.create_table(str(tmp_path / "t"), pa.schema([("x", pa.int64())]))
+    for i in range(4):
+        t.ingest(pa.table({"x": [i]}))
+    everything = t.history()
+    assert [h["version"] for h in everything] == [4, 3, 2, 1, 0]
+    assert t.history(limit=2) == everything[:2] and t.history(limit=10) == everything and t.history(limit=0) == []
+    with pytest.raises(bitlake.InvalidInputError, match="limit must be a count"):
+        t.history(limit=-1)
