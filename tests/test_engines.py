@@ -229,6 +229,24 @@ def test_a_landed_file_of_every_offset_of_its_segment_is_filtered_by_position(tm
     assert t.to_arrow(filter="k > 0").num_rows == 9 and any("_segment_offset" in c for c in read)  # by offset
 
 
+def test_a_table_whose_files_are_all_kept_is_read_by_pyarrows_own_scanner(tmp_path, monkeypatch):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key="k", delta_column="v")
+    t.ingest(_batch(range(300), 1), op_column="op")
+    t.ingest(_batch(range(0, 300, 4), 2), op_column="op")
+    t.compact(major=True)
+    where = (pc.field("n") > 4) & (pc.field("day") < dt.date(2026, 2, 1))
+    duck = "SELECT k, n, s FROM t WHERE n > 4 AND day < DATE '2026-02-01'"
+    native = [t.to_arrow(), t.to_arrow(columns=["k", "s"], filter=where), t.to_arrow(version=2), _duck(duck, t=t)]
+    monkeypatch.setattr(reader_mod, "_row_groups", lambda *a: pytest.fail("the native scan reads no file itself"))
+    assert _rows(t.to_arrow()) == _rows(native[0]) and t.count_rows() == 300
+    assert _rows(t.to_arrow(columns=["k", "s"], filter=where)) == _rows(native[1])
+    monkeypatch.undo()
+    monkeypatch.setattr(reader_mod, "_native", lambda *a: None)  # bitlake's own reader gives the same rows
+    assert _rows(t.to_arrow()) == _rows(native[0]) and _duck(duck, t=t) == native[3]
+    assert _rows(t.to_arrow(columns=["k", "s"], filter=where)) == _rows(native[1])
+    assert _rows(t.to_arrow(version=2)) == _rows(native[2])  # version 2 has superseded rows: never native
+
+
 def test_the_reader_keeps_the_file_order_and_raises_what_a_file_read_raises(table, tmp_path, monkeypatch):
     expected = table.to_arrow()  # several files read at once
     monkeypatch.setattr(reader_mod, "READERS", 1)

@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 
 from bitlake.engine.read.plan import ReadPlan
 from bitlake.errors import InvalidInputError
@@ -54,6 +55,9 @@ def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expre
          columns: list[str] | None = None) -> pa.Table:
     """:func:`batches` as one table (a chunk per chunk a reader thread read)."""
     schema = output_schema(p, columns, include_row_ids)
+    scan = _native(io, p, schema, where, BATCH_ROWS)
+    if scan is not None:
+        return scan.to_table()
     tables = _tables(io, p, schema, where)
     if not schema.names:  # concat_tables drops the rows of tables of no column; batches keep them
         return pa.Table.from_batches([b for t in tables for b in t.to_batches()], schema=schema)
@@ -79,7 +83,27 @@ def reader(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Exp
            columns: list[str] | None = None, batch_rows: int = BATCH_ROWS) -> pa.RecordBatchReader:
     """:func:`batches` as a ``pyarrow.RecordBatchReader`` (what DuckDB, Polars and Arrow consumers take)."""
     schema = output_schema(p, columns, include_row_ids)
+    scan = _native(io, p, schema, where, batch_rows)
+    if scan is not None:
+        return scan.to_reader()
     return pa.RecordBatchReader.from_batches(schema, batches(io, p, include_row_ids, where, columns, batch_rows))
+
+
+def _native(io: FileIO, p: ReadPlan, schema: pa.Schema, where: pc.Expression | None, batch_rows: int
+            ) -> ds.Scanner | None:
+    """pyarrow's own scanner of the plan's files, when it reads what the plan keeps: every row of every file is
+    kept (a compacted table, a table without updates), no tombstone or event time filters rows, and the files
+    are local Parquet files. Its threads and C++ stream then serve engines (DuckDB takes its batches without
+    the GIL) as they serve plain Parquet. None otherwise, and for a ``where`` pyarrow would prune by wrongly."""
+    meta = p.state.metadata
+    if (p.filtered or p.hidden or (p.valid_at is not None and meta.keyed) or meta.file_format != "parquet"
+            or io.local_path() is None or (where is not None and not stats.prunes_safely(where))):
+        return None
+    data = datafile.data_schema(meta)
+    files = stats.pruned(p.whole, where, data)
+    dataset = ds.FileSystemDataset.from_paths([io.local_path(f.path) for f in files], schema=data,
+                                              format=ds.ParquetFileFormat(), filesystem=pafs.LocalFileSystem())
+    return dataset.scanner(columns=schema.names, filter=where, batch_size=batch_rows)
 
 
 def _file_tables(io: FileIO, p: ReadPlan, f: DataFile, filtered: bool, schema: pa.Schema,
