@@ -171,7 +171,17 @@ def _filtered(table: pa.Table, mask: pa.Array) -> pa.Table:
     which converts the table to batches first); a table of no column keeps its count of rows."""
     if not table.num_columns:
         return pa.table({"n": pa.nulls(table.num_rows)}).filter(mask).select([])
-    return pa.Table.from_arrays([c.filter(mask) for c in table.columns], schema=table.schema)
+    return pa.Table.from_arrays([_no_validity(c).filter(mask) for c in table.columns], schema=table.schema)
+
+
+def _no_validity(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """``column`` without the validity bitmaps of its chunks that hold no null (the Parquet reader allocates one
+    for every nullable column), which halves the cost of filtering a chunk of numbers."""
+    if (column.null_count or pa.types.is_nested(column.type) or pa.types.is_dictionary(column.type)
+            or isinstance(column.type, pa.BaseExtensionType)):
+        return column
+    return pa.chunked_array([pa.Array.from_buffers(c.type, len(c), [None, *c.buffers()[1:]], 0, c.offset)
+                             if c.buffers()[0] is not None else c for c in column.chunks], column.type)
 
 
 def _positions(kept: np.ndarray, start: int, n: int) -> np.ndarray:
