@@ -247,6 +247,18 @@ def test_a_table_whose_files_are_all_kept_is_read_by_pyarrows_own_scanner(tmp_pa
     assert _rows(t.to_arrow(version=2)) == _rows(native[2])  # version 2 has superseded rows: never native
 
 
+def test_a_reader_stopped_early_leaves_no_thread_behind(table):
+    import threading
+    import time
+
+    for _ in range(5):
+        assert table.view().head(3).num_rows == 3  # the reader stops after its first chunk
+    deadline = time.monotonic() + 5
+    while any(t.name == "bitlake-read" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(t.name == "bitlake-read" for t in threading.enumerate())
+
+
 def test_the_reader_keeps_the_file_order_and_raises_what_a_file_read_raises(table, tmp_path, monkeypatch):
     expected = table.to_arrow()  # several files read at once
     monkeypatch.setattr(reader_mod, "READERS", 1)

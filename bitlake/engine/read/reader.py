@@ -116,8 +116,9 @@ def _file_tables(io: FileIO, p: ReadPlan, f: DataFile, filtered: bool, schema: p
     one = (f.segments[0].part, f.segments[0].seq) if len(f.segments) == 1 else None
     # A landed file that holds every offset of its one segment holds them in order (docs/FORMAT.md, "Data
     # files"): its n-th row is offset n, so a read of all its rows needs no row-id column at all.
-    positional = (filtered and one is not None and where is None and f.offsets is None
-                  and f.rows == p.segments[one].offsets)
+    segment = p.segments.get(one) if one is not None else None
+    positional = (filtered and segment is not None and where is None and f.offsets is None
+                  and f.rows == segment.offsets)
     if filtered and not positional:  # a file of one segment needs only the offsets (its entry names the segment)
         needed |= {rowid.OFFSET_COLUMN} if one else set(rowid.ROW_ID_COLUMNS)
     if p.hidden:
@@ -213,20 +214,24 @@ def _ordered(items: list, produce: Callable[[Any], Iterator[pa.Table]], workers:
     stop = threading.Event()
     done = object()
 
+    def put(out: queue.Queue, value: Any) -> bool:
+        """Hands ``value`` to the reader; False once the reader is gone (the thread then ends, never blocks)."""
+        while not stop.is_set():
+            try:
+                out.put(value, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def run(item: Any, out: queue.Queue) -> None:
         try:
             for table in produce(item):
-                while not stop.is_set():
-                    try:
-                        out.put(table, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put(out, table):
                     return
-            out.put(done)
+            put(out, done)
         except BaseException as e:  # noqa: BLE001 - raised in the reader
-            out.put(e)
+            put(out, e)
 
     running: collections.deque[queue.Queue] = collections.deque()
     pending = iter(items)
