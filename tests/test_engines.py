@@ -218,9 +218,9 @@ def test_a_landed_file_of_every_offset_of_its_segment_is_filtered_by_position(tm
     t.ingest(_batch(range(10), 1), op_column="op")
     t.ingest(_batch([0, 7, 8, 9], 2), op_column="op")  # the first file's last three rows go: its kept array ends early
     read = []
-    real = reader_mod._row_groups
-    monkeypatch.setattr(reader_mod, "_row_groups", lambda io, path, meta, columns, *rest: read.append(columns)
-                        or real(io, path, meta, columns, *rest))
+    real = reader_mod._scanner
+    monkeypatch.setattr(reader_mod, "_scanner", lambda io, meta, files, columns, *rest: read.append(columns)
+                        or real(io, meta, files, columns, *rest))
     out = t.to_arrow()
     assert sorted(zip(out["k"].to_pylist(), out["v"].to_pylist(), strict=True)) == \
         [(0, 2)] + [(k, 1) for k in range(1, 7)] + [(k, 2) for k in (7, 8, 9)]
@@ -237,7 +237,7 @@ def test_a_table_whose_files_are_all_kept_is_read_by_pyarrows_own_scanner(tmp_pa
     where = (pc.field("n") > 4) & (pc.field("day") < dt.date(2026, 2, 1))
     duck = "SELECT k, n, s FROM t WHERE n > 4 AND day < DATE '2026-02-01'"
     native = [t.to_arrow(), t.to_arrow(columns=["k", "s"], filter=where), t.to_arrow(version=2), _duck(duck, t=t)]
-    monkeypatch.setattr(reader_mod, "_row_groups", lambda *a: pytest.fail("the native scan reads no file itself"))
+    monkeypatch.setattr(reader_mod, "_kept", lambda *a: pytest.fail("the native scan filters no chunk in Python"))
     assert _rows(t.to_arrow()) == _rows(native[0]) and t.count_rows() == 300
     assert _rows(t.to_arrow(columns=["k", "s"], filter=where)) == _rows(native[1])
     monkeypatch.undo()
@@ -247,26 +247,18 @@ def test_a_table_whose_files_are_all_kept_is_read_by_pyarrows_own_scanner(tmp_pa
     assert _rows(t.to_arrow(version=2)) == _rows(native[2])  # version 2 has superseded rows: never native
 
 
-def test_a_reader_stopped_early_leaves_no_thread_behind(table):
-    import threading
-    import time
-
-    for _ in range(5):
-        assert table.view().head(3).num_rows == 3  # the reader stops after its first chunk
-    deadline = time.monotonic() + 5
-    while any(t.name == "bitlake-read" for t in threading.enumerate()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not any(t.name == "bitlake-read" for t in threading.enumerate())
-
-
 def test_the_reader_keeps_the_file_order_and_raises_what_a_file_read_raises(table, tmp_path, monkeypatch):
     expected = table.to_arrow()  # several files read at once
     monkeypatch.setattr(reader_mod, "READERS", 1)
     assert table.to_arrow(columns=["k"]).column("k").to_pylist() == expected.column("k").to_pylist()
     assert len(table.state().data_files()) > reader_mod.READERS
-    monkeypatch.setattr(reader_mod, "_row_groups", lambda *a: (_ for _ in ()).throw(OSError("disk gone")))
+    fresh = bitlake.open_table(table.path)
+    v = fresh.view()  # planned: the bitmaps are read
+    real = fresh.io.open_input
+    monkeypatch.setattr(fresh.io, "open_input", lambda rel: (_ for _ in ()).throw(OSError("disk gone"))
+                        if rel.startswith("data/") else real(rel))
     with pytest.raises(OSError, match="disk gone"):
-        bitlake.open_table(table.path).to_arrow()
+        v.to_table()
 
 
 # ------------------------------------------------------------------------------------------------ Polars

@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bitlake
-from bitlake.engine.read import reader as reader_mod
 from bitlake.format import datafile, stats
 from bitlake.format.commit import DataFile, SegmentRows
 
@@ -127,18 +126,16 @@ def test_the_json_form_of_each_type(tmp_path):
 
 def test_a_filter_opens_only_the_files_its_bounds_allow(table, monkeypatch):
     opened = []
-    real = reader_mod._row_groups
-
-    def spy(io, path, *args):
-        opened.append(path)
-        return real(io, path, *args)
-
-    monkeypatch.setattr(reader_mod, "_row_groups", spy)
+    real = table.io.open_input
+    monkeypatch.setattr(table.io, "open_input", lambda rel: opened.append(rel) or real(rel))
+    table.view()  # planned (its bitmaps read) before the count starts
+    opened.clear()
     out = table.to_arrow(filter=(pc.field("k") >= 3100) & (pc.field("k") < 3200))
     assert sorted(out.column("k").to_pylist()) == list(range(3100, 3200))
-    assert len(opened) == 1
+    assert len([p for p in opened if p.startswith("data/")]) == 1
     opened.clear()
-    assert table.to_arrow(filter="day > DATE '2027-01-01'").num_rows == 0 and opened == []
+    assert table.to_arrow(filter="day > DATE '2027-01-01'").num_rows == 0
+    assert not [p for p in opened if p.startswith("data/")]
 
 
 def test_a_comparison_with_nan_prunes_nothing(table):

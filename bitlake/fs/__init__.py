@@ -32,6 +32,7 @@ from typing import TypeVar
 from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from bitlake.errors import InvalidInputError
 
@@ -103,6 +104,45 @@ class FileIO:
 
     def remove_empty_dirs(self, rel: str) -> None:
         """Removes empty folders under ``rel`` (a no-op on stores without folders)."""
+
+    def arrow_filesystem(self) -> pafs.FileSystem:
+        """A read-only pyarrow file system over this storage (paths relative to the base), for pyarrow's dataset
+        scanner: its threads read through :meth:`open_input`, so every byte still goes through this class."""
+        return pafs.PyFileSystem(_ArrowReads(self))
+
+
+class _ArrowReads(pafs.FileSystemHandler):
+    """pyarrow's handler of :meth:`FileIO.arrow_filesystem`: opens files to read; refuses everything else."""
+
+    def __init__(self, io: FileIO):
+        self.io = io
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ArrowReads) and other.io is self.io
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def get_type_name(self) -> str:
+        return "bitlake"
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        return [pafs.FileInfo(p, pafs.FileType.File, size=self.io.size(p)) for p in paths]
+
+    def open_input_file(self, path: str) -> pa.NativeFile:
+        return self.io.open_input(path)
+
+    def open_input_stream(self, path: str) -> pa.NativeFile:
+        return self.io.open_input(path)
+
+    def _read_only(self, *args: object) -> None:
+        raise NotImplementedError("bitlake's pyarrow file system only reads")
+
+    get_file_info_selector = create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = \
+        delete_file = move = copy_file = open_output_stream = open_append_stream = _read_only
 
 
 class LocalFileIO(FileIO):

@@ -1,7 +1,8 @@
 """Reading a view without Spark: the plan of :mod:`bitlake.engine.read.plan`, executed with pyarrow.
 
-:func:`batches` streams the view in bounded memory (a few files read at once by threads, each a row group at a
-time; the rows a view drops are filtered out of each row group by their row ids); :func:`read` collects it. A
+:func:`batches` streams the view in bounded memory (pyarrow's dataset scanner reads a few files at once through
+the table's FileIO, a chunk at a time; the rows a view drops are filtered out of each chunk by position or by
+their row ids); :func:`read` collects it. A
 condition ``where`` (a pyarrow compute expression) prunes files by their column statistics in the commit
 (:mod:`bitlake.format.stats`), row groups by their Parquet statistics (a partition column is in every file, so
 partitions prune the same way), and only the columns wanted and those the condition names are decoded.
@@ -9,18 +10,15 @@ partitions prune the same way), and only the columns wanted and those the condit
 
 from __future__ import annotations
 
-import collections
+import dataclasses
 import os
-import queue
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 
 from bitlake.engine.read.plan import ReadPlan
 from bitlake.errors import InvalidInputError
@@ -53,7 +51,7 @@ def batches(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Ex
 
 def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
          columns: list[str] | None = None) -> pa.Table:
-    """:func:`batches` as one table (a chunk per chunk a reader thread read)."""
+    """:func:`batches` as one table (a chunk per chunk the scanner read)."""
     schema = output_schema(p, columns, include_row_ids)
     scan = _native(io, p, schema, where, BATCH_ROWS)
     if scan is not None:
@@ -65,18 +63,38 @@ def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expre
 
 
 def _tables(io: FileIO, p: ReadPlan, schema: pa.Schema, where: pc.Expression | None) -> Iterator[pa.Table]:
-    """The rows of :func:`batches`, as tables of the chunks the reader threads read. Up to :data:`READERS` files
-    are read at once (decoding releases the GIL), each a chunk ahead at most; files whose column statistics rule
-    ``where`` out are never opened."""
-    data = datafile.data_schema(p.state.metadata)
+    """The rows of :func:`batches`, as tables of the chunks pyarrow's scanner reads: up to :data:`READERS` files
+    at once, each a chunk ahead at most, by pyarrow's threads (through the table's FileIO); files whose column
+    statistics rule ``where`` out are never opened. Each chunk is filtered here by the plan."""
+    meta = p.state.metadata
+    data = datafile.data_schema(meta)
     files = ([(f, False) for f in stats.pruned(p.whole, where, data)]
              + [(f, True) for f in stats.pruned(p.filtered, where, data)])
-
-    def read_file(item: tuple[DataFile, bool]) -> Iterator[pa.Table]:
-        f, filtered = item
-        return _file_tables(io, p, f, filtered, schema, where)
-
-    return _ordered(files, read_file)
+    if not files:
+        return
+    # A filter pyarrow would prune row groups by wrongly is applied here, after the read of every column.
+    pushed = where if where is None or stats.prunes_safely(where) else None
+    ways = {f.path: _Way.of(p, f, filtered, where is not None) for f, filtered in files}
+    event_time = p.valid_at is not None and meta.keyed
+    needed = set(schema.names) | {c for _, c, _ in p.hidden} | {c for w in ways.values() for c in w.ids}
+    if p.hidden:
+        needed.add(rowid.PART_COLUMN)
+    if event_time:
+        needed.add(str(meta.delta_column))
+    if where is not None and pushed is None:
+        needed = set(data.names)
+    columns = [c for c in data.names if c in needed]
+    at: dict[str, int] = {}  # each file's position of its next chunk's first row
+    for tagged in _scanner(io, meta, [f for f, _ in files], columns, pushed, len(columns)).scan_batches():
+        table = pa.Table.from_batches([tagged.record_batch])
+        way = ways[tagged.fragment.path]
+        start = at.get(way.path, 0)
+        at[way.path] = start + table.num_rows
+        if where is not None and pushed is None:
+            table = table.filter(where)
+        table = _kept(p, way, table, start, schema, event_time)
+        if table.num_rows:
+            yield table
 
 
 def reader(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
@@ -92,61 +110,65 @@ def reader(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Exp
 def _native(io: FileIO, p: ReadPlan, schema: pa.Schema, where: pc.Expression | None, batch_rows: int
             ) -> ds.Scanner | None:
     """pyarrow's own scanner of the plan's files, when it reads what the plan keeps: every row of every file is
-    kept (a compacted table, a table without updates), no tombstone or event time filters rows, and the files
-    are local Parquet files. Its threads and C++ stream then serve engines (DuckDB takes its batches without
-    the GIL) as they serve plain Parquet. None otherwise, and for a ``where`` pyarrow would prune by wrongly."""
+    kept (a compacted table, a table without updates) and no tombstone or event time filters rows. Its C++
+    stream then serves engines (DuckDB takes its batches without the GIL) as it serves plain Parquet. None
+    otherwise, and for a ``where`` pyarrow would prune by wrongly."""
     meta = p.state.metadata
-    if (p.filtered or p.hidden or (p.valid_at is not None and meta.keyed) or meta.file_format != "parquet"
-            or io.local_path() is None or (where is not None and not stats.prunes_safely(where))):
+    if (p.filtered or p.hidden or (p.valid_at is not None and meta.keyed)
+            or (where is not None and not stats.prunes_safely(where))):
         return None
-    data = datafile.data_schema(meta)
-    files = stats.pruned(p.whole, where, data)
-    dataset = ds.FileSystemDataset.from_paths([io.local_path(f.path) for f in files], schema=data,
-                                              format=ds.ParquetFileFormat(), filesystem=pafs.LocalFileSystem())
-    return dataset.scanner(columns=schema.names, filter=where, batch_size=batch_rows)
+    files = stats.pruned(p.whole, where, datafile.data_schema(meta))
+    return _scanner(io, meta, files, schema.names, where, len(schema.names), batch_rows)
 
 
-def _file_tables(io: FileIO, p: ReadPlan, f: DataFile, filtered: bool, schema: pa.Schema,
-                 where: pc.Expression | None) -> Iterator[pa.Table]:
-    """The rows of data file ``f`` the plan keeps and ``where`` holds for, as tables of ``schema``, a row group
-    at a time. Only the row-id columns a filter needs are read: a file whose rows are all kept is read as
-    plainly as any Parquet file."""
+@dataclasses.dataclass(frozen=True)
+class _Way:
+    """How the rows of one data file are filtered by the plan: not at all (every row kept), by position, by the
+    offsets of its one segment, or by its row ids; ``ids``: the row-id columns that needs."""
+
+    path: str
+    filtered: bool
+    segment: tuple[int, int] | None  # the file's one segment
+    positional: bool
+
+    @classmethod
+    def of(cls, p: ReadPlan, f: DataFile, filtered: bool, where: bool) -> _Way:
+        one = (f.segments[0].part, f.segments[0].seq) if len(f.segments) == 1 else None
+        state = p.segments.get(one) if one is not None else None
+        # A landed file that holds every offset of its one segment holds them in order (docs/FORMAT.md, "Data
+        # files"): its n-th row is offset n, so a read of all its rows (no ``where``) needs no row-id column.
+        positional = filtered and state is not None and not where and f.offsets is None and f.rows == state.offsets
+        return cls(f.path, filtered, one, positional)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        if not self.filtered or self.positional:
+            return ()
+        return (rowid.OFFSET_COLUMN,) if self.segment is not None else rowid.ROW_ID_COLUMNS
+
+
+def _kept(p: ReadPlan, way: _Way, table: pa.Table, start: int, schema: pa.Schema, event_time: bool) -> pa.Table:
+    """The rows of ``table`` (a chunk of file ``way.path`` from its row ``start``) that the plan keeps, as
+    ``schema``: the rows its bitmaps keep, then those its event time and tombstones keep."""
     meta = p.state.metadata
-    needed = set(schema.names) | {c for _, c, _ in p.hidden}
-    one = (f.segments[0].part, f.segments[0].seq) if len(f.segments) == 1 else None
-    # A landed file that holds every offset of its one segment holds them in order (docs/FORMAT.md, "Data
-    # files"): its n-th row is offset n, so a read of all its rows needs no row-id column at all.
-    segment = p.segments.get(one) if one is not None else None
-    positional = (filtered and segment is not None and where is None and f.offsets is None
-                  and f.rows == segment.offsets)
-    if filtered and not positional:  # a file of one segment needs only the offsets (its entry names the segment)
-        needed |= {rowid.OFFSET_COLUMN} if one else set(rowid.ROW_ID_COLUMNS)
-    if p.hidden:
-        needed.add(rowid.PART_COLUMN)
-    event_time = p.valid_at is not None and meta.keyed
-    if event_time:
-        needed.add(str(meta.delta_column))
-    read_columns = [c for c in datafile.data_schema(meta).names if c in needed]
-    at = 0  # the position in the file of the table's first row
-    rows = _chunk_rows(f, len(read_columns), len(meta.schema) + len(rowid.ROW_ID_COLUMNS))
-    for table in _row_groups(io, f.path, meta, read_columns, where, rows):
-        if positional:
-            mask = _positions(p.kept_array(one), at, table.num_rows)
-        elif filtered:
-            mask = _lookup(p.kept_array(one), table.column(rowid.OFFSET_COLUMN)) if one else kept_mask(p, table)
-        at += table.num_rows
-        if filtered and not mask.all():
+    if way.filtered:
+        if way.positional:
+            mask = _positions(p.kept_array(way.segment), start, table.num_rows)
+        elif way.segment is not None:
+            mask = _lookup(p.kept_array(way.segment), table.column(rowid.OFFSET_COLUMN))
+        else:
+            mask = kept_mask(p, table)
+        if not mask.all():
             keep = [c for c in table.column_names if c in schema.names or c == rowid.PART_COLUMN
                     or c == meta.delta_column or any(c == h for _, h, _ in p.hidden)]
             table = _filtered(table.select(keep), pa.array(mask))
-        if table.num_rows and event_time:
-            deltas = deltas_as_int(table.column(meta.delta_column), meta.delta_type)
-            table = _filtered(table, pa.array(deltas <= p.valid_at))
-        if table.num_rows and p.hidden:
-            table = _filtered(table, pa.array(~p.tombstoned(table)))
-        if table.num_rows:
-            table = table.select(schema.names)
-            yield table.cast(schema) if schema.names else table  # cast drops a table of no column's rows
+    if table.num_rows and event_time:
+        deltas = deltas_as_int(table.column(meta.delta_column), meta.delta_type)
+        table = _filtered(table, pa.array(deltas <= p.valid_at))
+    if table.num_rows and p.hidden:
+        table = _filtered(table, pa.array(~p.tombstoned(table)))
+    table = table.select(schema.names)
+    return table.cast(schema) if schema.names else table  # cast drops a table of no column's rows
 
 
 def kept_mask(p: ReadPlan, table: pa.Table) -> np.ndarray:
@@ -202,92 +224,22 @@ def _lookup(kept: np.ndarray, offsets: Any) -> np.ndarray:
 
 
 READERS = max(2, min(4, os.cpu_count() or 2))
+CHUNK_BYTES = 32 << 20  # a chunk of a file the scanner reads, in Arrow bytes (an estimate)
 
 
-def _ordered(items: list, produce: Callable[[Any], Iterator[pa.Table]], workers: int | None = None,
-             depth: int = 1) -> Iterator[pa.Table]:
-    """The tables ``produce(item)`` yields for each item, in the items' order, up to ``workers`` items produced
-    at once by threads, each at most ``depth`` tables ahead of the reader: memory stays bounded by
-    ``workers * (depth + 1)`` tables (row groups) however many files a view has."""
-    if not items:
-        return
-    stop = threading.Event()
-    done = object()
-
-    def put(out: queue.Queue, value: Any) -> bool:
-        """Hands ``value`` to the reader; False once the reader is gone (the thread then ends, never blocks)."""
-        while not stop.is_set():
-            try:
-                out.put(value, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run(item: Any, out: queue.Queue) -> None:
-        try:
-            for table in produce(item):
-                if not put(out, table):
-                    return
-            put(out, done)
-        except BaseException as e:  # noqa: BLE001 - raised in the reader
-            put(out, e)
-
-    running: collections.deque[queue.Queue] = collections.deque()
-    pending = iter(items)
-
-    def start_next() -> None:
-        item = next(pending, done)
-        if item is not done:
-            out: queue.Queue = queue.Queue(maxsize=depth)
-            threading.Thread(target=run, args=(item, out), daemon=True, name="bitlake-read").start()
-            running.append(out)
-
-    try:
-        for _ in range(workers or READERS):
-            start_next()
-        while running:
-            table = running[0].get()
-            if table is done:
-                running.popleft()
-                start_next()
-            elif isinstance(table, BaseException):
-                raise table
-            else:
-                yield table
-    finally:
-        stop.set()
-
-
-CHUNK_BYTES = 32 << 20  # a reader thread's chunk of a file, in Arrow bytes (an estimate)
-
-
-def _chunk_rows(f: DataFile, read: int, stored: int) -> int:
-    """How many rows of ``f`` a reader takes at once: about :data:`CHUNK_BYTES` of the ``read`` columns of its
-    ``stored`` ones (estimated from the file's size, as four times its stored bytes), at least 65,536 rows (a
-    chunk pays a fixed cost in Python), at most a row group."""
-    per_row = 4 * f.bytes / max(1, f.rows) * max(1, read) / max(1, stored)
-    return int(min(datafile.ROW_GROUP_ROWS, max(65_536, CHUNK_BYTES / max(per_row, 1e-9))))
-
-
-def _row_groups(io: FileIO, path: str, meta, columns: list[str], where: pc.Expression | None,
-                rows: int = datafile.ROW_GROUP_ROWS) -> Iterator[pa.Table]:
-    """``columns`` of a data file's rows where ``where`` holds, ``rows`` at a time (a Parquet scan reads one
-    such chunk ahead at most; an ORC file comes a stripe at a time)."""
-    schema = datafile.data_schema(meta)
-    if meta.file_format == "parquet" and where is not None and not stats.prunes_safely(where):
-        # Filtered after the read, not pushed into the scan (which would prune row groups by their bounds).
-        for table in _row_groups(io, path, meta, schema.names, None, rows):
-            yield table.filter(where).select(columns)
-        return
-    if meta.file_format == "parquet":
-        # The table's schema: a column added after the file was written reads as null (and fails ``where``).
-        fragment = ds.ParquetFileFormat().make_fragment(io.open_input(path))
-        for rb in fragment.to_batches(schema=schema, columns=columns, filter=where,
-                                      batch_size=rows, batch_readahead=1):
-            yield pa.Table.from_batches([rb])
-        return
-    for rb in datafile.read_batches(io, path, schema, meta.file_format, None if where is not None else columns,
-                                    rows):
-        table = pa.Table.from_batches([rb])
-        yield table.filter(where).select(columns) if where is not None else table
+def _scanner(io: FileIO, meta, files: list[DataFile], columns: list[str], where: pc.Expression | None,
+             read: int, batch_rows: int | None = None) -> ds.Scanner:
+    """pyarrow's scanner of ``columns`` of ``files`` (in order) where ``where`` holds, reading through the table's
+    FileIO, :data:`READERS` files at once, one chunk ahead. The table's schema: a column added after a file was
+    written reads as null there (and fails ``where``). A chunk: ``batch_rows``, or about :data:`CHUNK_BYTES`
+    of the ``read`` columns (estimated from the files' sizes, as four times their stored bytes), at least
+    65,536 rows (a chunk pays a fixed cost in Python), at most a row group."""
+    data = datafile.data_schema(meta)
+    if batch_rows is None:
+        per_row = 4 * sum(f.bytes for f in files) / max(1, sum(f.rows for f in files)) * max(1, read) / len(data)
+        batch_rows = int(min(datafile.ROW_GROUP_ROWS, max(65_536, CHUNK_BYTES / max(per_row, 1e-9))))
+    file_format = ds.ParquetFileFormat() if meta.file_format == "parquet" else ds.OrcFileFormat()
+    dataset = ds.FileSystemDataset.from_paths([f.path for f in files], schema=data, format=file_format,
+                                              filesystem=io.arrow_filesystem())
+    return dataset.scanner(columns=columns, filter=where, batch_size=batch_rows, batch_readahead=1,
+                           fragment_readahead=READERS)
