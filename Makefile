@@ -8,7 +8,7 @@ SFS ?= 0.1,1,3
 SYSTEMS ?= all
 TIMEOUT ?= 600
 
-.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-maintenance bench-restatement bench-lake bench-mirror bench-triggers bench-fsync clean
+.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-maintenance bench-restatement bench-lake bench-reads bench-mirror bench-triggers bench-fsync clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -74,6 +74,9 @@ bench-restatement: setup  ## revert, replace, tombstone, vacuum and DML against 
 
 bench-lake: setup  ## bitlake on an S3 API (moto) against local disk and delta-rs; the data source against the JVM reader; Arrow reads against pyarrow and DuckDB (SF=1)
 	$(PY) benchmarks/lake.py --scale-factor $(SF)
+
+bench-reads: setup  ## reads of a churned table by pyarrow, DuckDB and Polars against plain Parquet, lance and delta-rs, and after a major compaction (SF=1)
+	$(PY) benchmarks/reads.py --scale-factor $(SF) --output
 
 bench-mirror: setup  ## the PostgreSQL mirror: its snapshot against a dump to Parquet, pgbench beside it (lag), a backlog's catch-up against Spark and delta-rs
 	bash scripts/setup-postgres.sh
