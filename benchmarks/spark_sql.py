@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -46,16 +45,6 @@ class PythonOnly(BitlakeDataSource):
     @classmethod
     def name(cls) -> str:
         return "bitlake_python"
-
-
-def median_time(fn: Callable[[], object], runs: int) -> float:
-    fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -101,7 +90,7 @@ def main() -> None:
                 def run(name=name, sql=sql):
                     return tuple(spark.sql(sql.format(name())).collect()[0])
                 check[source] = run()
-                s[source] = median_time(run, args.runs)
+                s[source] = engines.median_time(run, args.runs)
             for got in check.values():  # a float sum depends on the order of its terms
                 assert all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(got, check["plain Parquet"], strict=True)
                            ), (q, check)
