@@ -92,7 +92,7 @@ def conditions(p: ReadPlan) -> list[str]:
     its time; a tombstone hides the rows of parts made live before it whose column holds one of its values."""
     meta = p.state.metadata
     out = []
-    if p.valid_at is not None and meta.keyed:
+    if p.event_time:
         out.append(f"{delta_as_long(meta)} <= {int(p.valid_at)}")
     for version, column, values in p.hidden:
         parts = sorted(part for part, v in p.live_version.items() if v < version)

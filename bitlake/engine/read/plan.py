@@ -73,6 +73,11 @@ class ReadPlan:
             bm |= bitmap.of(self.revived[segment])
         return bm
 
+    @property
+    def event_time(self) -> bool:
+        """Whether the view also filters rows by their delta value (an event-time view of a keyed table)."""
+        return self.valid_at is not None and self.state.metadata.keyed
+
     def kept_array(self, segment: tuple[int, int]) -> np.ndarray:
         """:meth:`kept` as a boolean array over the segment's offsets (True: kept), what readers look each row's
         offset up in; computed once a plan (a byte an offset, while the plan lives)."""

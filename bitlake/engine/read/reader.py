@@ -73,26 +73,23 @@ def _tables(io: FileIO, p: ReadPlan, schema: pa.Schema, where: pc.Expression | N
     if not files:
         return
     # A filter pyarrow would prune row groups by wrongly is applied here, after the read of every column.
-    pushed = where if where is None or stats.prunes_safely(where) else None
+    late = where is not None and not stats.prunes_safely(where)
     ways = {f.path: _Way.of(p, f, filtered, where is not None) for f, filtered in files}
-    event_time = p.valid_at is not None and meta.keyed
     needed = set(schema.names) | {c for _, c, _ in p.hidden} | {c for w in ways.values() for c in w.ids}
     if p.hidden:
         needed.add(rowid.PART_COLUMN)
-    if event_time:
+    if p.event_time:
         needed.add(str(meta.delta_column))
-    if where is not None and pushed is None:
-        needed = set(data.names)
-    columns = [c for c in data.names if c in needed]
+    columns = data.names if late else [c for c in data.names if c in needed]
     at: dict[str, int] = {}  # each file's position of its next chunk's first row
-    for tagged in _scanner(io, meta, [f for f, _ in files], columns, pushed, len(columns)).scan_batches():
+    for tagged in _scanner(io, meta, [f for f, _ in files], columns, None if late else where).scan_batches():
         table = pa.Table.from_batches([tagged.record_batch])
         way = ways[tagged.fragment.path]
         start = at.get(way.path, 0)
         at[way.path] = start + table.num_rows
-        if where is not None and pushed is None:
+        if late:
             table = table.filter(where)
-        table = _kept(p, way, table, start, schema, event_time)
+        table = _kept(p, way, table, start, schema)
         if table.num_rows:
             yield table
 
@@ -114,11 +111,10 @@ def _native(io: FileIO, p: ReadPlan, schema: pa.Schema, where: pc.Expression | N
     stream then serves engines (DuckDB takes its batches without the GIL) as it serves plain Parquet. None
     otherwise, and for a ``where`` pyarrow would prune by wrongly."""
     meta = p.state.metadata
-    if (p.filtered or p.hidden or (p.valid_at is not None and meta.keyed)
-            or (where is not None and not stats.prunes_safely(where))):
+    if p.filtered or p.hidden or p.event_time or (where is not None and not stats.prunes_safely(where)):
         return None
     files = stats.pruned(p.whole, where, datafile.data_schema(meta))
-    return _scanner(io, meta, files, schema.names, where, len(schema.names), batch_rows)
+    return _scanner(io, meta, files, schema.names, where, batch_rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +143,7 @@ class _Way:
         return (rowid.OFFSET_COLUMN,) if self.segment is not None else rowid.ROW_ID_COLUMNS
 
 
-def _kept(p: ReadPlan, way: _Way, table: pa.Table, start: int, schema: pa.Schema, event_time: bool) -> pa.Table:
+def _kept(p: ReadPlan, way: _Way, table: pa.Table, start: int, schema: pa.Schema) -> pa.Table:
     """The rows of ``table`` (a chunk of file ``way.path`` from its row ``start``) that the plan keeps, as
     ``schema``: the rows its bitmaps keep, then those its event time and tombstones keep."""
     meta = p.state.metadata
@@ -162,7 +158,7 @@ def _kept(p: ReadPlan, way: _Way, table: pa.Table, start: int, schema: pa.Schema
             keep = [c for c in table.column_names if c in schema.names or c == rowid.PART_COLUMN
                     or c == meta.delta_column or any(c == h for _, h, _ in p.hidden)]
             table = _filtered(table.select(keep), pa.array(mask))
-    if table.num_rows and event_time:
+    if table.num_rows and p.event_time:
         deltas = deltas_as_int(table.column(meta.delta_column), meta.delta_type)
         table = _filtered(table, pa.array(deltas <= p.valid_at))
     if table.num_rows and p.hidden:
@@ -228,15 +224,16 @@ CHUNK_BYTES = 32 << 20  # a chunk of a file the scanner reads, in Arrow bytes (a
 
 
 def _scanner(io: FileIO, meta, files: list[DataFile], columns: list[str], where: pc.Expression | None,
-             read: int, batch_rows: int | None = None) -> ds.Scanner:
+             batch_rows: int | None = None) -> ds.Scanner:
     """pyarrow's scanner of ``columns`` of ``files`` (in order) where ``where`` holds, reading through the table's
     FileIO, :data:`READERS` files at once, one chunk ahead. The table's schema: a column added after a file was
     written reads as null there (and fails ``where``). A chunk: ``batch_rows``, or about :data:`CHUNK_BYTES`
-    of the ``read`` columns (estimated from the files' sizes, as four times their stored bytes), at least
+    of the ``columns`` (estimated from the files' sizes, as four times their stored bytes), at least
     65,536 rows (a chunk pays a fixed cost in Python), at most a row group."""
     data = datafile.data_schema(meta)
     if batch_rows is None:
-        per_row = 4 * sum(f.bytes for f in files) / max(1, sum(f.rows for f in files)) * max(1, read) / len(data)
+        stored = 4 * sum(f.bytes for f in files) / max(1, sum(f.rows for f in files))  # Arrow bytes a row
+        per_row = stored * max(1, len(columns)) / len(data)
         batch_rows = int(min(datafile.ROW_GROUP_ROWS, max(65_536, CHUNK_BYTES / max(per_row, 1e-9))))
     file_format = ds.ParquetFileFormat() if meta.file_format == "parquet" else ds.OrcFileFormat()
     dataset = ds.FileSystemDataset.from_paths([f.path for f in files], schema=data, format=file_format,
