@@ -193,21 +193,25 @@ def analyze(io: FileIO, refresh) -> Commit | None:
     bitlake recorded them, or by format v1), read from their values, in one ``ANALYZE`` commit, so that readers
     prune them by a filter too. Returns None when every file has them. No view changes; a file a concurrent
     compaction or vacuum removed meanwhile is left out (its replacement has its own)."""
-    computed: dict[str, dict] = {}
+    computed: dict[str, FileStats] = {}  # by path, kept across attempts
 
     def build(state: TableState):
         missing = [f for f in state.data_files() if f.stats is None]
         if not missing:
             return Attempt(None)
-        todo = [f for f in missing if f.path not in computed]
-        computed.update(zip([f.path for f in todo],
-                            thread_map(lambda f: datafile.file_stats(io, f.path, state.metadata), todo),
-                            strict=True))
+        computed.update((fs.path, fs) for fs in _file_stats(io, state.metadata,
+                                                             [f for f in missing if f.path not in computed]))
         return Attempt(Commit(state.version + 1, ANALYZE, commitlog.now_ms(state.timestamp_ms),
                               parameters={"files": len(missing)},
-                              file_stats=tuple(FileStats(f.path, computed[f.path]) for f in missing)))
+                              file_stats=tuple(computed[f.path] for f in missing)))
 
     return transaction.run(io, refresh, build)
+
+
+def _file_stats(io: FileIO, meta: TableMetadata, files: list) -> tuple[FileStats, ...]:
+    """The column statistics of data files written without them, read from their values (on threads)."""
+    return tuple(FileStats(f.path, st) for f, st in zip(
+        files, thread_map(lambda f: datafile.file_stats(io, f.path, meta), files), strict=True))
 
 
 def upgrade(io: FileIO, refresh) -> Commit | None:
@@ -236,12 +240,10 @@ def upgrade(io: FileIO, refresh) -> Commit | None:
             added, _ = keystore.write_bucket_files(io, meta, {}, rows)
             removed = [f.path for files in state.keystore.values() for f in files]
         protocol = Protocol().with_features(V1_HISTORY)
-        files = state.data_files()  # their column statistics, which format v1 did not record
-        found = thread_map(lambda f: datafile.file_stats(io, f.path, meta), files)
         c = Commit(state.version + 1, UPGRADE, commitlog.now_ms(state.timestamp_ms),
                    parameters={"from_format_version": state.protocol.writer_version}, protocol=protocol,
                    metadata=meta.to_json(), keystore_add=tuple(added), keystore_remove=tuple(removed),
-                   file_stats=tuple(FileStats(f.path, st) for f, st in zip(files, found, strict=True)))
+                   file_stats=_file_stats(io, meta, state.data_files()))  # which format v1 did not record
         return Attempt(c, tuple(f.path for f in added))
 
     return transaction.run(io, refresh, build)
