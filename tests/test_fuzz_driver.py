@@ -433,15 +433,12 @@ class Run:
 
     def watermark(self, start: int) -> int:
         """The largest delta value of the records made live by ``start`` (any incarnation, stale ones and
-        deletes included; rows a vacuum removed excluded)."""
+        deletes included, and rows a vacuum removed: their records are the batches' still, docs/FORMAT.md,
+        "Retention window"; bitlake reads them from the vacuums' purged files)."""
         best = -(1 << 63)
         for inc in self.oracle.incarnations:
-            if inc.version > start:
-                continue
-            for r in inc.records:
-                if r.row is not None and id(r.row) in self.oracle.purged:
-                    continue
-                best = max(best, _micros(r.delta))
+            if inc.version <= start:
+                best = max([best, *(_micros(r.delta) for r in inc.records)])
         return best
 
     # -- checks
