@@ -62,10 +62,10 @@ def _batches(view: View, with_columns: list[str] | None, predicate: Any, n_rows:
         needed = set(names) | set(predicate.meta.root_names())
         read = [c for c in view.schema.names if c in needed]
     try:
-        scanner = view.scanner(columns=read, filter=to_arrow_expression(predicate, view.schema), batch_size=batch_size)
+        stream = view.scanner(columns=read, filter=to_arrow_expression(predicate, view.schema),
+                              batch_size=batch_size).to_reader()
     except InvalidInputError:  # a pushed filter pyarrow cannot apply (types Polars compares and pyarrow does not)
-        scanner = view.scanner(columns=read, batch_size=batch_size)
-    stream = scanner.to_reader()
+        stream = view.scanner(columns=read, batch_size=batch_size).to_reader()
     left = n_rows
     for rb in stream:
         df = pl.from_arrow(rb)

@@ -67,12 +67,12 @@ class View(ds.Dataset):
         return reader.reader(self._io, self._plan, self._ids, self._where, self._columns, batch_size)
 
     def scanner(self, columns: list[str] | None = None, filter: Any = None,  # noqa: A002 - pyarrow's name
-                batch_size: int | None = None, **_: Any) -> ds.Scanner:
-        """A one-shot scanner of ``columns`` of the view (default all) where ``filter`` (a pyarrow expression or
+                batch_size: int | None = None, **_: Any) -> Scan:
+        """A one-shot scan of ``columns`` of the view (default all) where ``filter`` (a pyarrow expression or
         a SQL condition) holds, on top of the view's own condition: DuckDB's hook. Both go to the view's reader,
         so only those columns are decoded and row groups the filter rules out are skipped. Other options of
         ``Dataset.scanner`` (threads, readahead) do not apply to the view's reader and are ignored."""
-        return ds.Scanner.from_batches(self._reader(columns, filter, batch_size))
+        return Scan(self._reader(columns, filter, batch_size))
 
     def to_table(self, columns: list[str] | None = None, filter: Any = None, **_: Any  # noqa: A002
                  ) -> pa.Table:
@@ -115,6 +115,31 @@ class View(ds.Dataset):
         return reader.reader(self._io, self._plan, False, both, names, batch_rows or reader.BATCH_ROWS)
 
 
+class Scan:
+    """A one-shot scan of a view, with the methods of ``pyarrow.dataset.Scanner`` that consumers call. Not a
+    ``Scanner.from_batches``: its ``to_reader`` starts pyarrow's threads on the view's reader holding the GIL,
+    and a reader fed from Python waits for that GIL (a deadlock)."""
+
+    def __init__(self, stream: pa.RecordBatchReader):
+        self._stream = stream
+
+    @property
+    def projected_schema(self) -> pa.Schema:
+        return self._stream.schema
+
+    def to_reader(self) -> pa.RecordBatchReader:
+        return self._stream
+
+    def to_batches(self) -> Iterator[pa.RecordBatch]:
+        return iter(self._stream)
+
+    def to_table(self) -> pa.Table:
+        return self._stream.read_all()
+
+    def count_rows(self) -> int:
+        return sum(rb.num_rows for rb in self._stream)
+
+
 class TableDataset(ds.Dataset):
     """The ``pyarrow.dataset.Dataset`` side of :class:`bitlake.Table`: ``duckdb.sql("SELECT ... FROM t")`` on a
     table scans its latest version (or the one it was opened at) with the query's columns and filters pushed
@@ -128,7 +153,7 @@ class TableDataset(ds.Dataset):
         return self.view().schema
 
     def scanner(self, columns: list[str] | None = None, filter: Any = None,  # noqa: A002 - pyarrow's name
-                batch_size: int | None = None, **kwargs: Any) -> ds.Scanner:
+                batch_size: int | None = None, **kwargs: Any) -> Scan:
         return self.view().scanner(columns, filter, batch_size, **kwargs)
 
     def to_table(self, columns: list[str] | None = None, filter: Any = None, **kwargs: Any  # noqa: A002

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bitlake
+from bitlake.engine.read import reader as reader_mod
 from bitlake.format import datafile, stats
 from bitlake.format.commit import DataFile, SegmentRows
 
@@ -125,9 +126,10 @@ def test_the_json_form_of_each_type(tmp_path):
 
 
 def test_a_filter_opens_only_the_files_its_bounds_allow(table, monkeypatch):
-    opened = []
-    real = table.io.open_input
-    monkeypatch.setattr(table.io, "open_input", lambda rel: opened.append(rel) or real(rel))
+    opened = []  # the data files given to pyarrow's scanner (it opens each of them)
+    real = reader_mod._scanner
+    monkeypatch.setattr(reader_mod, "_scanner", lambda io, meta, files, *a: opened.extend(f.path for f in files)
+                        or real(io, meta, files, *a))
     table.view()  # planned (its bitmaps read) before the count starts
     opened.clear()
     out = table.to_arrow(filter=(pc.field("k") >= 3100) & (pc.field("k") < 3200))

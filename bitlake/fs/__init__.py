@@ -107,8 +107,15 @@ class FileIO:
 
     def arrow_filesystem(self) -> pafs.FileSystem:
         """A read-only pyarrow file system over this storage (paths relative to the base), for pyarrow's dataset
-        scanner: its threads read through :meth:`open_input`, so every byte still goes through this class."""
+        scanner: its threads read through :meth:`open_input`, so every byte still goes through this class.
+        Those threads then call Python: a scan of it must never be started by ``Scanner.to_reader``, which
+        waits for them holding the GIL (``to_batches`` lets it go); see :func:`calls_python`."""
         return pafs.PyFileSystem(_ArrowReads(self))
+
+
+def calls_python(fs: pafs.FileSystem) -> bool:
+    """Whether pyarrow's threads reading ``fs`` call into Python (and so need the GIL)."""
+    return isinstance(fs, pafs.PyFileSystem)
 
 
 class _ArrowReads(pafs.FileSystemHandler):
@@ -214,6 +221,11 @@ class LocalFileIO(FileIO):
 
     def open_input(self, rel: str) -> pa.NativeFile:
         return pa.memory_map(self._path(rel))
+
+    def arrow_filesystem(self) -> pafs.FileSystem:
+        """pyarrow's own file system under the folder: it reads files as :meth:`open_input` does (memory maps),
+        and its threads never wait for the GIL."""
+        return pafs.SubTreeFileSystem(self.base, pafs.LocalFileSystem(use_mmap=True))
 
     def open_output(self, rel: str) -> pa.NativeFile:
         path = self._path(rel)

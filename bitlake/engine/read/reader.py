@@ -25,7 +25,7 @@ from bitlake.errors import InvalidInputError
 from bitlake.format import datafile, rowid, stats
 from bitlake.format.commit import DataFile
 from bitlake.format.metadata import deltas_as_int
-from bitlake.fs import FileIO
+from bitlake.fs import FileIO, calls_python
 
 BATCH_ROWS = 131_072
 
@@ -99,8 +99,10 @@ def reader(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Exp
     """:func:`batches` as a ``pyarrow.RecordBatchReader`` (what DuckDB, Polars and Arrow consumers take)."""
     schema = output_schema(p, columns, include_row_ids)
     scan = _native(io, p, schema, where, batch_rows)
-    if scan is not None:
-        return scan.to_reader()
+    if scan is not None and not calls_python(io.arrow_filesystem()):
+        return scan.to_reader()  # a C++ stream: DuckDB and Polars take its batches without the GIL
+    if scan is not None:  # to_reader would start it holding the GIL its threads wait for: a deadlock
+        return pa.RecordBatchReader.from_batches(scan.projected_schema, scan.to_batches())
     return pa.RecordBatchReader.from_batches(schema, batches(io, p, include_row_ids, where, columns, batch_rows))
 
 
