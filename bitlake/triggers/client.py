@@ -10,8 +10,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import email.utils
 import json
+import os
+import random
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -24,6 +29,61 @@ from bitlake.triggers.models import ANY_PARTITION, EventPage, Registration, Regi
 from bitlake.triggers.trigger import FlowCursor, PartitionTriggerResult, SnapshotTriggerResult
 
 Timestampish = dt.datetime | str | int
+# Answers worth another attempt: throttled (429), the service or its database unavailable or too slow (5xx).
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+RETRY_SECONDS_ENV = "BITLAKE_TRIGGERS_RETRY_SECONDS"
+
+
+@dataclasses.dataclass(frozen=True)
+class Retry:
+    """How a :class:`Client` retries a request that failed on the way (a connection refused or cut, a
+    timeout) or was answered with a status of :data:`RETRY_STATUSES`.
+
+    Every request of the service is safe to repeat (registration is idempotent, triggers read, an ack to the
+    same event is a no-op), so every one is retried: after ``backoff`` seconds, doubling up to
+    ``max_backoff``, each wait drawn at random between half and all of it (so that clients a restart
+    disconnected together do not come back together), or after the ``Retry-After`` the service sent when
+    that is longer. Once the next attempt would start more than ``deadline`` seconds after the first, the
+    last error is raised: :class:`TriggerServiceError` for a status, ``httpx.TransportError`` otherwise.
+
+    ``Retry(deadline=0)`` makes one attempt only. A client built without ``retry`` takes the deadline from
+    ``$BITLAKE_TRIGGERS_RETRY_SECONDS`` when it is set (so the command line's ``bitlake events`` follows it too).
+    """
+
+    deadline: float = 60.0
+    backoff: float = 0.1
+    max_backoff: float = 5.0
+
+    def wait(self, attempt: int, retry_after: float | None = None) -> float:
+        """Seconds to wait before attempt ``attempt + 1`` (``attempt`` counts from 1)."""
+        step = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+        step = random.uniform(step / 2, step)
+        return max(step, retry_after) if retry_after is not None else step
+
+
+    @classmethod
+    def from_env(cls) -> Retry:
+        value = os.environ.get(RETRY_SECONDS_ENV)
+        return cls() if value is None else cls(deadline=float(value))
+
+
+NO_RETRY = Retry(deadline=0)
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """The seconds of the answer's ``Retry-After`` (a number or an HTTP date), None without a valid one."""
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
 
 
 def _ts(value: Timestampish | None) -> str | None:
@@ -50,11 +110,16 @@ class Client:
     Args:
         base_url: the service's root, e.g. ``http://127.0.0.1:8400``.
         token: a bearer token from :func:`bitlake.triggers.store.create_token`.
-        timeout: seconds per request.
+        timeout: seconds per attempt.
         http_client: an ``httpx.Client`` to send through instead of a new one (e.g. FastAPI's TestClient).
+        retry: how failed attempts are retried (:class:`Retry`: for up to 60 s by default; ``NO_RETRY``: never).
+            :meth:`health` never retries: it is a probe.
     """
 
-    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, http_client: httpx.Client | None = None):
+    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, http_client: httpx.Client | None = None,
+                 retry: Retry | None = None):
+        self.retry = retry or Retry.from_env()
+        self.attempts = 0  # every attempt this client made, retries included (the soak test counts them)
         self._owned = http_client is None
         self._http = http_client if http_client is not None else httpx.Client(timeout=timeout)
         self.base_url = base_url.rstrip("/")
@@ -71,8 +136,30 @@ class Client:
         self.close()
 
     def _call(self, method: str, path: str, model: type[BaseModel], **kwargs: Any) -> Any:
-        response = self._http.request(method, self.base_url + path, headers=self._headers, **kwargs)
-        return parse_response(response, model)
+        return parse_response(self._send(method, path, headers=self._headers, **kwargs), model)
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The answer to the request, retried as :attr:`retry` says; raises the last failure when it gives up."""
+        give_up = time.monotonic() + self.retry.deadline
+        attempt = 0
+        while True:
+            attempt += 1
+            self.attempts += 1
+            wait_at_least = None
+            try:
+                response = self._http.request(method, self.base_url + path, **kwargs)
+                if response.status_code not in RETRY_STATUSES:
+                    return response
+                wait_at_least = retry_after(response)
+                failure: httpx.Response | httpx.TransportError = response
+            except httpx.TransportError as e:
+                failure = e
+            wait = self.retry.wait(attempt, wait_at_least)
+            if time.monotonic() + wait > give_up:
+                if isinstance(failure, httpx.Response):
+                    return failure
+                raise failure
+            time.sleep(wait)
 
     def register(self, events: EventIn | Mapping[str, Any] | Iterable[EventIn | Mapping[str, Any]]
                  ) -> list[Registration]:

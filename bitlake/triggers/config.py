@@ -26,6 +26,16 @@ class TriggerConfig(BaseModel):
     db_url: str = Field(default=DEFAULT_DB_URL, description="SQLAlchemy URL: sqlite:///PATH or postgresql+psycopg://...")
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024,
                                    description="Larger request bodies are refused with 413 before parsing")
+    max_page_size: int = Field(default=1000, ge=1, le=1000,
+                               description="The largest ``limit`` of GET /events and of the triggers' answers; "
+                                           "a larger one is refused with 422 (at most 1000)")
+    request_timeout_seconds: float = Field(default=30.0, gt=0,
+                                           description="A request not answered by then gets 503 with Retry-After")
+    rate_limit_per_second: float = Field(default=5000.0, ge=0,
+                                         description="Requests per second per token, sustained; over it 429 with "
+                                                     "Retry-After (0: no limit)")
+    rate_limit_burst: int = Field(default=10000, ge=1,
+                                  description="Requests a token may send at once above the sustained rate")
     token_cache_seconds: float = Field(default=5.0, ge=0,
                                        description="How long a verified token is trusted without a lookup")
     pool_size: int = Field(default=5, ge=1, description="Connections kept open (PostgreSQL)")

@@ -6,12 +6,15 @@
 
 Every request a client gets wrong is answered with a 4xx and a ``detail`` that says why: 401 without a
 valid token, 403 for a role or a table the token does not cover, 413 for a body over the size limit, 422
-for input that does not validate, 400 for a cursor the service did not hand out, 404 and 409 from the
-store. A batch is registered in one transaction, so a refused request writes nothing.
+for input that does not validate (a page over ``max_page_size`` too), 400 for a cursor the service did not
+hand out, 404 and 409 from the store, 429 (with ``Retry-After``) for a token over its rate. A 503 (with
+``Retry-After``) is the service's own trouble: its database unreachable, a request over its time limit.
+A batch is registered in one transaction, so a refused request writes nothing.
 
 This module assembles the application: its parts on ``app.state`` (the store, the store calls, the token
 cache, the group commit), the routers of :mod:`bitlake.triggers.routes`, the error handlers, and two ASGI
-middlewares in front of FastAPI (:class:`BodyLimit`, :class:`FastRegistration`).
+middlewares in front of FastAPI (:class:`BodyLimit`, :class:`FastRegistration`), behind the rate and time
+limits (:class:`bitlake.triggers.limits.Limits`).
 """
 
 import gc
@@ -28,6 +31,7 @@ from sqlalchemy.exc import OperationalError
 
 from bitlake.triggers.config import TriggerConfig
 from bitlake.triggers.errors import TriggerError
+from bitlake.triggers.limits import Limits
 from bitlake.triggers.routes import ROUTERS
 from bitlake.triggers.routes.deps import PRODUCING, TokenCache
 from bitlake.triggers.routes.events import EventBatch
@@ -203,5 +207,7 @@ def create_app(config: TriggerConfig | Mapping[str, Any] | str | os.PathLike | N
         mount(app, console)
     if config.fast_registration:
         app.add_middleware(FastRegistration, tokens=tokens, registrations=registrations)
-    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)  # added last: the outer one
+    app.add_middleware(BodyLimit, max_bytes=config.max_request_bytes)
+    app.add_middleware(Limits, timeout=config.request_timeout_seconds, rate=config.rate_limit_per_second,
+                       burst=config.rate_limit_burst)  # added last: the outer one
     return app

@@ -82,6 +82,7 @@ def test_watch_loop_registers_landings_as_they_come(tmp_path):
 def test_events_errors_are_one_line_with_exit_2(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("BITLAKE_TRIGGERS_URL", raising=False)
     monkeypatch.delenv("BITLAKE_TRIGGERS_TOKEN", raising=False)
+    monkeypatch.setenv("BITLAKE_TRIGGERS_RETRY_SECONDS", "0")  # the unreachable service: no minute of retries
     (tmp_path / "t").mkdir()
     cases = [
         (["events", "watch", "hive", tmp_path / "t", "--once"], "--url and a producer --token"),

@@ -75,6 +75,20 @@ async def consumer(info: Annotated[TokenInfo, Depends(caller)]) -> TokenInfo:
     return info
 
 
+async def max_page(request: Request) -> int:
+    return request.app.state.config.max_page_size
+
+
+def page_limit(limit: int, largest: int, *, given: bool = True) -> int:
+    """``limit`` when the service allows it; a 422 naming the maximum when it was given above it, else the maximum."""
+    if limit <= largest:
+        return limit
+    if given:
+        raise HTTPException(422, f"limit {limit} is over the service's largest page, {largest} (max_page_size): "
+                                 "page through the rest")
+    return largest
+
+
 def in_scope(info: TokenInfo, table: str) -> None:
     """Refuses (403) a table ``info``'s token does not cover."""
     if not info.allows(table):
@@ -85,3 +99,4 @@ Calls = Annotated[StoreCalls, Depends(store_calls)]
 Registrations = Annotated[GroupCommit, Depends(group_commit)]
 Producer = Annotated[TokenInfo, Depends(producer)]
 Consumer = Annotated[TokenInfo, Depends(consumer)]
+MaxPage = Annotated[int, Depends(max_page)]

@@ -16,10 +16,11 @@ from bitlake.triggers.event import (
     Timestamp,
 )
 from bitlake.triggers.models import ANY_PARTITION, EventPage, RegistrationResult
-from bitlake.triggers.routes.deps import Calls, Consumer, Producer, Registrations, in_scope
+from bitlake.triggers.routes.deps import Calls, Consumer, MaxPage, Producer, Registrations, in_scope, page_limit
 from bitlake.triggers.routes.responses import json_response, printable, reasons
 
 MAX_PAGE = 1000
+DEFAULT_PAGE = 100
 _PARTITION = TypeAdapter(PartitionValues | None)
 _TAGS = TypeAdapter(Tags)
 
@@ -46,6 +47,7 @@ async def register(batch: EventBatch, info: Producer, registrations: Registratio
 async def list_events(
     info: Consumer,
     calls: Calls,
+    max_page: MaxPage,
     table: Annotated[TableName, Query(description="The table (exact name)")],
     partition: Annotated[str | None, Query(
         description='JSON: a list of values (["2024-01-01","05"]) or null for unpartitioned events')] = None,
@@ -55,10 +57,11 @@ async def list_events(
     min_event_id: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
     max_event_id: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
     cursor: Annotated[str | None, Query(max_length=200, description="next_cursor of the previous page")] = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = DEFAULT_PAGE,
 ) -> Response:
     """Events of a table in event-id order, filtered and paged."""
     in_scope(info, table)
+    limit = page_limit(limit, max_page, given=limit != DEFAULT_PAGE)  # the default is lowered, not refused
     wanted = _partition_filter(partition)
     tags = _tag_filter(tag or [])
     return json_response(await calls(lambda s: s.events_json(
