@@ -444,6 +444,8 @@ class Table(read.TableDataset):
                 "batch_id": c.parameters.get("batch_id") or next((b.batch_id for b in c.landed), None),
                 "processed": list(c.made_live),
                 "counts": dict(c.counts),
+                "user": c.info.get("user"),
+                "duration_ms": c.info.get("duration_ms"),
             })
         return out
 

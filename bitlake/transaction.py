@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import getpass
 import logging
+import os
 import random
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
-from bitlake import faults
+from bitlake import __version__, faults
 from bitlake.engine.keys import indexsession
 from bitlake.engine.write import landing
 from bitlake.errors import CommitConflictError, CommitStateUnknownError, InvalidInputError
@@ -77,6 +80,7 @@ class Transaction:
         self._files: list[str] = []
         self._parts: list[int] = []
         self._index: indexsession.IndexSession | None = None
+        self._started = time.time()
 
     def __enter__(self) -> Transaction:
         return self
@@ -145,6 +149,7 @@ class Transaction:
                 continue  # a vacuum committed meanwhile deleted a file the plan read: plan on the new snapshot
             if a.commit is None:
                 return None
+            a = dataclasses.replace(a, commit=dataclasses.replace(a.commit, info=self._info(state, attempt)))
             faults.point("before_commit")
             if not self._publish(a):
                 for path in a.written:  # another writer holds the version: no commit can name them
@@ -156,6 +161,11 @@ class Transaction:
         raise CommitConflictError(
             f"gave up after {MAX_COMMIT_ATTEMPTS} attempts: other writers kept committing to {self.io.uri()} first"
         )
+
+    def _info(self, state: TableState, attempt: int) -> dict[str, Any]:
+        """The commit's ``info`` (docs/FORMAT.md): who wrote it, with what, on which snapshot, after how long."""
+        return {"user": user(), "engine": f"bitlake {__version__}", "read_version": state.version,
+                "attempts": attempt + 1, "duration_ms": round((time.time() - self._started) * 1000)}
 
     def _publish(self, a: Attempt) -> bool:
         """Puts the commit; True when it landed, False when another writer's commit holds its version. On any
@@ -226,6 +236,17 @@ def run(io: FileIO, refresh: Callable[[], TableState], plan: Plan) -> Commit | N
         return tx.commit(plan)
 
 
+def user() -> str:
+    """Who commits: ``BITLAKE_USER``, else the operating system's user name."""
+    name = os.environ.get("BITLAKE_USER")
+    if name:
+        return name
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # a container's uid without a name
+        return f"uid {os.getuid()}"
+
+
 def _delete(io: FileIO, path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         io.delete(path)
@@ -237,11 +258,14 @@ def claim_part(io: FileIO, refresh: Callable[[], TableState]) -> int:
     the snapshot after it: a part committed meanwhile (its claim maybe gone) is not taken again."""
     listed = [int(n) for n in io.listdir(layout.PARTS_DIR) if n.isdigit()]
     n = max([refresh().max_part, *listed]) + 1
+    # A token no other claim holds: an object store's put retried after its answer was lost tells its own claim
+    # from another writer's by the bytes (bitlake.fs.objectstore's _create).
+    token = uuid.uuid4().hex.encode()
     while True:
         if n > rowid.MAX_PART:
             raise InvalidInputError("the table has used every segment part; copy it into a new table")
         try:
-            io.put_if_absent(layout.part_claim_path(n), b"")
+            io.put_if_absent(layout.part_claim_path(n), token)
         except FileExistsError:
             n += 1
             continue

@@ -354,6 +354,7 @@ class Commit:
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     batch_counts: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     events: tuple[dict, ...] = ()  # Data Change Events (bitlake.changeevent)
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)  # who wrote it, how long it took (for people)
 
     @property
     def made_live(self) -> tuple[str, ...]:
@@ -393,6 +394,7 @@ class Commit:
             "counts": self.counts,
             "batch_counts": self.batch_counts,
             "events": list(self.events),
+            "info": self.info,
         }
         d.update({k: v for k, v in optional.items() if v})
         return d
@@ -424,4 +426,5 @@ class Commit:
             counts=dict(d.get("counts", {})),
             batch_counts=dict(d.get("batch_counts", {})),
             events=tuple(d.get("events", ())),
+            info=dict(d.get("info", {})),
         )
