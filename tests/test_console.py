@@ -173,6 +173,39 @@ def test_the_table_page_shows_the_timeline_batches_and_files(console, lake):
     assert html.count("data/") >= t.describe()["data_files"]
 
 
+def test_the_timeline_says_who_committed_and_how_long_it_took_and_the_key_store_by_bucket(console, lake,
+                                                                                          monkeypatch):
+    t = lake["quiet"]
+    monkeypatch.setenv("BITLAKE_USER", "ana@shop")
+    t.ingest(batch([7], 5, 1).drop_columns(["op"]), batch_id="q1")
+    info = commitlog.read(t.io, t.version).info
+    assert info["user"] == "ana@shop" and info["read_version"] == t.version - 1 and info["attempts"] == 1
+    assert info["duration_ms"] >= 0 and t.history()[0]["user"] == "ana@shop"
+    console.login(console.read)
+    html = console.get(f"/console/table?path={q(t.path)}")
+    row = re.search(rf'<tr data-version="{t.version}">.*?</tr>', html, re.S).group(0)
+    assert "<td>ana@shop</td>" in row and f"{info['duration_ms'] / 1000:.2f} s" in row
+    buckets = re.search(r'<table id="keystore">.*?</table>', html, re.S).group(0)
+    expected = {b: sum(f.rows for f in fs) for b, fs in t.state().keystore.items()}
+    assert expected and sum(expected.values()) >= 6  # a small table's keys share one file (bucket -1)
+    for b, rows in expected.items():
+        label = "shared" if b == -1 else b
+        assert re.search(rf'<td class="n">{label}</td><td class="n">\d+</td><td class="n">{rows}</td>', buckets)
+
+
+def test_the_lake_page_keeps_a_summary_while_the_version_stays(console, lake, monkeypatch):
+    console.login(console.read)
+    console.get("/")
+    calls = []
+    real = bitlake.Table.maintain
+    monkeypatch.setattr(bitlake.Table, "maintain", lambda self, **kw: calls.append(self.path) or real(self, **kw))
+    console.get("/")
+    assert calls == []  # nothing committed: every summary kept
+    lake["quiet"].ingest(batch([9], 3, 2).drop_columns(["op"]), batch_id="q2")
+    html = console.get("/")
+    assert calls == [lake["quiet"].path] and f">{lake['quiet'].version}<" in html
+
+
 def test_the_timeline_is_paged(tmp_path, console, lake):
     t = lake["quiet"]
     for i in range(30):

@@ -126,5 +126,7 @@ def _run(request: Request, info, form: dict[str, str]) -> HTMLResponse:
         result = run(t, action, params)
     except BitlakeError as e:
         raise ConsoleError(400, f"{action} failed: {e}") from None
+    finally:
+        lake.forget(t.path)
     return render(request, "action.html", info, path=t.path, name=t.name, action=action, about=ACTIONS[action],
                   plan=None, params=params, version=t.version, result=result)

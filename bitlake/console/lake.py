@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import threading
+import time
 from typing import Any
 
 import bitlake
@@ -52,11 +54,22 @@ class Summary:
         return (not self.error, -len(work), -self.tombstones, -self.pending, -self.superseded, self.path)
 
 
+SUMMARY_SECONDS = 60.0  # how long a table's summary is shown again while its version stays the same
+_summaries: dict[str, tuple[int, float, Summary]] = {}
+_summaries_lock = threading.Lock()
+
+
 def summary(path: str) -> Summary:
-    """A table's size, versions and health, from describe() and maintain(dry_run=True)."""
+    """A table's size, versions and health, from describe() and maintain(dry_run=True); kept for
+    :data:`SUMMARY_SECONDS` while the table's version stays the same (maintain's dry run lists the table's
+    files for cleanup: the lake page of many tables would list them all at every load)."""
     s = Summary(path)
     try:
         t = bitlake.open_table(path)
+        with _summaries_lock:
+            cached = _summaries.get(path)
+        if cached is not None and cached[0] == t.version and time.monotonic() - cached[1] < SUMMARY_SECONDS:
+            return cached[2]
         d = t.describe()
         plan = t.maintain(dry_run=True)
     except Exception as e:  # one broken table must not hide the others
@@ -70,7 +83,15 @@ def summary(path: str) -> Summary:
     s.small_files, s.tombstones, s.pending = m["small_files"], len(d["tombstones"]), len(d["pending_batches"])
     s.window = _window(d["window"])
     s.tasks = [f"{task.name}: {task.reason}" for task in plan.tasks]
+    with _summaries_lock:
+        _summaries[path] = (s.version, time.monotonic(), s)
     return s
+
+
+def forget(path: str) -> None:
+    """Drops the table's kept summary (after an action on it)."""
+    with _summaries_lock:
+        _summaries.pop(path, None)
 
 
 def _window(window: dict | None) -> str:
@@ -100,6 +121,8 @@ class Entry:
     bytes_added: int
     files_removed: int
     events: list[dict]
+    user: str = ""
+    duration_ms: int | None = None
 
 
 def _entry(c) -> Entry:
@@ -108,7 +131,8 @@ def _entry(c) -> Entry:
     statuses = {b.batch_id: b.status for b in c.batches}
     batches = ", ".join(f"{i} ({statuses[i]})" if i in statuses else i for i in ids)
     return Entry(c.version, when(c.timestamp_ms), c.operation, batches, dict(c.counts), len(c.add_files),
-                 sum(f.bytes for f in c.add_files), len(c.remove_files), list(c.events))
+                 sum(f.bytes for f in c.add_files), len(c.remove_files), list(c.events), c.info.get("user", ""),
+                 c.info.get("duration_ms"))
 
 
 @dataclasses.dataclass
@@ -172,6 +196,16 @@ def files(t: bitlake.Table) -> list[dict[str, Any]]:
                 valid += sr.rows * seg.cardinality / seg.offsets
         out.append({"path": f.path, "rows": f.rows, "bytes": f.bytes, "partition": f.partition or "",
                     "segments": len(f.segments), "fraction": valid / f.rows if f.rows else 0.0})
+    return out
+
+
+def keystore(t: bitlake.Table) -> list[dict[str, Any]]:
+    """The key store of the snapshot by bucket (bucket -1: the shared files of small tables), from the commit
+    log's file entries: files, rows and bytes (docs/FORMAT.md, "Key store")."""
+    out = []
+    for bucket, entries in sorted(t.state().keystore.items()):
+        out.append({"bucket": bucket, "files": len(entries), "rows": sum(f.rows for f in entries),
+                    "bytes": sum(f.bytes for f in entries)})
     return out
 
 

@@ -95,7 +95,8 @@ def lake_page(request: Request, info: Reader):
 
 @router.get("/console/table", response_class=HTMLResponse)
 def table_page(request: Request, info: Reader, path: str | None = None, page: str | None = None,
-               bpage: str | None = None, spage: str | None = None, fpage: str | None = None):
+               bpage: str | None = None, spage: str | None = None, fpage: str | None = None,
+               kpage: str | None = None):
     t = open_table(request, info, path)
     p = lake.timeline(t, number(page, "page", 0) or 0)
     xs, rows, sizes = p.plot
@@ -106,7 +107,8 @@ def table_page(request: Request, info: Reader, path: str | None = None, page: st
     hist = svg.histogram([s["fraction"] for s in segments], title="segments by valid fraction")
     return render(request, "table.html", info, t=lake.overview(t), path=t.path, timeline=p, plot=plot,
                   batches=_paged(batches, bpage, "bpage"), segments=_paged(segments, spage, "spage"),
-                  files=_paged(files, fpage, "fpage"), histogram=hist)
+                  files=_paged(files, fpage, "fpage"), keystore=_paged(lake.keystore(t), kpage, "kpage"),
+                  histogram=hist)
 
 
 def _paged(items: list, page: str | None, what: str) -> dict[str, Any]:
