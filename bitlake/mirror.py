@@ -50,6 +50,9 @@ LSN_COLUMN = "_lsn"
 # How long a mirror waits for a server process that holds its replication slot to let it go (that of a mirror
 # killed while it read the slot goes on until the server notices) before it takes the slot for another mirror's.
 SLOT_WAIT_SECONDS = 30
+# How long run() keeps reconnecting to a source that went away (a restart, a cut connection) before it gives up.
+RECONNECT_SECONDS = 300.0
+APPLICATION_NAME = "bitlake-mirror"
 _WAL2JSON = ("'format-version', '2', 'include-lsn', '1', 'include-transaction', '1', 'include-types', '1', "
              "'add-tables', %s")
 
@@ -121,19 +124,24 @@ class PostgresMirror:
 
     def __init__(self, dsn: str, source: str, path: str, *, slot: str | None = None, key: list[str] | None = None,
                  batch_changes: int = 50_000, storage_options: dict | None = None,
-                 progress: Callable[[Progress], None] | None = None):
-        import psycopg
-
+                 progress: Callable[[Progress], None] | None = None, reconnect_seconds: float = RECONNECT_SECONDS):
         self.dsn, self.path, self.key, self.batch_changes = dsn, path, key, batch_changes
+        self.reconnect_seconds = reconnect_seconds
         self.storage_options = storage_options
         self.schema_name, _, self.table_name = source.rpartition(".")
         self.schema_name = self.schema_name or "public"
         self.source = f"{self.schema_name}.{self.table_name}"
         self.slot = slot or "bitlake_" + "".join(c if c.isalnum() else "_" for c in self.source.lower())
         self.progress = progress
-        self.conn = psycopg.connect(dsn, autocommit=True)
-        self.conn.execute("SET TimeZone = 'UTC'")
+        self.conn = self._connect()
         self.table = self._table()
+
+    def _connect(self):
+        import psycopg
+
+        conn = psycopg.connect(self.dsn, autocommit=True, application_name=APPLICATION_NAME)
+        conn.execute("SET TimeZone = 'UTC'")
+        return conn
 
     def close(self) -> None:
         self.conn.close()
@@ -381,13 +389,40 @@ class PostgresMirror:
     def run(self, *, interval: float = 1.0, stop: threading.Event | None = None, until_caught_up: bool = False
             ) -> None:
         """The snapshot if needed, then steps until ``stop`` is set (or, ``until_caught_up``, until a step finds
-        nothing left); sleeps ``interval`` seconds when a step found nothing."""
-        self.snapshot()
+        nothing left); sleeps ``interval`` seconds when a step found nothing.
+
+        A lost connection to the source (a server restarted or crashed, the connection terminated) is not an
+        error: the mirror connects again, waiting longer each time (up to 2 s), for up to
+        :attr:`reconnect_seconds` without a step done, and goes on from its slot. Nothing is lost or applied twice
+        (the restart rule of :meth:`step`): a step cut before its commit is peeked again, one cut after it is
+        skipped by the slot's advance."""
+        import psycopg
+
+        snapshot_done, down_since, pause = False, None, 0.1
         while stop is None or not stop.is_set():
-            p = self.step()
+            try:
+                if self.conn.closed:
+                    self.conn = self._connect()
+                if not snapshot_done:
+                    self.snapshot()
+                    snapshot_done = True
+                p = self.step()
+                caught_up = p.changes == 0 and until_caught_up and (p.lag_bytes == 0 or self._idle())
+            except psycopg.OperationalError as e:
+                now = time.monotonic()
+                down_since = down_since or now
+                if now - down_since > self.reconnect_seconds:
+                    raise
+                log.warning("the source database went away (%s): connecting again in %.1f s",
+                            str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__, pause)
+                self.conn.close()
+                time.sleep(pause)
+                pause = min(2.0, pause * 2)
+                continue
+            down_since, pause = None, 0.1
+            if caught_up:
+                return
             if p.changes == 0:
-                if until_caught_up and p.lag_bytes == 0 or until_caught_up and self._idle():
-                    return
                 time.sleep(interval)
 
     def _idle(self) -> bool:

@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -75,18 +76,28 @@ class PostgresServer:
     def start(self) -> PostgresServer:
         self._run(self.bin / "initdb", "-D", self.data, "-U", "bitlake", "--auth=trust", "-E", "UTF8",
                   "--locale=C", "--no-sync")
-        settings = "".join(f" -c {name}={value}" for name, value in self.settings.items())
         for attempt in range(3):  # the port was free when picked, but another process may take it meanwhile
             self.port = free_port()
             try:
-                self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.root / "server.log", "-w", "-t", "120",
-                          "-o", f"-p {self.port} -h 127.0.0.1 -k {self.root}{settings}", "start")
+                self._start()
                 break
             except RuntimeError:
                 if attempt == 2:
                     raise
         self.version = self._run(self.bin / "postgres", "--version").strip()
         return self
+
+    def _start(self) -> None:
+        settings = "".join(f" -c {name}={value}" for name, value in self.settings.items())
+        self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.root / "server.log", "-w", "-t", "120",
+                  "-o", f"-p {self.port} -h 127.0.0.1 -k {self.root}{settings}", "start")
+
+    def restart(self, mode: str = "immediate", pause: float = 0.0) -> None:
+        """Stops the server (``pg_ctl stop -m mode``: ``immediate`` is a crash, recovered at start) and starts it
+        again on the same port after ``pause`` seconds. Every connection is cut; the data stays."""
+        self._run(self.bin / "pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
+        time.sleep(pause)
+        self._start()
 
     def stop(self) -> None:
         try:
