@@ -98,6 +98,20 @@ def revert_batch(io: FileIO, refresh, batch_id: str) -> IngestResult:
         return _restate(tx, batch_id, None)
 
 
+def revert_dry_run(io: FileIO, refresh, batch_id: str) -> IngestResult:
+    """What :func:`revert_batch` would commit now, committing nothing: ``counts`` are the change rows it would
+    write (``committed`` False). The restatement is computed in full (the batch's records, the key store
+    before it, the later batches' records) and the files it wrote on the way are removed."""
+    with Transaction(io, refresh) as tx:  # commits nothing: what it owns goes when it ends
+        state = tx.refresh()
+        b = _restatable(state, batch_id)
+        if b.status != LIVE:
+            return IngestResult(batch_id, state.version, False, True, {})
+        r = engine_restate.restate(io, state, b.part, None, state.version + 1)
+        tx.own(*r.output.written())
+        return IngestResult(batch_id, state.version, False, True, dict(r.counts))
+
+
 def replace_batch(io: FileIO, refresh, batch_id: str, data: Any, op_column: str | None) -> IngestResult:
     """One ``REPLACE`` commit that reverts ``batch_id`` and makes ``data`` live under the same id."""
     with Transaction(io, refresh) as tx:
@@ -177,6 +191,19 @@ def vacuum(io: FileIO, refresh) -> VacuumResult:
                             prepared.rows_purged, len(prepared.tombstones))
     raise CommitConflictError(f"vacuum gave up after {VACUUM_ATTEMPTS} attempts: compactions or restatements of "
                               f"{io.uri()} kept committing first")
+
+
+def vacuum_dry_run(io: FileIO, refresh) -> VacuumResult:
+    """What :func:`vacuum` would do now (``version`` None), committing nothing: the files are read and rewritten
+    as a vacuum would (so the figures are exact), and the rewrites are removed."""
+    with Transaction(io, refresh) as tx:  # commits nothing: what it owns goes when it ends
+        state = tx.refresh()
+        if not state.tombstones:
+            return VacuumResult(None)
+        prepared = engine_vacuum.prepare(io, state)
+        tx.own(*prepared.written)
+        return VacuumResult(None, prepared.files_considered, prepared.files_read, len(prepared.rewrites),
+                            prepared.rows_purged, len(prepared.tombstones))
 
 
 def _vacuum_once(tx: Transaction):

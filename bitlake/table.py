@@ -289,19 +289,26 @@ class Table(read.TableDataset):
         is read or written (docs/restatement.md). ``counts`` holds the commit's tombstone metrics."""
         return CommitResult.of(restatement.tombstone(self.io, self.refresh, column, values))
 
-    def vacuum(self) -> restatement.VacuumResult:
+    def vacuum(self, *, dry_run: bool = False) -> restatement.VacuumResult:
         """Removes the rows the table's tombstones hide from every data file that holds them, in any version
         of the retention window, and retires those tombstones, in one commit; the rewritten files are deleted
         at once, so from then on no file under the table holds those rows and no view, at any version,
-        returns them. Only files whose statistics admit a tombstoned value are read (docs/restatement.md)."""
+        returns them. Only files whose statistics admit a tombstoned value are read (docs/restatement.md).
+        ``dry_run``: the files it would read and rewrite and the rows it would purge now (``version`` None),
+        committing nothing; it costs what the vacuum's reads and rewrites cost."""
+        if dry_run:
+            return restatement.vacuum_dry_run(self.io, self.refresh)
         return restatement.vacuum(self.io, self.refresh)
 
-    def revert_batch(self, batch_id: str) -> IngestResult:
+    def revert_batch(self, batch_id: str, *, dry_run: bool = False) -> IngestResult:
         """Reverts a batch in one commit: every view from it on is as if the batch had never been ingested
         (keys it inserted disappear, keys it updated or deleted show their previous record, records of later
         batches that were stale only because of it are accepted); views at earlier versions are unchanged.
         No data file is rewritten. A batch reverted already is a no-op (``committed`` False); an unknown or
-        pending batch id is an ``InvalidInputError``. ``counts`` are the change rows' (docs/restatement.md)."""
+        pending batch id is an ``InvalidInputError``. ``counts`` are the change rows' (docs/restatement.md).
+        ``dry_run``: the counts the revert would have now, committing nothing (``committed`` False)."""
+        if dry_run:
+            return restatement.revert_dry_run(self.io, self.refresh, batch_id)
         return restatement.revert_batch(self.io, self.refresh, batch_id)
 
     def replace_batch(self, batch_id: str, data: Any, *, op_column: str | None = None) -> IngestResult:

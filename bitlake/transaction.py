@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import getpass
+import importlib.metadata
 import logging
 import os
 import random
@@ -24,7 +26,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from bitlake import __version__, faults
+from bitlake import faults
 from bitlake.engine.keys import indexsession
 from bitlake.engine.write import landing
 from bitlake.errors import CommitConflictError, CommitStateUnknownError, InvalidInputError
@@ -164,7 +166,7 @@ class Transaction:
 
     def _info(self, state: TableState, attempt: int) -> dict[str, Any]:
         """The commit's ``info`` (docs/FORMAT.md): who wrote it, with what, on which snapshot, after how long."""
-        return {"user": user(), "engine": f"bitlake {__version__}", "read_version": state.version,
+        return {"user": user(), "engine": engine(), "read_version": state.version,
                 "attempts": attempt + 1, "duration_ms": round((time.time() - self._started) * 1000)}
 
     def _publish(self, a: Attempt) -> bool:
@@ -234,6 +236,15 @@ def run(io: FileIO, refresh: Callable[[], TableState], plan: Plan) -> Commit | N
     """One transaction of one plan: :meth:`Transaction.commit` for a writer that owns no files beyond it."""
     with Transaction(io, refresh) as tx:
         return tx.commit(plan)
+
+
+@functools.cache
+def engine() -> str:
+    """The writer, as commits name it: ``bitlake <installed version>``."""
+    try:
+        return f"bitlake {importlib.metadata.version('bitlake')}"
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        return "bitlake"
 
 
 def user() -> str:

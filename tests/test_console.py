@@ -9,6 +9,7 @@ import re
 from html import unescape
 from urllib.parse import quote
 
+import pyarrow as pa
 import pytest
 from fastapi.testclient import TestClient
 
@@ -204,6 +205,24 @@ def test_the_lake_page_keeps_a_summary_while_the_version_stays(console, lake, mo
     lake["quiet"].ingest(batch([9], 3, 2).drop_columns(["op"]), batch_id="q2")
     html = console.get("/")
     assert calls == [lake["quiet"].path] and f">{lake['quiet'].version}<" in html
+
+
+def test_the_mirror_page_reads_the_applied_lsn_and_rates_from_the_batches(tmp_path, console, lake):
+    # A table as bitlake.mirror writes it: key, _lsn delta column, a snapshot batch, then wal-<slot>-<end LSN>.
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("_lsn", pa.int64())])
+    t = bitlake.create_table(os.path.join(lake["root"], "pg", "users"), schema, primary_key="id", delta_column="_lsn")
+    rows = lambda ids, lsn: pa.table({"id": ids, "name": [f"n{i}" for i in ids], "_lsn": [lsn] * len(ids)})  # noqa
+    t.ingest(rows([1, 2, 3], 0x16B0000), batch_id="snapshot-s1")
+    t.ingest(rows([2, 4], 0x16B0100), batch_id=f"wal-s1-{0x16B0180:016x}")
+    t.ingest(rows([5], 0x1_0000_0010), batch_id=f"wal-s1-{0x1_0000_0040:016x}")
+    console.login(console.read)
+    assert "mirror of PostgreSQL" in console.get(f"/console/table?path={q(t.path)}")
+    html = console.get(f"/console/mirror?path={q(t.path)}")
+    assert "<td>s1</td>" in html and "<td>1/40</td>" in html  # the last step's end LSN, as PostgreSQL writes it
+    steps = re.findall(r'<tr><td class="n">(\d+)</td><td>[^<]*</td><td>([0-9A-F/]+)</td><td class="n">(\d+)</td>', html)
+    assert steps == [(str(t.version), "1/40", "1"), (str(t.version - 1), "0/16B0180", "2")]
+    assert "mirror of PostgreSQL" not in console.get(f"/console/table?path={q(lake['quiet'].path)}")
+    console.get(f"/console/mirror?path={q(lake['quiet'].path)}", 404)
 
 
 def test_the_timeline_is_paged(tmp_path, console, lake):

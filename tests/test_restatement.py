@@ -4,6 +4,7 @@ written; bad input is refused with nothing committed."""
 
 from __future__ import annotations
 
+import dataclasses
 import pyarrow as pa
 import pytest
 
@@ -106,7 +107,11 @@ def test_a_revert_rewrites_no_data_file_and_brings_back_what_the_batch_hid(tmp_p
     before = t.version
     at_before = rows_key(t.to_arrow().to_pylist(), COLUMNS)
     files = sorted(t.io.walk("data"))
+    everything = sorted(t.io.walk())
+    dry = t.revert_batch("b1", dry_run=True)  # what the revert below does, committing and leaving nothing
+    assert not dry.committed and dry.version == before == t.version and sorted(t.io.walk()) == everything
     r = t.revert_batch("b1")
+    assert dry.counts == r.counts
     assert r.committed and r.version == before + 1 and sorted(t.io.walk("data")) == files
     assert r.counts == {"inserted": 0, "updated": 5, "deleted": 0, "stale": 0, "ignored_deletes": 0}
     rows = {x["k"]: x["value"] for x in t.to_arrow().to_pylist()}
@@ -119,6 +124,7 @@ def test_a_revert_rewrites_no_data_file_and_brings_back_what_the_batch_hid(tmp_p
     # A retry is a no-op; the id stays taken; the pending batch is refused; an unknown id is refused.
     again = t.revert_batch("b1")
     assert not again.committed and t.version == r.version
+    assert t.revert_batch("b1", dry_run=True).counts == {}
     assert not t.ingest(batch(range(0, 20, 4), 5, 100), op_column="op", batch_id="b1").committed  # its records
     with pytest.raises(bitlake.BatchIdReusedError):  # other records under the taken id
         t.ingest(batch([1], 9, 0), op_column="op", batch_id="b1")
@@ -224,7 +230,11 @@ def test_vacuum_leaves_no_byte_of_a_purged_row_and_time_travel_follows(tmp_path,
     t.ingest(secret_batch([30], ["ann"], 3))  # after the tombstone too
     views = {v: rows_key(t.to_arrow(version=v).to_pylist(), SECRET_SCHEMA.names) for v in range(t.version + 1)}
     assert files_holding(path, "SECRET-ann-2#")  # the control: before the vacuum, files hold ann's rows
+    everything, before = sorted(t.io.walk()), t.version
+    dry = t.vacuum(dry_run=True)  # the vacuum's figures, committing and leaving nothing
+    assert dry.version is None and t.version == before and sorted(t.io.walk()) == everything
     r = t.vacuum()
+    assert dataclasses.replace(dry, version=r.version) == r
     assert r.version == t.version and r.tombstones_retired == 1 and r.rows_purged > 0
     assert r.files_read <= r.files_considered and r.files_rewritten >= 2
     for k in (0, 2, 4, 6, 8, 20):

@@ -1,6 +1,6 @@
 """The console's actions: maintain, compact, cleanup, vacuum, revert a batch. A GET shows what the action would
-do (its dry run, or what the table's metadata says it would touch where the Table API has no dry run) with a
-confirm button; only a POST with ``confirm`` from a write (admin) token runs it."""
+do (the Table API's dry run of it) with a confirm button; only a POST with ``confirm`` from a write (admin)
+token runs it."""
 
 from __future__ import annotations
 
@@ -66,14 +66,14 @@ def dry_run(t: bitlake.Table, name: str, params: dict[str, str]) -> Any:
         return {"files it would remove": t.cleanup(dry_run=True, min_age_seconds=min_age)}
     if name == "vacuum":
         tombstones = t.describe()["tombstones"]
-        return {"tombstones it would apply and retire": tombstones,
-                "note": "the Table API has no vacuum dry run: it rewrites the files that may hold these values"
-                if tombstones else "no tombstones: a vacuum would commit nothing"}
+        if not tombstones:
+            return {"note": "no tombstones: a vacuum would commit nothing"}
+        return {"tombstones it would apply and retire": tombstones, "vacuum": t.vacuum(dry_run=True)}
     detail = lake.batch_detail(t, params.get("batch", ""))
     if detail is None:
         raise ConsoleError(404, f"no batch {params.get('batch')!r} in {t.path}")
-    return {"batch": detail, "note": "reverting undoes the counts of the commit that made it live; the Table API "
-                                     "has no revert dry run"}
+    return {"batch": detail, "change rows the revert would write": t.revert_batch(detail["batch_id"],
+                                                                                  dry_run=True).counts}
 
 
 def run(t: bitlake.Table, name: str, params: dict[str, str]) -> Any:

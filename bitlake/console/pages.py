@@ -1,5 +1,5 @@
-"""The console's pages (GET only, nothing changes): the lake, a table (overview, timeline, batches, segments
-and files), its change feed, a past view, its events and trigger flows."""
+"""The console's pages (GET only, nothing changes): the lake, a table (overview, timeline, batches, segments,
+files and key store), its change feed, a past view, its events and trigger flows, and a mirror's progress."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from fastapi.templating import Jinja2Templates
 from sqlalchemy import func, select
 
 import bitlake
-from bitlake.console import lake, svg
+from bitlake.console import lake, mirror, svg
 from bitlake.console.auth import WRITERS, ConsoleError, check_table, reader
 from bitlake.console.roots import OutsideRoots, Roots, find_tables
 from bitlake.errors import BitlakeError, TableNotFoundError
@@ -106,6 +106,7 @@ def table_page(request: Request, info: Reader, path: str | None = None, page: st
     batches = lake.batches(t)
     hist = svg.histogram([s["fraction"] for s in segments], title="segments by valid fraction")
     return render(request, "table.html", info, t=lake.overview(t), path=t.path, timeline=p, plot=plot,
+                  mirror=mirror.status(t) is not None,
                   batches=_paged(batches, bpage, "bpage"), segments=_paged(segments, spage, "spage"),
                   files=_paged(files, fpage, "fpage"), keystore=_paged(lake.keystore(t), kpage, "kpage"),
                   histogram=hist)
@@ -200,3 +201,12 @@ def events_page(request: Request, info: Reader, path: str | None = None, page: s
     head, *flow_rows = flows(request, t.name)
     return render(request, "events.html", info, path=t.path, name=t.name, timeline=p, flows=flow_rows,
                   registered=head, latest=t.version)
+
+
+@router.get("/console/mirror", response_class=HTMLResponse)
+def mirror_page(request: Request, info: Reader, path: str | None = None):
+    t = open_table(request, info, path)
+    status = mirror.status(t)
+    if status is None:
+        raise ConsoleError(404, f"no PostgreSQL mirror writes {t.path}: it has no _lsn delta column and no wal- batch")
+    return render(request, "mirror.html", info, path=t.path, name=t.name, m=status)
