@@ -26,12 +26,13 @@ from bitlake.transaction import Attempt, Transaction
 log = logging.getLogger(__name__)
 
 
-def referenced(io: FileIO, latest: TableState) -> set[str]:
-    """Every file a version inside the retention window may read (all versions when no major compaction set
-    one): the state at the window's start, and what each later commit added. Keys files of batches made live
-    before the window are not read again (a change range cannot start before it), nor are the change files of
-    commits up to the window's start."""
-    start = latest.window.version if latest.window else 0
+def referenced(io: FileIO, latest: TableState, start: int | None = None) -> set[str]:
+    """Every file a version from ``start`` on may read (default: the retention window's start, or version 0 when
+    no major compaction set one): the state at ``start``, and what each later commit added. Keys files of
+    batches made live before ``start`` are not read again (a change range cannot start before it), nor are the
+    change files of commits up to it."""
+    if start is None:
+        start = latest.window.version if latest.window else 0
     base = latest if start == latest.version else state_mod.load(io, start)
     base = base.read_through(latest.rewritten)  # a vacuum's rewritten files are read by no version
     out: set[str] = set()
@@ -64,8 +65,9 @@ def cleanup(io: FileIO, state: TableState, *, min_age_seconds: float, dry_run: b
     ``min_age_seconds``: the leftovers of writers that crashed, lost a race or were refused, and the files
     only expired versions read. A writer still running, or a reader of a version inside the window, keeps its
     files."""
-    named = referenced(io, state)
     now = time.time()
+    start = protected_start(io, state, now - min_age_seconds)
+    named = referenced(io, state, start)
 
     def old(rel: str) -> bool:
         try:
@@ -74,7 +76,7 @@ def cleanup(io: FileIO, state: TableState, *, min_age_seconds: float, dry_run: b
             return False
 
     removable = [rel for folder in layout.REFERENCED_DIRS for rel in io.walk(folder) if rel not in named and old(rel)]
-    removable += expired_log(io, state, old, dry_run)
+    removable += expired_log(io, state, start, old, dry_run)
     for folder in (layout.COMMITS_DIR, layout.CHECKPOINTS_DIR, layout.PARTS_DIR):
         removable += [rel for rel in io.walk(folder)
                       if rel.rsplit("/", 1)[-1].startswith(layout.TMP_PREFIX) and old(rel)]
@@ -91,12 +93,34 @@ def cleanup(io: FileIO, state: TableState, *, min_age_seconds: float, dry_run: b
     return sorted(removable)
 
 
-def expired_log(io: FileIO, state: TableState, old, dry_run: bool) -> list[str]:
-    """The commits and checkpoints before the retention window's start ``W`` (old enough by ``old``), once a
-    checkpoint holds the state at ``W``: cleanup writes it first, so the log stays loadable from ``W`` on."""
-    if state.window is None or state.window.version == 0:
+def protected_start(io: FileIO, state: TableState, since_s: float) -> int:
+    """The oldest version cleanup keeps the files of: the retention window's start, or, when earlier, the
+    version that was the latest at time ``since_s`` (a reader that planned on any version that was the latest
+    since then keeps reading it, as Delta keeps removed files for its retention period), but no version whose
+    commit cleanup already dropped."""
+    window = state.window.version if state.window else 0
+    earliest = state_mod.earliest_version(io)
+    if window <= earliest:
+        return window
+    since_ms = since_s * 1000
+    lo, hi = earliest, window  # the newest version committed at or before since_ms (commit times increase)
+    if commitlog.read(io, lo).timestamp_ms > since_ms:
+        return earliest
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if commitlog.read(io, mid).timestamp_ms <= since_ms:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def expired_log(io: FileIO, state: TableState, start: int, old, dry_run: bool) -> list[str]:
+    """The commits and checkpoints before version ``start`` (at most the retention window's start; old enough by
+    ``old``), once a checkpoint holds the state at ``start``: cleanup writes it first, so the log stays loadable
+    from ``start`` on."""
+    if start == 0:
         return []
-    start = state.window.version
     commits = [layout.commit_path(v) for v in commitlog.list_versions(io) if v < start]
     checkpoints = [layout.checkpoint_path(v) for v in state_mod.checkpoint_versions(io) if v < start]
     expired = [rel for rel in commits + checkpoints if old(rel)]

@@ -490,10 +490,13 @@ class Table(read.TableDataset):
     # ------------------------------------------------------------------------------ maintenance
 
     def cleanup(self, *, min_age_seconds: float = 3600.0, dry_run: bool = False) -> list[str]:
-        """Removes files that no commit references: the leftovers of jobs that never committed.
+        """Removes files no version of the retention window names: the leftovers of jobs that never committed,
+        and what only expired versions read.
 
-        Only files older than ``min_age_seconds`` go, so a writer that is still landing or running
-        MetaGen keeps its files. Returns the removed (or, with ``dry_run``, removable) paths.
+        Only files older than ``min_age_seconds`` go, so a writer that is still landing or running MetaGen keeps
+        its files; and the files of every version that was the latest within ``min_age_seconds`` stay, so a
+        reader that planned on one keeps reading it (docs/maintenance.md). Returns the removed (or, with
+        ``dry_run``, removable) paths.
         """
         return maintenance.cleanup(self.io, self.refresh(), min_age_seconds=min_age_seconds, dry_run=dry_run)
 
