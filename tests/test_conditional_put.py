@@ -1,13 +1,8 @@
 """A store that ignores conditional puts gets no commit: an S3-compatible endpoint that drops the
-``If-None-Match`` header (a real HTTP proxy in front of moto's server) makes bitlake refuse to create or
+``If-None-Match`` header (tests/faultproxy.py in front of moto's server) makes bitlake refuse to create or
 commit, with an error that says why, and nothing is left half-written."""
 
 from __future__ import annotations
-
-import http.client
-import http.server
-import threading
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pytest
@@ -15,46 +10,17 @@ import pytest
 import bitlake
 from bitlake import ConditionalPutUnsupportedError
 from bitlake.fs import file_io
+from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.s3
 
 
-class _DroppingProxy(http.server.BaseHTTPRequestHandler):
-    """Forwards every request to the S3 server without its conditional headers, as a store that does not
-    implement them would treat them."""
-
-    target: tuple[str, int]
-
-    def _forward(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("if-none-match", "if-match")}
-        conn = http.client.HTTPConnection(*self.target, timeout=30)
-        conn.request(self.command, self.path, body=body, headers=headers)
-        response = conn.getresponse()
-        data = response.read()
-        self.send_response(response.status)
-        for k, v in response.getheaders():
-            if k.lower() not in ("transfer-encoding", "connection", "content-length"):
-                self.send_header(k, v)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-        conn.close()
-
-    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
-
-    def log_message(self, *args) -> None:
-        pass
-
-
 @pytest.fixture
 def lax_endpoint(s3_server):
-    parsed = urlparse(s3_server.endpoint)
-    handler = type("Proxy", (_DroppingProxy,), {"target": (parsed.hostname, parsed.port)})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
+    """The S3 server behind a proxy that drops every request's conditional headers, as a store that does not
+    implement them would treat them."""
+    with FaultProxy(s3_server.endpoint, drop_conditional_headers=True) as proxy:
+        yield proxy.endpoint
 
 
 def test_a_store_that_ignores_conditional_puts_gets_no_commit(s3_server, lax_endpoint):

@@ -14,7 +14,9 @@ writers own one version, so bitlake refuses to commit to it (:class:`Conditional
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
 import os
 import re
 import threading
@@ -25,7 +27,9 @@ from urllib.parse import urlparse
 import pyarrow as pa
 
 from bitlake.errors import ConditionalPutUnsupportedError, InvalidInputError, StorageError
-from bitlake.fs import FileIO
+from bitlake.fs import FileIO, retries
+
+log = logging.getLogger(__name__)
 
 SCHEMES = {"s3": "aws_", "s3a": "aws_", "gs": "google_", "az": "azure_", "abfs": "azure_", "abfss": "azure_",
            "memory": ""}
@@ -71,7 +75,8 @@ def unknown_option_message(scheme: str, key: str, given: dict[str, Any]) -> str:
     common = ", ".join(_COMMON.get(prefix, ()))
     return (f"unknown storage option {named!r} for {scheme}:// stores; they take the store's keys ({common}... as "
             f"delta-rs names them, or obstore's names without the {prefix.upper()} prefix; "
-            f"case does not matter) and the client options {', '.join(sorted(_CLIENT_KEYS))} (docs/storage.md)")
+            f"case does not matter), the client options {', '.join(sorted(_CLIENT_KEYS))} and the retry options "
+            f"{', '.join(retries.KEYS)} (docs/storage.md)")
 
 
 def _normalize(scheme: str, options: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
@@ -129,13 +134,14 @@ class ObjectStoreFileIO(FileIO):
         self.process_local = scheme == "memory"
         if scheme == "memory" and storage_options:
             raise InvalidInputError(f"memory:// stores take no storage options, not {sorted(storage_options)}")
-        self._config, self._client = _configuration(base, scheme, storage_options or {})
+        options, self._retry = retries.split_options(storage_options or {})
+        self._config, self._client = _configuration(base, scheme, options)
         try:
             self._store = self._open()
         except _UnknownOption as e:
             raise InvalidInputError(unknown_option_message(scheme, str(e), storage_options or {})) from None
 
-    def _open(self):
+    def _open(self, retry: retries.RetryPolicy | None = None):
         from obstore.exceptions import BaseError, UnknownConfigurationKeyError
         from obstore.store import MemoryStore, from_url
 
@@ -144,7 +150,8 @@ class ObjectStoreFileIO(FileIO):
                 return _memory_stores.setdefault(self.base, MemoryStore())
         try:
             return from_url(self.base, config=self._config or None,  # type: ignore[call-overload]
-                            client_options=self._client or None)  # type: ignore[arg-type]
+                            client_options=self._client or None,  # type: ignore[arg-type]
+                            retry_config=(retry or self._retry).obstore())
         except UnknownConfigurationKeyError as e:
             found = re.search(r"key: '([^']+)'", str(e))
             raise _UnknownOption(found.group(1) if found else str(e).splitlines()[0]) from None
@@ -153,7 +160,7 @@ class ObjectStoreFileIO(FileIO):
 
     def __getstate__(self) -> dict:
         return {"base": self.base, "scheme": self.scheme, "process_local": self.process_local,
-                "_config": self._config, "_client": self._client}
+                "_config": self._config, "_client": self._client, "_retry": self._retry}
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -191,7 +198,7 @@ class ObjectStoreFileIO(FileIO):
     def read_bytes(self, rel: str) -> bytes:
         import obstore
 
-        return obstore.get(self._store, rel).bytes().to_bytes()
+        return _whole(obstore.get(self._store, rel))
 
     def size(self, rel: str) -> int:
         import obstore
@@ -204,38 +211,72 @@ class ObjectStoreFileIO(FileIO):
         return obstore.head(self._store, rel)["last_modified"].timestamp()
 
     def put_if_absent(self, rel: str, data: bytes) -> None:
-        import obstore
-        from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
+        from obstore.exceptions import NotSupportedError
 
         self._check_conditional_put()
         try:
-            obstore.put(self._store, rel, data, mode="create")
-        except (AlreadyExistsError, PreconditionError):
-            raise FileExistsError(f"{self.uri(rel)} exists") from None
+            created = self._create(rel, data)
         except NotSupportedError as e:
             raise ConditionalPutUnsupportedError(
                 f"{self.uri()}: the store cannot put a file only if it is absent ({e}); bitlake commits only to "
                 "stores that can (docs/storage.md)") from None
+        if not created:
+            raise FileExistsError(f"{self.uri(rel)} exists")
+
+    def _create(self, rel: str, data: bytes) -> bool:
+        """A conditional put of ``data``: True when it created the object, False when the object was there.
+
+        A conditional put is not idempotent, so obstore does not retry it (its store for them has retries off);
+        it is retried here. A try whose answer was lost (a reset, a timeout, a 5xx) may have landed: when a later
+        try finds the object there, the object is read back, and holding exactly ``data`` it is this put's own
+        (callers put contents no other writer puts: a commit, a claim's token)."""
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
+
+        unknown = False  # a try failed in a way that may have landed
+
+        def once() -> bool:
+            nonlocal unknown
+            try:
+                obstore.put(self._conditional(), rel, data, mode="create")
+                return True
+            except (AlreadyExistsError, PreconditionError):
+                if unknown and self.read_bytes(rel) == data:
+                    log.info("the put of %s landed though its answer was lost", self.uri(rel))
+                    return True
+                return False
+            except Exception as e:
+                unknown = unknown or retries.transient(e)
+                raise
+
+        return retries.call(self._retry, "conditional put", self.uri(rel), once, again=retries.transient,
+                            keep=(NotSupportedError,))
+
+    def _conditional(self):
+        """The store for conditional puts: obstore's retries off (:meth:`_create` retries them)."""
+        store = self.__dict__.get("_conditional_store")
+        if store is None:
+            no_retry = dataclasses.replace(self._retry, max_retries=0)
+            store = self._store if self.scheme == "memory" else self._open(no_retry)
+            self._conditional_store = store
+        return store
 
     def _check_conditional_put(self) -> None:
         import obstore
-        from obstore.exceptions import AlreadyExistsError, NotSupportedError, PreconditionError
+        from obstore.exceptions import NotSupportedError
 
         key = (self.scheme, urlparse(self.base).netloc, tuple(sorted(self._config.items())))
         if _checked.get(key):
             return
         probe = _PROBE + uuid.uuid4().hex
         try:
-            obstore.put(self._store, probe, b"1", mode="create")
-            try:
-                obstore.put(self._store, probe, b"2", mode="create")
-                refused = False
-            except (AlreadyExistsError, PreconditionError):
-                refused = True
+            self._create(probe, b"1")
+            refused = not self._create(probe, b"2")
         except NotSupportedError:
             refused = False
         finally:
-            obstore.delete(self._store, probe)
+            retries.call(self._retry, "delete", self.uri(probe), lambda: obstore.delete(self._store, probe),
+                         again=retries.transient)
         if not refused:
             raise ConditionalPutUnsupportedError(
                 f"{self.uri()}: the store accepted a second conditional put (If-None-Match: *) of one key, so two "
@@ -253,16 +294,13 @@ class ObjectStoreFileIO(FileIO):
 
         result = obstore.get(self._store, rel)
         if result.meta["size"] <= WHOLE_READ_BYTES:  # one request for the metadata files and small data files
-            return pa.BufferReader(result.bytes().to_bytes())
+            return pa.BufferReader(_whole(result))
         del result  # a large file is read by ranges: a Parquet reader wants its footer and some columns
-        return pa.PythonFile(_Reader(obstore.open_reader(self._store, rel, buffer_size=1 << 20)), mode="r")
+        reader = obstore.open_reader(self._store, rel, buffer_size=1 << 20)
+        return pa.PythonFile(_Reader(reader, self._retry, self.uri(rel)), mode="r")
 
     def open_output(self, rel: str) -> pa.NativeFile:
-        import obstore
-
-        # A multipart upload: the object appears when the stream closes, never torn.
-        writer = obstore.open_writer(self._store, rel, buffer_size=_WRITE_BUFFER)
-        return pa.PythonFile(_Writer(writer), mode="w")
+        return pa.PythonFile(_Writer(self, rel), mode="w")
 
     def listdir(self, rel: str) -> list[str]:
         import obstore
@@ -293,16 +331,27 @@ class ObjectStoreFileIO(FileIO):
 class _Reader:
     """A file-like view of obstore's range reader with what ``pyarrow.PythonFile`` asks of one."""
 
-    def __init__(self, reader):
+    def __init__(self, reader, retry: retries.RetryPolicy, where: str):
         self._r = reader
+        self._retry = retry
+        self._where = where
         self.closed = False
 
     def read(self, n: int = -1) -> bytes:
-        data = self._r.read(n) if n is not None and n >= 0 else self._r.read()
-        return data.to_bytes()
+        start = self._r.tell()
+        want = self._r.size - start if n is None or n < 0 else min(n, max(self._r.size - start, 0))
+
+        def once() -> bytes:
+            self._r.seek(start)
+            data = (self._r.read(n) if n is not None and n >= 0 else self._r.read()).to_bytes()
+            if len(data) != want:
+                raise retries.ShortRead(f"read {len(data)} of {want} bytes at {start}")
+            return data
+
+        return retries.call(self._retry, "ranged read", self._where, once)
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        return self._r.seek(offset, whence)
+        return retries.call(self._retry, "seek", self._where, lambda: self._r.seek(offset, whence))
 
     def tell(self) -> int:
         return self._r.tell()
@@ -325,16 +374,34 @@ class _Reader:
 
 
 class _Writer:
-    """obstore's multipart writer with the position ``pyarrow.PythonFile`` asks for."""
+    """A new file, with the position ``pyarrow.PythonFile`` asks for. Up to ``_WRITE_BUFFER`` bytes it is kept
+    and written with one put when the stream closes (obstore retries a put: the file has a fresh name); a larger
+    one becomes obstore's multipart upload. Either way the object appears when the stream closes, never torn."""
 
-    def __init__(self, writer):
-        self._w = writer
+    def __init__(self, io: ObjectStoreFileIO, rel: str):
+        self._io = io
+        self._rel = rel
+        self._buffer = bytearray()
+        self._w: Any = None  # obstore's WritableFile, once the file outgrows one put
         self._pos = 0
         self.closed = False
 
+    def _call(self, fn):
+        return retries.call(self._io._retry, "multipart upload", self._io.uri(self._rel), fn,
+                            again=lambda e: False)  # a broken upload cannot be resumed: the caller's write fails
+
     def write(self, data) -> int:
+        import obstore
+
         view = memoryview(data).cast("B")  # obstore takes unsigned bytes; pyarrow hands signed ones
-        self._w.write(view)
+        if self._w is None:
+            self._buffer += view
+            if len(self._buffer) > _WRITE_BUFFER:
+                self._w = obstore.open_writer(self._io._store, self._rel, buffer_size=_WRITE_BUFFER)
+                buffered, self._buffer = bytes(self._buffer), bytearray()
+                self._call(lambda: self._w.write(buffered))
+        else:
+            self._call(lambda: self._w.write(view))
         self._pos += len(view)
         return len(view)
 
@@ -356,32 +423,46 @@ class _Writer:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self._w.close()
+            if self._w is None:
+                self._io.write_atomic(self._rel, bytes(self._buffer))
+                self._buffer = bytearray()
+            else:
+                self._call(self._w.close)
+
+
+def _whole(result) -> bytes:
+    """The body of a GET of a whole object, checked against the object's size: a body cut short is never
+    taken for the file (hyper also refuses one shorter than its Content-Length)."""
+    data = result.bytes().to_bytes()
+    if len(data) != result.meta["size"]:
+        raise retries.ShortRead(f"read {len(data)} of {result.meta['size']} bytes")
+    return data
 
 
 def _storage_error(where: str, e: Exception) -> StorageError:
     """An obstore error as a :class:`StorageError`: its first line (the rest is the client's debug dump)."""
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-    return StorageError(f"{where}: {type(e).__name__}: {first[:400]}")
+    return retries.storage_error(where, e)
 
 
-def _mapped(method):
+def _mapped(method, again=retries.broken_body):
     """``method`` raising the store's failures (obstore errors: no bucket, refused credentials, an endpoint that
-    cannot be reached) as :class:`StorageError`; a missing object stays a ``FileNotFoundError``."""
+    cannot be reached, a request that failed after obstore's retries) as :class:`StorageError`, after trying
+    again what obstore does not retry (:mod:`bitlake.fs.retries`); a missing object stays a
+    ``FileNotFoundError``."""
 
     @functools.wraps(method)
     def call(self, *args, **kwargs):
-        from obstore.exceptions import BaseError
-
-        try:
-            return method(self, *args, **kwargs)
-        except BaseError as e:
-            where = self.uri(args[0]) if args and isinstance(args[0], str) else self.uri()
-            raise _storage_error(where, e) from None
+        where = self.uri(args[0]) if args and isinstance(args[0], str) else self.uri()
+        return retries.call(self._retry, method.__name__.replace("_", " "), where,
+                            lambda: method(self, *args, **kwargs), again=again)
 
     return call
 
 
-for _name in ("exists", "read_bytes", "size", "mtime", "put_if_absent", "write_atomic", "open_input", "open_output",
-              "listdir", "walk", "delete"):
+for _name in ("exists", "read_bytes", "size", "mtime", "write_atomic", "open_input", "listdir", "walk"):
     setattr(ObjectStoreFileIO, _name, _mapped(getattr(ObjectStoreFileIO, _name)))
+# S3's delete is a POST (?delete), which obstore does not retry after a lost answer; deleting again is harmless.
+ObjectStoreFileIO.delete = _mapped(ObjectStoreFileIO.delete, again=retries.transient)  # type: ignore[method-assign]
+# Its own retries inside (_create); a failure of the probe or of reading a put back is raised as it came.
+ObjectStoreFileIO.put_if_absent = _mapped(  # type: ignore[method-assign]
+    ObjectStoreFileIO.put_if_absent, again=lambda e: False)
