@@ -92,5 +92,10 @@ bench-triggers: setup  ## the trigger service on PostgreSQL: events registered/s
 	bash scripts/setup-postgres.sh
 	$(PY) benchmarks/triggers.py
 
+.PHONY: bench-soak
+bench-soak: setup  ## the trigger service and the mirror under load while they and PostgreSQL are killed and restarted (60 s each)
+	bash scripts/setup-postgres.sh
+	$(PY) benchmarks/soak.py --seconds 60
+
 clean:  ## remove the virtual environment and caches
 	rm -rf $(VENV) $(AIRFLOW_VENV) $(PAIMON_VENV) .pytest_cache .hypothesis demo-lake

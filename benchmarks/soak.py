@@ -29,6 +29,7 @@ tests/triggers/test_soak.py and tests/test_mirror_restarts.py run the same funct
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import datetime as dt
 import json
@@ -70,9 +71,12 @@ class Fault:
     ended: float = 0.0  # when the fault's action finished (the process or the server is back)
     recovered: float | None = None  # when the system worked again (see the soak functions)
 
+    seen: dict[str, int] = dataclasses.field(default_factory=dict)  # what the clients' retries met, by kind
+
     def as_dict(self, t0: float) -> dict:
         return {"kind": self.kind, "at_s": round(self.started - t0, 2), "action_s": round(self.ended - self.started, 2),
-                "recovery_s": None if self.recovered is None else round(self.recovered - self.started, 2)}
+                "recovery_s": None if self.recovered is None else round(self.recovered - self.started, 2),
+                "clients_saw": self.seen}
 
 
 class ServiceProcess:
@@ -146,7 +150,7 @@ class Call:
 
 def soak_service(*, producers: int = 3, consumers: int = 2, tables: int = 3, seconds: float = 40.0,
                  fault_every: float = 5.0, faults: tuple[str, ...] = SERVICE_FAULTS, max_commits: int = 1_000_000,
-                 seed: int = 7, log: Callable[[str], None] = print) -> dict:
+                 retry_seconds: float = 120, seed: int = 7, log: Callable[[str], None] = print) -> dict:
     """Runs the service's soak (module docstring); returns its figures and ``problems`` (empty: all checks held)."""
     from bitlake.triggers import Client
     from bitlake.triggers.client import Retry
@@ -163,20 +167,24 @@ def soak_service(*, producers: int = 3, consumers: int = 2, tables: int = 3, sec
         service = ServiceProcess(db_url, work)
         service.start()
         names = [f"soak.t{i}" for i in range(tables)]
-        retry = Retry(deadline=120, backoff=0.05, max_backoff=1.0)
+        retry = Retry(deadline=retry_seconds, backoff=0.05, max_backoff=1.0)  # 0: no retries (to compare)
         stop_producing, stop_faults = threading.Event(), threading.Event()
         calls: list[Call] = []
         registered: dict[tuple, int] = {}  # (table, partition, snapshot id) -> event id answered
         answers = {"created": 0, "existing": 0}
         errors: list[str] = []
         attempts = [0]
+        retries: list[tuple[float, str]] = []  # (when, what failed: a status or an httpx error) of every retry
         lock = threading.Lock()
+
+        def note(what, _wait: float) -> None:
+            retries.append((time.monotonic(), str(what) if isinstance(what, int) else type(what).__name__))
 
         def produce(p: int) -> None:
             rng = random.Random(seed * 1000 + p)
             prev: dict[str, str | None] = {t: None for t in names}
             try:
-                with Client(service.base_url, producer_token, timeout=10, retry=retry) as client:
+                with Client(service.base_url, producer_token, timeout=10, retry=retry, on_retry=note) as client:
                     for k in range(max_commits):
                         if stop_producing.is_set():
                             break
@@ -208,7 +216,7 @@ def soak_service(*, producers: int = 3, consumers: int = 2, tables: int = 3, sec
 
         def consume(c: int) -> None:
             flow = f"flow{c}"
-            client = Client(service.base_url, consumer_token, timeout=10, retry=retry)
+            client = Client(service.base_url, consumer_token, timeout=10, retry=retry, on_retry=note)
             try:
                 with client:
                     while not drained.is_set():
@@ -278,7 +286,7 @@ def soak_service(*, producers: int = 3, consumers: int = 2, tables: int = 3, sec
             stored[(table, tuple(json.loads(partition) or ()), snapshot)] = event_id
         for t in names:
             by_table[t].sort()
-            targets[t] = by_table[t][-1] if by_table[t] else 0
+        targets.update({t: by_table[t][-1] if by_table[t] else 0 for t in names})  # at once: consumers read it
         for t in threads[producers:]:
             t.join(timeout=120)
         drained.set()
@@ -307,6 +315,10 @@ def soak_service(*, producers: int = 3, consumers: int = 2, tables: int = 3, sec
                          default=None) for p in range(producers)]
             f.recovered = None if None in after else max(a for a in after if a is not None)
         windows = [(f.started, f.recovered or f.ended) for f in injected]
+        for f, (start, end) in zip(injected, windows, strict=True):
+            f.seen = dict(collections.Counter(what for at, what in retries if start <= at <= end + 1))
+        quiet_retries = collections.Counter(what for at, what in retries
+                                            if not any(start <= at <= end + 1 for start, end in windows))
         produce_calls = [c for c in calls if c.who.startswith("producer")]
 
         def during(c: Call) -> bool:
@@ -327,6 +339,7 @@ def soak_service(*, producers: int = 3, consumers: int = 2, tables: int = 3, sec
                            "by_kind": {k: round(max((f.recovered - f.started for f in injected
                                                      if f.kind == k and f.recovered), default=0), 2)
                                        for k in faults}},
+            "retries_outside_faults": dict(quiet_retries),
             "faults": [f.as_dict(t0) for f in injected], "problems": problems,
         }
         if any(f.recovered is None for f in injected):

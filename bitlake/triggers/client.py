@@ -14,10 +14,11 @@ import dataclasses
 import datetime as dt
 import email.utils
 import json
+import logging
 import os
 import random
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -28,6 +29,7 @@ from bitlake.triggers.event import MAX_EVENTS_PER_REQUEST, Event, EventIn, forma
 from bitlake.triggers.models import ANY_PARTITION, EventPage, Registration, RegistrationResult
 from bitlake.triggers.trigger import FlowCursor, PartitionTriggerResult, SnapshotTriggerResult
 
+log = logging.getLogger(__name__)
 Timestampish = dt.datetime | str | int
 # Answers worth another attempt: throttled (429), the service or its database unavailable or too slow (5xx).
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
@@ -114,11 +116,15 @@ class Client:
         http_client: an ``httpx.Client`` to send through instead of a new one (e.g. FastAPI's TestClient).
         retry: how failed attempts are retried (:class:`Retry`: for up to 60 s by default; ``NO_RETRY``: never).
             :meth:`health` never retries: it is a probe.
+        on_retry: called before each wait with what failed (the answer's status, or the ``httpx`` error) and
+            the seconds it will wait; each retry is also logged (``bitlake.triggers.client``, INFO).
     """
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, http_client: httpx.Client | None = None,
-                 retry: Retry | None = None):
+                 retry: Retry | None = None,
+                 on_retry: Callable[[int | httpx.TransportError, float], Any] | None = None):
         self.retry = retry or Retry.from_env()
+        self.on_retry = on_retry
         self.attempts = 0  # every attempt this client made, retries included (the soak test counts them)
         self._owned = http_client is None
         self._http = http_client if http_client is not None else httpx.Client(timeout=timeout)
@@ -159,6 +165,10 @@ class Client:
                 if isinstance(failure, httpx.Response):
                     return failure
                 raise failure
+            what = failure.status_code if isinstance(failure, httpx.Response) else failure
+            log.info("%s %s: %s; attempt %d in %.2f s", method, path, what, attempt + 1, wait)
+            if self.on_retry is not None:
+                self.on_retry(what, wait)
             time.sleep(wait)
 
     def register(self, events: EventIn | Mapping[str, Any] | Iterable[EventIn | Mapping[str, Any]]
