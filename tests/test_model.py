@@ -73,20 +73,36 @@ KINDS = {
 }
 
 
-@pytest.mark.parametrize("kind", [*KINDS, *(pytest.param(f"{k}@s3", marks=pytest.mark.s3) for k in list(KINDS)[:2])])
+def _store(store: str, request):
+    """The server of an object store that a table lives on (a ``uri(name)`` method), or None for a local folder."""
+    if store == "s3":
+        return request.getfixturevalue("s3_server")
+    if store in ("azure", "gcs"):
+        from tests import emulators
+
+        return emulators.azurite() if store == "azure" else emulators.gcs()
+    return None
+
+
+# On the emulated Azure and GCS one kind each (tests/emulators.py): the store code is obstore's, as for S3.
+@pytest.mark.parametrize("kind", [*KINDS, *(pytest.param(f"{k}@s3", marks=pytest.mark.s3) for k in list(KINDS)[:2]),
+                                  pytest.param(f"{list(KINDS)[0]}@azure", marks=pytest.mark.azure),
+                                  pytest.param(f"{list(KINDS)[1]}@gcs", marks=pytest.mark.gcs)])
 def test_random_batches_match_the_oracle(spark, kind, monkeypatch, request):
-    """``@s3``: the table on moto's S3 server, where Spark's jobs read the files through obstore."""
+    """``@s3``: the table on moto's S3 server, where Spark's jobs read the files through obstore; ``@azure`` and
+    ``@gcs``: on Azurite and fake-gcs-server."""
     kind, _, store = kind.partition("@")
     key_type, delta_type, to_delta, options = KINDS[kind]
     options = dict(options)
     properties = {"keystore.max_increments": "2", "compact.min_log_files": "2", **options.pop("properties", {})}
-    s3 = request.getfixturevalue("s3_server") if store == "s3" else None
+    remote = _store(store, request)
+    examples = max(1, EXAMPLES // 2) if store in ("azure", "gcs") else EXAMPLES  # a reduced variant
     schema = pa.schema([("k", key_type[0]), ("grp", pa.string()), ("value", pa.int64()), ("mod", delta_type)])
 
-    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), phases=PHASES)
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), phases=PHASES)
     @given(st.lists(batch, min_size=1, max_size=4))
     def run(batches):
-        path = s3.uri("model") if s3 else tempfile.mkdtemp(prefix="bitlake-model-")
+        path = remote.uri("model") if remote else tempfile.mkdtemp(prefix="bitlake-model-")
         inputs = tempfile.mkdtemp(prefix="bitlake-model-input-")
         try:
             t = bitlake.create_table(
@@ -148,7 +164,7 @@ def test_random_batches_match_the_oracle(spark, kind, monkeypatch, request):
             _check(t, oracle, spark=spark)
         finally:
             shutil.rmtree(inputs, ignore_errors=True)
-            if not s3:
+            if not remote:
                 shutil.rmtree(path, ignore_errors=True)
 
     run()

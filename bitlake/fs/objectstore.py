@@ -41,6 +41,9 @@ _CLIENT_KEYS = {
     "randomize_addresses", "read_timeout", "timeout", "user_agent",
 }
 _ALIASES = {"endpoint_url": "endpoint"}
+# obstore takes Azure's keys as AZURE_STORAGE_ACCOUNT_NAME or account_name, not storage_account_name: after its
+# scheme's prefix, a key loses this one too.
+_SUBPREFIXES = {"azure_": "storage_"}
 # The options most asked for, by delta-rs's names, for messages (obstore's S3Config, GCSConfig, AzureConfig hold
 # every key; case and the scheme's prefix do not matter).
 _COMMON = {
@@ -86,6 +89,8 @@ def _normalize(scheme: str, options: dict[str, Any]) -> tuple[dict[str, str], di
     for key, value in options.items():
         k = key.lower()
         bare = k[len(prefix):] if prefix and k.startswith(prefix) else k
+        sub = _SUBPREFIXES.get(prefix, "")
+        bare = bare[len(sub):] if sub and bare.startswith(sub) else bare
         bare = _ALIASES.get(bare, bare)
         text = str(value).lower() if isinstance(value, bool) else str(value)
         if bare in _CLIENT_KEYS:
