@@ -44,6 +44,9 @@ _ALIASES = {"endpoint_url": "endpoint"}
 # obstore takes Azure's keys as AZURE_STORAGE_ACCOUNT_NAME or account_name, not storage_account_name: after its
 # scheme's prefix, a key loses this one too.
 _SUBPREFIXES = {"azure_": "storage_"}
+# What obstore's conditional put (mode="create") sends, by scheme, for messages.
+_PRECONDITIONS = {"s3": "If-None-Match: *", "s3a": "If-None-Match: *", "gs": "x-goog-if-generation-match: 0",
+                  "az": "If-None-Match: *", "abfs": "If-None-Match: *", "abfss": "If-None-Match: *"}
 # The options most asked for, by delta-rs's names, for messages (obstore's S3Config, GCSConfig, AzureConfig hold
 # every key; case and the scheme's prefix do not matter).
 _COMMON = {
@@ -284,7 +287,8 @@ class ObjectStoreFileIO(FileIO):
                          again=retries.transient)
         if not refused:
             raise ConditionalPutUnsupportedError(
-                f"{self.uri()}: the store accepted a second conditional put (If-None-Match: *) of one key, so two "
+                f"{self.uri()}: the store accepted a second conditional put "
+                f"({_PRECONDITIONS.get(self.scheme, 'create only')}) of one key, so two "
                 "writers could both commit one version; bitlake refuses to commit to it (docs/storage.md lists the "
                 "stores that qualify)")
         _checked[key] = True
