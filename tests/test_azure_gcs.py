@@ -100,6 +100,26 @@ def test_two_writers_commit_one_version_each(store):
         f"w{w}-{i}" for w in range(2) for i in range(3))
 
 
+def test_a_store_failure_is_a_storage_error_in_one_line(store):
+    """A container or bucket that does not exist (Azurite: 404; fake-gcs-server: 500 on the XML listing, retried
+    by obstore for a few seconds, where GCS answers 404) and, on Azure, a key the account refuses (403): a
+    StorageError naming the path and the store's cause in one line."""
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64())])
+    missing = store.uri("t").replace(f"//{emulators.BUCKET}/", "//no-such-bucket/")
+    for call in (lambda: bitlake.open_table(missing, storage_options=store.options),
+                 lambda: bitlake.create_table(missing, schema, primary_key=["id"], delta_column="ts",
+                                              storage_options=store.options)):
+        with pytest.raises(bitlake.StorageError, match=rf"^{store.scheme}://no-such-bucket/t-\S*: \w+Error: ") as e:
+            call()
+        assert "\n" not in str(e.value)
+    if store.scheme == "az":
+        key = store.options["AZURE_STORAGE_ACCOUNT_KEY"]
+        wrong = {**store.options, "AZURE_STORAGE_ACCOUNT_KEY": "A" * 8 + key[8:]}
+        with pytest.raises(bitlake.StorageError, match="403 Forbidden") as e:
+            bitlake.create_table(store.uri("t"), schema, primary_key=["id"], delta_column="ts", storage_options=wrong)
+        assert "\n" not in str(e.value)
+
+
 def test_a_large_file_is_a_multipart_upload(store):
     """More than obstore's 8 MiB buffer: Azure's blocks, GCS's XML multipart upload; the object appears whole on
     close."""
