@@ -3,13 +3,15 @@
 **The service** (:func:`soak_service`): a throwaway PostgreSQL, the service as ``uvicorn --factory
 bitlake.triggers:create_app`` in a subprocess on a loopback port, ``producers`` threads registering commits
 (1 to 4 events each, chained by ``prev_snapshot_id``, over ``tables`` tables) and ``consumers`` threads, each
-a snapshot-trigger flow on every table (evaluate, "run", ack), all through :class:`bitlake.triggers.Client`
+a snapshot-trigger flow on every table (evaluate, "run", ack) that also evaluates a partition trigger on a random
+partition each round, all through :class:`bitlake.triggers.Client`
 and its retries. Every ``fault_every`` seconds one fault, in turn: the service SIGKILLed and started again;
 PostgreSQL crashed (``pg_ctl stop -m immediate``, recovery at start); PostgreSQL restarted (``-m fast``);
 every connection of the service terminated (``pg_terminate_backend``). After ``seconds`` the producers stop,
 the consumers drain, and the checks run: every event a producer registered is in the database exactly once,
 with the id the producer was answered; every flow fired over each table's events exactly once each, in
-event-id order, each firing starting right after the previous ack.
+event-id order, each firing starting right after the previous ack; a partition trigger never went back
+(fewer events than before, or events of another partition).
 
 **The mirror** (:func:`soak_mirror`): a table written by ``writers`` threads (inserts, updates, deletes in
 transactions of 1 to 5 statements, reconnecting after any failure) mirrored by :class:`PostgresMirror` in a
@@ -216,10 +218,24 @@ def soak_service(*, producers: int = 3, consumers: int = 2, tables: int = 3, sec
 
         def consume(c: int) -> None:
             flow = f"flow{c}"
+            rng = random.Random(seed * 1000 + 500 + c)
+            seen_in: dict[tuple[str, str], int] = {}  # (table, day) -> events the partition trigger returned
             client = Client(service.base_url, consumer_token, timeout=10, retry=retry, on_retry=note)
             try:
                 with client:
                     while not drained.is_set():
+                        # A partition trigger too: once a partition's events are there, they stay there.
+                        table, day = names[rng.randrange(tables)], f"2026-01-{rng.randint(1, 28):02d}"
+                        started = time.monotonic()
+                        part = client.partition_trigger(table, [day])
+                        with lock:
+                            calls.append(Call(f"consumer {c}", started, time.monotonic()))
+                        count = len(part.events)
+                        if count < seen_in.get((table, day), 0) or part.fired != bool(count) or any(
+                                e.partition != [day] for e in part.events):
+                            errors.append(f"the partition trigger on {table} {day} answered {count} events "
+                                          f"(fired {part.fired}) after {seen_in.get((table, day))}")
+                        seen_in[(table, day)] = max(count, seen_in.get((table, day), 0))
                         idle = True
                         for table in names:
                             started = time.monotonic()
