@@ -152,6 +152,21 @@ def test_a_stream_lands_in_segments_in_input_order(tmp_path, monkeypatch):
     assert len(data) == 4  # 27 rows in segments of 7
 
 
+def test_a_stream_segment_also_ends_at_its_byte_budget(tmp_path, monkeypatch):
+    # Wide rows in small batches: the segments end at the budget, never slicing a batch for it, in input order.
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod")
+    batches = [pa.record_batch({"id": list(range(i * 10, i * 10 + 10)), "name": ["x" * 1000] * 10, "mod": [0] * 10},
+                               schema=SCHEMA) for i in range(9)]
+    monkeypatch.setattr(landing, "STREAM_TASK_BYTES", 2 * batches[0].nbytes)
+    held = []
+    real = landing.LocalLanding.start
+    monkeypatch.setattr(landing.LocalLanding, "start", lambda self, task, seq, segment, threads:
+                        held.append([b.num_rows for b in segment]) or real(self, task, seq, segment, threads))
+    assert t.ingest(pa.RecordBatchReader.from_batches(SCHEMA, batches)).counts["inserted"] == 90
+    assert held == [[10, 10]] * 4 + [[10]]
+    assert sorted(r["id"] for r in t.to_arrow().to_pylist()) == list(range(90))
+
+
 def test_a_stream_that_fails_midway_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(landing, "STREAM_TASK_ROWS", 2)
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod")

@@ -236,6 +236,9 @@ class _Cut:
 # write amplification of at most 1.5 (docs/benchmarks.md, "Targets" and "Design measurements", "Landing file split").
 MIN_TASK_ROWS = 1 << 20
 STREAM_TASK_ROWS = 1 << 22
+# A stream's segment also ends at this many bytes of Arrow data: at most ``threads`` + 1 segments are held at
+# once (the ones landing and the one being cut), so this bounds a stream landing's memory whatever the rows' width.
+STREAM_TASK_BYTES = 192 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,15 +281,15 @@ def land_local(io: FileIO, meta: TableMetadata, part: int, has_op: bool, batches
     (:class:`LocalLanding`), while the caller goes on, with ``keep`` with the records' keys-file rows."""
     threads = threads or pool_threads()
     if rows is None:
-        per_task = STREAM_TASK_ROWS
-    else:
-        per_task = min(max(-(-rows // threads), MIN_TASK_ROWS), rowid.MAX_OFFSET + 1)
+        per_task, max_bytes = STREAM_TASK_ROWS, STREAM_TASK_BYTES
+    else:  # a table already in memory: its segments are slices of it
+        per_task, max_bytes = min(max(-(-rows // threads), MIN_TASK_ROWS), rowid.MAX_OFFSET + 1), None
     # Each task is one segment, never more: a task's seq is its place in the input, so row ids follow it.
     task = LandTask(io, meta.to_json(), part, 1, has_op, keep)
     workers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bitlake-land")
     landing = LocalLanding(io, meta, part, workers)
     try:
-        for seq, segment in enumerate(_cut(batches, per_task)):
+        for seq, segment in enumerate(_cut(batches, per_task, max_bytes)):
             if seq > rowid.MAX_SEQ:
                 raise InvalidInputError("batch too large: more segments than segment_seq can number")
             landing.start(task, seq, segment, threads)
@@ -359,18 +362,21 @@ class LocalLanding:
         remove_part_files(self.io, self.part)
 
 
-def _cut(batches: Iterable[pa.RecordBatch], rows: int) -> Iterator[list[pa.RecordBatch]]:
-    """Consecutive lists of ``batches`` (slicing one where needed) of ``rows`` rows each, the last one less."""
+def _cut(batches: Iterable[pa.RecordBatch], rows: int, max_bytes: int | None = None
+         ) -> Iterator[list[pa.RecordBatch]]:
+    """Consecutive lists of ``batches`` (slicing one where needed) of ``rows`` rows each, the last one less; with
+    ``max_bytes``, a list also ends once its batches hold that many bytes (a batch is not sliced for it)."""
     held: list[pa.RecordBatch] = []
-    n = 0
+    n = size = 0
     for b in batches:
         while b.num_rows:
             take = min(rows - n, b.num_rows)
             held.append(b.slice(0, take))
+            size += held[-1].nbytes if max_bytes is not None else 0
             b, n = b.slice(take), n + take
-            if n == rows:
+            if n == rows or (max_bytes is not None and size >= max_bytes):
                 yield held
-                held, n = [], 0
+                held, n, size = [], 0, 0
     if held:
         yield held
 
