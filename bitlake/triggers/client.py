@@ -62,7 +62,6 @@ class Retry:
         step = random.uniform(step / 2, step)
         return max(step, retry_after) if retry_after is not None else step
 
-
     @classmethod
     def from_env(cls) -> Retry:
         value = os.environ.get(RETRY_SECONDS_ENV)
