@@ -30,10 +30,10 @@ def test_the_mirror_gives_up_once_the_source_stays_away_longer_than_its_reconnec
             c.execute("INSERT INTO t VALUES (1, 'a')")
         m = PostgresMirror(server.dsn(), "public.t", str(tmp_path / "t"), reconnect_seconds=1.5)
         m.run(until_caught_up=True, interval=0.1)
-        server._run(server.bin / "pg_ctl", "-D", server.data, "-m", "fast", "-w", "stop")
+        server.down()
         with pytest.raises(psycopg.OperationalError):
             m.run(until_caught_up=True, interval=0.1)
-        server._start()
+        server.up()
         with server.connect() as c:
             c.execute("INSERT INTO t VALUES (2, 'b')")
         m.run(until_caught_up=True, interval=0.1)

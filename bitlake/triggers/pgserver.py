@@ -92,12 +92,19 @@ class PostgresServer:
         self._run(self.bin / "pg_ctl", "-D", self.data, "-l", self.root / "server.log", "-w", "-t", "120",
                   "-o", f"-p {self.port} -h 127.0.0.1 -k {self.root}{settings}", "start")
 
-    def restart(self, mode: str = "immediate", pause: float = 0.0) -> None:
-        """Stops the server (``pg_ctl stop -m mode``: ``immediate`` is a crash, recovered at start) and starts it
-        again on the same port after ``pause`` seconds. Every connection is cut; the data stays."""
+    def down(self, mode: str = "fast") -> None:
+        """Stops the server and keeps its data (``pg_ctl stop -m mode``: ``immediate`` is a crash, recovered at
+        the next start); :meth:`up` starts it again on the same port."""
         self._run(self.bin / "pg_ctl", "-D", self.data, "-m", mode, "-w", "stop")
-        time.sleep(pause)
+
+    def up(self) -> None:
         self._start()
+
+    def restart(self, mode: str = "immediate", pause: float = 0.0) -> None:
+        """:meth:`down`, ``pause`` seconds, :meth:`up`: every connection is cut; the data stays."""
+        self.down(mode)
+        time.sleep(pause)
+        self.up()
 
     def stop(self) -> None:
         try:
