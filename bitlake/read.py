@@ -89,14 +89,7 @@ class View(ds.Dataset):
 
     def head(self, num_rows: int, columns: list[str] | None = None, filter: Any = None,  # noqa: A002
              **_: Any) -> pa.Table:
-        out, n = [], 0
-        stream = self._reader(columns, filter)
-        for rb in stream:
-            if n >= num_rows:
-                break
-            out.append(rb.slice(0, num_rows - n))
-            n += out[-1].num_rows
-        return pa.Table.from_batches(out, schema=stream.schema)
+        return Scan(self._reader(columns, filter)).head(num_rows)
 
     def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
         return self.to_reader().__arrow_c_stream__(requested_schema)
@@ -138,6 +131,15 @@ class Scan:
 
     def count_rows(self) -> int:
         return sum(rb.num_rows for rb in self._stream)
+
+    def head(self, num_rows: int) -> pa.Table:
+        out, n = [], 0
+        for rb in self._stream:
+            if n >= num_rows:
+                break
+            out.append(rb.slice(0, num_rows - n))
+            n += out[-1].num_rows
+        return pa.Table.from_batches(out, schema=self._stream.schema)
 
 
 class TableDataset(ds.Dataset):

@@ -164,6 +164,11 @@ def test_a_view_is_a_pyarrow_dataset_that_reads_like_one(table):
     assert _rows(v.to_table(columns=["k", "s"], filter=pc.field("n") == 3)) == _rows(
         expected.filter(pc.field("n") == 3).select(["k", "s"]))
     assert _rows(v.scanner(columns=["k"]).to_table()) == _rows(expected.select(["k"]))
+    small = expected.filter(pc.field("k") < 100).select(["k"])
+    assert v.scanner(columns=["k"], filter="k < 100").count_rows() == small.num_rows
+    assert v.scanner(columns=["k"], filter="k < 100").head(3).num_rows == min(3, small.num_rows)
+    scan = v.scanner(columns=["k", "s"])
+    assert scan.projected_schema.names == ["k", "s"] and sum(b.num_rows for b in scan.to_batches()) == len(expected)
     assert sum(b.num_rows for b in v.to_batches(batch_size=100)) == expected.num_rows
     assert pa.table(v).num_rows == pl.DataFrame(v).height == expected.num_rows
     with pytest.raises(InvalidInputError, match="not in the view"):
