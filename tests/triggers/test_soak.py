@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 
 def test_no_event_is_lost_or_duplicated_and_every_flow_fires_once_through_kills_and_restarts():
-    result = soak_service(producers=3, consumers=2, tables=3, seconds=24, fault_every=4)
+    result = soak_service(producers=3, consumers=2, tables=3, seconds=24, fault_every=4, max_commits=20_000)
     assert result["problems"] == []
     assert [f["kind"] for f in result["faults"]][:4] == list(SERVICE_FAULTS)
     assert result["events"] > 1000 and result["firings"] >= 2 * 3
