@@ -117,20 +117,25 @@ def transient(e: BaseException) -> bool:
     """Whether a request failed for the store's or the network's sake, so that trying again may succeed."""
     from obstore.exceptions import GenericError
 
-    return isinstance(e, ShortRead) or (isinstance(e, GenericError) and bool(_TRANSIENT.search(str(e))))
+    return isinstance(e, ShortRead) or (isinstance(e, GenericError) and bool(_TRANSIENT.search(_first_line(e))))
 
 
 def broken_body(e: BaseException) -> bool:
     """Whether an answer broke off in its body: the failures obstore does not retry on its own."""
     from obstore.exceptions import GenericError
 
-    return isinstance(e, ShortRead) or (isinstance(e, GenericError) and bool(_BODY.search(str(e))))
+    return isinstance(e, ShortRead) or (isinstance(e, GenericError) and bool(_BODY.search(_first_line(e))))
+
+
+def _first_line(e: BaseException) -> str:
+    """The error's own message; the client's debug dump below it names settings such as ``retry_timeout``."""
+    return (str(e).strip().splitlines() or [""])[0]
 
 
 def storage_error(where: str, e: BaseException, operation: str = "", attempts: int = 1) -> StorageError:
     """A store's failure as a :class:`StorageError` in one line: the path, the error, its first line (the rest
     is the client's debug dump), the operation and how often it was tried."""
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+    first = _first_line(e) or type(e).__name__
     tried = f"; tried {attempts} times" if attempts > 1 else ""
     doing = f" ({operation}{tried})" if operation else ""
     return StorageError(f"{where}: {type(e).__name__}: {first[:400]}{doing}")
