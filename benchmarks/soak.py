@@ -37,6 +37,7 @@ import datetime as dt
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -161,6 +162,7 @@ def soak_service(*, producers: int = 3, consumers: int = 2, tables: int = 3, sec
     work = Path(tempfile.mkdtemp(prefix="bitlake-soak-"))
     server = PostgresServer({**PG_SETTINGS, "max_connections": "100"}, stop_mode="immediate").start()
     service = None
+    result: dict | None = None
     try:
         db_url = server.create_database("soak")
         with TriggerStore(db_url) as store:
@@ -360,11 +362,15 @@ def soak_service(*, producers: int = 3, consumers: int = 2, tables: int = 3, sec
         }
         if any(f.recovered is None for f in injected):
             problems.append("a fault after which some producer never registered again")
+        if problems:
+            result["work"] = str(work)  # the service's log, kept to look into
         return result
     finally:
         if service is not None:
             service.stop()
         server.stop()
+        if result is not None and not result["problems"]:  # else kept to look into
+            shutil.rmtree(work, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------ the mirror
@@ -381,6 +387,7 @@ def soak_mirror(*, writers: int = 2, rows: int = 2000, seconds: float = 30.0, fa
     work = Path(tempfile.mkdtemp(prefix="bitlake-soak-mirror-"))
     server = PostgresServer({**PG_SETTINGS, "wal_level": "logical", "max_replication_slots": "4",
                              "max_wal_senders": "4"}, stop_mode="immediate").start()
+    result: dict | None = None
     try:
         with server.connect() as conn:
             conn.execute("CREATE TABLE soak (id int PRIMARY KEY, v bigint NOT NULL, note text)")
@@ -481,7 +488,7 @@ def soak_mirror(*, writers: int = 2, rows: int = 2000, seconds: float = 30.0, fa
             f.recovered = min((at for at, _ in steps if at > f.ended), default=None)
         recoveries = [f.recovered - f.started for f in injected if f.recovered is not None]
         applied = sum(n for _, n in steps)
-        return {
+        result = {
             "writers": writers, "seconds": round(written_until - t0, 1), "transactions": transactions[0],
             "rows": len(expected), "changes_applied": applied, "batches": len(ids),
             "changes_per_s": round(applied / (written_until - t0), 1), "final_catch_up_s": round(catch_up, 2),
@@ -491,8 +498,13 @@ def soak_mirror(*, writers: int = 2, rows: int = 2000, seconds: float = 30.0, fa
                                        for k in faults}},
             "faults": [f.as_dict(t0) for f in injected], "problems": problems,
         }
+        if problems:
+            result["work"] = str(work)  # the lake table, kept to look into
+        return result
     finally:
         server.stop()
+        if result is not None and not result["problems"]:  # else kept to look into
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def summary(service: dict | None, mirror: dict | None) -> list[str]:
