@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from bitlake.airflow import CONNECTION_FIELD_BEHAVIOUR
 from bitlake.errors import InvalidSettingError
 from bitlake.triggers import Client, Event
-from bitlake.triggers.client import Timestampish, parse_response
+from bitlake.triggers.client import NO_RETRY, Timestampish, parse_response
 from bitlake.triggers.event import format_timestamp, parse_timestamp
 from bitlake.triggers.trigger import PartitionTriggerResult, SnapshotTriggerResult
 
@@ -117,7 +117,9 @@ class BitlakeTriggersHook(BaseHook):
     def get_conn(self) -> Client:
         """A new :class:`bitlake.triggers.Client`; close it (or use it in ``with``)."""
         settings = self.service_settings()
-        return Client(settings.base_url, settings.token, timeout=settings.timeout)
+        # Airflow retries a task and polls a sensor on its own schedule: the client's own retries would only hold a
+        # worker slot (a deferrable sensor facing a dead service would block up to their deadline before deferring).
+        return Client(settings.base_url, settings.token, timeout=settings.timeout, retry=NO_RETRY)
 
     def test_connection(self) -> tuple[bool, str]:
         """Airflow's "Test" button: the service answers ``/health``."""
