@@ -4,8 +4,9 @@ while it decodes, encodes and compresses)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -34,3 +35,17 @@ def both(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
         future = pool.submit(first)
         b = second()  # when it raises, leaving the pool waits for ``first``
         return future.result(), b
+
+
+def ordered_map(fn: Callable[[T], R], items: Iterable[T], ahead: int) -> Iterator[R]:
+    """``fn(x)`` for each of ``items``, in order, computed on threads at most ``ahead`` items ahead of the
+    consumer, so at most ``ahead`` results are held at once; an error is raised in its place, once the threads
+    under way finish."""
+    pending: deque[Future] = deque()
+    with ThreadPoolExecutor(max_workers=max(1, ahead), thread_name_prefix="bitlake-io") as pool:
+        for x in items:
+            if len(pending) >= ahead:
+                yield pending.popleft().result()
+            pending.append(pool.submit(fn, x))
+        while pending:
+            yield pending.popleft().result()

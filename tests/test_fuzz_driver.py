@@ -204,10 +204,13 @@ class Run:
     def input(self, recs, form: str) -> Any:
         """The batch as ingest takes it: a pyarrow Table landed in one segment, or cut into segments of a few
         rows (landed at once by the pool), or a RecordBatchReader of two-row batches (streamed, in segments of
-        three rows, its records read back from the files by MetaGen)."""
+        three rows, its records read back from the files by MetaGen, which folds them from a spill)."""
         table = self.arrow(recs)
         self.mp.setattr(landing, "MIN_TASK_ROWS", 2 if form == "segments" else 1 << 20)
         self.mp.setattr(landing, "STREAM_TASK_ROWS", 3 if form == "stream" else 1 << 22)
+        # A stream's MetaGen folds from a spill, in groups of buckets (as a commit of millions of records does).
+        self.mp.setattr(metagen, "SPILL_RECORDS", 0 if form == "stream" else 16_000_000)
+        self.mp.setattr(metagen, "SPILL_GROUP_RECORDS", 3)
         if form != "stream":
             return table
         return pa.RecordBatchReader.from_batches(table.schema, table.to_batches(max_chunksize=2))

@@ -28,12 +28,13 @@ from bitlake.engine.keys import keycache
 from bitlake.engine.keys.keyencoding import ascending, encode_keys, fixed_width, int64_values, key_codes
 from bitlake.engine.keys.keyindex import stages
 from bitlake.engine.write.landing import Landed
+from bitlake.engine.write.spill import Spill
 from bitlake.format import bitmap, datafile, keystore, layout, rowid, segmentlog
 from bitlake.format.commit import BucketFile, DataFile, LogFile, SegmentState
 from bitlake.format.order import latest, lexsort, strictly_increasing
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
-from bitlake.pool import both, thread_map
+from bitlake.pool import both, ordered_map, thread_map
 
 COUNTS = ("inserted", "updated", "deleted", "stale", "ignored_deletes")
 # Rows of MetaGen's event tables with this kind are the accepted upserts: they become valid, which the data
@@ -222,6 +223,12 @@ _FEW_KEYS = 262_144
 GROUP_RECORDS = 20_000_000
 
 
+# A commit of more records than this is folded from a spill (:func:`_run_spilled`), in groups of about
+# SPILL_GROUP_RECORDS: its memory is a group's, not the commit's.
+SPILL_RECORDS = 16_000_000
+SPILL_GROUP_RECORDS = 4_000_000
+
+
 def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: int, index=None) -> MetaGenOutput:
     """The inline MetaGen. ``index`` (an open :class:`bitlake.engine.keys.keyindex.KeyIndex` at ``state``, or None)
     answers the batch's keys by point lookups when they are few against the key-store rows of their
@@ -230,6 +237,8 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     unread = [b for b in batches if b.rows is None]
     reads = [(datafile.read_upserts, f.path) for b in unread for f in b.data_files]
     reads += [(datafile.read_deletes, f.path) for b in unread for f in b.keys_files]
+    if sum(b.records for b in batches) > SPILL_RECORDS and meta.num_buckets > 1:
+        return _run_spilled(io, state, batches, version, index, reads)
     tables = [b.rows for b in batches if b.rows is not None] + thread_map(lambda r: r[0](io, r[1], meta), reads)
     records = pa.concat_tables(tables) if tables else None
     if records is None or records.num_rows == 0:
@@ -264,6 +273,44 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
     out = assemble(state, batches, seg_out, added, replaced, batch_counts)
     return dataclasses.replace(out, keystore_rows=keystore_rows)
+
+
+def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: int, index, reads: list
+                 ) -> MetaGenOutput:
+    """:func:`run_inline` of a large commit in bounded memory. One pass parts its records by sets of buckets into
+    local scratch files (:class:`~bitlake.engine.write.spill.Spill`), reading two of its files at a time; then each
+    group is folded alone and its buckets' key-store files are written, which hold all of those buckets' rows:
+    only the row ids that become valid and the events of every group are kept until the segments are written.
+    The key index is brought to the commit from the key-store files after it (no staged runs)."""
+    meta = state.metadata
+    groups = min(-(-sum(b.records for b in batches) // SPILL_GROUP_RECORDS), meta.num_buckets)
+    group_of_bucket = np.arange(meta.num_buckets) * groups // meta.num_buckets
+    sources = [lambda b=b: b.rows for b in batches if b.rows is not None]
+    sources += [lambda r=r: r[0](io, r[1], meta) for r in reads]
+    counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
+    until, valid, added, replaced = [], [], [], []
+    with Spill(groups) as parts:
+        for table in ordered_map(lambda source: source(), sources, ahead=2):
+            parts.add(table, group_of_bucket[table.column(keystore.BUCKET).to_numpy()])
+        for g in range(groups):
+            piece = parts.take(g)
+            if piece is None:
+                continue
+            folded = _fold_records(io, state, batches, piece, version, index)
+            del piece
+            counts += folded.counts
+            until.append(folded.until)
+            valid.append(folded.valid)
+            if folded.keystore_rows.num_rows:
+                a, r = keystore.write_bucket_files(io, meta, state.keystore, folded.keystore_rows,
+                                                   lambda path, rows: keycache.CACHE.written(io, path, rows, meta),
+                                                   lambda path: keycache.CACHE.rows(io, path, meta))
+                added += a
+                replaced += r
+    seg_out = write_segments(io, state.segments, pa.concat_tables(until), valid, meta.prop("bitmap.deltas"))
+    keycache.CACHE.forget(io, replaced)
+    batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
+    return assemble(state, batches, seg_out, added, replaced, batch_counts)
 
 
 def _groups(records: pa.Table, meta) -> tuple[Iterable[pa.Table], bool]:

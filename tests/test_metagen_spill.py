@@ -1,0 +1,92 @@
+"""The inline MetaGen of a large commit folds its records from a spill, a group of buckets at a time
+(bitlake.engine.write.metagen._run_spilled): the same views, counts, change feed and key store as the fold of
+the whole commit at once, which tests/test_fuzz_driver.py also checks against the oracle (its streamed form
+spills)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import bitlake
+from bitlake.engine.write import metagen, spill
+from bitlake.format import keystore
+from tests import spec_reader
+from tests.oracle import rows_key
+
+SCHEMA = pa.schema([("k", pa.int64()), ("s", pa.string()), ("v", pa.int64()), ("op", pa.string())])
+
+
+def _batch(keys, v, ops=None) -> pa.Table:
+    keys = list(keys)
+    return pa.table({"k": keys, "s": [f"s{k % 7}-{v}" for k in keys], "v": [v] * len(keys),
+                     "op": ops or ["upsert"] * len(keys)}, schema=SCHEMA)
+
+
+def _workload(t: bitlake.Table) -> None:
+    rng = np.random.default_rng(7)
+    t.ingest(_batch(range(400), 1), op_column="op")  # a load
+    t.ingest(_batch(rng.choice(600, 300, replace=False).tolist(), 3), op_column="op")  # updates and inserts
+    keys = rng.choice(600, 120, replace=False).tolist()
+    t.ingest(_batch(keys, 2, ["delete" if i % 3 else "upsert" for i in range(120)]), op_column="op")  # some stale
+    t.ingest(_batch(range(0, 600, 5), 4, ["delete"] * 120), op_column="op", batch_id="late", metagen=False)
+    t.ingest(_batch(range(1, 600, 7), 5), op_column="op", batch_id="later", metagen=False)
+    t.metagen()  # two pending batches in one commit
+    t.ingest(pa.RecordBatchReader.from_batches(SCHEMA, _batch(range(0, 700, 3), 6).to_batches(max_chunksize=50)),
+             op_column="op")  # a stream: its records read back from the files
+
+
+def _keystore(t: bitlake.Table) -> list[tuple]:
+    """Each key's latest key-store row (key, delta, deleted), from the latest state's files."""
+    rows = [keystore.read_file(t.io, f.path, t.state().metadata) for fs in t.state().keystore.values() for f in fs]
+    latest: dict = {}
+    for r in pa.concat_tables(rows).to_pylist():
+        if r["k"] not in latest or r[keystore.VERSION] > latest[r["k"]][keystore.VERSION]:
+            latest[r["k"]] = r
+    return sorted((k, r[keystore.DELTA], r[keystore.DELETED]) for k, r in latest.items())
+
+
+def test_a_spilled_metagen_commits_what_the_whole_fold_commits(tmp_path, monkeypatch):
+    whole = bitlake.create_table(str(tmp_path / "whole"), SCHEMA.remove(3), primary_key="k", delta_column="v",
+                                 num_buckets=8)
+    _workload(whole)
+    groups = []
+    real = spill.Spill.__init__
+    monkeypatch.setattr(spill.Spill, "__init__", lambda self, n: groups.append(n) or real(self, n))
+    monkeypatch.setattr(metagen, "SPILL_RECORDS", 0)
+    monkeypatch.setattr(metagen, "SPILL_GROUP_RECORDS", 90)  # groups of a few buckets each
+    spilled = bitlake.create_table(str(tmp_path / "spilled"), SCHEMA.remove(3), primary_key="k", delta_column="v",
+                                   num_buckets=8)
+    _workload(spilled)
+    assert len(groups) == 5 and min(groups) > 1  # every MetaGen spilled (5 of them), in several groups
+    names = SCHEMA.remove(3).names
+    assert [h["counts"] for h in spilled.history()] == [h["counts"] for h in whole.history()]
+    for v in range(whole.version + 1):
+        assert rows_key(spilled.to_arrow(version=v).to_pylist(), names) == \
+            rows_key(whole.to_arrow(version=v).to_pylist(), names), v
+    assert rows_key(spec_reader.read_view(spilled.path), names) == rows_key(spilled.to_arrow().to_pylist(), names)
+    changes = [c for c in spilled.changes_to_arrow(starting_version=1).column_names if c != "_commit_timestamp"]
+    assert rows_key(spilled.changes_to_arrow(starting_version=1).select(changes).to_pylist(), changes) == \
+        rows_key(whole.changes_to_arrow(starting_version=1).select(changes).to_pylist(), changes)
+    assert _keystore(spilled) == _keystore(whole)
+    assert not [d for d in os.listdir(os.environ.get("TMPDIR", "/tmp")) if d.startswith("bitlake-metagen-")]
+
+
+def test_the_spill_parts_rows_in_order_and_removes_its_files():
+    table = pa.table({"x": list(range(10))})
+    with spill.Spill(3) as parts:
+        folder = parts._folder
+        parts.add(table, np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 0]))
+        parts.add(table.slice(0, 2), np.array([2, 2]))
+        assert parts.take(0).column("x").to_pylist() == [0, 3, 6, 9]
+        assert parts.take(2).column("x").to_pylist() == [2, 5, 8, 0, 1]
+        assert parts.take(0) is None  # taken: its file is gone
+    assert not os.path.exists(folder)
+    with pytest.raises(RuntimeError), spill.Spill(2) as parts:
+        parts.add(table, np.zeros(10, np.int64))
+        folder = parts._folder
+        raise RuntimeError("a failed MetaGen")
+    assert not os.path.exists(folder)
