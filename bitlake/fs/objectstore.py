@@ -10,6 +10,11 @@ opened, and travels with the instance, so Spark executors on other machines reac
 Before its first commit to a store, a process checks that the store really refuses a second conditional put
 of one key (a probe object under ``_bitlake/``): an S3-compatible store that ignores the header would let two
 writers own one version, so bitlake refuses to commit to it (:class:`ConditionalPutUnsupportedError`).
+
+A failed request is retried (:mod:`bitlake.fs.retries`: obstore's retries, and bitlake's for what obstore does
+not retry); what still fails is a :class:`StorageError` naming the path and the operation. A conditional put
+retried after a try whose answer was lost, and that finds the object holding exactly its bytes, counts as
+created: the lost try landed (docs/storage.md, "Faults").
 """
 
 from __future__ import annotations
