@@ -256,6 +256,33 @@ def test_a_commit_folded_in_groups_gives_the_index_one_sorted_run_per_key_range(
         ({"id": i, "v": "b"} for i in pa.array(range(1200)).cast(key).to_pylist()), key=lambda row: str(row["id"]))
 
 
+def test_a_spilled_commit_and_a_rebuild_reach_the_index_in_runs_that_answer_every_key(tmp_path, monkeypatch):
+    # A commit folded from a spill stages nothing: the index catches up from its key-store files, read and taken
+    # in a run of at most RUN_ROWS entries at a time, as a rebuild does; every key is answered either way.
+    monkeypatch.setattr(metagen, "SPILL_RECORDS", 0)
+    monkeypatch.setattr(metagen, "SPILL_GROUP_RECORDS", 300)
+    monkeypatch.setattr(keyindex, "_SST_MIN_ROWS", 1)
+    monkeypatch.setattr(keyindex, "RUN_ROWS", 250)
+    runs = []
+    real = keyindex.KeyIndex._ingest_sorted
+    monkeypatch.setattr(keyindex.KeyIndex, "_ingest_sorted", lambda self, t: runs.append(t.num_rows) or real(self, t))
+    schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("mod", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="mod", num_buckets=8)
+    t.ingest(pa.table({"id": list(range(1000)), "v": ["a"] * 1000, "mod": [1] * 1000}))
+    with opened(t) as index:
+        assert index.version == t.version
+    assert sum(runs) == 1000 and len(runs) > 1 and max(runs) <= 250 + 1000 // 8 * 2  # a bucket file is not split
+    runs.clear()
+    shutil.rmtree(tmp_path / "t" / "_bitlake" / "index")
+    with opened(t) as index:  # rebuilt from the key store, a bucket at a time
+        index.catch_up(t.state())
+        found, deltas, _, _ = index.lookup(encode_keys(pa.table({"id": [0, 500, 999, 1000]}), ["id"]))
+    assert sum(runs) == 1000 and len(runs) > 1
+    assert found.tolist() == [True, True, True, False] and deltas[:3].tolist() == [1, 1, 1]
+    r = t.ingest(pa.table({"id": [5, 2000], "v": ["b", "b"], "mod": [2, 2]}))
+    assert r.counts["updated"] == 1 and r.counts["inserted"] == 1
+
+
 def test_entries_staged_for_a_commit_reach_the_index_only_after_that_commit(tmp_path, monkeypatch):
     """The SST files a large commit stages before it commits are taken in by commit_staged of that version,
     with the index at the version before; a catch-up (another writer took the version), a commit_staged of

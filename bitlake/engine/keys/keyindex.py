@@ -26,6 +26,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,9 @@ _YIELD_EVERY = 1024  # entries written between two releases of the GIL (_put_eac
 # files are written by one process per core (fewer entries cost less than a process's start-up), and a commit of
 # that many records stages its entries, written by those processes while it commits (KeyIndex.stage).
 _SST_MIN_ROWS = 200_000
+# Entries taken in at once, as one sorted run: a load's or a rebuild's larger set goes in as several runs (which
+# RocksDB's compaction merges later), so that its memory is a run's, not the table's.
+RUN_ROWS = 16_000_000
 _PROCESS_SST_ROWS = 2_000_000
 # Two kinds of files. The bottom run, which holds most keys (the SST files of a load into an empty index, and
 # what a full compaction makes of it), is made for lookups: LZ4 in small blocks and no bloom filter, since most
@@ -249,26 +253,35 @@ class KeyIndex:
         for v in range(have + 1, state.version + 1):
             commit = commitlog.read(self.io, v)
             # A merged file also repeats older rows; only rows this commit wrote are new to the index.
-            tables = [keystore.read_file(self.io, f.path, self.meta, filters=[(keystore.VERSION, "=", v)])
-                      for f in commit.keystore_add]
-            self.put(tables, v)
+            tables = (keystore.read_file(self.io, f.path, self.meta, filters=[(keystore.VERSION, "=", v)])
+                      for f in commit.keystore_add)
+            self.put(tables, v, rows=sum(f.rows for f in commit.keystore_add))
 
     def _rebuild(self, state: TableState) -> None:
         db, self.db = self.db, None
         db.close()  # safe under the index lock: no other writer can open the folder meanwhile
         shutil.rmtree(self.path, ignore_errors=True)
         self.db = self._open()
-        tables = keystore.read_entries(self.io, state.keystore, self.meta)
-        self.put(tables, state.version)
+        files = state.keystore
+        if keystore.SHARED in files:  # a small table's shared files hold rows of every bucket: read at once
+            tables = iter(keystore.read_entries(self.io, files, self.meta))
+        else:  # a bucket at a time
+            tables = (t for b in sorted(files) for t in keystore.read_entries(self.io, {b: files[b]}, self.meta))
+        self.put(tables, state.version, rows=sum(f.rows for fs in files.values() for f in fs))
 
-    def put(self, tables: list[pa.Table], version: int) -> None:
-        """Writes the entries of ``tables`` (key-store rows, one per key), then the version."""
+    def put(self, tables: Iterable[pa.Table], version: int, rows: int | None = None) -> None:
+        """Writes the entries of ``tables`` (key-store rows, one per key), then the version. Many entries (``rows``,
+        when given, says how many ``tables`` hold at most, before they are read) go in as sorted runs of at most
+        :data:`RUN_ROWS` each, so that the tables are read a run at a time."""
         from rocksdict import WriteBatch
 
         pk = list(self.meta.primary_key)
-        tables = [t for t in tables if t.num_rows]
-        if sum(t.num_rows for t in tables) >= _SST_MIN_ROWS:
-            self._ingest_sorted(pa.concat_tables(tables))
+        if rows is None:
+            tables = [t for t in tables if t.num_rows]
+            rows = sum(t.num_rows for t in tables)
+        if rows >= _SST_MIN_ROWS:
+            for run in _runs(tables, RUN_ROWS):
+                self._ingest_sorted(run)
             tables = []
         for table in tables:
             for start in range(0, table.num_rows, _PUT_CHUNK):
@@ -513,3 +526,20 @@ def _decode_values(values: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndar
     delta[full] = raw[starts[full][:, None] + 8 + eight].view(">i8").reshape(-1)
     deleted = raw[starts + lengths - 1] == 2
     return delta, rid, deleted
+
+
+def _runs(tables: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]:
+    """``tables`` concatenated, in order, into runs of about ``rows`` rows (a table is not split), read one run at
+    a time."""
+    run: list[pa.Table] = []
+    n = 0
+    for t in tables:
+        if not t.num_rows:
+            continue
+        if run and n + t.num_rows > rows:
+            yield pa.concat_tables(run)
+            run, n = [], 0
+        run.append(t)
+        n += t.num_rows
+    if run:
+        yield pa.concat_tables(run)
