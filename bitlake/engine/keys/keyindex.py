@@ -55,7 +55,7 @@ _YIELD_EVERY = 1024  # entries written between two releases of the GIL (_put_eac
 _SST_MIN_ROWS = 200_000
 # Entries taken in at once, as one sorted run: a load's or a rebuild's larger set goes in as several runs (which
 # RocksDB's compaction merges later), so that its memory is a run's, not the table's.
-RUN_ROWS = 16_000_000
+RUN_ROWS = 8_000_000
 _PROCESS_SST_ROWS = 2_000_000
 # Two kinds of files. The bottom run, which holds most keys (the SST files of a load into an empty index, and
 # what a full compaction makes of it), is made for lookups: LZ4 in small blocks and no bloom filter, since most
