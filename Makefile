@@ -8,14 +8,14 @@ SFS ?= 0.1,1,3
 SYSTEMS ?= all
 TIMEOUT ?= 600
 
-.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-maintenance bench-restatement bench-lake bench-reads bench-mirror bench-triggers bench-fsync clean
+.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-maintenance bench-restatement bench-lake bench-memory bench-reads bench-mirror bench-triggers bench-fsync clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
 setup: $(VENV)/.installed  ## create the virtual environment and install bitlake with its test tools
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
 	touch $@
 
@@ -74,6 +74,9 @@ bench-restatement: setup  ## revert, replace, tombstone, vacuum and DML against 
 
 bench-lake: setup  ## bitlake on an S3 API (moto) against local disk and delta-rs; the data source against the JVM reader; Arrow reads against pyarrow and DuckDB (SF=1)
 	$(PY) benchmarks/lake.py --scale-factor $(SF)
+
+bench-memory: setup  ## peak memory of a base load from an Arrow stream, by phase (landing, MetaGen) (SF=1)
+	$(PY) benchmarks/memory.py --scale-factor $(SF) --output
 
 bench-reads: setup  ## reads of a churned table by pyarrow, DuckDB and Polars against plain Parquet, lance and delta-rs, and after a major compaction (SF=1)
 	$(PY) benchmarks/reads.py --scale-factor $(SF) --output
