@@ -283,6 +283,27 @@ def test_a_spilled_commit_and_a_rebuild_reach_the_index_in_runs_that_answer_ever
     assert r.counts["updated"] == 1 and r.counts["inserted"] == 1
 
 
+def test_a_spilled_commit_of_many_records_stages_each_groups_entries(tmp_path, monkeypatch):
+    monkeypatch.setattr(metagen, "SPILL_RECORDS", 0)
+    monkeypatch.setattr(metagen, "SPILL_GROUP_RECORDS", 300)
+    monkeypatch.setattr(metagen, "stages", lambda records: True)  # as a commit of millions of records
+    monkeypatch.setattr(keyindex, "_SST_MIN_ROWS", 1)
+    monkeypatch.setattr(keyindex, "threads", lambda: 1)  # one file a group
+    staged = []
+    real = keyindex.KeyIndex.stage
+    monkeypatch.setattr(keyindex.KeyIndex, "stage", lambda self, rows, v: staged.append(rows.num_rows) or real(self, rows, v))
+    schema = pa.schema([("id", pa.int64()), ("v", pa.string()), ("mod", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["id"], delta_column="mod", num_buckets=8)
+    t.ingest(pa.table({"id": list(range(1000)), "v": ["a"] * 1000, "mod": [1] * 1000}))
+    assert len(staged) == 4 and sum(staged) == 1000  # four groups of two buckets
+    with opened(t) as index:
+        assert index.version == t.version
+        found, deltas, _, _ = index.lookup(encode_keys(pa.table({"id": [0, 500, 999, 1000]}), ["id"]))
+        runs = [f for f in index.db.live_files() if f["start_key"] >= b"\x01"]
+    assert found.tolist() == [True, True, True, False] and deltas[:3].tolist() == [1, 1, 1] and len(runs) == 4
+    assert not [p for p in (tmp_path / "t" / "_bitlake" / "index").iterdir() if p.name.startswith("stage-")]
+
+
 def test_entries_staged_for_a_commit_reach_the_index_only_after_that_commit(tmp_path, monkeypatch):
     """The SST files a large commit stages before it commits are taken in by commit_staged of that version,
     with the index at the version before; a catch-up (another writer took the version), a commit_staged of

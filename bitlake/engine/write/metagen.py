@@ -280,13 +280,15 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
     """:func:`run_inline` of a large commit in bounded memory. One pass parts its records by sets of buckets into
     local scratch files (:class:`~bitlake.engine.write.spill.Spill`), reading two of its files at a time; then each
     group is folded alone and its buckets' key-store files are written, which hold all of those buckets' rows:
-    only the row ids that become valid and the events of every group are kept until the segments are written.
-    The key index is brought to the commit from the key-store files after it (no staged runs)."""
+    only the row ids that become valid and the events of every group are kept until the segments are written."""
     meta = state.metadata
     groups = min(-(-sum(b.records for b in batches) // SPILL_GROUP_RECORDS), meta.num_buckets)
     group_of_bucket = np.arange(meta.num_buckets) * groups // meta.num_buckets
     sources = [lambda b=b: b.rows for b in batches if b.rows is not None]
     sources += [lambda r=r: r[0](io, r[1], meta) for r in reads]
+    # Each group stages its key-index entries while the next one folds, as key ranges do in run_inline; these runs
+    # overlap (sets of buckets), and RocksDB's compaction merges them after the commit.
+    stage = index is not None and stages(sum(b.records for b in batches))
     counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
     until, valid, added, replaced = [], [], [], []
     with Spill(groups) as parts:
@@ -301,6 +303,8 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
             counts += folded.counts
             until.append(folded.until)
             valid.append(folded.valid)
+            if stage and folded.keystore_rows.num_rows:
+                index.stage(folded.keystore_rows, version)
             if folded.keystore_rows.num_rows:
                 a, r = keystore.write_bucket_files(io, meta, state.keystore, folded.keystore_rows,
                                                    lambda path, rows: keycache.CACHE.written(io, path, rows, meta),
