@@ -106,7 +106,8 @@ SEGMENT_DDL = "kind string, path string, part int, seq int, count long, bytes lo
 
 
 def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], events: pa.Table,
-                   valid: Sequence[np.ndarray] = (), deltas: str = "true") -> list[dict]:
+                   valid: Sequence[np.ndarray] = (), deltas: str = "true",
+                   valid_offsets: dict[int, BitMap] | None = None) -> list[dict]:
     """Writes the SET_VALID_UNTIL rows of ``events`` as one log file, and the new valid offsets of the
     segments the events name as one bitmap file (segments whose valid offsets are a prefix need none).
 
@@ -114,8 +115,9 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
     packed row ids in the arrays ``valid``, are the accepted upserts (the inline MetaGen passes them as row ids
     alone, an array a group: a load's are every row). ``prior`` holds the segments' states before the commit.
     ``deltas``: the table property ``bitmap.deltas`` (whether a segment's new bitmap may be a delta to its bitmap).
-    Returns rows of :data:`SEGMENT_ARROW`: one ``log`` row, and a ``bitmap`` row per segment (path null: no
-    bitmap file).
+    ``valid_offsets``: more accepted upserts, as the offsets of each segment (``part << SEQ_BITS | seq``) in a
+    bitmap (the spilled MetaGen's: 8 bytes a row id would grow with the commit). Returns rows of
+    :data:`SEGMENT_ARROW`: one ``log`` row, and a ``bitmap`` row per segment (path null: no bitmap file).
     """
     table = events.cast(segmentlog.FILE_SCHEMA)
     rows = []
@@ -134,26 +136,31 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
     until_runs = _segment_runs(_sorted(packed(until)))
     cache = bitmap.BitmapCache(io)
     new = bitmap.NewBitmaps(cache, deltas)
-    for seg in sorted(valid_runs.keys() | until_runs.keys()):
+    offsets_of = valid_offsets or {}
+    for seg in sorted(valid_runs.keys() | until_runs.keys() | offsets_of.keys()):
         part, seq = seg >> rowid.SEQ_BITS, seg & rowid.MAX_SEQ
         before = prior.get((part, seq))
         run, gone = valid_runs.get(seg, _NO_IDS), until_runs.get(seg, _NO_IDS)
-        if before is None and len(run) and (int(run[-1]) & rowid.MAX_OFFSET) == len(run) - 1 and not len(gone):
+        more = offsets_of.get(seg)
+        if more is not None and len(run):
+            more = more | bitmap.of(run & rowid.MAX_OFFSET)
+        count = len(more) if more is not None else len(run)
+        top = (more.max() + 1 if count else 0) if more is not None else \
+            (int(run[-1] & rowid.MAX_OFFSET) + 1 if count else 0)  # run is sorted: its last offset is its largest
+        if before is None and count and top == count and not len(gone):
             # A new segment whose rows are all valid (a load): a prefix, known without a bitmap.
-            new.add(None, part, seq, BitMap(), len(run), len(run))
+            new.add(None, part, seq, BitMap(), count, count)
             continue
         # The segment's holes in [0, universe) change, not its valid offsets: a commit costs what it changes.
         holes, universe = cache.holes(before) if before is not None else (BitMap(), 0)
-        if len(run):
-            offsets = run & rowid.MAX_OFFSET
-            top = int(offsets.max()) + 1
+        if count:
             if top > universe:  # rows past the universe become valid: the ones between them are holes
                 holes.add_range(universe, top)
                 universe = top
-            holes.difference_update(bitmap.of(offsets))
+            holes.difference_update(more if more is not None else bitmap.of(run & rowid.MAX_OFFSET))
         gone = gone & rowid.MAX_OFFSET
         holes |= bitmap.of(gone[gone < universe])  # an offset past the universe is not valid already
-        new.add(before, part, seq, holes, universe, len(run) + len(gone))
+        new.add(before, part, seq, holes, universe, count + len(gone))
     return rows + [_bitmap_row(*r) for r in new.write(layout.bitmap_path())]
 
 
@@ -280,7 +287,8 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
     """:func:`run_inline` of a large commit in bounded memory. One pass parts its records by sets of buckets into
     local scratch files (:class:`~bitlake.engine.write.spill.Spill`), reading two of its files at a time; then each
     group is folded alone and its buckets' key-store files are written, which hold all of those buckets' rows:
-    only the row ids that become valid and the events of every group are kept until the segments are written."""
+    only the offsets that become valid (a bitmap a segment) and the events of every group are kept until the
+    segments are written."""
     meta = state.metadata
     groups = min(-(-sum(b.records for b in batches) // SPILL_GROUP_RECORDS), meta.num_buckets)
     group_of_bucket = np.arange(meta.num_buckets) * groups // meta.num_buckets
@@ -290,7 +298,8 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
     # overlap (sets of buckets), and RocksDB's compaction merges them after the commit.
     stage = index is not None and stages(sum(b.records for b in batches))
     counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
-    until, valid, added, replaced = [], [], [], []
+    until, added, replaced = [], [], []
+    valid: dict[int, BitMap] = {}  # the offsets that become valid, by segment
     with Spill(groups) as parts:
         for table in ordered_map(lambda source: source(), sources, ahead=2):
             parts.add(table, group_of_bucket[table.column(keystore.BUCKET).to_numpy()])
@@ -302,7 +311,9 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
             del piece
             counts += folded.counts
             until.append(folded.until)
-            valid.append(folded.valid)
+            for seg, run in _segment_runs(_sorted(folded.valid)).items():
+                offsets = bitmap.of(run & rowid.MAX_OFFSET)
+                valid[seg] = valid[seg] | offsets if seg in valid else offsets
             if stage and folded.keystore_rows.num_rows:
                 index.stage(folded.keystore_rows, version)
             if folded.keystore_rows.num_rows:
@@ -311,7 +322,7 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
                                                    lambda path: keycache.CACHE.rows(io, path, meta))
                 added += a
                 replaced += r
-    seg_out = write_segments(io, state.segments, pa.concat_tables(until), valid, meta.prop("bitmap.deltas"))
+    seg_out = write_segments(io, state.segments, pa.concat_tables(until), (), meta.prop("bitmap.deltas"), valid)
     keycache.CACHE.forget(io, replaced)
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
     return assemble(state, batches, seg_out, added, replaced, batch_counts)
