@@ -102,17 +102,10 @@ def protected_start(io: FileIO, state: TableState, since_s: float) -> int:
     earliest = state_mod.earliest_version(io)
     if window <= earliest:
         return window
-    since_ms = since_s * 1000
-    lo, hi = earliest, window  # the newest version committed at or before since_ms (commit times increase)
-    if commitlog.read(io, lo).timestamp_ms > since_ms:
+    since_ms = int(since_s * 1000)  # commit times are whole milliseconds: the same comparisons
+    if commitlog.read(io, earliest).timestamp_ms > since_ms:
         return earliest
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if commitlog.read(io, mid).timestamp_ms <= since_ms:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    return commitlog.last_at_or_before(io, earliest, window, since_ms)
 
 
 def expired_log(io: FileIO, state: TableState, start: int, old, dry_run: bool) -> list[str]:

@@ -75,6 +75,18 @@ def list_versions(io: FileIO) -> list[int]:
     return [int(n[:-5]) for n in io.listdir(layout.COMMITS_DIR) if n.endswith(".json") and n[:-5].isdigit()]
 
 
+def last_at_or_before(io: FileIO, lo: int, hi: int, ms: int) -> int:
+    """The newest of versions ``lo`` to ``hi`` committed at or before ``ms``, given that ``lo`` was: a binary
+    search, as commit times strictly increase."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if read(io, mid).timestamp_ms <= ms:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def now_ms(previous_ms: int) -> int:
     """Commit timestamps strictly increase, so ``as_of`` a time names exactly one version."""
     return max(int(time.time() * 1000), previous_ms + 1)

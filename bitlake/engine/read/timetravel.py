@@ -53,15 +53,7 @@ def resolve_version(io: FileIO, latest: int, version: int | None = None, as_of: 
             raise VersionExpiredError(f"{tname} {as_of} is before the retention window: the table keeps versions "
                                       f"from {earliest}, committed at {when}")
         raise VersionNotFoundError(f"{tname} {as_of} is before the table's first commit at {when}")
-    # Commit timestamps strictly increase, so the answer is a binary search over the versions.
-    lo, hi = earliest, latest
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if commitlog.read(io, mid).timestamp_ms <= target:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    return commitlog.last_at_or_before(io, earliest, latest, target)
 
 
 def first_at_or_after(io: FileIO, latest: int, when: Any, what: str = "starting_timestamp") -> int:
