@@ -329,6 +329,25 @@ class Windows:
         return out
 
 
+def wait_for_health(process: subprocess.Popen, base_url: str, timeout: float = 60, interval: float = 0.1) -> None:
+    """Waits until the trigger service ``process`` started answers ``/health`` at ``base_url``; raises when it
+    exits or does not answer within ``timeout`` seconds."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"the service exited with {process.returncode}")
+        try:
+            if httpx.get(base_url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("the service did not answer /health in time")
+        time.sleep(interval)
+
+
 class TreeRss:
     """Resident set sizes of this process tree, sampled every ``interval`` seconds on a thread while it is
     entered: this process (the driver's Python), its Java descendants (Spark's JVM: in local mode the driver

@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks import core  # noqa: E402
 from bitlake.triggers.pgserver import PostgresServer, free_port  # noqa: E402
 
 SERVICE_FAULTS = ("service-kill", "postgres-crash", "terminate-connections", "postgres-restart")
@@ -93,24 +94,11 @@ class ServiceProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60) -> None:
-        import httpx
-
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--factory", "bitlake.triggers:create_app", "--host", "127.0.0.1",
              "--port", str(self.port), "--log-level", "warning", "--no-access-log"],
             env=self.env, cwd=ROOT, stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the service exited with {self.process.returncode}")
-            try:
-                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the service did not answer /health in time")
-            time.sleep(0.05)
+        core.wait_for_health(self.process, self.base_url, timeout, interval=0.05)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -130,15 +118,27 @@ def _terminate(server: PostgresServer, where: str) -> int:
     return len(rows)
 
 
-def _fault_loop(kinds: tuple[str, ...], every: float, stop: threading.Event, act: Callable[[str], None],
-                faults: list[Fault]) -> None:
-    i = 0
-    while not stop.wait(every):
-        fault = Fault(kinds[i % len(kinds)], time.monotonic())
-        act(fault.kind)
-        fault.ended = time.monotonic()
-        faults.append(fault)
-        i += 1
+def _inject(kinds: tuple[str, ...], every: float, seconds: float, act: Callable[[str], None]) -> list[Fault]:
+    """Faults of ``kinds`` in turn, one every ``every`` seconds (``act`` makes one), on a thread, for ``seconds``
+    (a fault under way then ends first); returns them."""
+    faults: list[Fault] = []
+    stop = threading.Event()
+
+    def loop() -> None:
+        i = 0
+        while not stop.wait(every):
+            fault = Fault(kinds[i % len(kinds)], time.monotonic())
+            act(fault.kind)
+            fault.ended = time.monotonic()
+            faults.append(fault)
+            i += 1
+
+    thread = threading.Thread(target=loop, name="faults")
+    thread.start()
+    time.sleep(seconds)
+    stop.set()
+    thread.join()
+    return faults
 
 
 # ------------------------------------------------------------------------------------------ the service
@@ -172,7 +172,7 @@ def soak_service(*, producers: int = 3, consumers: int = 2, tables: int = 3, sec
         service.start()
         names = [f"soak.t{i}" for i in range(tables)]
         retry = Retry(deadline=retry_seconds, backoff=0.05, max_backoff=1.0)  # 0: no retries (to compare)
-        stop_producing, stop_faults = threading.Event(), threading.Event()
+        stop_producing = threading.Event()
         calls: list[Call] = []
         registered: dict[tuple, int] = {}  # (table, partition, snapshot id) -> event id answered
         answers = {"created": 0, "existing": 0}
@@ -278,17 +278,12 @@ def soak_service(*, producers: int = 3, consumers: int = 2, tables: int = 3, sec
             else:
                 raise ValueError(kind)
 
-        injected: list[Fault] = []
         threads = [threading.Thread(target=produce, args=(p,), name=f"producer-{p}") for p in range(producers)]
         threads += [threading.Thread(target=consume, args=(c,), name=f"consumer-{c}") for c in range(consumers)]
-        fault_thread = threading.Thread(target=_fault_loop, args=(faults, fault_every, stop_faults, act, injected))
         t0 = time.monotonic()
         for t in threads:
             t.start()
-        fault_thread.start()
-        time.sleep(seconds)
-        stop_faults.set()
-        fault_thread.join()
+        injected = _inject(faults, fault_every, seconds, act)
         stop_producing.set()
         for t in threads[:producers]:
             t.join()
@@ -393,7 +388,7 @@ def soak_mirror(*, writers: int = 2, rows: int = 2000, seconds: float = 30.0, fa
             conn.execute("CREATE TABLE soak (id int PRIMARY KEY, v bigint NOT NULL, note text)")
             conn.execute("INSERT INTO soak SELECT i, 0, 'row ' || i FROM generate_series(1, %s) i", (rows,))
         path = str(work / "soak")
-        stop_writing, stop_faults, stop_mirror = threading.Event(), threading.Event(), threading.Event()
+        stop_writing, stop_mirror = threading.Event(), threading.Event()
         errors: list[str] = []
         steps: list[tuple[float, int]] = []  # (time, changes) of each mirror step that applied changes
         transactions = [0]
@@ -449,18 +444,13 @@ def soak_mirror(*, writers: int = 2, rows: int = 2000, seconds: float = 30.0, fa
             else:
                 raise ValueError(kind)
 
-        injected: list[Fault] = []
         threads = [threading.Thread(target=write, args=(w,), name=f"writer-{w}") for w in range(writers)]
         mirror_thread = threading.Thread(target=run_mirror, name="mirror")
-        fault_thread = threading.Thread(target=_fault_loop, args=(faults, fault_every, stop_faults, act, injected))
         t0 = time.monotonic()
         mirror_thread.start()
         for t in threads:
             t.start()
-        fault_thread.start()
-        time.sleep(seconds)
-        stop_faults.set()
-        fault_thread.join()
+        injected = _inject(faults, fault_every, seconds, act)
         stop_writing.set()
         for t in threads:
             t.join()

@@ -172,20 +172,7 @@ class Service:
         self.process = subprocess.Popen(self.command, env=env, cwd=ROOT)
 
     def wait_ready(self, timeout: float = 60) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the service exited with {self.process.returncode}")
-            try:
-                if httpx.get(self.base_url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the service did not answer /health in time")
-            time.sleep(0.1)
+        core.wait_for_health(self.process, self.base_url, timeout)
 
     def stop(self) -> None:
         self.process.terminate()
