@@ -70,6 +70,16 @@ def lsn_text(value: int) -> str:
     return f"{value >> 32:X}/{value & 0xFFFFFFFF:X}"
 
 
+_WAL_BATCH = re.compile(r"wal-(?P<slot>.+)-(?P<end>[0-9a-f]{16})(?P<piece>-part\d+)?")
+
+
+def wal_batch(batch_id: str) -> tuple[str, int, bool] | None:
+    """The slot and end LSN of a change batch the mirror named (``wal-<slot>-<end LSN>``), and whether it is a
+    piece a TRUNCATE split the step into (not its last); None for any other batch id."""
+    m = _WAL_BATCH.fullmatch(batch_id)
+    return (m["slot"], int(m["end"], 16), m["piece"] is not None) if m is not None else None
+
+
 _TYPES: dict[str, pa.DataType] = {
     "bigint": pa.int64(), "integer": pa.int32(), "smallint": pa.int16(), "boolean": pa.bool_(),
     "text": pa.string(), "character varying": pa.string(), "character": pa.string(), "uuid": pa.string(),
@@ -277,9 +287,8 @@ class PostgresMirror:
 
     def committed_lsn(self) -> int | None:
         """The end LSN of the last committed change batch (None: none yet)."""
-        prefix = f"wal-{self.slot}-"
-        ends = [int(b.batch_id[len(prefix):], 16) for b in self.table.refresh().parts.values()
-                if b.batch_id.startswith(prefix) and "-part" not in b.batch_id[len(prefix):]]
+        steps = [wal_batch(b.batch_id) for b in self.table.refresh().parts.values()]
+        ends = [end for slot, end, piece in filter(None, steps) if slot == self.slot and not piece]
         return max(ends) if ends else None
 
     def _wait_for_slot(self, pid: int | None) -> None:

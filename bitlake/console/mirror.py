@@ -1,6 +1,6 @@
 """The console's mirror page: how far a PostgreSQL mirror (bitlake.mirror, docs/cdc.md) has applied its source,
 read from the table alone. The mirror names its batches ``snapshot-<slot>`` and ``wal-<slot>-<end LSN in 16 hex
-digits>`` (``-part<i>`` for the pieces a TRUNCATE splits a step into), and commits each as it applies it: so
+digits>`` (:func:`bitlake.mirror.wal_batch`), and commits each as it applies it: so
 the last applied LSN, when it was applied, and the rates of the recent steps are in the snapshot's batches and
 their commits. How many bytes of WAL the source has beyond it needs the source: the mirror's own progress
 (``bitlake mirror``'s log) says it."""
@@ -8,15 +8,13 @@ their commits. How many bytes of WAL the source has beyond it needs the source: 
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 
 import bitlake
 from bitlake.console.lake import when
 from bitlake.format import commitlog
-from bitlake.mirror import LSN_COLUMN, lsn_text
+from bitlake.mirror import LSN_COLUMN, lsn_text, wal_batch
 
-_WAL = re.compile(r"wal-(?P<slot>.+)-(?P<end>[0-9a-f]{16})(?:-part\d+)?$")
 RECENT = 20  # the steps the rates are measured over
 
 
@@ -46,9 +44,9 @@ def status(t: bitlake.Table) -> MirrorStatus | None:
         return None
     steps = []
     for b in state.parts.values():
-        m = _WAL.match(b.batch_id)
-        if m is not None and b.live_version is not None:
-            steps.append((b.live_version, int(m["end"], 16), m["slot"], b.batch_id))
+        wal = wal_batch(b.batch_id)
+        if wal is not None and b.live_version is not None:
+            steps.append((b.live_version, wal[1], wal[0], b.batch_id))
     if not steps:
         return None
     steps.sort()
