@@ -114,9 +114,14 @@ def table_schema(source: pa.Schema) -> pa.Schema:
 def load_base(path: Path) -> pa.Table:
     raw = pq.read_table(path)
     schema = table_schema(raw.schema)
+    return pa.Table.from_arrays(base_columns(raw, schema), schema=schema)
+
+
+def base_columns(raw: pa.Table | pa.RecordBatch, schema: pa.Schema) -> list:
+    """The generator's ``raw`` rows as the columns of ``schema`` (:func:`table_schema`): cast, delta 0."""
     columns = [raw.column(f.name).cast(f.type) for f in schema if f.name != DELTA]
     columns.append(pa.array(np.zeros(raw.num_rows, dtype=np.int32)))
-    return pa.Table.from_arrays(columns, schema=schema)
+    return columns
 
 
 def fresh_work(name: str) -> Path:

@@ -17,7 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -71,9 +70,7 @@ def stream(path: Path, schema: pa.Schema):
     # Row group by row group: ParquetFile.iter_batches buffers ahead of its consumer (1.25 GB of pyarrow's memory
     # while 30 M rows of SF 10 pass through it, on pyarrow 26), which would be the input's memory, not the load's.
     for b in (b for i in range(source.num_row_groups) for b in source.read_row_group(i).to_batches(65_536)):
-        columns = [b.column(f.name).cast(f.type) for f in schema if f.name != core.DELTA]
-        columns.append(pa.array(np.zeros(b.num_rows, dtype=np.int32)))
-        yield pa.RecordBatch.from_arrays(columns, schema=schema)
+        yield pa.RecordBatch.from_arrays(core.base_columns(b, schema), schema=schema)
 
 
 def measure(sf: float) -> dict:
