@@ -5,6 +5,7 @@ written; bad input is refused with nothing committed."""
 from __future__ import annotations
 
 import dataclasses
+
 import pyarrow as pa
 import pytest
 

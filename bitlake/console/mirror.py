@@ -44,9 +44,9 @@ def status(t: bitlake.Table) -> MirrorStatus | None:
         return None
     steps = []
     for b in state.parts.values():
-        wal = wal_batch(b.batch_id)
-        if wal is not None and b.live_version is not None:
-            steps.append((b.live_version, wal[1], wal[0], b.batch_id))
+        named = wal_batch(b.batch_id)
+        if named is not None and b.live_version is not None:
+            steps.append((b.live_version, named[1], named[0], b.batch_id))
     if not steps:
         return None
     steps.sort()
