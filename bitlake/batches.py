@@ -84,9 +84,10 @@ def check_batch_id(batch_id: str | None) -> str:
 def check_same_records(state: TableState, batch_id: str, records_digest: str | None) -> None:
     """Raises :class:`BatchIdReusedError` when ``batch_id`` committed with records whose digest differs from
     ``records_digest`` (nothing is checked when either is unknown: a Spark DataFrame's batch, a table before
-    digests)."""
+    digests; nor when they were taken by different algorithms: :func:`input_digest` takes the committed one's)."""
     b = state.batch(batch_id)
-    if b is None or b.digest is None or records_digest is None or b.digest == records_digest:
+    if b is None or b.digest is None or records_digest is None or b.digest == records_digest \
+            or digest.algorithm_of(b.digest) != digest.algorithm_of(records_digest):
         return
     raise BatchIdReusedError(
         f"batch {batch_id!r} was committed at version {b.landed_version} with other records: a committed batch "
@@ -95,13 +96,14 @@ def check_same_records(state: TableState, batch_id: str, records_digest: str | N
         f"ingest the new records under a new batch id")
 
 
-def input_digest(data: Any, meta: TableMetadata, op_column: str | None) -> str | None:
-    """The digest ``data`` would land with (:func:`landing_of`), read from it; None for a Spark DataFrame or
-    input that is not Arrow's (which landing refuses)."""
+def input_digest(data: Any, meta: TableMetadata, op_column: str | None, algorithm: str = digest.ALGORITHM
+                 ) -> str | None:
+    """The digest of ``data``'s records by ``algorithm`` (:func:`landing_of` lands them with the newest), read from
+    it; None for a Spark DataFrame, input that is not Arrow's (which landing refuses) or an unknown algorithm."""
     reader = conform.arrow_input(data)
-    if reader is None:
+    if reader is None or algorithm not in digest.STREAM_HASHES:
         return None
-    d = digest.Digest()
+    d = digest.Digest(algorithm)
     for b in conform.conformed(reader, meta, op_column):
         d.update(b)
     return d.hexdigest()
@@ -295,7 +297,7 @@ def write(tx: Transaction, data: Any, *, op_column: str | None, batch_id: str | 
     if done is not None:
         b = state.batch(batch_id)
         if b is not None and b.digest is not None and not _is_spark_dataframe(data):
-            check_same_records(state, batch_id, input_digest(data, meta, op_column))
+            check_same_records(state, batch_id, input_digest(data, meta, op_column, digest.algorithm_of(b.digest)))
         return done
     land_fn = landing_of(data, meta, op_column)  # checks the input before anything is written
     # The batch's MetaGen needs its records' keys, not its files: it runs while the files are written.

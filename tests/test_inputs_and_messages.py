@@ -115,7 +115,7 @@ def test_a_pending_batch_id_and_a_replaced_one_compare_their_records(table):
 def test_the_digest_is_recorded_and_a_table_without_one_keeps_the_no_op(table):
     table.ingest(rows([1], ["a"], [1]), batch_id="b1")
     b = table.refresh().batch("b1")
-    assert b.digest.startswith("sha256-columns-v1:")
+    assert b.digest.startswith("xxh3-128-columns-v2:")
     # A batch committed before digests (or from a Spark DataFrame) has none: its id stays a no-op.
     import dataclasses
 
@@ -125,9 +125,24 @@ def test_the_digest_is_recorded_and_a_table_without_one_keeps_the_no_op(table):
     state = table.refresh()
     old = dataclasses.replace(state, parts={**state.parts, b.part: dataclasses.replace(b, digest=None)})
     assert isinstance(old, TableState)
-    check_same_records(old, "b1", "sha256-columns-v1:other")  # no error
+    check_same_records(old, "b1", "xxh3-128-columns-v2:other")  # no error
     with pytest.raises(bitlake.BatchIdReusedError):
-        check_same_records(state, "b1", "sha256-columns-v1:other")
+        check_same_records(state, "b1", "xxh3-128-columns-v2:other")
+
+
+def test_a_batch_digested_by_an_older_writer_is_compared_by_its_algorithm(table, monkeypatch):
+    """A batch committed by a writer of ``sha256-columns-v1`` digests: a retry of its records is digested that way,
+    a no-op for the same records and refused for others."""
+    from bitlake.engine.write import digest
+
+    newest = digest.Digest
+    with monkeypatch.context() as m:  # an older writer
+        m.setattr(digest, "Digest", lambda algorithm="sha256-columns-v1": newest(algorithm))
+        table.ingest(rows([1], ["a"], [1]), batch_id="b1")
+    assert table.refresh().batch("b1").digest.startswith("sha256-columns-v1:")
+    assert not table.ingest(rows([1], ["a"], [1]), batch_id="b1").committed
+    with pytest.raises(bitlake.BatchIdReusedError, match="'b1'"):
+        table.ingest(rows([1], ["other"], [1]), batch_id="b1")
 
 
 def test_the_digest_depends_on_the_records_not_on_their_chunks():
@@ -260,6 +275,8 @@ def test_the_digest_is_what_docs_format_says():
     import hashlib
     import struct
 
+    import xxhash
+
     from bitlake.engine.write.digest import Digest
 
     t = pa.table({"id": pa.array([1, 2, 3], pa.int64()), "name": pa.array(["ab", None, "c"])})
@@ -269,13 +286,15 @@ def test_the_digest_is_what_docs_format_says():
         "name\0lengths": struct.pack("<qq", 2, 1),
         "name\0nulls": struct.pack("<q", 1),
     }
-    top = hashlib.sha256(b"sha256-columns-v1")
-    for name in sorted(streams, key=lambda n: n.encode()):
-        top.update(name.encode() + b"\0" + hashlib.sha256(streams[name]).digest())
-    d = Digest()
-    for b in t.to_batches(max_chunksize=2):
-        d.update(b)
-    assert d.hexdigest() == "sha256-columns-v1:" + top.hexdigest()
+    for algorithm, stream_hash in [("xxh3-128-columns-v2", lambda b: xxhash.xxh3_128(b).digest()),
+                                   ("sha256-columns-v1", lambda b: hashlib.sha256(b).digest())]:
+        top = hashlib.sha256(algorithm.encode())
+        for name in sorted(streams, key=lambda n: n.encode()):
+            top.update(name.encode() + b"\0" + stream_hash(streams[name]))
+        d = Digest(algorithm)
+        for b in t.to_batches(max_chunksize=2):
+            d.update(b)
+        assert d.hexdigest() == f"{algorithm}:{top.hexdigest()}"
 
 
 def test_converting_a_delta_table_without_deltalake_names_the_extra(tmp_path, monkeypatch):

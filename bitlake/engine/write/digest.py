@@ -7,6 +7,10 @@ was cut into record batches, nor on the files the landing writes. Each column is
 (a list's lengths and its values, a struct's fields), and each stream feeds a SHA-256 with its null positions
 and its non-null values in a fixed binary form; a column without a non-null value is left out, so an omitted
 nullable column and an all-null one are the same records.
+
+Streams are hashed with XXH3-128 (``xxh3-128-columns-v2``, what bitlake writes): a digest costs a fraction of the
+landing's encoding, where SHA-256 cost a fifth of a load's CPU (docs/benchmarks.md, "Design measurements"). Digests
+of ``sha256-columns-v1`` (older writers) are still compared, by digesting a retry's records the same way.
 """
 
 from __future__ import annotations
@@ -19,8 +23,11 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
-ALGORITHM = "sha256-columns-v1"
+# Each algorithm's hash of a stream; the top hash, over the streams' names and hashes, is SHA-256 for all.
+STREAM_HASHES = {"xxh3-128-columns-v2": xxhash.xxh3_128, "sha256-columns-v1": hashlib.sha256}
+ALGORITHM = "xxh3-128-columns-v2"
 _QUEUED_BATCHES = 16
 
 
@@ -28,8 +35,10 @@ class Digest:
     """A running digest of conformed record batches; :meth:`over` passes them through while a thread of its own
     feeds them (SHA-256, NumPy and Arrow release the GIL), so the landing does not wait for the hashing."""
 
-    def __init__(self) -> None:
-        self._hashes: dict[str, hashlib._Hash] = {}
+    def __init__(self, algorithm: str = ALGORITHM) -> None:
+        self.algorithm = algorithm
+        self._new_hash = STREAM_HASHES[algorithm]
+        self._hashes: dict = {}
         self._seen: dict[str, int] = {}  # values fed to a stream so far (nulls included): where its next one sits
         self._valued: set[str] = set()  # columns with a non-null value
         self._thread: threading.Thread | None = None
@@ -64,22 +73,22 @@ class Digest:
             self._feed(name, column)
 
     def hexdigest(self) -> str:
-        """``sha256-columns-v1:`` and the hex SHA-256 of each valued column's streams, by name."""
+        """The algorithm's name, ``:`` and the hex SHA-256 of each valued column's streams' hashes, by name."""
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         if self._failed is not None:
             raise self._failed
-        top = hashlib.sha256(ALGORITHM.encode())
+        top = hashlib.sha256(self.algorithm.encode())
         for stream in sorted(self._hashes):
             if stream.split("\0", 1)[0] in self._valued:
                 top.update(stream.encode() + b"\0" + self._hashes[stream].digest())
-        return f"{ALGORITHM}:{top.hexdigest()}"
+        return f"{self.algorithm}:{top.hexdigest()}"
 
-    def _hash(self, stream: str) -> hashlib._Hash:
+    def _hash(self, stream: str):
         h = self._hashes.get(stream)
         if h is None:
-            h = self._hashes[stream] = hashlib.sha256()
+            h = self._hashes[stream] = self._new_hash()
         return h
 
     def _feed(self, stream: str, a: pa.Array) -> None:
@@ -87,20 +96,20 @@ class Digest:
         self._seen[stream] = start + len(a)
         if a.null_count:
             nulls = pc.indices_nonzero(a.is_null()).to_numpy().astype(np.int64) + start
-            self._hash(stream + "\0nulls").update(nulls.tobytes())
+            self._hash(stream + "\0nulls").update(nulls)
             a = a.drop_null()
         if not len(a):
             return
         t = a.type
         h = self._hash(stream)
         if pa.types.is_boolean(t):
-            h.update(pc.cast(a, pa.uint8()).to_numpy(zero_copy_only=False).tobytes())
+            h.update(pc.cast(a, pa.uint8()).to_numpy(zero_copy_only=False))
         elif pa.types.is_string(t) or pa.types.is_binary(t) or pa.types.is_large_string(t) \
                 or pa.types.is_large_binary(t):
             wide = pa.types.is_large_string(t) or pa.types.is_large_binary(t)
             offsets = np.frombuffer(a.buffers()[1], dtype=np.int64 if wide else np.int32, count=len(a) + 1,
                                     offset=a.offset * (8 if wide else 4))
-            self._hash(stream + "\0lengths").update(np.diff(offsets).astype(np.int64).tobytes())
+            self._hash(stream + "\0lengths").update(np.diff(offsets).astype(np.int64, copy=False))
             data = a.buffers()[2]
             if data is not None:
                 h.update(memoryview(data)[int(offsets[0]):int(offsets[-1])])
@@ -109,7 +118,7 @@ class Digest:
                 self._feed(f"{stream}\0.{field.name}", a.field(i))
         elif pa.types.is_list(t) or pa.types.is_large_list(t):
             self._hash(stream + "\0lengths").update(
-                pc.list_value_length(a).cast(pa.int64()).to_numpy().tobytes())
+                pc.list_value_length(a).cast(pa.int64()).to_numpy())
             self._feed(f"{stream}\0[]", a.flatten())
         elif (width := _byte_width(t)) and len(a.buffers()) == 2 and a.buffers()[1] is not None:
             h.update(memoryview(a.buffers()[1])[a.offset * width:(a.offset + len(a)) * width])
@@ -117,6 +126,11 @@ class Digest:
             for value in a.to_pylist():
                 text = repr(value).encode()
                 h.update(len(text).to_bytes(8, "little") + text)
+
+
+def algorithm_of(digest: str) -> str:
+    """The algorithm a digest was taken by: its text before the first ``:``."""
+    return digest.split(":", 1)[0]
 
 
 def _byte_width(t: pa.DataType) -> int:
