@@ -6,9 +6,12 @@ The run (every figure against a baseline measured in the same run):
 1. the core benchmark's table (``benchmarks/core.py``): the base, then change batches of 0.1 %, 1 % and 10 %
    (95 % updates of random keys), each ingested on the driver path, its wall time and the bytes it wrote
    recorded, and the batch alone written as one Parquet file (its size: the batch as Parquet);
-2. on a copy of that table each: ``revert_batch`` of the 0.1 % and of the 1 % batch, and ``replace_batch`` of
-   each with its records corrected (``l_quantity + 1`` again): wall time against the batch's own ingestion,
-   bytes written against the batch as Parquet, data files rewritten (must be 0);
+2. on a copy of that table each (synced to disk first; one path an operation, so that the runs after the first
+   find its key-store files in this process's key cache): ``revert_batch`` of the 0.1 % and of the 1 % batch, and
+   ``replace_batch`` of each with its records corrected (``l_quantity + 1`` again): wall time against the batch's
+   own ingestion (in step 1, on the table whose key index the load left open) and against a new batch of the same
+   size ingested on a copy the same way (the commit opens the copy's key index, as a restatement's does), bytes
+   written against the batch as Parquet, data files rewritten (must be 0); ``--restate-only`` stops here;
 3. ``delete`` and ``update`` (``l_quantity + 1``) of the rows with ``l_partkey <= N`` (0.1 % of the rows,
    spread over every file), by a pyarrow expression, against delta-rs ``delete`` / ``update`` and lance
    ``delete`` / ``update`` (deletion files) of the same predicate, each on a fresh copy: wall time and bytes
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
+import os
 import shutil
 import sys
 import time
@@ -86,10 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--no-doc", action="store_true")
+    ap.add_argument("--restate-only", action="store_true",
+                    help="steps 1 and 2 only (ingestion, revert and replace; a minute at SF 1): prints them and saves "
+                         "benchmarks/results/restatement-restate-<date>-sf<sf>.json, docs/benchmarks.md untouched")
     args = ap.parse_args(argv)
     sf = args.scale_factor
     work = core.fresh_work(f"restatement-sf{sf_text(sf)}")
-    spark = bitlake.spark_session("local[2]", app_name="bitlake-bench-restatement")
     result: dict = {"scale_factor": sf, "date": dt.date.today().isoformat(), "machine": core.machine()}
 
     base = core.load_base(core.lineitem(sf))
@@ -111,16 +118,24 @@ def main(argv: list[str] | None = None) -> int:
         result["batches"][name] = m
         log(f"ingest {name}: {m['seconds']:.2f} s, {mb(m['bytes'])}")
 
-    # 2. revert and replace, each on its own copy.
-    result["restate"] = {}
+    # 2. revert and replace, each on its own copy; and, as a baseline in the same conditions (a copy, its key index
+    # opened by the commit, the key cache of the copy's path cold at the first run), a new batch of the same size
+    # ingested on a copy.
+    result["restate"], result["copy_ingest"] = {}, {}
+    fresh = {name: maker.make(len(FRACTIONS) + k, fraction)[0]
+             for k, (name, fraction) in enumerate(FRACTIONS[:2], start=1)}
     for k, (name, _) in enumerate(FRACTIONS[:2], start=1):
-        for op in ("revert", "replace"):
+        for op in ("ingest", "revert", "replace"):
             tries = []
             for _ in range(args.runs):  # each on a fresh copy; the median wall time
                 path = work / f"{op}-{k}"
                 shutil.copytree(main_path, path)
+                os.sync()  # the copy's writeback is not the restatement's: its commit's fsyncs would wait on it
                 copy = bitlake.open_table(str(path))
-                if op == "revert":
+                if op == "ingest":
+                    tries.append(measure(path, lambda c=copy, b=fresh[name]: c.ingest(b, op_column=OP,
+                                                                                       batch_id="fresh")))
+                elif op == "revert":
                     tries.append(measure(path, lambda c=copy, k=k: c.revert_batch(f"b{k}")))
                 else:
                     fixed = corrected(batches[name])
@@ -128,14 +143,31 @@ def main(argv: list[str] | None = None) -> int:
                                                                                             op_column=OP)))
                 shutil.rmtree(path)
             m = sorted(tries, key=lambda x: x["seconds"])[len(tries) // 2]
+            m["runs_s"] = [x["seconds"] for x in tries]
+            if op == "ingest":
+                result["copy_ingest"][name] = m
+                runs = ", ".join(f"{x:.2f}" for x in m["runs_s"])
+                log(f"ingest {name} on a copy: {m['seconds']:.2f} s (runs {runs})")
+                continue
             own = result["batches"][name]
             m["vs_ingest_time"] = m["seconds"] / own["seconds"]
+            m["vs_copy_ingest_time"] = m["seconds"] / result["copy_ingest"][name]["seconds"]
             m["vs_batch_parquet_bytes"] = m["bytes"] / own["parquet_bytes"]
             result["restate"][f"{op} {name}"] = m
-            log(f"{op} {name}: {m['seconds']:.2f} s ({m['vs_ingest_time']:.2f}x its ingestion), {mb(m['bytes'])} "
-                f"({m['vs_batch_parquet_bytes']:.2f}x the batch as Parquet), {m['data_files_added']} data files")
+            log(f"{op} {name}: {m['seconds']:.2f} s ({m['vs_ingest_time']:.2f}x its ingestion, "
+                f"{m['vs_copy_ingest_time']:.2f}x a batch of its size on a copy), {mb(m['bytes'])} "
+                f"({m['vs_batch_parquet_bytes']:.2f}x the batch as Parquet), {m['data_files_added']} data files "
+                f"(runs {', '.join(f'{x:.2f}' for x in m['runs_s'])})")
+
+    if args.restate_only:
+        out = core.RESULTS_DIR / f"restatement-restate-{result['date']}-sf{sf_text(sf)}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2, default=str))
+        log(f"results: {out}")
+        return 0
 
     # 3. delete and update of 0.1 % of the rows, spread over every file; each system on a fresh copy.
+    spark = bitlake.spark_session("local[2]", app_name="bitlake-bench-restatement")
     import deltalake
     import lance
 
@@ -233,7 +265,9 @@ def markdown(r: dict) -> str:
         lines.append(f"| ingest {name} ({b['rows']:,} records) | {b['seconds']:.2f} s | 1 | {mb(b['bytes'])} | "
                      f"{b['bytes'] / b['parquet_bytes']:.2f} | {b['data_files_added']} / {b['data_files_removed']} |")
     for name, m in r["restate"].items():
-        lines.append(f"| {name} | {m['seconds']:.2f} s | {m['vs_ingest_time']:.2f} | {mb(m['bytes'])} | "
+        on_copy = f" ({m['vs_copy_ingest_time']:.2f} against a batch of its size on a copy)" \
+            if "vs_copy_ingest_time" in m else ""
+        lines.append(f"| {name} | {m['seconds']:.2f} s | {m['vs_ingest_time']:.2f}{on_copy} | {mb(m['bytes'])} | "
                      f"{m['vs_batch_parquet_bytes']:.2f} | {m['data_files_added']} / {m['data_files_removed']} |")
     tomb = r["tombstone"]
     vac = r["vacuum"]

@@ -145,10 +145,9 @@ def _touched_keys(io: FileIO, state: TableState, touched: pa.Table, gone: pa.Tab
     meta = state.metadata
     pk = list(meta.primary_key)
     distinct = touched.take(pa.array(key_codes(touched, pk)[1]))
-    history = _records(io, meta, *_files_of(state, later), [b.part for b in later], purged)
-    if history.num_rows:
-        schema = datafile.keys_schema(meta)
-        history = history.join(distinct.select(pk), keys=pk, join_type="left semi").select(schema.names).cast(schema)
+    history = _records(io, meta, *_files_of(state, later), [b.part for b in later], purged, distinct.select(pk))
+    schema = datafile.keys_schema(meta)
+    history = history.select(schema.names).cast(schema)  # a join's output may not say which columns have no nulls
     records = pa.concat_tables([history, added]).combine_chunks()
 
     # One numbering of the keys: key_codes numbers the distinct ones 0..nd-1, which the records and the gone
@@ -315,18 +314,34 @@ def _files_of(state: TableState, batches: list[BatchState]) -> tuple[list[DataFi
 
 
 def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files: list[KeysFile],
-             parts: list[int], purged: pa.Table | None = None) -> pa.Table:
+             parts: list[int], purged: pa.Table | None = None, of_keys: pa.Table | None = None) -> pa.Table:
     """The records of the batches of ``parts`` (keys-file rows): upserts from the data files holding them, deletes
-    from their keys files, and those of ``purged`` (records whose rows a vacuum erased)."""
-    reads = [(datafile.read_upserts, f.path) for f in files] + [(datafile.read_deletes, k.path) for k in keys_files]
-    tables = thread_map(lambda r: r[0](io, r[1], meta), reads)
+    from their keys files, and those of ``purged`` (records whose rows a vacuum erased). ``of_keys`` (key
+    columns): only the records of those keys; the upserts of other keys are left out before they are made
+    keys-file rows (their delta values and buckets cost more than a join against a few keys)."""
+
+    def upserts(path: str) -> pa.Table:
+        rows = datafile.read_data(io, path, meta, columns=datafile.upsert_columns(meta))
+        if of_keys is not None and rows.num_rows:  # in file order: the rows at the places the join keeps
+            pk = of_keys.schema.names
+            places = rows.select(pk).append_column("_place", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+            kept = places.join(of_keys, keys=pk, join_type="left semi").column("_place").to_numpy()
+            rows = rows.take(pa.array(np.sort(kept)))
+        return datafile.keys_of(rows, meta)
+
+    reads = [(upserts, f.path) for f in files] + [(lambda p: datafile.read_deletes(io, p, meta), k.path)
+                                                  for k in keys_files]
+    tables = thread_map(lambda r: r[0](r[1]), reads)
     if purged is not None and purged.num_rows:
         tables.append(purged)
     if not tables:
         return datafile.keys_schema(meta).empty_table()
     table = pa.concat_tables(tables).combine_chunks()
     mine = np.isin(rids_of(table) >> rowid.PART_SHIFT, np.array(parts, dtype=np.int64))
-    return table if mine.all() else table.filter(pa.array(mine))
+    table = table if mine.all() else table.filter(pa.array(mine))
+    if of_keys is not None and table.num_rows:  # the deletes and purged records of other keys
+        table = table.join(of_keys, keys=of_keys.schema.names, join_type="left semi")
+    return table
 
 
 def _empty(state: TableState, new: Landed | None) -> Restatement:
