@@ -312,6 +312,8 @@ class KeyIndex:
             self.discard_staged()
         if self._staged is None:
             self._staged = (version, [])
+        if self._staged[1]:  # one staging's processes at a time: each holds its rows, and they share the cores
+            self._staged[1][-1].wait()
         self._staged[1].append(self._start_ssts(rows, f"stage-{version}-{len(self._staged[1])}"))
 
     def commit_staged(self, version: int) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -234,6 +235,7 @@ GROUP_RECORDS = 20_000_000
 # SPILL_GROUP_RECORDS: its memory is a group's, not the commit's.
 SPILL_RECORDS = 16_000_000
 SPILL_GROUP_RECORDS = 4_000_000
+_FOLDS_AT_ONCE = 2
 
 
 def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: int, index=None) -> MetaGenOutput:
@@ -300,15 +302,26 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
     counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
     until, added, replaced = [], [], []
     valid: dict[int, BitMap] = {}  # the offsets that become valid, by segment
-    with Spill(groups) as parts:
+
+    def write(rows: pa.Table) -> tuple[list, list]:
+        return keystore.write_bucket_files(io, meta, state.keystore, rows,
+                                           lambda path, rows: keycache.CACHE.written(io, path, rows, meta),
+                                           lambda path: keycache.CACHE.rows(io, path, meta))
+
+    def fold_group(g: int) -> _Folded | None:
+        piece = parts.take(g)
+        return None if piece is None else _fold_records(io, state, batches, piece, version, index)
+
+    # Groups fold two at a time on threads (each group's keys are its own; numpy and Arrow release the GIL), and a
+    # group's key-store files are written on a thread of their own while the next groups fold: one after the other,
+    # the steps took one of the machine's cores (docs/benchmarks.md, "Design measurements", "MetaGen").
+    with Spill(groups) as parts, ThreadPoolExecutor(1, thread_name_prefix="bitlake-keystore") as writer:
         for table in ordered_map(lambda source: source(), sources, ahead=2):
             parts.add(table, group_of_bucket[table.column(keystore.BUCKET).to_numpy()])
-        for g in range(groups):
-            piece = parts.take(g)
-            if piece is None:
+        writing: Future | None = None
+        for folded in ordered_map(fold_group, range(groups), ahead=_FOLDS_AT_ONCE):
+            if folded is None:
                 continue
-            folded = _fold_records(io, state, batches, piece, version, index)
-            del piece
             counts += folded.counts
             until.append(folded.until)
             for seg, run in _segment_runs(_sorted(folded.valid)).items():
@@ -316,12 +329,16 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
                 valid[seg] = valid[seg] | offsets if seg in valid else offsets
             if stage and folded.keystore_rows.num_rows:
                 index.stage(folded.keystore_rows, version)
-            if folded.keystore_rows.num_rows:
-                a, r = keystore.write_bucket_files(io, meta, state.keystore, folded.keystore_rows,
-                                                   lambda path, rows: keycache.CACHE.written(io, path, rows, meta),
-                                                   lambda path: keycache.CACHE.rows(io, path, meta))
+            if writing is not None:
+                a, r = writing.result()
                 added += a
                 replaced += r
+            writing = writer.submit(write, folded.keystore_rows) if folded.keystore_rows.num_rows else None
+            del folded
+        if writing is not None:
+            a, r = writing.result()
+            added += a
+            replaced += r
     seg_out = write_segments(io, state.segments, pa.concat_tables(until), (), meta.prop("bitmap.deltas"), valid)
     keycache.CACHE.forget(io, replaced)
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
