@@ -132,3 +132,27 @@ def test_reverts_of_histories_with_later_batches_match_the_model(name):
             shutil.rmtree(path, ignore_errors=True)
 
     run()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1, 5), st.integers(-1, 5)), max_size=40))
+def test_change_rows_are_the_difference_of_each_keys_row(pairs):
+    """restate.diff (built in place order with numpy) against the rule written out key by key."""
+    before = np.array([b for b, _ in pairs], dtype=np.int64)
+    after = np.array([a for _, a in pairs], dtype=np.int64)
+    want, counts = [], {"updated": 0, "deleted": 0, "inserted": 0}
+    for i, (b, a) in enumerate(pairs):
+        if b == a:
+            continue
+        if b != restate.NO_ROW and a != restate.NO_ROW:
+            want += [(b, "update_preimage", 2 * i), (a, "update_postimage", 2 * i + 1)]
+            counts["updated"] += 1
+        elif b != restate.NO_ROW:
+            want.append((b, "delete", 2 * i))
+            counts["deleted"] += 1
+        else:
+            want.append((a, "insert", 2 * i + 1))
+            counts["inserted"] += 1
+    changes, got_counts = restate.diff(before, after)
+    assert [tuple(r.values()) for r in changes.to_pylist()] == want
+    assert {k: got_counts[k] for k in counts} == counts and sum(got_counts.values()) == sum(counts.values())

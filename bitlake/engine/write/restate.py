@@ -276,19 +276,29 @@ def _upserts(records: pa.Table) -> np.ndarray:
 def diff(before: np.ndarray, after: np.ndarray) -> tuple[pa.Table, dict[str, int]]:
     """The change rows between each key's row before and after (``NO_ROW``: none), in key order, and counts."""
     changed = before != after
-    both = changed & (before != NO_ROW) & (after != NO_ROW)
-    only_before = changed & (before != NO_ROW) & (after == NO_ROW)
-    only_after = changed & (before == NO_ROW) & (after != NO_ROW)
-    keys = np.arange(len(before), dtype=np.int64)
-    pieces = [
-        (before[both], "update_preimage", keys[both] * 2),
-        (after[both], "update_postimage", keys[both] * 2 + 1),
-        (before[only_before], "delete", keys[only_before] * 2),
-        (after[only_after], "insert", keys[only_after] * 2 + 1),
-    ]
+    has_before, has_after = before != NO_ROW, after != NO_ROW
+    both = changed & has_before & has_after
+    only_before = changed & has_before & ~has_after
+    only_after = changed & ~has_before & has_after
+    # Built in place order (key i's rows at 2i and 2i + 1): each changed key's first row (a preimage, a delete or
+    # an insert), then the postimage of an update.
+    keys = np.flatnonzero(changed)
+    update, insert = both[keys], only_after[keys]
+    at = np.arange(len(keys)) + np.cumsum(update) - update
+    n = len(keys) + int(update.sum())
+    rids, kinds, places = np.empty(n, np.int64), np.empty(n, np.int8), np.empty(n, np.int64)
+    rids[at] = np.where(insert, after[keys], before[keys])
+    kinds[at] = np.where(update, 0, np.where(insert, 3, 2))
+    places[at] = keys * 2 + insert
+    rids[at[update] + 1], kinds[at[update] + 1], places[at[update] + 1] = after[keys[update]], 1, keys[update] * 2 + 1
+    changes = pa.table({changefile.ROW_ID: rids, changefile.CHANGE_TYPE: _CHANGE_TYPES.take(pa.array(kinds)),
+                        changefile.ORDER: places}, schema=changefile.SCHEMA)
     counts = {**dict.fromkeys(COUNTS, 0), "updated": int(both.sum()), "deleted": int(only_before.sum()),
               "inserted": int(only_after.sum())}
-    return changefile.table(*pieces), counts
+    return changes, counts
+
+
+_CHANGE_TYPES = pa.array(["update_preimage", "update_postimage", "delete", "insert"], pa.string())
 
 
 def valid_now(io: FileIO, state: TableState, rids: np.ndarray) -> np.ndarray:
