@@ -18,6 +18,7 @@ which the Spark MetaGen calls inside its tasks.
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -292,13 +293,14 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
     only the offsets that become valid (a bitmap a segment) and the events of every group are kept until the
     segments are written."""
     meta = state.metadata
-    groups = min(-(-sum(b.records for b in batches) // SPILL_GROUP_RECORDS), meta.num_buckets)
+    records = sum(b.records for b in batches)
+    groups = min(-(-records // SPILL_GROUP_RECORDS), meta.num_buckets)
     group_of_bucket = np.arange(meta.num_buckets) * groups // meta.num_buckets
     sources = [lambda b=b: b.rows for b in batches if b.rows is not None]
     sources += [lambda r=r: r[0](io, r[1], meta) for r in reads]
     # Each group stages its key-index entries while the next one folds, as key ranges do in run_inline; these runs
     # overlap (sets of buckets), and RocksDB's compaction merges them after the commit.
-    stage = index is not None and stages(sum(b.records for b in batches))
+    stage = index is not None and stages(records)
     counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
     until, added, replaced = [], [], []
     valid: dict[int, BitMap] = {}  # the offsets that become valid, by segment
@@ -312,14 +314,17 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
         piece = parts.take(g)
         return None if piece is None else _fold_records(io, state, batches, piece, version, index)
 
-    # Groups fold two at a time on threads (each group's keys are its own; numpy and Arrow release the GIL), and a
-    # group's key-store files are written on a thread of their own while the next groups fold: one after the other,
-    # the steps took one of the machine's cores (docs/benchmarks.md, "Design measurements", "MetaGen").
+    # Groups fold on threads (each group's keys are its own; numpy and Arrow release the GIL), and a group's
+    # key-store files are written on a thread of their own: one after the other, the steps took one of the
+    # machine's cores (docs/benchmarks.md, "Design measurements", "MetaGen").
     with Spill(groups) as parts, ThreadPoolExecutor(1, thread_name_prefix="bitlake-keystore") as writer:
         for table in ordered_map(lambda source: source(), sources, ahead=2):
             parts.add(table, group_of_bucket[table.column(keystore.BUCKET).to_numpy()])
-        writing: Future | None = None
-        for folded in ordered_map(fold_group, range(groups), ahead=_FOLDS_AT_ONCE):
+        # Groups of the planned size fold two at a time and a group's files are written while the next ones fold;
+        # groups larger than planned (the buckets too few for it) one after the other, in the memory of one.
+        at_once = _FOLDS_AT_ONCE if records <= groups * SPILL_GROUP_RECORDS else 1
+        writes: deque[Future] = deque()
+        for folded in ordered_map(fold_group, range(groups), ahead=at_once):
             if folded is None:
                 continue
             counts += folded.counts
@@ -329,14 +334,15 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
                 valid[seg] = valid[seg] | offsets if seg in valid else offsets
             if stage and folded.keystore_rows.num_rows:
                 index.stage(folded.keystore_rows, version)
-            if writing is not None:
-                a, r = writing.result()
+            if folded.keystore_rows.num_rows:
+                writes.append(writer.submit(write, folded.keystore_rows))
+            del folded
+            while len(writes) >= at_once or (writes and writes[0].done()):
+                a, r = writes.popleft().result()
                 added += a
                 replaced += r
-            writing = writer.submit(write, folded.keystore_rows) if folded.keystore_rows.num_rows else None
-            del folded
-        if writing is not None:
-            a, r = writing.result()
+        for w in writes:
+            a, r = w.result()
             added += a
             replaced += r
     seg_out = write_segments(io, state.segments, pa.concat_tables(until), (), meta.prop("bitmap.deltas"), valid)
