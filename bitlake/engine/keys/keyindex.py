@@ -72,6 +72,10 @@ _BOTTOM_BLOCK_BYTES = 2048
 _LOOKUP_CHUNK = 4096
 
 
+# The files waiting in RocksDB's first level past which it slows writes (twice as many: stops them).
+_STALL_FILES = 256
+
+
 def stages(records: int) -> bool:
     """Whether a commit of ``records`` records gains by staging its key-index entries (:meth:`KeyIndex.stage`):
     writing SST files costs time per entry, which processes started while the commit finishes take off its path.
@@ -199,6 +203,13 @@ class KeyIndex:
         universal.max_size_amplification_percent = 400
         options.set_universal_compaction_options(universal)
         options.set_level_zero_file_num_compaction_trigger(8)
+        # A large commit stages its entries as many overlapping files (two per group of a spilled MetaGen): at
+        # RocksDB's default triggers (20 and 36 files) they stalled the flush after the commit, which the next
+        # writer waits for, until a compaction had merged them (6 s after a TPC-H SF 10 load and after the first
+        # 1 % batch that followed; docs/benchmarks.md, "Design measurements"). The compaction runs after the
+        # commit either way; lookups meanwhile search the files' bloom filters.
+        options.set_level_zero_slowdown_writes_trigger(_STALL_FILES)
+        options.set_level_zero_stop_writes_trigger(2 * _STALL_FILES)
         options.set_keep_log_file_num(1)  # RocksDB's own info log: keep no old ones
         table = BlockBasedOptions()
         if sst == "bottom":
