@@ -89,8 +89,9 @@ BITLAKE_MODES: dict[str, dict] = {
                       "doc": "the same call with Arrow input: `t.ingest(pq.read_table(file))` (the delete batch "
                              "with an `op` column of `\"delete\"` appended by pyarrow, `op_column=\"op\"`); the "
                              "batch lands on the driver without Spark, MetaGen as for bitlake; scans: "
-                             "`to_spark` (Spark) and `t.to_arrow()` (pyarrow, the whole view read into one Arrow "
-                             "table, the selective scan filtered afterwards)"},
+                             "`to_spark` (Spark) and `t.to_batches(columns, filter)` (pyarrow: the view streamed, "
+                             "the selective scan's filter pushed down to the files as the peers' scanners take "
+                             "theirs; before 2026-11-28 22:00 UTC, `t.to_arrow()` then a filter)"},
     "bitlake-spark": {"ingest": {"inline": False}, "then_metagen": False,
                       "doc": "`t.ingest(batch, inline=False)`: MetaGen always as a Spark job (batch MetaGen)"},
     "bitlake-two-step": {"ingest": {"metagen": False}, "then_metagen": True,
@@ -419,11 +420,11 @@ class Bitlake(SparkSystem):
         return self.aggregate(self.table.to_spark(self.spark), selective)
 
     def arrow_scan(self, selective):
-        """The whole current view read on the driver (``Table.to_arrow``), aggregated by pyarrow."""
-        view = self.table.to_arrow()
-        if selective:
-            view = view.filter(month_filter_arrow())
-        return arrow_aggregate(view.to_batches(), self.schema)
+        """The current view streamed on the driver (``Table.to_batches``, the filter pushed down as the peers'
+        scanners take theirs), aggregated by pyarrow."""
+        return arrow_aggregate(self.table.to_batches(columns=self.schema.names,
+                                                     filter=month_filter_arrow() if selective else None),
+                               self.schema)
 
     def scans(self):
         """(engine, function, plain counterpart over the same data files) of this mode's scans."""
