@@ -4,7 +4,7 @@ new records under a taken id (an error), docs/FORMAT.md "Batch digest".
 It is computed over the conformed input (the table's columns and types, and the op column), column by column,
 as the records stream to the landing, so it depends on the records and their order only: not on how the input
 was cut into record batches, nor on the files the landing writes. Each column is split into value streams
-(a list's lengths and its values, a struct's fields), and each stream feeds a SHA-256 with its null positions
+(a list's lengths and its values, a struct's fields), and each stream feeds a hash with its null positions
 and its non-null values in a fixed binary form; a column without a non-null value is left out, so an omitted
 nullable column and an all-null one are the same records.
 
@@ -33,7 +33,7 @@ _QUEUED_BATCHES = 16
 
 class Digest:
     """A running digest of conformed record batches; :meth:`over` passes them through while a thread of its own
-    feeds them (SHA-256, NumPy and Arrow release the GIL), so the landing does not wait for the hashing."""
+    feeds them (NumPy and Arrow release the GIL), so the landing does not wait for the hashing."""
 
     def __init__(self, algorithm: str = ALGORITHM) -> None:
         self.algorithm = algorithm
