@@ -330,28 +330,26 @@ def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files:
     columns): only the records of those keys; the upserts of other keys are left out before they are made
     keys-file rows (their delta values and buckets cost more than a join against a few keys)."""
 
-    def upserts(path: str) -> pa.Table:
-        rows = datafile.read_data(io, path, meta, columns=datafile.upsert_columns(meta))
-        if of_keys is not None and rows.num_rows:  # in file order: the rows at the places the join keeps
-            pk = of_keys.schema.names
-            places = rows.select(pk).append_column("_place", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-            kept = places.join(of_keys, keys=pk, join_type="left semi").column("_place").to_numpy()
-            rows = rows.take(pa.array(np.sort(kept)))
-        return datafile.keys_of(rows, meta)
+    def of_those_keys(rows: pa.Table) -> pa.Table:
+        """``rows`` of ``of_keys``, in their order and schema: the places a join keeps, taken."""
+        if of_keys is None or not rows.num_rows:
+            return rows
+        pk = of_keys.schema.names
+        places = rows.select(pk).append_column("_place", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+        kept = places.join(of_keys, keys=pk, join_type="left semi").column("_place").to_numpy()
+        return rows.take(pa.array(np.sort(kept)))
 
-    reads = [(upserts, f.path) for f in files] + [(lambda p: datafile.read_deletes(io, p, meta), k.path)
-                                                  for k in keys_files]
-    tables = thread_map(lambda r: r[0](r[1]), reads)
+    reads = [lambda p=f.path: datafile.keys_of(of_those_keys(
+        datafile.read_data(io, p, meta, columns=datafile.upsert_columns(meta))), meta) for f in files]
+    reads += [lambda p=k.path: of_those_keys(datafile.read_deletes(io, p, meta)) for k in keys_files]
+    tables = thread_map(lambda read: read(), reads)
     if purged is not None and purged.num_rows:
-        tables.append(purged)
+        tables.append(of_those_keys(purged))
     if not tables:
         return datafile.keys_schema(meta).empty_table()
     table = pa.concat_tables(tables).combine_chunks()
     mine = np.isin(rids_of(table) >> rowid.PART_SHIFT, np.array(parts, dtype=np.int64))
-    table = table if mine.all() else table.filter(pa.array(mine))
-    if of_keys is not None and table.num_rows:  # the deletes and purged records of other keys
-        table = table.join(of_keys, keys=of_keys.schema.names, join_type="left semi")
-    return table
+    return table if mine.all() else table.filter(pa.array(mine))
 
 
 def _empty(state: TableState, new: Landed | None) -> Restatement:
