@@ -310,6 +310,11 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
                                            lambda path, rows: keycache.CACHE.written(io, path, rows, meta),
                                            lambda path: keycache.CACHE.rows(io, path, meta))
 
+    def take_written(write_done: Future) -> None:
+        a, r = write_done.result()
+        added.extend(a)
+        replaced.extend(r)
+
     def fold_group(g: int) -> _Folded | None:
         piece = parts.take(g)
         return None if piece is None else _fold_records(io, state, batches, piece, version, index)
@@ -338,13 +343,9 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
                 writes.append(writer.submit(write, folded.keystore_rows))
             del folded
             while len(writes) >= at_once or (writes and writes[0].done()):
-                a, r = writes.popleft().result()
-                added += a
-                replaced += r
-        for w in writes:
-            a, r = w.result()
-            added += a
-            replaced += r
+                take_written(writes.popleft())
+        while writes:
+            take_written(writes.popleft())
     seg_out = write_segments(io, state.segments, pa.concat_tables(until), (), meta.prop("bitmap.deltas"), valid)
     keycache.CACHE.forget(io, replaced)
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
