@@ -32,6 +32,7 @@ lance, Paimon and plain Spark" of ``docs/benchmarks.md``, with plots under ``doc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import functools
 import json
@@ -71,6 +72,46 @@ UPSERT_FRACTIONS = (0.001, 0.01, 0.10)
 DELETE_FRACTION = 0.001
 UPDATE_SHARE = 0.95
 MONTH = (dt.date(1995, 3, 1), dt.date(1995, 4, 1))  # the selective scan: l_shipdate in [start, end)
+# The operations on the table after the batches and scans, in this order (each system offers what it can):
+# a past view (the base, by version), the change feed of the 1 % batch, an update and a delete by condition
+# (one day of l_shipdate each, ~0.04 % of the rows), the rows of 1,000 suppliers erased (bitlake: tombstone and
+# vacuum; the peers: a delete of the same rows), a compaction, the current rows counted (every system that ran
+# the writes before must hold the same), and bitlake's revert of the 0.1 % batch.
+MORE_OPS = ("past_scan", "change_feed", "update_where", "delete_where", "erase", "compact", "count", "revert")
+MORE_WRITES = ("update_where", "delete_where", "erase")  # what the count depends on
+UPDATE_DAY, DELETE_DAY = dt.date(1996, 6, 3), dt.date(1996, 6, 4)
+ERASED_SUPPLIERS = 1000  # l_suppkey 1..1000, or a tenth of the suppliers when there are fewer than 10,000
+
+
+MORE_DOC = {
+    "past_scan": "a full scan of the base by version (bitlake `open_table(path, version=)`, delta-rs `DeltaTable(uri, "
+                 "version=0)`, lance `lance.dataset(uri, version=1)`, Paimon `copy({'scan.snapshot-id': '1'})`), "
+                 "aggregated as the full scan",
+    "change_feed": "the change feed of the 1 % batch's commit into Arrow (bitlake `changes_to_arrow`; its rows: "
+                   "pre- and post-images of updates, inserts)",
+    "update_where": "`l_quantity + 1` where `{day}` (`update`: bitlake's and delta-rs's names, lance's "
+                    "`update(values, where=)`)",
+    "delete_where": "a delete of the rows where `{day}`",
+    "erase": "the rows of 1,000 suppliers (`l_suppkey` 1..1000; a tenth of them below scale factor 1) erased: "
+             "bitlake `tombstone` then `vacuum` (times of both; the tombstone alone hides the rows), delta-rs and "
+             "lance `delete(\"l_suppkey IN (...)\")` (delta-rs rewrites the files; lance marks the rows in deletion "
+             "files, the data staying in the files until a compaction: the target holds bitlake against delta-rs)",
+    "compact": "bitlake `compact()` (minor), delta-rs `optimize.compact()`, lance `optimize.compact_files()`",
+    "count": "the current rows counted (each system that ran the three writes above must hold bitlake's count)",
+    "revert": "bitlake `revert_batch` of the 0.1 % batch (against that batch's upsert in the targets)",
+}
+
+
+def day_condition(day: dt.date) -> str:
+    return f"l_shipdate = CAST('{day}' AS DATE)"
+
+
+def erase_condition(suppliers: list[int]) -> str:
+    return f"l_suppkey IN ({', '.join(map(str, suppliers))})"
+
+
+class NotOffered(Exception):
+    """An operation a system does not offer (recorded as "not offered: why")."""
 
 # bitlake's ingestion modes. Each is the keyword arguments of Table.ingest, whether Table.metagen()
 # follows (timed with it) and the input: a Spark DataFrame (`spark.read.parquet`, the default) or a pyarrow
@@ -150,6 +191,59 @@ def mb(n: float | None) -> str:
 # ------------------------------------------------------------------------------------------ data
 
 
+class BaseFile:
+    """The base rows as a Parquet file, read a row group at a time: no process of the benchmark holds the whole
+    base (27 GB of Arrow at scale factor 30). ``take`` reads the row groups holding the rows asked for."""
+
+    def __init__(self, path: Path):
+        self.file = pq.ParquetFile(path)
+        counts = [self.file.metadata.row_group(i).num_rows for i in range(self.file.num_row_groups)]
+        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.num_rows = int(self.starts[-1])
+
+    def column_chunks(self, name: str):
+        for i in range(self.file.num_row_groups):
+            yield self.file.read_row_group(i, columns=[name]).column(0)
+
+    def take(self, idx: np.ndarray) -> pa.Table:
+        """The rows at positions ``idx`` (repeats allowed), in that order."""
+        idx = np.asarray(idx, dtype=np.int64)
+        order = np.argsort(idx, kind="stable")
+        wanted = idx[order]
+        groups = np.searchsorted(self.starts, wanted, side="right") - 1
+        parts = []
+        for g in np.unique(groups):
+            lo, hi = np.searchsorted(groups, [g, g + 1])
+            parts.append(self.file.read_row_group(int(g)).take(pa.array(wanted[lo:hi] - self.starts[g])))
+        got = pa.concat_tables(parts) if parts else self.file.schema_arrow.empty_table()
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        return got.take(pa.array(inverse))
+
+
+def file_stream(path: str | Path) -> pa.RecordBatchReader:
+    """A Parquet file as a stream, a row group at a time (what a load takes: the base never whole in memory;
+    ``ParquetFile.iter_batches`` buffers ahead of its consumer)."""
+    f = pq.ParquetFile(path)
+    return pa.RecordBatchReader.from_batches(
+        f.schema_arrow, (b for i in range(f.num_row_groups) for b in f.read_row_group(i).to_batches()))
+
+
+def write_base(source: Path, path: Path, rows_per_group: int = 1 << 20) -> int:
+    """The generator's file as the table's rows (core.base_columns), streamed into ``path``; returns its size."""
+    src = pq.ParquetFile(source)
+    schema = core.table_schema(src.schema_arrow)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pending: list[pa.Table] = []
+    with pq.ParquetWriter(path, schema, compression=CODEC) as out:
+        for i in range(src.num_row_groups):
+            pending.append(pa.Table.from_arrays(core.base_columns(src.read_row_group(i), schema), schema=schema))
+            if sum(t.num_rows for t in pending) >= rows_per_group or i == src.num_row_groups - 1:
+                out.write_table(pa.concat_tables(pending))
+                pending = []
+    return path.stat().st_size
+
+
 class PeerChanges:
     """The batches of this benchmark: upserts (updates of random base keys, new keys) and a delete batch.
 
@@ -157,19 +251,19 @@ class PeerChanges:
     final row count, sum of ``l_quantity`` and rows of the selective scan are tracked as it goes.
     """
 
-    def __init__(self, base: pa.Table, seed: int):
+    def __init__(self, base: BaseFile, seed: int):
         self.base = base
         self.rng = np.random.default_rng(seed)
         self.updated = np.zeros(base.num_rows, dtype=bool)
         self.deleted = np.zeros(base.num_rows, dtype=bool)
-        self.next_orderkey = int(pc.max(base.column("l_orderkey")).as_py()) + 1
+        self.next_orderkey = max(pc.max(c).as_py() for c in base.column_chunks("l_orderkey")) + 1
         self.inserted_rows = 0
         self.inserted_qty = 0.0
         self.inserted_in_month = 0
-        self.qty = base.column("l_quantity").cast(pa.float64()).to_numpy()
-        ship = base.column("l_shipdate")
-        self.in_month = pc.and_(pc.greater_equal(ship, pa.scalar(MONTH[0])),
-                                pc.less(ship, pa.scalar(MONTH[1]))).to_numpy(zero_copy_only=False)
+        self.qty = np.concatenate([c.cast(pa.float64()).to_numpy() for c in base.column_chunks("l_quantity")])
+        self.in_month = np.concatenate([
+            pc.and_(pc.greater_equal(c, pa.scalar(MONTH[0])), pc.less(c, pa.scalar(MONTH[1])))
+            .to_numpy(zero_copy_only=False) for c in base.column_chunks("l_shipdate")])
 
     def _with_delta(self, table: pa.Table, k: int) -> pa.Table:
         i = table.schema.get_field_index(DELTA)
@@ -182,12 +276,12 @@ class PeerChanges:
         live = np.flatnonzero(~self.deleted)
         upd_idx = np.sort(self.rng.choice(live, size=updates, replace=False))
         self.updated[upd_idx] = True
-        upd = self.base.take(pa.array(upd_idx))
+        upd = self.base.take(upd_idx)
         qty = upd.column("l_quantity")
         upd = upd.set_column(upd.schema.get_field_index("l_quantity"), "l_quantity",
                              pc.add(qty, pa.scalar(Decimal("1.00"), qty.type)).cast(qty.type))
         src = self.rng.integers(0, self.base.num_rows, size=inserts)
-        ins = self.base.take(pa.array(src))
+        ins = self.base.take(src)
         keys = np.arange(self.next_orderkey, self.next_orderkey + inserts, dtype=np.int64)
         self.next_orderkey += inserts
         ins = ins.set_column(ins.schema.get_field_index("l_orderkey"), "l_orderkey",
@@ -206,7 +300,7 @@ class PeerChanges:
         live = np.flatnonzero(~self.deleted)
         idx = self.rng.choice(live, size=n, replace=False)
         self.deleted[idx] = True
-        keys = self._with_delta(self.base.take(pa.array(idx)), k).select([*PRIMARY_KEY, DELTA])
+        keys = self._with_delta(self.base.take(idx), k).select([*PRIMARY_KEY, DELTA])
         return keys, {"records": n, "updates": 0, "inserts": 0, "deletes": n}
 
     def expected(self) -> dict:
@@ -221,11 +315,11 @@ class PeerChanges:
 def prepare(sf: float, folder: Path, quick: bool) -> dict:
     """Writes the base and the batches of one scale factor; returns the spec every worker reads."""
     source = core.lineitem(sf)
-    base = core.load_base(source)
     batches_dir = folder / "batches"
     base_file = batches_dir / "0-base.parquet"
-    ops = [{"operation": "load", "batch_fraction": None, "file": str(base_file),
-            "change_parquet_bytes": core.write_parquet(base, base_file),
+    size = write_base(source, base_file)
+    base = BaseFile(base_file)
+    ops = [{"operation": "load", "batch_fraction": None, "file": str(base_file), "change_parquet_bytes": size,
             "composition": {"records": base.num_rows}, "k": 0}]
     maker = PeerChanges(base, SEED)
     fractions = UPSERT_FRACTIONS[:2] if quick else UPSERT_FRACTIONS
@@ -239,8 +333,11 @@ def prepare(sf: float, folder: Path, quick: bool) -> dict:
     path = batches_dir / f"{k}-delete-{DELETE_FRACTION:g}.parquet"
     ops.append({"operation": "delete", "batch_fraction": DELETE_FRACTION, "file": str(path),
                 "change_parquet_bytes": core.write_parquet(keys, path), "composition": comp, "k": k})
+    expected = {**maker.expected(), "past_rows": base.num_rows, "past_sum_l_quantity": round(float(maker.qty.sum()), 2)}
+    suppliers = max(pc.max(c).as_py() for c in base.column_chunks("l_suppkey"))
     spec = {"scale_factor": sf, "base_rows": base.num_rows, "source": str(source), "ops": ops,
-            "expected": maker.expected(), "runs": 1 if quick else 3, "warmup": not quick}
+            "erased_suppliers": max(1, min(ERASED_SUPPLIERS, suppliers // 10)),
+            "expected": expected, "runs": 1 if quick else 3, "warmup": not quick}
     (folder / "spec.json").write_text(json.dumps(spec, indent=1))
     return spec
 
@@ -298,6 +395,7 @@ class System:
     """One system under test, living in ``folder``. Every operation starts from a Parquet file."""
 
     engine = "spark"
+    erased: list[int] = []  # the suppliers whose rows `erase` removes (set by the worker from the spec)
 
     def __init__(self, name: str, folder: Path, schema: pa.Schema):
         self.name, self.folder, self.schema = name, folder, schema
@@ -317,6 +415,30 @@ class System:
 
     def current_data_bytes(self) -> int | None:
         return None
+
+    def past_scan(self) -> dict:
+        raise NotOffered("no past versions")
+
+    def change_feed(self) -> dict:
+        raise NotOffered("no change feed")
+
+    def update_where(self) -> dict:
+        raise NotOffered("no update by condition")
+
+    def delete_where(self) -> dict:
+        raise NotOffered("no delete by condition")
+
+    def erase(self) -> dict:
+        raise NotOffered("no delete by condition")
+
+    def compact(self) -> dict:
+        raise NotOffered("no compaction")
+
+    def count(self) -> dict:
+        raise NotOffered("no count")
+
+    def revert(self) -> dict:
+        raise NotOffered("no revert of a batch (a restore drops every later commit)")
 
     def settle(self) -> None:
         """Waits for writes an operation left running in the background, once its wall time is taken, so that
@@ -350,6 +472,7 @@ class Bitlake(SparkSystem):
         super().__init__(name, folder, schema)
         self.mode = BITLAKE_MODES[name]
         self.table = None
+        self.versions: dict[int, int] = {}  # batch k's commit
 
     def _ingest(self, df, k: int, op_column: str | None) -> dict:
         t0 = time.perf_counter()
@@ -359,7 +482,42 @@ class Bitlake(SparkSystem):
             t1 = time.perf_counter()
             r = self.table.metagen()
             phases["metagen_s"] = time.perf_counter() - t1
+        self.versions[k] = self.table.version
         return {"counts": r.counts, "phases": phases}
+
+    def past_scan(self):
+        import bitlake
+
+        past = bitlake.open_table(str(self.folder / "table"), version=self.versions[0])
+        return arrow_aggregate(past.to_batches(columns=self.schema.names), self.schema)
+
+    def change_feed(self):
+        v = self.versions[2]  # the 1 % batch's commit
+        return {"rows": self.table.changes_to_arrow(starting_version=v, ending_version=v).num_rows}
+
+    def update_where(self):
+        r = self.table.update(predicate=day_condition(UPDATE_DAY), updates={"l_quantity": "l_quantity + 1"})
+        return {"counts": _jsonable(fields_of(r))}
+
+    def delete_where(self):
+        return {"counts": _jsonable(fields_of(self.table.delete(predicate=day_condition(DELETE_DAY))))}
+
+    def erase(self):
+        t0 = time.perf_counter()
+        self.table.tombstone("l_suppkey", self.erased)
+        t1 = time.perf_counter()
+        r = self.table.vacuum()
+        phases = {"tombstone_s": t1 - t0, "vacuum_s": time.perf_counter() - t1}
+        return {"counts": _jsonable(fields_of(r)), "phases": phases}
+
+    def compact(self):
+        return {"counts": _jsonable(fields_of(self.table.compact()))}
+
+    def count(self):
+        return {"rows": sum(b.num_rows for b in self.table.to_batches(columns=["l_orderkey"]))}
+
+    def revert(self):
+        return {"counts": self.table.revert_batch("peers-1").counts}
 
     @property
     def arrow_input(self) -> bool:
@@ -385,7 +543,7 @@ class Bitlake(SparkSystem):
         self.table = bitlake.create_table(str(self.folder / "table"), self.schema, primary_key=PRIMARY_KEY,
                                           delta_column=DELTA, num_buckets=16)
         t1 = time.perf_counter()
-        batch = self._read(path)
+        batch = file_stream(path) if self.arrow_input else self._read(path)
         t2 = time.perf_counter()
         r = self._ingest(batch, k, None)
         r["phases"].update(create_s=t1 - t0, read_s=t2 - t1)  # creating the table includes importing bitlake
@@ -503,7 +661,7 @@ class DeltaLake(System):
     def load(self, path, k=0):
         from deltalake import write_deltalake
 
-        write_deltalake(self.uri, pq.read_table(path))
+        write_deltalake(self.uri, file_stream(path))
         return {}
 
     def _merge(self, path):
@@ -531,6 +689,42 @@ class DeltaLake(System):
 
         actions = pa.table(DeltaTable(self.uri).get_add_actions(flatten=True))
         return int(pc.sum(actions.column("size_bytes")).as_py())
+
+    def past_scan(self):
+        from deltalake import DeltaTable
+
+        dataset = DeltaTable(self.uri, version=0).to_pyarrow_dataset()
+        return arrow_aggregate(dataset.scanner(columns=self.schema.names).to_batches(), self.schema)
+
+    def change_feed(self):
+        raise NotOffered("the change data feed is off: this workload creates the table with delta-rs's defaults "
+                         "(delta.enableChangeDataFeed would add files to every merge)")
+
+    def update_where(self):
+        from deltalake import DeltaTable
+
+        return {"metrics": _jsonable(DeltaTable(self.uri).update(updates={"l_quantity": "l_quantity + 1"},
+                                                                 predicate=day_condition(UPDATE_DAY)))}
+
+    def delete_where(self):
+        from deltalake import DeltaTable
+
+        return {"metrics": _jsonable(DeltaTable(self.uri).delete(day_condition(DELETE_DAY)))}
+
+    def erase(self):
+        from deltalake import DeltaTable
+
+        return {"metrics": _jsonable(DeltaTable(self.uri).delete(erase_condition(self.erased)))}
+
+    def compact(self):
+        from deltalake import DeltaTable
+
+        return {"metrics": _jsonable(DeltaTable(self.uri).optimize.compact())}
+
+    def count(self):
+        from deltalake import DeltaTable
+
+        return {"rows": DeltaTable(self.uri).to_pyarrow_dataset().count_rows()}
 
 
 class Iceberg(System):
@@ -586,7 +780,7 @@ class Lance(System):
     def load(self, path, k=0):
         import lance
 
-        lance.write_dataset(pq.read_table(path), self.uri)
+        lance.write_dataset(file_stream(path), self.uri)
         return {}
 
     def upsert(self, path, k):
@@ -602,6 +796,28 @@ class Lance(System):
         scanner = self.dataset().scanner(columns=self.schema.names,
                                          filter=month_filter_arrow() if selective else None)
         return arrow_aggregate(scanner.to_batches(), self.schema)
+
+    def past_scan(self):
+        import lance
+
+        scanner = lance.dataset(self.uri, version=1).scanner(columns=self.schema.names)
+        return arrow_aggregate(scanner.to_batches(), self.schema)
+
+    def update_where(self):
+        return {"metrics": _jsonable(self.dataset().update({"l_quantity": "l_quantity + 1"},
+                                                           where=day_condition(UPDATE_DAY)))}
+
+    def delete_where(self):
+        return {"metrics": _jsonable(self.dataset().delete(day_condition(DELETE_DAY)))}
+
+    def erase(self):
+        return {"metrics": _jsonable(self.dataset().delete(erase_condition(self.erased)))}
+
+    def compact(self):
+        return {"metrics": _jsonable(self.dataset().optimize.compact_files())}
+
+    def count(self):
+        return {"rows": self.dataset().count_rows()}
 
     def current_data_bytes(self):
         total = 0
@@ -634,11 +850,12 @@ class Paimon(System):
     def _with_kind(self, data: pa.Table, kind: str) -> pa.Table:
         return data.append_column(self.OP, pa.array([kind] * data.num_rows, pa.string()))
 
-    def _write(self, data: pa.Table) -> dict:
+    def _write(self, data: pa.Table | pa.RecordBatchReader) -> dict:
         builder = self.table().new_batch_write_builder()
         write, commit = builder.new_write(), builder.new_commit()
         try:
-            write.write_arrow(data)
+            for batch in data if isinstance(data, pa.RecordBatchReader) else [data]:
+                write.write_arrow(batch)
             commit.commit(write.prepare_commit())
         finally:
             write.close()
@@ -648,10 +865,13 @@ class Paimon(System):
     def load(self, path, k=0):
         from pypaimon import Schema
 
-        base = self._with_kind(pq.read_table(path), "+I")
+        stream = file_stream(path)
+        schema = stream.schema.append(pa.field(self.OP, pa.string()))
+        base = pa.RecordBatchReader.from_batches(schema, (pa.RecordBatch.from_arrays(
+            [*b.columns, pa.array(["+I"] * b.num_rows, pa.string())], schema=schema) for b in stream))
         self.catalog.create_database("bench", True)
         self.catalog.create_table(self.IDENT, Schema.from_pyarrow_schema(
-            base.schema, primary_keys=PRIMARY_KEY, options=self.options), False)
+            schema, primary_keys=PRIMARY_KEY, options=self.options), False)
         return self._write(base)
 
     def upsert(self, path, k):
@@ -680,6 +900,14 @@ class Paimon(System):
     def files(self):
         return [f for s in self._splits(self.table().new_read_builder()) for f in s.files]
 
+    def past_scan(self):
+        builder = self.table().copy({"scan.snapshot-id": "1"}).new_read_builder().with_projection(self.schema.names)
+        return arrow_aggregate(builder.new_read().to_arrow_batch_reader(self._splits(builder)), self.schema)
+
+    def count(self):
+        builder = self.table().new_read_builder().with_projection(["l_orderkey"])
+        return {"rows": sum(b.num_rows for b in builder.new_read().to_arrow_batch_reader(self._splits(builder)))}
+
     def current_data_bytes(self):
         return sum(f.file_size for f in self.files())
 
@@ -703,7 +931,10 @@ class Limits(System):
         return self._copy(path, k)
 
     def _copy(self, path, k):
-        pq.write_table(pq.read_table(path), self.folder / f"{k}.parquet", compression=CODEC)
+        stream = file_stream(path)
+        with pq.ParquetWriter(self.folder / f"{k}.parquet", stream.schema, compression=CODEC) as out:
+            for batch in stream:
+                out.write_batch(batch)
         return {}
 
     def bitlake_files(self) -> list[str]:
@@ -751,6 +982,11 @@ def scan_engines(system: str) -> list[str | None]:
     return [None]
 
 
+def fields_of(result) -> dict:
+    """A result object's fields (a dataclass's, or its attributes)."""
+    return dataclasses.asdict(result) if dataclasses.is_dataclass(result) else vars(result)
+
+
 def _jsonable(obj):
     if isinstance(obj, dict):
         return {str(k): _jsonable(v) for k, v in obj.items()}
@@ -790,29 +1026,35 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
         emit("fatal", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
         return 1
     rss = core.TreeRss().start()
+
+    def timed(rec: dict, call) -> None:
+        """Runs ``call`` as the operation of ``rec``: its wall time, the background work it left, its peak RSS
+        and the bytes it wrote under the system's folder."""
+        before = core.snapshot(folder)
+        rss.mark()
+        start_ms, t0 = time.time() * 1000, time.perf_counter()
+        extra = call()
+        rec["wall_s"] = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        system.settle()
+        rec["settle_s"] = time.perf_counter() - t1  # background work the operation left, after its wall time
+        os.sync()  # the next operation starts with this one's writes on disk, not written back under it
+        rss.mark()
+        rec["peak_rss"] = rss.peaks([("op", start_ms, time.time() * 1000)])["op"]
+        rec.update(extra or {})
+        rec["bytes_written"], _, rec["files_written"] = core.written_between(before, core.snapshot(folder))
+        log(f"{system_name} sf {sf_text(sf)} {rec['operation']} {fraction_text(rec['batch_fraction'])}: "
+            f"{rec['wall_s']:.2f} s (then {rec['settle_s']:.2f} s in the background), "
+            f"wrote {mb(rec['bytes_written'])}")
+
     for op in spec["ops"]:
         rec = base_record(op["operation"], op["batch_fraction"])
         rec["change_parquet_bytes"] = op["change_parquet_bytes"]
         rec["records"] = op["composition"]["records"]
         emit("start", operation=op["operation"], batch_fraction=op["batch_fraction"], engine=None)
-        before = core.snapshot(folder)
+        fn = {"load": system.load, "upsert": system.upsert, "delete": system.delete}[op["operation"]]
         try:
-            rss.mark()
-            start_ms, t0 = time.time() * 1000, time.perf_counter()
-            fn = {"load": system.load, "upsert": system.upsert, "delete": system.delete}[op["operation"]]
-            extra = fn(op["file"], op["k"])
-            rec["wall_s"] = time.perf_counter() - t0
-            t1 = time.perf_counter()
-            system.settle()
-            rec["settle_s"] = time.perf_counter() - t1  # background work the operation left, after its wall time
-            os.sync()  # the next operation starts with this one's writes on disk, not written back under it
-            rss.mark()
-            rec["peak_rss"] = rss.peaks([("op", start_ms, time.time() * 1000)])["op"]
-            rec.update(extra or {})
-            rec["bytes_written"], _, rec["files_written"] = core.written_between(before, core.snapshot(folder))
-            log(f"{system_name} sf {sf_text(sf)} {op['operation']} {fraction_text(op['batch_fraction'])}: "
-                f"{rec['wall_s']:.2f} s (then {rec['settle_s']:.2f} s in the background), "
-                f"wrote {mb(rec['bytes_written'])}")
+            timed(rec, functools.partial(fn, op["file"], op["k"]))
         except Exception as e:  # noqa: BLE001
             rec["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
             log(f"{system_name} {op['operation']} failed: {rec['error']}")
@@ -820,7 +1062,6 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
             emit("fatal", error=f"stopped after {op['operation']} {fraction_text(op['batch_fraction'])} failed")
             return 1
         emit("record", record=rec)
-    rss.stop()
 
     # (engine, scan, plain counterpart): bitlake's scans alternate with a plain scan of the same data files
     # by the same engine in the same process, so their ratio holds on a machine whose other jobs come and go.
@@ -888,6 +1129,20 @@ def worker(system_name: str, spec_path: Path, folder: Path, events: Path) -> int
     except Exception as e:  # noqa: BLE001
         rec["error"] = f"{type(e).__name__}: {e}"
     emit("record", record=rec)
+
+    system.erased = list(range(1, spec["erased_suppliers"] + 1))
+    for op in MORE_OPS if spec.get("more", True) and not isinstance(system, Limits) else ():
+        rec = base_record(op, None)
+        emit("start", operation=op, batch_fraction=None, engine=None)
+        try:
+            timed(rec, getattr(system, op))
+        except NotOffered as e:
+            rec["error"] = f"not offered: {e}"
+        except Exception as e:  # noqa: BLE001 - recorded, the next operation runs
+            rec["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+            log(f"{system_name} {op} failed: {rec['error']}")
+        emit("record", record=rec)
+    rss.stop()
     out.close()
     return 0
 
@@ -899,7 +1154,8 @@ def expected_keys(system: str, spec: dict) -> list[tuple]:
     keys = [(op["operation"], op["batch_fraction"], None) for op in spec["ops"]]
     for op in ("scan_full", "scan_selective") if spec.get("scans", True) else ():
         keys += [(op, None, e) for e in scan_engines(system)]
-    return keys + [("storage", None, None)]
+    keys.append(("storage", None, None))
+    return keys + [(op, None, None) for op in MORE_OPS if spec.get("more", True) and system != LIMITS]
 
 
 def run_system(system: str, spec: dict, folder: Path, timeout: float) -> list[dict]:
@@ -977,7 +1233,21 @@ def run_system(system: str, spec: dict, folder: Path, timeout: float) -> list[di
 
 
 def check(records: list[dict], expected: dict) -> None:
-    """Every system's view after all batches must hold the expected rows and sum of l_quantity."""
+    """Every system's view after all batches must hold the expected rows and sum of l_quantity, its past view the
+    base's, and its count after the operations that followed (when it ran them all) the first bitlake mode's."""
+    past = {"rows": expected.get("past_rows"), "sum_l_quantity": expected.get("past_sum_l_quantity")}
+    for r in records:
+        if r["operation"] == "past_scan" and not r["error"] and past["rows"] is not None:
+            got = {"rows": r.get("rows"), "sum_l_quantity": round(r.get("sum_l_quantity") or 0, 2)}
+            if got != past:
+                r["error"] = f"wrong result: {got}, expected {past}"
+    wrote = {s for s in {r["system"] for r in records}
+             if all(not r["error"] for r in records if r["system"] == s and r["operation"] in MORE_WRITES)}
+    counts = [r for r in records if r["operation"] == "count" and not r["error"] and r["system"] in wrote]
+    reference = next((r for r in counts if r["system"] in BITLAKE_MODES), None)
+    for r in counts:
+        if reference is not None and r.get("rows") != reference.get("rows"):
+            r["error"] = f"wrong result: {r.get('rows'):,} rows, {reference['system']} holds {reference.get('rows'):,}"
     for r in records:
         if r["system"] == LIMITS or r["error"] or r["operation"] not in ("scan_full", "scan_selective"):
             continue
@@ -1111,7 +1381,8 @@ def cell_error(r: dict | None) -> str:
     if r is None:
         return "not run"
     e = r["error"] or ""
-    for prefix, text in (("timeout", "timed out"), ("not run", "not run"), ("crashed", "crashed")):
+    for prefix, text in (("timeout", "timed out"), ("not run", "not run"), ("crashed", "crashed"),
+                         ("not offered", "not offered")):
         if e.startswith(prefix):
             return text
     return "failed"
@@ -1240,6 +1511,71 @@ def targets(records) -> list[dict]:
                         "system": mode, "scale_factor": sf,
                         "figure": "—" if ratio is None else f"{ratio:.2f}x ({r['wall_s']:.2f} s)",
                         "status": "not assessed" if ratio is None else ("met" if ratio <= 1.2 else "MISSED")})
+        out += more_targets(records, mode, sfs, peers)
+    return out
+
+
+def more_table(records, sf, systems) -> list[str]:
+    """The operations after the batches and scans: a row each, a column per system (time, bytes, rows)."""
+    rows = [(op, [find(records, s, sf, op) for s in systems]) for op in MORE_OPS]
+    if not any(r for _, found in rows for r in found):
+        return []
+    lines = ["", "Operations after the batches and scans, in this order (wall time with the work after it, bytes "
+                 "written, rows where the operation returns rows; \"not offered\": the system has no such call):", ""]
+    days = {"update_where": UPDATE_DAY, "delete_where": DELETE_DAY}
+    lines += [f"- `{op}`: " + MORE_DOC[op].replace("{day}", day_condition(days.get(op, DELETE_DAY))) for op in MORE_OPS]
+    lines += ["", "| operation | " + " | ".join(systems) + " |", "| --- " * (len(systems) + 1) + "|"]
+    for op, found in rows:
+        cells = []
+        for r in found:
+            if r is None:
+                cells.append("not run")
+            elif r["error"]:
+                cells.append(cell_error(r))
+            else:
+                text = f"{spent_text(r)}, {mb(r.get('bytes_written'))}"
+                if r.get("rows") is not None and op in ("change_feed", "count"):
+                    text += f", {r['rows']:,} rows"
+                if (r.get("phases") or {}).get("tombstone_s") is not None:
+                    text += f" (tombstone {r['phases']['tombstone_s']:.2f} s)"
+                cells.append(text)
+        lines.append(f"| {op} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def more_targets(records, mode: str, sfs, peers) -> list[dict]:
+    """The issue's targets for the operations after the batches: faster than every peer that offers one (within
+    1.2x of the fastest at scale factor 1), no more bytes than lance for DML, a revert within 2x its batch's upsert."""
+    out = []
+    for sf in sfs:
+        for op in ("past_scan", "update_where", "delete_where", "erase", "compact"):
+            r = find(records, mode, sf, op)
+            if not r or r.get("error"):
+                continue
+            # lance's delete marks rows in deletion files, their data kept until a compaction (bitlake's tombstone
+            # does as much, in metadata); an erasure is held against the peers whose delete removes the data.
+            against = [p for p in peers if op != "erase" or p in COPY_ON_WRITE]
+            theirs = [(spent(q), p) for p in against if (q := find(records, p, sf, op)) and not q.get("error")]
+            if not theirs:
+                continue
+            best, peer = min(theirs)
+            ratio = spent(r) / best
+            bound = 1.0 if sf >= 3 else 1.2
+            out.append({"target": f"{op} faster than every peer (within 1.2x of the fastest at SF 1)", "system": mode,
+                        "scale_factor": sf, "figure": f"{mode} {spent_text(r)}; fastest peer {peer} {best:.2f} s: "
+                                                      f"{ratio:.2f}x",
+                        "status": "met" if ratio <= bound else "MISSED"})
+            q = find(records, "lance", sf, op)
+            if op in ("update_where", "delete_where") and q and not q.get("error") and q.get("bytes_written"):
+                out.append({"target": f"{op} writes no more bytes than lance", "system": mode, "scale_factor": sf,
+                            "figure": f"{mb(r['bytes_written'])} against {mb(q['bytes_written'])}",
+                            "status": "met" if r["bytes_written"] <= q["bytes_written"] else "MISSED"})
+        r, batch = find(records, mode, sf, "revert"), find(records, mode, sf, "upsert", UPSERT_FRACTIONS[0])
+        if r and batch and not r.get("error") and not batch.get("error"):
+            ratio = spent(r) / spent(batch)
+            out.append({"target": "revert of the 0.1 % batch within 2x its upsert", "system": mode, "scale_factor": sf,
+                        "figure": f"{spent_text(r)} against {spent_text(batch)}: {ratio:.2f}x",
+                        "status": "met" if ratio <= 2 else "MISSED"})
     return out
 
 
@@ -1312,7 +1648,10 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
         f"batches are generated once per scale factor (seed {SEED}) and written as Parquet files; every timed "
         "operation starts from that file, read inside the timed call (pyarrow's `pq.read_table` for delta-rs, "
         "pyiceberg, lance, Paimon, bitlake-arrow and the limits; `spark.read.parquet` for the Spark systems), so "
-        "every system gets the same rows.",
+        "every system gets the same rows. The load takes the base as an Arrow stream, the file read a row group at "
+        "a time (`pa.RecordBatchReader`), for every system but pyiceberg (whose `append` takes a table) and the "
+        "Spark ones, so that no process holds the whole base (27 GB of Arrow at scale factor 30): since "
+        "2026-11-29; before, the load read the file whole with `pq.read_table`.",
         "",
         "Systems (each in its own process, one after the other; an operation over the time limit is killed "
         "and recorded as timed out):",
@@ -1423,7 +1762,8 @@ def render(results: dict, img_links: list[str] | None = None) -> str:
             lines += ["", f"Expected after all batches (from the generator): {exp['rows']:,} rows, sum of "
                           f"`l_quantity` {exp['sum_l_quantity']:,.2f}, {exp['selective_rows']:,} rows in the "
                           "selective scan; every system's scans are checked against it (a mismatch is an error)."]
-        errors = [r for r in records if r["scale_factor"] == sf and r["error"]]
+        lines += more_table(records, sf, [s for s in systems if s != LIMITS])
+        errors = [r for r in records if r["scale_factor"] == sf and r["error"] and not r["error"].startswith("not off")]
         if errors:
             lines += ["", "Errors:", ""]
             for r in errors:
@@ -1543,6 +1883,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per operation before it is killed")
     ap.add_argument("--quick", action="store_true", help="no 10 %% batch, one scan run and no warm-up")
     ap.add_argument("--no-scans", action="store_true", help="loads and batches only (earlier scan figures stay)")
+    ap.add_argument("--no-more", action="store_true",
+                    help=f"not the operations after the batches and scans ({', '.join(MORE_OPS)})")
     ap.add_argument("--repeat", type=int, default=1,
                     help="run each system's sequence this many times, the systems interleaved; each operation's "
                          "record is the round of median time (call plus the work after it)")
@@ -1609,8 +1951,8 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True)
         log(f"SF {sf_text(sf)}: generating the batches")
         spec = prepare_apart(sf, work, args.quick)
-        if args.no_scans:
-            spec["scans"] = False
+        if args.no_scans or args.no_more:
+            spec["scans"], spec["more"] = not args.no_scans, not args.no_more
             (work / "spec.json").write_text(json.dumps(spec, indent=1))
         new["expected"][sf_text(sf)] = spec["expected"]
         rounds: dict[str, list[list[dict]]] = {system: [] for system in systems}
