@@ -197,7 +197,11 @@ def evaluate(table: pa.Table, projection: dict[str, pc.Expression], what: str) -
     try:
         return ds.dataset(table).to_table(columns=projection)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
-        raise InvalidInputError(f"{what}: {str(e).splitlines()[0]}") from None
+        message = str(e).splitlines()[0]
+        if what.startswith("merge") and "No match for FieldRef" in message:
+            message += " (a pyarrow expression in a merge names its columns with their alias: " \
+                       "pc.field('source.balance'), pc.field('target.balance'))"
+        raise InvalidInputError(f"{what}: {message}") from None
 
 
 def _spark_matched(io: FileIO, state: TableState, where: str, assignments: dict[str, Any] | None, spark: Any,

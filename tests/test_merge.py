@@ -8,6 +8,7 @@ import pyarrow.compute as pc
 import pytest
 
 import bitlake
+from bitlake.errors import InvalidInputError
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("balance", pa.float64()), ("mod", pa.int64())])
 
@@ -85,6 +86,12 @@ def test_a_pyarrow_predicate_still_works_and_an_unqualified_one_is_explained(t):
     src = pa.table({"id": [2, 3], "name": ["p", "q"], "balance": [1.0, 2.0], "mod": [5, 5]})
     r = t.merge(src).when_matched_update_all(predicate=pc.field("source.balance") > 1.5).execute()
     assert r.updated == 1 and now(t)[3] == ("q", 2.0, 5) and now(t)[2] == ("b", 20.0, 1)
+    version = t.version
+    with pytest.raises(InvalidInputError, match=r"names its columns with their alias: pc.field\('source.balance'\)"):
+        t.merge(src).when_matched_update(updates={"balance": pc.field("balance") * 2}).execute()
+    with pytest.raises(InvalidInputError, match="source.balance"):
+        t.merge(src).when_matched_update_all(predicate=pc.field("balance") > 1.5).execute()
+    assert t.version == version
 
 
 def test_append_only_target_merged_by_predicate(tmp_path):
