@@ -1,13 +1,15 @@
-"""bitlake.format.order: lexsort is np.lexsort, packed or not; SortedSearch finds what np.searchsorted finds."""
+"""bitlake.format.order: lexsort is np.lexsort, packed or not; SortedSearch finds what np.searchsorted finds;
+isin is np.isin."""
 
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import bitlake.format.order as order
-from bitlake.format.order import SortedSearch, lexsort
+from bitlake.format.order import SortedSearch, isin, lexsort
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 
@@ -79,3 +81,25 @@ def test_sorted_search_of_millions_of_packed_keys():
         assert np.array_equal(search.find(few), _found(values, few))
     many = np.sort(rng.choice(values, 500_000, replace=False))  # dense: numpy's search
     assert np.array_equal(search.find(many), np.searchsorted(values, many))
+
+
+DTYPES = st.sampled_from([np.int64, np.uint32, np.int32, np.uint64])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_isin_is_numpys(data):
+    dtype = data.draw(DTYPES)
+    other = data.draw(st.one_of(st.just(dtype), DTYPES))
+    small = st.integers(0, 50) if data.draw(st.booleans()) else None
+    values = data.draw(hnp.arrays(dtype, st.integers(0, 40), elements=small))
+    of = data.draw(hnp.arrays(other, st.integers(0, 60), elements=small))
+    assert np.array_equal(isin(values, of), np.isin(values, of))
+
+
+def test_large_sets_either_way():
+    rng = np.random.default_rng(3)
+    ids = rng.integers(0, 2**62, 200_000)
+    few = np.concatenate([rng.choice(ids, 3_000), rng.integers(0, 2**62, 3_000)])
+    assert np.array_equal(isin(few, ids), np.isin(few, ids))
+    assert np.array_equal(isin(ids, few), np.isin(ids, few))

@@ -23,6 +23,7 @@ from pyroaring import BitMap
 
 from bitlake.errors import CorruptTableError
 from bitlake.format.commit import SegmentState
+from bitlake.format.order import isin
 from bitlake.format.protocol import BITMAP_DELTAS
 from bitlake.format.rowid import PART_COLUMN, SEQ_COLUMN
 from bitlake.fs import FileIO
@@ -63,8 +64,8 @@ def valid_mask(bm: BitMap, offsets: np.ndarray) -> np.ndarray:
     if len(bm) == 0 or not len(offsets):
         return np.zeros(len(offsets), dtype=bool)
     if len(offsets) * 8 < len(bm):  # few offsets against a large bitmap: intersect first
-        return np.isin(offsets, to_array(bm & of(offsets)))
-    return np.isin(offsets, to_array(bm))
+        return isin(np.asarray(offsets, np.int64), to_array(bm & of(offsets)))
+    return isin(np.asarray(offsets, np.int64), to_array(bm))
 
 
 def invalid_offsets(bm: BitMap, offsets: int) -> np.ndarray:

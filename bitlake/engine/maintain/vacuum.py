@@ -73,26 +73,39 @@ def prepare(io: FileIO, state: TableState) -> Prepared:
 
     candidates = [f for f in files.values() if may_hold(f)]
 
-    def rewrite(f: DataFile) -> tuple[Rewrite | None, list[str], pa.Table | None]:
-        table = datafile.read_data(io, f.path, meta)
+    hidden_columns = sorted({c for _, c, _ in hidden} | {rowid.PART_COLUMN})
+    data = datafile.data_schema(meta)
+
+    def gone_in(table: pa.Table) -> np.ndarray:
         parts = table.column(rowid.PART_COLUMN).to_numpy()
-        gone = rule.tombstoned(table) & np.isin(parts, list(live))  # a pending batch is made live later
-        ids = rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
-        if not gone.any():
+        return rule.tombstoned(table) & np.isin(parts, list(live))  # a pending batch is made live later
+
+    def rewrite(f: DataFile) -> tuple[Rewrite | None, list[str], pa.Table | None]:
+        # The tombstones' columns first: a file whose statistics admitted a value may hold no hidden row. Then
+        # the file streamed into its rewrite, a batch at a time (a whole file's table and its filtered copy cost
+        # their memory, and on this kind of machine the first touch of every page of it).
+        gone = sum(int(gone_in(pa.Table.from_batches([b])).sum())
+                   for b in datafile.read_batches(io, f.path, data, meta.file_format, hidden_columns))
+        if not gone:
             return None, [], None
-        purged = _purged(table.filter(pa.array(gone)), ids[gone], meta)
-        kept = table.filter(pa.array(~gone))
-        if not kept.num_rows:
-            return Rewrite(f.path, None), [], purged
-        out = compaction._Output(io, meta, f.partition, _ONE_FILE, kept.num_rows)
+        out = compaction._Output(io, meta, f.partition, _ONE_FILE, f.rows - gone)
+        found = []
         try:
-            out.write(kept, ids[~gone], f.bytes / max(1, f.rows))
+            for batch in datafile.read_batches(io, f.path, data, meta.file_format):
+                table = pa.Table.from_batches([batch])
+                mask = gone_in(table)
+                ids = rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+                if mask.any():
+                    found.append(_purged(table.filter(pa.array(mask)), ids[mask], meta))
+                    table, ids = table.filter(pa.array(~mask)), ids[~mask]
+                out.write(table, ids, f.bytes / max(1, f.rows))
             out.close()
         except BaseException:
             for path in out.written:
                 io.delete(path)
             raise
-        return Rewrite(f.path, out.done[0]), out.written, purged
+        purged = pa.concat_tables(found)
+        return Rewrite(f.path, out.done[0] if out.done else None), out.written, purged
 
     done = thread_map(rewrite, candidates)
     rewrites = [r for r, _, _ in done if r is not None]

@@ -77,7 +77,7 @@ def watermark(io: FileIO, state: TableState, at: TableState) -> int | None:
         if not np.isin([r.part for r in f.segments], parts).any():
             continue
         t = datafile.read_data(io, f.path, meta, [str(meta.delta_column), rowid.PART_COLUMN])
-        mine = np.isin(t.column(rowid.PART_COLUMN).to_numpy(), parts)
+        mine = order.isin(t.column(rowid.PART_COLUMN).to_numpy(), parts)
         if mine.any():
             best = max(best, int(deltas_as_int(t.column(str(meta.delta_column)), meta.delta_type)[mine].max()))
     for kf in (kf for b in batches for kf in b.keys_files):
@@ -86,7 +86,7 @@ def watermark(io: FileIO, state: TableState, at: TableState) -> int | None:
             best = max(best, int(pc.max(deletes.column(keystore.DELTA)).as_py()))
     for _, pf in state.purged:  # the records of the rows vacuums erased
         purged = datafile.read_keys(io, pf.path, meta)
-        mine = np.isin(purged.column(keystore.ROW_ID).to_numpy() >> rowid.PART_SHIFT, parts)
+        mine = order.isin(purged.column(keystore.ROW_ID).to_numpy() >> rowid.PART_SHIFT, parts)
         if mine.any():
             best = max(best, int(purged.column(keystore.DELTA).to_numpy()[mine].max()))
     return best
@@ -112,7 +112,7 @@ class Purge:
 
     def gone(self, ids: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """A mask of the rows ``ids`` (with their validity now) that no view inside the window can see."""
-        old = ~np.isin(ids >> rowid.PART_SHIFT, self.recent)
+        old = ~order.isin(ids >> rowid.PART_SHIFT, self.recent)
         if self.at_start is not None:
             return ~valid & old & ~self._valid_at_start(ids)
         if not len(self.rid):
@@ -173,7 +173,7 @@ def fold(io: FileIO, state: TableState, start_version: int, dropped: np.ndarray
     events = pa.concat_tables(pieces)
     rid = segmentlog.row_ids(events)
     pick = order.latest(rid, events.column(segmentlog.VERSION).to_numpy())
-    pick = pick[~np.isin(rid[pick], dropped)]
+    pick = pick[~order.isin(rid[pick], dropped)]
     replaced = [f.path for _, f in old]
     if not len(pick):
         return None, replaced

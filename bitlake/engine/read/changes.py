@@ -24,6 +24,7 @@ name are read: the cost follows the change. Rows come out in commit order, then 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 
 import numpy as np
@@ -31,11 +32,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bitlake.engine.read.plan import ReadPlan
-from bitlake.format import bitmap, changefile, datafile, keystore, rowid, segmentlog
+from bitlake.format import bitmap, changefile, datafile, keystore, order, rowid, segmentlog
 from bitlake.format.commit import Commit, DataFile
 from bitlake.format.metadata import deltas_as_int
 from bitlake.format.state import BatchState, TableState
 from bitlake.fs import FileIO
+from bitlake.pool import thread_map
 
 CHANGE_TYPES = ("insert", "update_preimage", "update_postimage", "delete")
 # Within one (commit, batch, delta value, cause): the old row before the new one.
@@ -189,7 +191,7 @@ def _preimages(io: FileIO, state: TableState, live: dict, events: pa.Table) -> p
     meta = state.metadata
     deletes = [datafile.read_keys(io, f.path, meta).filter(pc.field(keystore.DELETED)).column(keystore.ROW_ID)
                for b in live.values() for f in b.keys_files]
-    is_delete = np.isin(events.column("cause").to_numpy(), np.concatenate([d.to_numpy() for d in deletes])
+    is_delete = order.isin(events.column("cause").to_numpy(), np.concatenate([d.to_numpy() for d in deletes])
                         if deletes else np.empty(0, np.int64))
     kinds = pa.array(np.where(is_delete, "delete", "update_preimage"), pa.string())
     return events.append_column("_change_type", kinds).select(WANTED_SCHEMA.names).cast(WANTED_SCHEMA)
@@ -224,43 +226,47 @@ def _restated(io: FileIO, state: TableState, commits: dict[int, Commit], restate
 
 
 def read_arrow(io: FileIO, p: ChangePlan) -> pa.Table:
-    """The plan's change rows as one Arrow table, sorted, with ``_commit_timestamp``; no Spark."""
+    """The plan's change rows as one Arrow table, sorted, with ``_commit_timestamp``; no Spark. The files are read
+    on threads, a file each; each keeps only its change rows."""
     meta = p.state.metadata
     columns = meta.column_names
-    pieces = [*_new_rows(io, p), *_old_rows(io, p), *p.carried]
+    targets = _Targets.of(p)
+    jobs = [functools.partial(_new_rows, io, p, f) for f in p.new_files]
+    jobs += [functools.partial(_old_rows, io, p, targets, f) for f in p.target_files] if targets else []
+    pieces = [*(t for found in thread_map(lambda job: job(), jobs) for t in found), *p.carried]
     schema = pa.schema([*(meta.schema.field(c) for c in columns), *(f for f in WANTED_SCHEMA if f.name != "_target")])
     rows = pa.Table.from_batches([], schema) if not pieces else pa.concat_tables([t.cast(schema) for t in pieces])
-    order = np.array([ORDER[k] for k in rows.column("_change_type").to_pylist()], np.int8)
-    rows = rows.append_column("_order", pa.array(order)).sort_by([(k, "ascending") for k in SORT_KEYS])
+    ranks = np.array([ORDER[k] for k in rows.column("_change_type").to_pylist()], np.int8)
+    rows = rows.append_column("_order", pa.array(ranks)).sort_by([(k, "ascending") for k in SORT_KEYS])
     versions = rows.column("_commit_version").to_numpy()
     stamps = np.array([p.timestamps[int(v)] for v in versions], np.int64) * 1000
     return rows.select([*columns, "_change_type", "_commit_version"]).append_column(
         "_commit_timestamp", pa.array(stamps, pa.timestamp("us", tz="UTC")))
 
 
-def _scan(io: FileIO, p: ChangePlan, files: list[DataFile]) -> Iterator[pa.Table]:
+def _scan(io: FileIO, p: ChangePlan, f: DataFile) -> Iterator[pa.Table]:
     meta = p.state.metadata
-    schema = datafile.data_schema(meta)
-    for f in files:
-        for rb in datafile.read_batches(io, f.path, schema, meta.file_format):
-            table = pa.Table.from_batches([rb])
-            yield table.append_column("_rid", pa.array(
-                rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))))
+    for rb in datafile.read_batches(io, f.path, datafile.data_schema(meta), meta.file_format):
+        table = pa.Table.from_batches([rb])
+        yield table.append_column("_rid", pa.array(
+            rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))))
 
 
-def _new_rows(io: FileIO, p: ChangePlan) -> Iterator[pa.Table]:
+def _new_rows(io: FileIO, p: ChangePlan, f: DataFile) -> list[pa.Table]:
+    """The change rows of the rows file ``f`` holds that the plan's commits made valid."""
     meta = p.state.metadata
     version_of, index_of = p.version_of, p.index_of
-    for table in _scan(io, p, p.new_files):
+    found = []
+    for table in _scan(io, p, f):
         parts = table.column(rowid.PART_COLUMN).to_numpy()
         rid = table.column("_rid").to_numpy()
-        keep = np.isin(parts, list(p.live)) & ~np.isin(rid, p.stale)
+        keep = np.isin(parts, list(p.live)) & ~order.isin(rid, p.stale)
         table, parts, rid = table.filter(pa.array(keep)), parts[keep], rid[keep]
         if not table.num_rows:
             continue
         n = table.num_rows
         if meta.keyed:
-            kinds = np.where(np.isin(rid, p.causes), "update_postimage", "insert")
+            kinds = np.where(order.isin(rid, p.causes), "update_postimage", "insert")
             t = deltas_as_int(table.column(meta.delta_column), meta.delta_type)
         else:
             kinds, t = np.full(n, "insert"), np.zeros(n, np.int64)
@@ -269,25 +275,41 @@ def _new_rows(io: FileIO, p: ChangePlan) -> Iterator[pa.Table]:
             "_commit_version": pa.array([version_of[int(x)] for x in parts], pa.int64()),
             "batch_index": pa.array([index_of[int(x)] for x in parts], pa.int32()),
             "t": pa.array(t, pa.int64()), "cause": pa.array(rid)})
-        yield out.filter(pc.is_in(out.column("_change_type"), pa.array(p.types, pa.string())))
+        found.append(out.filter(pc.is_in(out.column("_change_type"), pa.array(p.types, pa.string()))))
+    return found
 
 
-def _old_rows(io: FileIO, p: ChangePlan) -> Iterator[pa.Table]:
-    if not p.wanted.num_rows:
-        return
-    targets = p.wanted.column("_target").to_numpy()
-    order = np.argsort(targets, kind="stable")
-    sorted_targets = targets[order]
-    change = p.wanted.drop_columns(["_target"])
-    for table in _scan(io, p, p.target_files):
+@dataclasses.dataclass
+class _Targets:
+    """The rows the plan's change rows start from (``wanted``), sorted by row id once for every file's search."""
+
+    order: np.ndarray
+    sorted: np.ndarray
+    change: pa.Table
+
+    @staticmethod
+    def of(p: ChangePlan) -> _Targets | None:
+        if not p.wanted.num_rows:
+            return None
+        targets = p.wanted.column("_target").to_numpy()
+        by_target = np.argsort(targets, kind="stable")
+        return _Targets(by_target, targets[by_target], p.wanted.drop_columns(["_target"]))
+
+
+def _old_rows(io: FileIO, p: ChangePlan, targets: _Targets, f: DataFile) -> list[pa.Table]:
+    """The change rows that start from rows file ``f`` holds (their values taken from it)."""
+    found = []
+    for table in _scan(io, p, f):
         rid = table.column("_rid").to_numpy()
-        lo, hi = np.searchsorted(sorted_targets, rid, "left"), np.searchsorted(sorted_targets, rid, "right")
-        counts = hi - lo
+        lo = np.searchsorted(targets.sorted, rid, "left")
+        counts = np.searchsorted(targets.sorted, rid, "right") - lo
         if not counts.any():
             continue
         # A row may be named more than once (ended in one commit, brought back and ended again in a later one).
         rows = np.repeat(np.arange(len(rid)), counts)
-        named = order[np.concatenate([np.arange(a, b) for a, b in zip(lo[counts > 0], hi[counts > 0], strict=True)])]
+        named = targets.order[np.concatenate([np.arange(a, b) for a, b in zip(lo[counts > 0], lo[counts > 0] +
+                                                                             counts[counts > 0], strict=True)])]
         values = table.select(p.state.metadata.column_names).take(pa.array(rows))
-        yield pa.Table.from_arrays([*values.columns, *change.take(pa.array(named)).columns],
-                                   names=[*values.column_names, *change.column_names])
+        found.append(pa.Table.from_arrays([*values.columns, *targets.change.take(pa.array(named)).columns],
+                                          names=[*values.column_names, *targets.change.column_names]))
+    return found

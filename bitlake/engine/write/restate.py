@@ -27,7 +27,7 @@ from bitlake.engine.write import metagen
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.metagen import COUNTS, MetaGenOutput
 from bitlake.errors import VersionExpiredError
-from bitlake.format import bitmap, changefile, commitlog, datafile, keystore, layout, rowid, segmentlog
+from bitlake.format import bitmap, changefile, commitlog, datafile, keystore, layout, order, rowid, segmentlog
 from bitlake.format import state as state_mod
 from bitlake.format.commit import LIVE, REPLACED, REVERTED, VACUUM, DataFile, KeysFile
 from bitlake.format.metadata import TableMetadata
@@ -93,7 +93,7 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
     final, events = _refold(keys, prior, later, new)
     # A key whose last record a vacuum purged has no row: its entry is a delete marker at that record's delta
     # value, as the vacuum itself records for the keys whose current row it purges.
-    final.deleted |= np.isin(final.rid, rids_of(purged))
+    final.deleted |= order.isin(final.rid, rids_of(purged))
     gone_upserts = ~gone.column(keystore.DELETED).to_numpy(zero_copy_only=False)
     gone_rids = gone.column(keystore.ROW_ID).to_numpy()[gone_upserts]
     events.append((gone_rids, gone.column(keystore.DELTA).to_numpy()[gone_upserts], gone_rids))  # never valid
@@ -348,7 +348,7 @@ def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files:
     if not tables:
         return datafile.keys_schema(meta).empty_table()
     table = pa.concat_tables(tables).combine_chunks()
-    mine = np.isin(rids_of(table) >> rowid.PART_SHIFT, np.array(parts, dtype=np.int64))
+    mine = order.isin(rids_of(table) >> rowid.PART_SHIFT, np.array(parts, dtype=np.int64))
     return table if mine.all() else table.filter(pa.array(mine))
 
 
