@@ -194,16 +194,14 @@ def vacuum(io: FileIO, refresh) -> VacuumResult:
 
 
 def vacuum_dry_run(io: FileIO, refresh) -> VacuumResult:
-    """What :func:`vacuum` would do now (``version`` None), committing nothing: the files are read and rewritten
-    as a vacuum would (so the figures are exact), and the rewrites are removed."""
-    with Transaction(io, refresh) as tx:  # commits nothing: what it owns goes when it ends
-        state = tx.refresh()
-        if not state.tombstones:
-            return VacuumResult(None)
-        prepared = engine_vacuum.prepare(io, state)
-        tx.own(*prepared.written)
-        return VacuumResult(None, prepared.files_considered, prepared.files_read, len(prepared.rewrites),
-                            prepared.rows_purged, len(prepared.tombstones))
+    """What :func:`vacuum` would do now (``version`` None), writing nothing: the files a vacuum would read are read
+    as it would, their tombstoned columns and row ids only, so the figures are exact."""
+    state = refresh()
+    if not state.tombstones:
+        return VacuumResult(None)
+    prepared = engine_vacuum.prepare(io, state, dry_run=True)
+    return VacuumResult(None, prepared.files_considered, prepared.files_read, len(prepared.rewrites),
+                        prepared.rows_purged, len(prepared.tombstones))
 
 
 def _vacuum_once(tx: Transaction):

@@ -295,7 +295,7 @@ class Table(read.TableDataset):
         at once, so from then on no file under the table holds those rows and no view, at any version,
         returns them. Only files whose statistics admit a tombstoned value are read (docs/restatement.md).
         ``dry_run``: the files it would read and rewrite and the rows it would purge now (``version`` None),
-        committing nothing; it costs what the vacuum's reads and rewrites cost."""
+        writing nothing: it reads the files the vacuum would read, their tombstoned columns and row ids only."""
         if dry_run:
             return restatement.vacuum_dry_run(self.io, self.refresh)
         return restatement.vacuum(self.io, self.refresh)

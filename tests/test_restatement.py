@@ -232,8 +232,12 @@ def test_vacuum_leaves_no_byte_of_a_purged_row_and_time_travel_follows(tmp_path,
     views = {v: rows_key(t.to_arrow(version=v).to_pylist(), SECRET_SCHEMA.names) for v in range(t.version + 1)}
     assert files_holding(path, "SECRET-ann-2#")  # the control: before the vacuum, files hold ann's rows
     everything, before = sorted(t.io.walk()), t.version
-    dry = t.vacuum(dry_run=True)  # the vacuum's figures, committing and leaving nothing
-    assert dry.version is None and t.version == before and sorted(t.io.walk()) == everything
+    writes = []
+    open_output = t.io.open_output
+    t.io.open_output = lambda path, *a, **k: writes.append(path) or open_output(path, *a, **k)
+    dry = t.vacuum(dry_run=True)  # the vacuum's figures, writing and committing nothing
+    t.io.open_output = open_output
+    assert writes == [] and dry.version is None and t.version == before and sorted(t.io.walk()) == everything
     r = t.vacuum()
     assert dataclasses.replace(dry, version=r.version) == r
     assert r.version == t.version and r.tombstones_retired == 1 and r.rows_purged > 0

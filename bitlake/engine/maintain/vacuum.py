@@ -58,8 +58,10 @@ def window_files(io: FileIO, latest: TableState) -> dict[str, DataFile]:
     return TableState(latest.protocol, latest.metadata, files=files).read_through(latest.rewritten).files
 
 
-def prepare(io: FileIO, state: TableState) -> Prepared:
-    """Finds and rewrites the files that hold rows the tombstones of ``state`` hide."""
+def prepare(io: FileIO, state: TableState, dry_run: bool = False) -> Prepared:
+    """Finds and rewrites the files that hold rows the tombstones of ``state`` hide. ``dry_run``: finds them and
+    the rows they hide (by the tombstones' columns and the row ids), writes nothing; ``purged`` then holds row ids
+    only."""
     meta = state.metadata
     hidden = plan.tombstones(io, state)
     live = {b.part: b.live_version for b in state.parts.values() if b.live_version is not None}
@@ -73,28 +75,36 @@ def prepare(io: FileIO, state: TableState) -> Prepared:
 
     candidates = [f for f in files.values() if may_hold(f)]
 
-    hidden_columns = sorted({c for _, c, _ in hidden} | {rowid.PART_COLUMN})
+    hidden_columns = sorted({c for _, c, _ in hidden} | set(rowid.ROW_ID_COLUMNS))
     data = datafile.data_schema(meta)
 
     def gone_in(table: pa.Table) -> np.ndarray:
         parts = table.column(rowid.PART_COLUMN).to_numpy()
         return rule.tombstoned(table) & np.isin(parts, list(live))  # a pending batch is made live later
 
+    def row_ids(table: pa.Table) -> np.ndarray:
+        return rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+
     def rewrite(f: DataFile) -> tuple[Rewrite | None, list[str], pa.Table | None]:
         # The tombstones' columns first: a file whose statistics admitted a value may hold no hidden row. Then
         # the file streamed into its rewrite, a batch at a time (a whole file's table and its filtered copy cost
         # their memory, and on this kind of machine the first touch of every page of it).
-        gone = sum(int(gone_in(pa.Table.from_batches([b])).sum())
-                   for b in datafile.read_batches(io, f.path, data, meta.file_format, hidden_columns))
+        gone_ids = []
+        for batch in datafile.read_batches(io, f.path, data, meta.file_format, hidden_columns):
+            table = pa.Table.from_batches([batch])
+            gone_ids.append(row_ids(table)[gone_in(table)])
+        gone = sum(len(ids) for ids in gone_ids)
         if not gone:
             return None, [], None
+        if dry_run:
+            return Rewrite(f.path, None), [], pa.table({ROW_ID: pa.array(np.concatenate(gone_ids), pa.int64())})
         out = compaction._Output(io, meta, f.partition, _ONE_FILE, f.rows - gone)
         found = []
         try:
             for batch in datafile.read_batches(io, f.path, data, meta.file_format):
                 table = pa.Table.from_batches([batch])
                 mask = gone_in(table)
-                ids = rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
+                ids = row_ids(table)
                 if mask.any():
                     found.append(_purged(table.filter(pa.array(mask)), ids[mask], meta))
                     table, ids = table.filter(pa.array(~mask)), ids[~mask]
