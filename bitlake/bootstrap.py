@@ -11,6 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from bitlake.engine.write import conform
 from bitlake.errors import InvalidInputError, MissingDependencyError, TableExistsError
 from bitlake.format.metadata import normalize_schema
 from bitlake.fs import file_io
@@ -143,8 +144,6 @@ def _metadata_order(path: str) -> tuple[int, str]:
 
 
 def _arrow(data: Any) -> Source:
-    from bitlake.engine.write import conform
-
     reader = conform.arrow_input(data)
     if reader is None:
         raise InvalidInputError(f"cannot convert a {type(data).__name__}: pass the path of a Parquet, Delta, Iceberg "

@@ -20,6 +20,7 @@ from bitlake.errors import InvalidInputError
 from bitlake.format import rowid
 from bitlake.format.metadata import AGE, delta_text, delta_to_int
 from bitlake.mirror import PostgresMirror, lsn_text
+from bitlake.sql import to_expression
 
 # rich (bitlake[cli]), httpx (bitlake[client]) and pyspark are imported where they are used, and so is the table
 # library (through ``bitlake``'s lazy names, or bitlake.bootstrap): `bitlake --help` starts without them. No command
@@ -162,8 +163,6 @@ def cmd_changes(args, out: Console, err: Console) -> None:
                 raise InvalidInputError(f"--columns: {unknown} are not columns of the change rows; they have "
                                         f"{rows.column_names}")
         if args.where is not None:
-            from bitlake.sql import to_expression
-
             rows = rows.filter(to_expression(args.where, rows.schema))
     total = rows.num_rows
     rows = rows.slice(0, args.limit)

@@ -38,7 +38,7 @@ from bitlake.spark import jar
 from bitlake.spark.schema import spark_packed, spark_schema
 
 DRIVER_EXPANSION_ROWS = 2_000_000
-# The row filter's literal at most this big (a 10 % churn of 60M rows: 7.5 MB, a bit a row of the files).
+# The row filter's literal at most this big (it holds a bit a row of the files it filters).
 FILTER_MAX_BYTES = 64 << 20
 _DROP_IN = "segment string, revived binary"
 

@@ -205,9 +205,9 @@ class KeyIndex:
         options.set_level_zero_file_num_compaction_trigger(8)
         # A large commit stages its entries as many overlapping files (two per group of a spilled MetaGen): at
         # RocksDB's default triggers (20 and 36 files) they stalled the flush after the commit, which the next
-        # writer waits for, until a compaction had merged them (6 s after a TPC-H SF 10 load and after the first
-        # 1 % batch that followed; docs/benchmarks.md, "Design measurements"). The compaction runs after the
-        # commit either way; lookups meanwhile search the files' bloom filters.
+        # writer waits for, until a compaction had merged them (docs/benchmarks.md, "Design measurements", "Key
+        # index: staging and the GIL"). The compaction runs after the commit either way; lookups meanwhile search
+        # the files' bloom filters.
         options.set_level_zero_slowdown_writes_trigger(_STALL_FILES)
         options.set_level_zero_stop_writes_trigger(2 * _STALL_FILES)
         options.set_keep_log_file_num(1)  # RocksDB's own info log: keep no old ones
