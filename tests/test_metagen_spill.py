@@ -90,3 +90,26 @@ def test_the_spill_parts_rows_in_order_and_removes_its_files():
         folder = parts._folder
         raise RuntimeError("a failed MetaGen")
     assert not os.path.exists(folder)
+
+
+def test_a_spilled_load_goes_into_the_key_index_as_one_run_at_the_bottom(tmp_path, monkeypatch):
+    """The index's keys start with the bucket: the groups of a spilled MetaGen (runs of buckets) stage SST files
+    that overlap no other group's, which RocksDB puts at its bottom level, leaving nothing to compact."""
+    from bitlake.engine.keys import indexsession, keyindex
+
+    monkeypatch.setattr(metagen, "SPILL_RECORDS", 0)
+    monkeypatch.setattr(metagen, "SPILL_GROUP_RECORDS", 90)
+    monkeypatch.setattr(keyindex, "_PROCESS_SST_ROWS", 1)  # every group stages its entries as SST files
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA.remove(3), primary_key="k", delta_column="v",
+                             num_buckets=8)
+    t.ingest(_batch(range(400), 1), op_column="op")
+    indexsession.flush_idle()
+    index = indexsession._kept[keyindex.location(t.io, t.metadata)[0]].index
+    levels = [index.db.property_int_value(f"rocksdb.num-files-at-level{i}") for i in range(7)]
+    # 5 groups' files, all at the bottom; the first level holds the flush of the index's version entries alone
+    assert levels[0] <= 1 and levels[1:6] == [0] * 5 and levels[6] >= 5, levels
+    r = t.ingest(_batch(range(350, 450), 2), op_column="op")
+    assert r.counts == {"inserted": 50, "updated": 50, "deleted": 0, "stale": 0, "ignored_deletes": 0}
+    r = t.ingest(_batch(range(300, 320), 1), op_column="op")  # ties with the load's delta: accepted
+    assert r.counts["updated"] == 20
+    indexsession.close_idle()

@@ -34,23 +34,27 @@ def _variable(t: pa.DataType) -> bool:
     )
 
 
-def encode_keys(table: pa.Table, primary_key: list[str]) -> list[bytes]:
+def encode_keys(table: pa.Table, primary_key: list[str], buckets: np.ndarray | None = None) -> list[bytes]:
     """One bytes value per row, equal for equal keys and different for different ones. Every key
     starts with byte 1, so that it never collides with the index's own entries (byte 0). A fixed-width
     column is its int64 value with the sign bit flipped, big-endian: bytes compare as the values do; a decimal
-    is its text with exactly its scale's digits (as the bucket hash takes it)."""
+    is its text with exactly its scale's digits (as the bucket hash takes it). ``buckets``: each row's bucket,
+    put as two big-endian bytes after the first, so that keys order by bucket, then by key (the key index's)."""
     n = table.num_rows
     columns = [table.column(c) for c in primary_key]
+    head = [("bucket", ">u2")] if buckets is not None else []
     if all(_fixed(c.type) for c in columns):
         # A one-byte terminator keeps numpy from stripping trailing zero bytes of the fixed width.
-        fields = [("start", "u1"), *[(f"k{i}", ">u8") for i in range(len(columns))], ("end", "u1")]
+        fields = [("start", "u1"), *head, *[(f"k{i}", ">u8") for i in range(len(columns))], ("end", "u1")]
         rec = np.empty(n, dtype=fields)
         rec["start"] = 1
+        if buckets is not None:
+            rec["bucket"] = buckets
         for i, c in enumerate(columns):
             rec[f"k{i}"] = int64_values(c).view(np.uint64) ^ _SIGN
         rec["end"] = 1
         return rec.view(f"S{rec.dtype.itemsize}").tolist()
-    parts = []
+    parts = [[int(b).to_bytes(2, "big") for b in buckets.tolist()]] if buckets is not None else []
     for c in columns:
         if _fixed(c.type):
             parts.append([(x + 2**63).to_bytes(8, "big") for x in int64_values(c).tolist()])

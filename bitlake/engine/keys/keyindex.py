@@ -14,8 +14,12 @@ while the rebuild deletes it. A writer that finds the index held by another
 (:class:`~bitlake.errors.IndexUnavailableError`) has the inline MetaGen scan the key store instead,
 which is slower for small batches, never wrong.
 
-Keys are the bytes of :mod:`bitlake.engine.keys.keyencoding`. Tables whose key types it cannot encode as
-fixed-width or length-prefixed values (decimals) have no index: their inline MetaGen scans the key store.
+Keys are the bytes of :mod:`bitlake.engine.keys.keyencoding` with the key's bucket before the key columns, so
+that a bucket's entries are one range of the index: the entries of a set of buckets (a group of a spilled
+MetaGen, whose groups are runs of buckets) go in as SST files that overlap no other group's, which RocksDB puts
+at the bottom as one sorted run, with nothing to compact (overlapping files, as a key order alone gave, were
+merged by a compaction that the next batches paid for). Tables whose key types it cannot encode as fixed-width or
+length-prefixed values (decimals) have no index: their inline MetaGen scans the key store.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import pyarrow as pa
 from bitlake import faults
 from bitlake.engine.keys.keyencoding import encodable, encode_keys, key_order
 from bitlake.errors import IndexUnavailableError
-from bitlake.format import commitlog, keystore, layout
+from bitlake.format import bucket, commitlog, keystore, layout
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
@@ -46,7 +50,7 @@ _VERSION_KEY = b"\x00bitlake:version"
 _TABLE_KEY = b"\x00bitlake:table_id"
 # The encoding of the keys and values (encode_keys, _encode_values): an index written in another is rebuilt.
 _FORMAT_KEY = b"\x00bitlake:format"
-_FORMAT = b"2"
+_FORMAT = b"3"  # 3: the bucket before the key
 _PUT_CHUNK = 200_000
 _YIELD_EVERY = 1024  # entries written between two releases of the GIL (_put_each)
 # At least this many entries go in as SST files rather than as puts; from _PROCESS_SST_ROWS entries, the SST
@@ -298,7 +302,7 @@ class KeyIndex:
             for start in range(0, table.num_rows, _PUT_CHUNK):
                 chunk = table.slice(start, _PUT_CHUNK)
                 batch = WriteBatch(raw_mode=True)
-                _put_each(batch.put, encode_keys(chunk, pk), _encode_values(chunk))
+                _put_each(batch.put, encode_keys(chunk, pk, self._buckets(chunk)), _encode_values(chunk))
                 self.db.write(batch)
         self._put_version(version)
 
@@ -355,7 +359,7 @@ class KeyIndex:
             writing.remove()
 
     def _ingest_sorted(self, table: pa.Table) -> None:
-        """Many entries at once: written in key order as SST files that RocksDB takes in whole, sorted runs,
+        """Many entries at once: written in the index's order as SST files that RocksDB takes in whole, sorted runs,
         instead of puts whose memtable flushes a compaction must merge later, the dearer way for a load
         (docs/benchmarks.md, "Design measurements", "Key index: staging and the GIL")."""
         writing = self._start_ssts(table, "ingest")
@@ -372,14 +376,16 @@ class KeyIndex:
         return not it.valid()
 
     def _start_ssts(self, table: pa.Table, name: str) -> _SstWriting:
-        """Starts writing ``table``'s entries, in key order, as SST files. rocksdict takes an entry per call,
+        """Starts writing ``table``'s entries, in the index's order, as SST files. rocksdict takes an entry per call,
         holding the GIL, so a large table is cut into key ranges written by processes of their own, one per
         core; a smaller one is written here and now."""
         pk = list(self.meta.primary_key)
-        table = table.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED])
+        buckets = self._buckets(table)
+        table = table.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED]).append_column(
+            keystore.BUCKET, pa.array(buckets.astype(np.int32)))
         order = key_order(table, pk)
-        if order is not None:
-            table = table.take(pa.array(order))
+        order = np.arange(table.num_rows) if order is None else order
+        table = table.take(pa.array(order[np.argsort(buckets[order], kind="stable")]))  # the index's order
         large = table.num_rows >= _PROCESS_SST_ROWS
         bottom = self._empty()  # the files will be the bottom run: RocksDB puts them below nothing
         ranges = threads() if large else 1
@@ -397,18 +403,27 @@ class KeyIndex:
             raise
         return writing
 
-    def lookup(self, keys: list[bytes], in_order: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+    def _buckets(self, rows: pa.Table) -> np.ndarray:
+        """Each row's bucket: its ``_bucket`` column (MetaGen's records), else from its key (key-store files)."""
+        if keystore.BUCKET in rows.column_names:
+            return rows.column(keystore.BUCKET).to_numpy().astype(np.uint16)
+        return bucket.buckets(rows, list(self.meta.primary_key), self.meta.num_buckets).astype(np.uint16)
+
+    def lookup(self, rows: pa.Table, in_key_order: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                                           np.ndarray]:
-        """For each encoded key: found, delta, packed row id, deleted. ``in_order``: the keys are sorted already
-        (distinct keys of fixed width as :func:`key_codes` numbers them), which spares sorting them again."""
-        # In key order the lookups walk the files' blocks forwards, which halves their cost; RocksDB reads
+        """For each row's key (the key columns, and ``_bucket`` when known): found, delta, packed row id, deleted.
+        ``in_key_order``: the keys are distinct and in key order (fixed-width keys as :func:`key_codes` numbers
+        them), so a stable sort of their buckets puts them in the index's order."""
+        # In the index's order the lookups walk the files' blocks forwards, which halves their cost; RocksDB reads
         # and decompresses blocks without the GIL, so runs of the sorted keys go to threads of their own.
         # (numpy's bytes order ignores trailing zero bytes: keys that differ only there tie, in no given order)
-        if in_order:
-            order, ordered = np.arange(len(keys)), keys
+        buckets = self._buckets(rows)
+        keys = encode_keys(rows, list(self.meta.primary_key), buckets)
+        if in_key_order:
+            order = np.argsort(buckets, kind="stable")
         else:
             order = np.argsort(np.array(keys, dtype=bytes), kind="stable")
-            ordered = np.array(keys, dtype=object)[order].tolist()
+        ordered = np.array(keys, dtype=object)[order].tolist()
         step = max(_LOOKUP_CHUNK, -(-len(ordered) // threads()))
         runs = thread_map(lambda start: self.db[ordered[start:start + step]], range(0, len(ordered), step))
         stored = [v for run in runs for v in run]
@@ -422,15 +437,16 @@ class KeyIndex:
 
 
 def write_sst(table: pa.Table, primary_key: list[str], path: str, bottom: bool) -> None:
-    """Writes the key-store rows ``table``, in key order, as an SST file of index entries (``bottom``: of the
-    bottom run, see _BOTTOM_BLOCK_BYTES)."""
+    """Writes the key-store rows ``table`` (with ``_bucket``), in the index's order, as an SST file of index entries
+    (``bottom``: of the bottom run, see _BOTTOM_BLOCK_BYTES)."""
     from rocksdict import SstFileWriter
 
     writer = SstFileWriter(options=KeyIndex._options("bottom" if bottom else "upper"))
     writer.open(path)
     for start in range(0, table.num_rows, _PUT_CHUNK):
         chunk = table.slice(start, _PUT_CHUNK)
-        _put_each(writer.__setitem__, encode_keys(chunk, primary_key), _encode_values(chunk))
+        buckets = chunk.column(keystore.BUCKET).to_numpy().astype(np.uint16)
+        _put_each(writer.__setitem__, encode_keys(chunk, primary_key, buckets), _encode_values(chunk))
     writer.finish()
 
 

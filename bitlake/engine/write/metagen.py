@@ -27,7 +27,7 @@ import pyarrow as pa
 from pyroaring import BitMap
 
 from bitlake.engine.keys import keycache
-from bitlake.engine.keys.keyencoding import ascending, encode_keys, fixed_width, int64_values, key_codes
+from bitlake.engine.keys.keyencoding import fixed_width, int64_values, key_codes
 from bitlake.engine.keys.keyindex import stages
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.spill import Spill
@@ -253,15 +253,12 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     records = pa.concat_tables(tables) if tables else None
     if records is None or records.num_rows == 0:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
-    pieces, ranged = _groups(records, meta)
-    # Groups that are key ranges stage their key-index files as they go: each a sorted run of its own, while
-    # the next group folds. Groups that are sets of buckets would each span every key, as many overlapping
-    # runs that every later lookup would search, which slows every later small batch: their rows go in after the
-    # commit, sorted as one (docs/benchmarks.md, "Design measurements", "MetaGen: lookups or a scan of the key store").
-    stage = index is not None and ranged and stages(records.num_rows)
+    # Each group stages its key-index files as it goes, while the next one folds: a group is a run of buckets, a
+    # range of the index's order (its keys start with the bucket), so the files of the groups never overlap.
+    stage = index is not None and stages(records.num_rows)
     counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
     until, valid, rows = [], [], []
-    for piece in pieces:
+    for piece in _groups(records, meta):
         g = _fold_records(io, state, batches, piece, version, index)
         if stage and g.keystore_rows.num_rows:
             index.stage(g.keystore_rows, version)
@@ -298,8 +295,8 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
     group_of_bucket = np.arange(meta.num_buckets) * groups // meta.num_buckets
     sources = [lambda b=b: b.rows for b in batches if b.rows is not None]
     sources += [lambda r=r: r[0](io, r[1], meta) for r in reads]
-    # Each group stages its key-index entries while the next one folds, as key ranges do in run_inline; these runs
-    # overlap (sets of buckets), and RocksDB's compaction merges them after the commit.
+    # Each group stages its key-index entries while the next one folds, as in run_inline: runs of buckets, whose
+    # files overlap no other group's.
     stage = index is not None and stages(records)
     counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
     until, added, replaced = [], [], []
@@ -352,29 +349,16 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
     return assemble(state, batches, seg_out, added, replaced, batch_counts)
 
 
-def _groups(records: pa.Table, meta) -> tuple[Iterable[pa.Table], bool]:
-    """``records`` cut into groups of about :data:`GROUP_RECORDS` (at most one a bucket), a key's records all in
-    one group, and whether the groups are key ranges: ranges of the first key column when it has a fixed width
-    (its 8 bytes lead the encoded key, so its ranges are ranges of the index's order), else sets of buckets.
-    Input sorted by that column is cut into slices; other input is filtered."""
-
+def _groups(records: pa.Table, meta) -> Iterable[pa.Table]:
+    """``records`` cut into groups of about :data:`GROUP_RECORDS` (at most one a bucket), each a run of buckets:
+    a key's records all in one group, and each group a range of the key index's order (its keys start with the
+    bucket)."""
     groups = min(-(-records.num_rows // GROUP_RECORDS), meta.num_buckets)
     if groups <= 1:
-        return [records], True
-    first = list(meta.primary_key)[:1]
-    ranged = fixed_width(records, first)
-    if ranged:
-        values = int64_values(records.column(first[0]))
-        sample = np.sort(values[:: max(1, len(values) // 100_000)])
-        bounds = np.unique(sample[np.arange(1, groups) * len(sample) // groups])
-        if ascending([values]):
-            cuts = [0, *np.searchsorted(values, bounds, side="left").tolist(), len(values)]
-            return (records.slice(a, b - a) for a, b in zip(cuts, cuts[1:], strict=False) if b > a), True
-        group_of = np.searchsorted(bounds, values, side="right")
-    else:
-        group_of_bucket = np.arange(meta.num_buckets) * groups // meta.num_buckets
-        group_of = group_of_bucket[records.column(keystore.BUCKET).to_numpy()]
-    return (records.filter(pa.array(group_of == g)) for g in np.unique(group_of).tolist()), ranged
+        return [records]
+    group_of_bucket = np.arange(meta.num_buckets) * groups // meta.num_buckets
+    group_of = group_of_bucket[records.column(keystore.BUCKET).to_numpy()]
+    return (records.filter(pa.array(group_of == g)) for g in np.unique(group_of).tolist())
 
 
 @dataclasses.dataclass
@@ -433,7 +417,7 @@ def _stored_entries(io: FileIO, state: TableState, records: pa.Table, first: np.
     buy = keycache.CACHE.spent(io) + lookup_cost > unread_rows and keycache.CACHE.can_hold(unread_rows)
     if index is not None and lookup_cost <= scan_cost and not buy:
         keycache.CACHE.spend(io, lookup_cost)
-        return index.lookup(encode_keys(distinct, pk), in_order=fixed_width(records, pk)), distinct
+        return index.lookup(distinct, in_key_order=fixed_width(records, pk)), distinct
     return scan_keystore(io, state, distinct, buckets.tolist()), distinct
 
 
