@@ -1883,6 +1883,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per operation before it is killed")
     ap.add_argument("--quick", action="store_true", help="no 10 %% batch, one scan run and no warm-up")
     ap.add_argument("--no-scans", action="store_true", help="loads and batches only (earlier scan figures stay)")
+    ap.add_argument("--scan-runs", type=int, help="timed runs of each scan, without a warm-up (default: 3 after a "
+                    "warm-up; 1 with --quick): a scale factor whose scans take minutes")
     ap.add_argument("--no-more", action="store_true",
                     help=f"not the operations after the batches and scans ({', '.join(MORE_OPS)})")
     ap.add_argument("--repeat", type=int, default=1,
@@ -1951,8 +1953,10 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir(parents=True)
         log(f"SF {sf_text(sf)}: generating the batches")
         spec = prepare_apart(sf, work, args.quick)
-        if args.no_scans or args.no_more:
+        if args.no_scans or args.no_more or args.scan_runs:
             spec["scans"], spec["more"] = not args.no_scans, not args.no_more
+            if args.scan_runs:
+                spec["runs"], spec["warmup"] = args.scan_runs, False
             (work / "spec.json").write_text(json.dumps(spec, indent=1))
         new["expected"][sf_text(sf)] = spec["expected"]
         rounds: dict[str, list[list[dict]]] = {system: [] for system in systems}
