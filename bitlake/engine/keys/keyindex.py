@@ -207,11 +207,11 @@ class KeyIndex:
         universal.max_size_amplification_percent = 400
         options.set_universal_compaction_options(universal)
         options.set_level_zero_file_num_compaction_trigger(8)
-        # A large commit stages its entries as many overlapping files (two per group of a spilled MetaGen): at
-        # RocksDB's default triggers (20 and 36 files) they stalled the flush after the commit, which the next
-        # writer waits for, until a compaction had merged them (docs/benchmarks.md, "Design measurements", "Key
-        # index: staging and the GIL"). The compaction runs after the commit either way; lookups meanwhile search
-        # the files' bloom filters.
+        # A large commit stages its entries as many files (two per group of a spilled MetaGen). When they overlapped
+        # (index format 2), RocksDB's default triggers (20 and 36 files) stalled the flush after the commit, which
+        # the next writer waits for, until a compaction had merged them (docs/benchmarks.md, "Design measurements",
+        # "Key index: staging and the GIL"); files that overlap go to the first level still (a commit's staged
+        # entries over an index that holds keys of their buckets), and a compaction of them runs after the commit.
         options.set_level_zero_slowdown_writes_trigger(_STALL_FILES)
         options.set_level_zero_stop_writes_trigger(2 * _STALL_FILES)
         options.set_keep_log_file_num(1)  # RocksDB's own info log: keep no old ones
