@@ -1555,7 +1555,9 @@ def more_targets(records, mode: str, sfs, peers) -> list[dict]:
             # lance's delete marks rows in deletion files, their data kept until a compaction (bitlake's tombstone
             # does as much, in metadata); an erasure is held against the peers whose delete removes the data.
             against = [p for p in peers if op != "erase" or p in COPY_ON_WRITE]
-            theirs = [(spent(q), p) for p in against if (q := find(records, p, sf, op)) and not q.get("error")]
+            # A compaction that wrote nothing had nothing to compact (delta-rs's merges rewrite whole files): no race.
+            theirs = [(spent(q), p) for p in against if (q := find(records, p, sf, op)) and not q.get("error")
+                      and (op != "compact" or q.get("bytes_written"))]
             if not theirs:
                 continue
             best, peer = min(theirs)
