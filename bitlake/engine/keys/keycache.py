@@ -9,7 +9,8 @@ the files costs their every row and the key index a point lookup a key, both far
 measurements", "Key cache"). The inline MetaGen puts in what it writes, and a scan what it reads (the inline MetaGen
 of a process that has spent on lookups what reading the files costs scans, so that it reads them); the least
 recently used files go when the cache passes its budget: ``BITLAKE_KEYSTORE_CACHE_BYTES`` (environment), by default
-a quarter of the machine's memory; ``0`` turns it off.
+a quarter of the memory the process may use (the machine's, or its container's limit:
+:func:`bitlake.memory.usable_bytes`); ``0`` turns it off.
 
 Keys of integer-like columns (the key index's fixed width) are held packed into one int64 a row, in the file's
 key order, with the deltas, row ids, delete flags and versions beside them (a column of one value as a
@@ -27,6 +28,7 @@ import threading
 import numpy as np
 import pyarrow as pa
 
+from bitlake import memory
 from bitlake.engine.keys.keyencoding import fixed_width, int64_values
 from bitlake.format import keystore
 from bitlake.format.metadata import TableMetadata
@@ -180,11 +182,12 @@ class KeyStoreCache:
 def _budget() -> int:
     value = os.environ.get("BITLAKE_KEYSTORE_CACHE_BYTES")
     if value is not None:
+        if not value.strip().isdigit():
+            raise ValueError(f"BITLAKE_KEYSTORE_CACHE_BYTES must be a number of bytes (0 turns the key-store cache "
+                             f"off), not {value!r}")
         return int(value)
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - systems without sysconf
-        return 1 << 30
+    usable = memory.usable_bytes()
+    return usable // 4 if usable is not None else 1 << 30
 
 
 CACHE = KeyStoreCache(_budget())
