@@ -156,3 +156,35 @@ def test_change_rows_are_the_difference_of_each_keys_row(pairs):
     changes, got_counts = restate.diff(before, after)
     assert [tuple(r.values()) for r in changes.to_pylist()] == want
     assert {k: got_counts[k] for k in counts} == counts and sum(got_counts.values()) == sum(counts.values())
+
+
+def test_a_batchs_records_are_read_from_the_row_groups_holding_it(tmp_path, monkeypatch):
+    """After a compaction a file holds several batches' rows, in row-id order: the records of one batch come from
+    the row groups whose ``_segment_part`` statistics may hold it, and a revert folds them as before."""
+    import pyarrow.parquet as pq
+
+    from bitlake.format import datafile, rowid
+
+    monkeypatch.setattr(datafile, "ROW_GROUP_ROWS", 16)
+    schema, pk = SCHEMAS["int key"]
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=pk, delta_column="mod")
+    for n in range(4):  # batch n adds keys 100n..100n+99; batch 2 also updates keys 100..109 of batch 1
+        recs = [(k, n, "upsert", k) for k in range(100 * n, 100 * n + 100)]
+        t.ingest(_arrow("int key", recs + [(k, n, "upsert", -k) for k in range(100, 110) if n == 2]),
+                 batch_id=f"b{n}", op_column="op")
+    while t.compact(dry_run=True)["files"]:  # the wasteful file first, then a tier of small ones
+        t.compact()
+    state = t.state()
+    part = next(p for p, b in state.parts.items() if b.batch_id == "b1")
+    # the small files merged, the 10 rows of batch 1 that batch 2 superseded in a file of history rows
+    f = max((f for f in state.data_files() if part in {r.part for r in f.segments}), key=lambda f: len(f.segments))
+    assert len({r.part for r in f.segments}) == 4
+    groups = datafile._groups_of_parts(pq.ParquetFile(t.io.open_input(f.path)), np.array([part]))
+    assert 0 < len(groups) < pq.ParquetFile(t.io.open_input(f.path)).num_row_groups
+    rows = datafile.read_data(t.io, f.path, state.metadata, parts=np.array([part]))
+    assert rows.num_rows == 90 and set(rows.column(rowid.PART_COLUMN).to_pylist()) == {part}
+    t.revert_batch("b1")
+    want = {k: k for k in range(400) if not 110 <= k < 200} | {k: -k for k in range(100, 110)}
+    assert {r["a"]: r["value"] for r in t.to_arrow().to_pylist()} == want
+    t.revert_batch("b2")
+    assert {r["a"]: r["value"] for r in t.to_arrow().to_pylist()} == {k: k for k in [*range(100), *range(300, 400)]}

@@ -225,10 +225,15 @@ def keys_writer(io: FileIO, path: str, meta: TableMetadata) -> FileWriter:
     return FileWriter(io, path, schema, "parquet", keystore.parquet_options(schema))
 
 
-def read_data(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | None = None) -> pa.Table:
+def read_data(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | None = None,
+              parts: np.ndarray | None = None) -> pa.Table:
     """A data file's rows as the table's current data schema (or ``columns`` of it); columns added after
-    the file was written are null."""
+    the file was written are null. ``parts`` (sorted segment parts): only the rows of those batches, read from the
+    Parquet row groups whose ``_segment_part`` statistics may hold them (a compacted file holds its rows in row-id
+    order, so a batch's rows are a few of its row groups)."""
     schema = data_schema(meta)
+    names = columns or schema.names
+    groups = None
     if meta.file_format == "orc":
         import pyarrow.orc as orc
 
@@ -237,8 +242,30 @@ def read_data(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | N
     else:
         f = pq.ParquetFile(io.open_input(path))
         present = set(f.schema_arrow.names)
-    names = columns or schema.names
-    return conform(f.read(columns=[n for n in names if n in present]), schema, names)
+        groups = _groups_of_parts(f, parts) if parts is not None else None
+    wanted = [n for n in names if n in present]
+    if parts is not None and rowid.PART_COLUMN not in wanted:
+        wanted.append(rowid.PART_COLUMN)
+    table = f.read(columns=wanted) if groups is None else f.read_row_groups(groups, columns=wanted)
+    if parts is not None:
+        mine = np.isin(table.column(rowid.PART_COLUMN).to_numpy(), parts)
+        table = table if mine.all() else table.filter(pa.array(mine))
+    return conform(table, schema, names)
+
+
+def _groups_of_parts(f: pq.ParquetFile, parts: np.ndarray) -> list[int]:
+    """The row groups of ``f`` whose ``_segment_part`` statistics say they may hold a row of ``parts``."""
+    md = f.metadata
+    column = f.schema_arrow.get_field_index(rowid.PART_COLUMN)
+    out = []
+    for i in range(md.num_row_groups):
+        st = md.row_group(i).column(column).statistics if column >= 0 else None
+        if st is None or not st.has_min_max:
+            out.append(i)
+            continue
+        if np.searchsorted(parts, st.max, side="right") > np.searchsorted(parts, st.min, side="left"):
+            out.append(i)
+    return out
 
 
 def read_batches(io: FileIO, path: str, schema: pa.Schema, file_format: str = "parquet",

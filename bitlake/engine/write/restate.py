@@ -339,17 +339,17 @@ def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files:
         kept = places.join(of_keys, keys=pk, join_type="left semi").column("_place").to_numpy()
         return rows.take(pa.array(np.sort(kept)))
 
+    wanted = np.unique(np.array(parts, dtype=np.int64))
     reads = [lambda p=f.path: datafile.keys_of(of_those_keys(
-        datafile.read_data(io, p, meta, columns=datafile.upsert_columns(meta))), meta) for f in files]
+        datafile.read_data(io, p, meta, columns=datafile.upsert_columns(meta), parts=wanted)), meta) for f in files]
     reads += [lambda p=k.path: of_those_keys(datafile.read_deletes(io, p, meta)) for k in keys_files]
     tables = thread_map(lambda read: read(), reads)
     if purged is not None and purged.num_rows:
-        tables.append(of_those_keys(purged))
+        mine = order.isin(rids_of(purged) >> rowid.PART_SHIFT, wanted)
+        tables.append(of_those_keys(purged.filter(pa.array(mine))))
     if not tables:
         return datafile.keys_schema(meta).empty_table()
-    table = pa.concat_tables(tables).combine_chunks()
-    mine = order.isin(rids_of(table) >> rowid.PART_SHIFT, np.array(parts, dtype=np.int64))
-    return table if mine.all() else table.filter(pa.array(mine))
+    return pa.concat_tables(tables).combine_chunks()
 
 
 def _empty(state: TableState, new: Landed | None) -> Restatement:
