@@ -248,8 +248,9 @@ def read_data(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | N
         wanted.append(rowid.PART_COLUMN)
     table = f.read(columns=wanted) if groups is None else f.read_row_groups(groups, columns=wanted)
     if parts is not None:
-        mine = np.isin(table.column(rowid.PART_COLUMN).to_numpy(), parts)
-        table = table if mine.all() else table.filter(pa.array(mine))
+        mine = pc.is_in(table.column(rowid.PART_COLUMN), value_set=pa.array(parts, pa.int32()))
+        if not pc.all(mine).as_py():
+            table = table.filter(mine)
     return conform(table, schema, names)
 
 
