@@ -78,6 +78,9 @@ bench-lake: setup  ## bitlake on an S3 API (moto) against local disk and delta-r
 bench-memory: setup  ## peak memory of a base load from an Arrow stream, by phase (landing, MetaGen) (SF=1)
 	$(PY) benchmarks/memory.py --scale-factor $(SF) --output
 
+bench-cluster: setup  ## a standalone Spark cluster (a master, two 1-core workers): the load from a Spark DataFrame and a 10 % batch's Spark MetaGen, with executor memory (SF=1; SF=10 is the issue's)
+	$(PY) benchmarks/cluster.py --scale-factor $(SF)
+
 bench-reads: setup  ## reads of a churned table by pyarrow, DuckDB and Polars against plain Parquet, lance and delta-rs, and after a major compaction (SF=1)
 	$(PY) benchmarks/reads.py --scale-factor $(SF) --output
 

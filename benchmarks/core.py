@@ -353,6 +353,35 @@ def wait_for_health(process: subprocess.Popen, base_url: str, timeout: float = 6
         time.sleep(interval)
 
 
+def processes() -> tuple[dict[int, tuple[int, str, int]], dict[int, list[int]]]:
+    """The machine's processes now, as {pid: (parent, command, resident bytes)}, and each one's children."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    procs: dict[int, tuple[int, str, int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue  # gone meanwhile
+            command, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+            procs[int(entry.name)] = (int(rest[1]), command, int(rest[21]) * page)
+    children: dict[int, list[int]] = {}
+    for pid, (parent, _, _) in procs.items():
+        children.setdefault(parent, []).append(pid)
+    return procs, children
+
+
+def descendants(pid: int, children: dict[int, list[int]], skip: set[int] = frozenset()) -> list[int]:
+    """The processes below ``pid`` (not itself), leaving out those in ``skip`` and everything below them."""
+    out, todo = [], [c for c in children.get(pid, []) if c not in skip]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += [c for c in children.get(p, []) if c not in skip]
+    return out
+
+
 class TreeRss:
     """Resident set sizes of this process tree, sampled every ``interval`` seconds on a thread while it is
     entered: this process (the driver's Python), its Java descendants (Spark's JVM: in local mode the driver
@@ -368,26 +397,10 @@ class TreeRss:
 
     @staticmethod
     def sample() -> tuple[int, int, int, int]:
-        page = os.sysconf("SC_PAGE_SIZE")
-        procs: dict[int, tuple[int, str, int]] = {}  # pid: (parent, command, rss bytes)
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                try:
-                    with open(f"/proc/{entry.name}/stat") as f:
-                        stat = f.read()
-                except OSError:
-                    continue  # gone meanwhile
-                command, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-                procs[int(entry.name)] = (int(rest[1]), command, int(rest[21]) * page)
-        children: dict[int, list[int]] = {}
-        for pid, (parent, _, _) in procs.items():
-            children.setdefault(parent, []).append(pid)
+        procs, children = processes()
         me = os.getpid()
         out = [procs.get(me, (0, "", 0))[2], 0, 0]
-        todo = list(children.get(me, []))
-        while todo:
-            pid = todo.pop()
-            todo += children.get(pid, [])
+        for pid in descendants(me, children):
             out[1 if procs[pid][1] == "java" else 2] += procs[pid][2]
         return out[0], out[1], out[2], sum(out)
 
