@@ -171,7 +171,8 @@ def markdown(r: dict) -> str:
              f"process; {r['executors']} executors registered. TPC-H `lineitem` SF {core.sf_text(r['scale_factor'])} "
              f"({r['rows']:,} rows), 16 buckets; the 10 % batches of the peers benchmark (95 % updates of random keys, "
              "the rest new keys). Times include the key index's update after the commit, (+x after); peak RSS is "
-             "sampled every 0.25 s. Load average (1 min) "
+             "sampled every 0.25 s. The operations ran in the order listed, the first on executors that had run one "
+             "small job (their JIT still warming up counts against it). Load average (1 min) "
              f"{run['load_average_start']:.1f} at the start, {run['load_average_end']:.1f} at the end.", "",
              "| operation | wall s | against plain Spark | peak RSS, driver | peak RSS, executors |",
              "| --- | --- | --- | --- | --- |"]
