@@ -1,17 +1,12 @@
-"""The Spark MetaGen: the second of Opal's two steps as one Spark job per commit.
+"""The Spark MetaGen: the second of Opal's two steps as Spark jobs, for commits too large for the driver.
 
-It reads the batches' records (key, delta, row id, delete flag, bucket: derived from the data files' columns
-for upserts, from the keys files for deletes), joins them with the
-key-store buckets the batches touch, and applies the semantics contract per key with window functions:
-
-* records are ordered by ``(batch index, delta, row id)``; the key store's record comes first;
-* a record is accepted iff its delta is >= the maximum delta of every record before it (accepted
-  deltas never decrease, so that maximum is the last accepted record's delta);
-* an accepted record invalidates the previous accepted record if that one is a visible row
-  (an upsert), and an accepted upsert becomes valid itself.
-
-Executors then write the segment-log events and the new current bitmaps (grouped by segment) and the
-key-store increments (grouped by bucket) and report the file names; the driver only commits.
+It folds the batches' records with the inline MetaGen's own code (:func:`bitlake.engine.write.metagen.fold`),
+a set of buckets per task: the records (key, delta, row id, delete flag, bucket: derived from the data files'
+columns for upserts, from the keys files for deletes) are partitioned by bucket, so that every record of a key
+is in one task, and each task reads its buckets' key-store files, folds its keys against their entries as the
+driver would (:func:`~bitlake.engine.write.metagen.fold_records`), writes its buckets' key-store increments and
+returns its events and counts. A second stage, partitioned by segment, writes the segment log and the new
+bitmaps; the driver only commits. One fold for both paths: the contract's rules are written once.
 """
 
 from __future__ import annotations
@@ -19,8 +14,10 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pyarrow as pa
 
+from bitlake.engine.keys import keycache
 from bitlake.engine.write.metagen import (
     BECOMES_VALID,
     COUNTS,
@@ -29,11 +26,12 @@ from bitlake.engine.write.metagen import (
     Landed,
     MetaGenOutput,
     assemble,
+    fold_records,
     new_segments,
     unkeyed_output,
     write_segments,
 )
-from bitlake.format import datafile, keystore, rowid, segmentlog
+from bitlake.format import datafile, keystore, rowid
 from bitlake.format.commit import BucketFile, SegmentState
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.state import TableState
@@ -41,79 +39,47 @@ from bitlake.fs import FileIO
 from bitlake.spark import files as spark_files
 from bitlake.spark.schema import spark_schema, spark_typed
 
+# A fold task's output: its events (SET_VALID_UNTIL, and BECOMES_VALID for the upserts that become valid), then
+# one row whose ``report`` (JSON) holds its counts and the key-store files it wrote and replaced.
+_FOLDED = pa.schema([
+    (rowid.PART_COLUMN, pa.int32()), (rowid.SEQ_COLUMN, pa.int32()), (rowid.OFFSET_COLUMN, pa.int32()),
+    ("event", pa.int8()), ("t", pa.int64()), ("cause", pa.int64()), ("batch_index", pa.int32()),
+    ("report", pa.string()),
+])
+_FOLDED_DDL = (f"{rowid.PART_COLUMN} int, {rowid.SEQ_COLUMN} int, {rowid.OFFSET_COLUMN} int, event byte, t long, "
+               "cause long, batch_index int, report string")
+
 
 def run(spark, io: FileIO, state: TableState, batches: list[Landed], version: int) -> MetaGenOutput:
     """Computes the metadata that makes ``batches`` visible at ``version``; writes files, commits nothing."""
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-
     meta = state.metadata
-    pk = list(meta.primary_key)
     if not meta.keyed:
         return unkeyed_output(batches)
     spark_files.require_shared(io)
     records = _records(spark, io, meta, batches)
     if records is None:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
-
-    index_of = F.create_map(*[F.lit(x) for i, b in enumerate(batches) for x in (b.part, i)])
-    part = F.shiftright(keystore.ROW_ID, rowid.PART_SHIFT).cast("int")
-    batch = records.select(
-        *pk,
-        F.col(keystore.DELTA).alias("_d"),
-        F.col(keystore.ROW_ID).alias("_rid"),
-        F.col(keystore.DELETED).alias("_is_delete"),
-        F.element_at(index_of, part).cast("int").alias("_bidx"),
-        F.lit(False).alias("_prior"),
-        keystore.BUCKET,
-    )
-
-    touched = sorted(r[0] for r in batch.select(keystore.BUCKET).distinct().collect())
-    ks_paths = [f.path for b in [*touched, keystore.SHARED] for f in state.keystore.get(b, [])]
-    combined = batch
-    if ks_paths:
-        latest = Window.partitionBy(*pk).orderBy(F.col(keystore.VERSION).desc())
-        prior = (
-            spark_files.read(spark, io, ks_paths, keystore.file_schema(meta))
-            .join(batch.select(*pk, keystore.BUCKET).distinct(), on=pk, how="inner")
-            .withColumn("_n", F.row_number().over(latest))
-            .filter("_n = 1")
-            .select(
-                *pk,
-                F.col(keystore.DELTA).alias("_d"),
-                F.col(keystore.ROW_ID).alias("_rid"),
-                F.col(keystore.DELETED).alias("_is_delete"),
-                F.lit(-1).alias("_bidx"),
-                F.lit(True).alias("_prior"),
-                keystore.BUCKET,
-            )
-        )
-        combined = prior.unionByName(batch)
-
-    w = Window.partitionBy(*pk).orderBy("_bidx", "_d", "_rid")
-    before = w.rowsBetween(Window.unboundedPreceding, -1)
-    after = w.rowsBetween(1, Window.unboundedFollowing)
-    fold = combined.withColumn("_prev_max", F.max("_d").over(before)).withColumn(
-        "_accepted", F.col("_prior") | F.col("_prev_max").isNull() | (F.col("_d") >= F.col("_prev_max"))
-    )
-    fold = (
-        fold.withColumn("_acc_rid", F.when(F.col("_accepted"), F.col("_rid")))
-        .withColumn("_acc_del", F.when(F.col("_accepted"), F.col("_is_delete")))
-        .withColumn("_last_rid", F.last("_acc_rid", ignorenulls=True).over(before))
-        .withColumn("_last_del", F.last("_acc_del", ignorenulls=True).over(before))
-        .withColumn("_later", F.first("_acc_rid", ignorenulls=True).over(after))
-        .filter(~F.col("_prior"))
-        .withColumn(
-            "_until",
-            F.col("_accepted") & F.col("_last_rid").isNotNull() & ~F.coalesce(F.col("_last_del"), F.lit(True)),
-        )
-        .persist()
-    )
+    bare = [dataclasses.replace(b, rows=None, writing=None, digesting=None) for b in batches]
+    task = _FoldTask(io, spark_files.shared(spark, state), bare, version)
+    folded = records.repartition(meta.num_buckets, keystore.BUCKET).mapInArrow(task, _FOLDED_DDL).persist()
     try:
-        return _write(spark, io, state, batches, fold, touched, version)
+        reports = [json.loads(r[0]) for r in folded.filter(F.col("report").isNotNull()).select("report").collect()]
+        events = folded.filter(F.col("report").isNull()).drop("report")
+        segments = _SegmentTask(io, spark_files.shared(spark, [s.to_json() for s in state.segments.values()]),
+                                meta.prop("bitmap.deltas"))
+        seg_out = events.repartition(rowid.PART_COLUMN, rowid.SEQ_COLUMN).mapInArrow(segments, SEGMENT_DDL).collect()
     finally:
-        fold.unpersist()
+        folded.unpersist()
+    counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
+    added, replaced = [], []
+    for r in reports:
+        counts += np.array(r["counts"], dtype=np.int64)
+        added += [BucketFile.from_json(f) for f in r["added"]]
+        replaced += r["replaced"]
+    batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
+    return assemble(state, batches, [r.asDict() for r in seg_out], added, replaced, batch_counts)
 
 
 def _records(spark, io: FileIO, meta: TableMetadata, batches: list[Landed]):
@@ -144,60 +110,45 @@ def _records(spark, io: FileIO, meta: TableMetadata, batches: list[Landed]):
     return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
 
 
-def _write(spark, io, state, batches, fold, touched, version) -> MetaGenOutput:
-    from pyspark.sql import functions as F
+@dataclasses.dataclass
+class _FoldTask:
+    """A task's records (those of a set of buckets, every record of their keys) folded against its buckets'
+    key-store files, whose increments it writes: its events, then its report (:data:`_FOLDED`)."""
 
-    meta = state.metadata
-    pk = list(meta.primary_key)
-    acc, upsert, until = F.col("_accepted"), ~F.col("_is_delete"), F.col("_until")
-    one = F.lit(1)
-    per_batch = fold.groupBy("_bidx").agg(
-        F.sum(F.when(acc & upsert & ~until, one).otherwise(0)).alias("inserted"),
-        F.sum(F.when(acc & upsert & until, one).otherwise(0)).alias("updated"),
-        F.sum(F.when(acc & ~upsert & until, one).otherwise(0)).alias("deleted"),
-        F.sum(F.when(~acc, one).otherwise(0)).alias("stale"),
-        F.sum(F.when(acc & ~upsert & ~until, one).otherwise(0)).alias("ignored_deletes"),
-    ).collect()
-    batch_counts = {r["_bidx"]: {k: int(r[k]) for k in COUNTS} for r in per_batch}
+    io: FileIO
+    state: object  # the TableState before the commit, shared with the tasks (spark_files.shared)
+    batches: list[Landed]  # without their rows
+    version: int
 
-    # Segment-log events and current bitmaps, grouped by segment.
-    accepted = fold.filter(acc)
-    events = accepted.filter(until).select(
-        F.col("_last_rid").alias("_target"), F.lit(segmentlog.SET_VALID_UNTIL).alias("event"),
-        F.col("_d").alias("t"), F.col("_rid").alias("cause"), F.col("_bidx").alias("batch_index"),
-    ).unionByName(accepted.filter(upsert).select(
-        F.col("_rid").alias("_target"), F.lit(BECOMES_VALID).alias("event"),
-        F.col("_d").alias("t"), F.col("_rid").alias("cause"), F.col("_bidx").alias("batch_index"),
-    ))
-    events = events.select(
-        F.shiftright("_target", rowid.PART_SHIFT).cast("int").alias(rowid.PART_COLUMN),
-        (F.shiftright("_target", rowid.OFFSET_BITS).bitwiseAND(rowid.MAX_SEQ)).cast("int").alias(rowid.SEQ_COLUMN),
-        F.col("_target").bitwiseAND(rowid.MAX_OFFSET).cast("int").alias(rowid.OFFSET_COLUMN),
-        F.col("event").cast("byte").alias("event"), "t", "cause", F.col("batch_index").cast("int"),
-    )
-    prior = [s.to_json() for s in state.segments.values()]
-    task = _SegmentTask(io, spark_files.shared(spark, prior), state.metadata.prop("bitmap.deltas"))
-    seg_out = events.repartition(rowid.PART_COLUMN, rowid.SEQ_COLUMN).mapInArrow(task, SEGMENT_DDL).collect()
-
-    # Key-store increments, grouped by bucket.
-    ks_rows = fold.filter(acc & F.col("_later").isNull()).select(
-        *pk,
-        F.col("_d").alias(keystore.DELTA),
-        F.col("_rid").alias(keystore.ROW_ID),
-        F.col("_is_delete").alias(keystore.DELETED),
-        F.lit(version).cast("long").alias(keystore.VERSION),
-        keystore.BUCKET,
-    )
-    bucket_files = {b: [f.to_json() for f in state.keystore.get(b, [])] for b in touched}
-    ks_task = _KeystoreTask(io, meta.to_json(), bucket_files)
-    ks_out = (
-        ks_rows.repartition(max(1, min(len(touched), spark_files.parallelism(spark) * 4)), keystore.BUCKET)
-        .mapInArrow(ks_task, _KEYSTORE_DDL)
-        .collect()
-    )
-    added = [BucketFile(r["bucket"], r["path"], r["rows"], r["bytes"], r["base"]) for r in ks_out]
-    replaced = [p for r in ks_out for p in json.loads(r["replaces"])]
-    return assemble(state, batches, [r.asDict() for r in seg_out], added, replaced, batch_counts)
+    def __call__(self, batches):
+        state: TableState = self.state.value
+        meta = state.metadata
+        keys = datafile.keys_schema(meta)
+        tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+        if not tables:
+            return
+        records = pa.concat_tables([t.select(keys.names).cast(keys) for t in tables])
+        buckets = np.unique(records.column(keystore.BUCKET).to_numpy()).tolist()
+        read = [f.path for b in [*buckets, keystore.SHARED] for f in state.keystore.get(b, [])]
+        try:
+            g = fold_records(self.io, state, self.batches, records, self.version, None)
+        finally:
+            keycache.CACHE.forget(self.io, read)  # an executor keeps no key store: its next task folds other buckets
+        added, replaced = keystore.write_bucket_files(
+            self.io, meta, {b: state.keystore.get(b, []) for b in buckets}, g.keystore_rows) \
+            if g.keystore_rows.num_rows else ([], [])
+        parts, seqs, offsets = rowid.unpack_arrays(g.valid)
+        valid = pa.table({
+            rowid.PART_COLUMN: parts, rowid.SEQ_COLUMN: seqs, rowid.OFFSET_COLUMN: offsets,
+            "event": np.full(len(g.valid), BECOMES_VALID, np.int8), "t": np.zeros(len(g.valid), np.int64),
+            "cause": g.valid, "batch_index": np.zeros(len(g.valid), np.int32),
+        })
+        for events in (g.until, valid):
+            if events.num_rows:
+                yield from events.append_column("report", pa.nulls(events.num_rows, pa.string())).cast(
+                    _FOLDED).to_batches()
+        report = {"counts": g.counts.tolist(), "added": [f.to_json() for f in added], "replaced": replaced}
+        yield pa.RecordBatch.from_pylist([{"report": json.dumps(report)}], schema=_FOLDED)
 
 
 @dataclasses.dataclass
@@ -218,27 +169,3 @@ class _SegmentTask:
             yield pa.RecordBatch.from_pylist(rows, schema=SEGMENT_ARROW)
 
 
-_KEYSTORE_ARROW = pa.schema([
-    ("bucket", pa.int32()), ("path", pa.string()), ("rows", pa.int64()), ("bytes", pa.int64()),
-    ("base", pa.bool_()), ("replaces", pa.string()),
-])
-_KEYSTORE_DDL = "bucket int, path string, rows long, bytes long, base boolean, replaces string"
-
-
-@dataclasses.dataclass
-class _KeystoreTask:
-    """A task's key-store rows, as one file per bucket (:func:`bitlake.format.keystore.write_bucket_files`)."""
-
-    io: FileIO
-    metadata: dict
-    bucket_files: dict[int, list[dict]]
-
-    def __call__(self, batches):
-        batches = list(batches)
-        if not batches or sum(b.num_rows for b in batches) == 0:
-            return
-        meta = TableMetadata.from_json(self.metadata)
-        files = {b: [BucketFile.from_json(f) for f in fs] for b, fs in self.bucket_files.items()}
-        added, replaced = keystore.write_bucket_files(self.io, meta, files, pa.Table.from_batches(batches))
-        rows = [{**f.to_json(), "replaces": json.dumps(replaced if i == 0 else [])} for i, f in enumerate(added)]
-        yield pa.RecordBatch.from_pylist(rows, schema=_KEYSTORE_ARROW)

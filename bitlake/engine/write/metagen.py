@@ -4,8 +4,8 @@ inline MetaGen that computes it on the driver.
 MetaGen applies the semantics contract (docs/semantics.md) to the landed records and writes segment-log
 events, new segment states (bitmaps) and key-store increments, and counts. Two implementations:
 
-* the Spark MetaGen (:mod:`bitlake.spark.metagen`) joins the batches with the key-store buckets they touch
-  and folds each key with window functions; its cost grows with those buckets;
+* the Spark MetaGen (:mod:`bitlake.spark.metagen`) folds a set of buckets per Spark task, with
+  :func:`fold_records`, the inline MetaGen's own fold of a group of buckets;
 * the inline MetaGen (:func:`run_inline`, Opal's "inline metadata update") runs on the driver: it reads the
   batches' records (keys, delta values and row ids of their data files, and their keys files' deletes),
   looks their keys up in the key index (:mod:`bitlake.engine.keys.keyindex`), or for large batches semi-joins
@@ -259,7 +259,7 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
     until, valid, rows = [], [], []
     for piece in _groups(records, meta):
-        g = _fold_records(io, state, batches, piece, version, index)
+        g = fold_records(io, state, batches, piece, version, index)
         if stage and g.keystore_rows.num_rows:
             index.stage(g.keystore_rows, version)
         counts += g.counts
@@ -312,9 +312,9 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
         added.extend(a)
         replaced.extend(r)
 
-    def fold_group(g: int) -> _Folded | None:
+    def fold_group(g: int) -> Folded | None:
         piece = parts.take(g)
-        return None if piece is None else _fold_records(io, state, batches, piece, version, index)
+        return None if piece is None else fold_records(io, state, batches, piece, version, index)
 
     # Groups fold on threads (each group's keys are its own; numpy and Arrow release the GIL), and a group's
     # key-store files are written on a thread of their own: one after the other, the steps took one of the
@@ -362,15 +362,15 @@ def _groups(records: pa.Table, meta) -> Iterable[pa.Table]:
 
 
 @dataclasses.dataclass
-class _Folded:
+class Folded:
     counts: np.ndarray  # per batch index, per COUNTS
     until: pa.Table  # SET_VALID_UNTIL events
     valid: np.ndarray  # the row ids that become valid
     keystore_rows: pa.Table  # in key order when the key has a fixed width
 
 
-def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records: pa.Table, version: int,
-                  index) -> _Folded:
+def fold_records(io: FileIO, state: TableState, batches: list[Landed], records: pa.Table, version: int,
+                  index) -> Folded:
     """Folds ``records`` (keys-file rows of whole keys) against the stored entries of their keys; returns the
     events, the row ids that become valid and the key-store rows they leave."""
 
@@ -388,7 +388,7 @@ def _fold_records(io: FileIO, state: TableState, batches: list[Landed], records:
     counts = _fold_counts(f, accepted_upsert, len(batches))
     until = _until_events(f)
     ks_rows = _keystore_rows(records, pk, codes, first, distinct, f, version)
-    return _Folded(counts, until, f.rid if accepted_upsert.all() else f.rid[accepted_upsert], ks_rows)
+    return Folded(counts, until, f.rid if accepted_upsert.all() else f.rid[accepted_upsert], ks_rows)
 
 
 def _stored_entries(io: FileIO, state: TableState, records: pa.Table, first: np.ndarray, index):
