@@ -370,7 +370,7 @@ class Folded:
 
 
 def fold_records(io: FileIO, state: TableState, batches: list[Landed], records: pa.Table, version: int,
-                  index) -> Folded:
+                 index) -> Folded:
     """Folds ``records`` (keys-file rows of whole keys) against the stored entries of their keys; returns the
     events, the row ids that become valid and the key-store rows they leave."""
 
