@@ -80,7 +80,7 @@ def _is_executor(pid: int) -> bool:
 def run(sf: float, worker_memory: str, executor_memory: str) -> dict:
     import bitlake
     from bitlake.engine.keys.indexsession import flush_idle
-    from tests.sparkservers import start_cluster
+    from tests.sparkservers import start_cluster, wait_executors
 
     work = core.fresh_work(f"cluster-sf{core.sf_text(sf)}")
     base = work / "base.parquet"
@@ -100,7 +100,7 @@ def run(sf: float, worker_memory: str, executor_memory: str) -> dict:
     try:
         spark = bitlake.spark_session(master=cluster.url, app_name="bitlake-cluster-bench",
                                       **{"spark.executor.memory": executor_memory, "spark.executor.cores": "1"})
-        executors = _wait_executors(spark, 2)
+        executors = wait_executors(spark, 2)
         rss = ClusterRss([p.pid for p in cluster.processes])
         spark.read.parquet(str(base)).limit(1).collect()  # the executors' JVMs and Python workers started
 
@@ -150,15 +150,6 @@ def run(sf: float, worker_memory: str, executor_memory: str) -> dict:
     return {"scale_factor": sf, "rows": base_rows, "ops": ops, "executors": executors,
             "worker_memory": worker_memory, "executor_memory": executor_memory,
             "batches": [c for _, c in batches]}
-
-
-def _wait_executors(spark, wanted: int, timeout: float = 120) -> int:
-    deadline = time.monotonic() + timeout
-    while True:
-        executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # the driver is listed too
-        if executors >= wanted or time.monotonic() > deadline:
-            return executors
-        time.sleep(0.5)
 
 
 def markdown(r: dict) -> str:

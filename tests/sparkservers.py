@@ -121,3 +121,14 @@ def _wait_workers(ui: int, workers: int, folder: Path, timeout: float = 120) -> 
         time.sleep(0.5)
     logs = "\n".join(f"{log.name}: {log.read_text(errors='replace')[-1500:]}" for log in sorted(folder.glob("*.log")))
     raise RuntimeError(f"{alive} of {workers} Spark workers registered within {timeout:.0f} s\n{logs}")
+
+
+def wait_executors(spark, wanted: int, timeout: float = 120) -> int:
+    """How many executors have registered with ``spark``'s driver, once ``wanted`` have or ``timeout`` seconds have
+    passed: executors register a moment after the session starts."""
+    deadline = time.monotonic() + timeout
+    while True:
+        executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # the driver is listed too
+        if executors >= wanted or time.monotonic() > deadline:
+            return executors
+        time.sleep(0.5)

@@ -9,13 +9,17 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
-import time
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 
 import bitlake
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repository's root
+
+from tests.sparkservers import wait_executors  # noqa: E402
 
 SCHEMA = pa.schema([("id", pa.int64()), ("g", pa.string()), ("v", pa.int64()), ("ts", pa.int64())])
 
@@ -26,16 +30,6 @@ def rows(df) -> list[tuple]:
 
 def arrow_rows(table: pa.Table) -> list[tuple]:
     return sorted((r["id"], r["g"], r["v"], r["ts"]) for r in table.to_pylist())
-
-
-def wait_executors(spark: SparkSession, wanted: int, timeout: float = 120) -> int:
-    """Executors register with the driver a moment after the session starts."""
-    deadline = time.monotonic() + timeout
-    while True:
-        executors = spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1  # the driver is listed too
-        if executors >= wanted or time.monotonic() > deadline:
-            return executors
-        time.sleep(0.5)
 
 
 def main(master: str, uri: str) -> None:
