@@ -40,20 +40,9 @@ def encode_keys(table: pa.Table, primary_key: list[str], buckets: np.ndarray | N
     column is its int64 value with the sign bit flipped, big-endian: bytes compare as the values do; a decimal
     is its text with exactly its scale's digits (as the bucket hash takes it). ``buckets``: each row's bucket,
     put as two big-endian bytes after the first, so that keys order by bucket, then by key (the key index's)."""
-    n = table.num_rows
     columns = [table.column(c) for c in primary_key]
-    head = [("bucket", ">u2")] if buckets is not None else []
     if all(_fixed(c.type) for c in columns):
-        # A one-byte terminator keeps numpy from stripping trailing zero bytes of the fixed width.
-        fields = [("start", "u1"), *head, *[(f"k{i}", ">u8") for i in range(len(columns))], ("end", "u1")]
-        rec = np.empty(n, dtype=fields)
-        rec["start"] = 1
-        if buckets is not None:
-            rec["bucket"] = buckets
-        for i, c in enumerate(columns):
-            rec[f"k{i}"] = int64_values(c).view(np.uint64) ^ _SIGN
-        rec["end"] = 1
-        return rec.view(f"S{rec.dtype.itemsize}").tolist()
+        return fixed_key_array(buckets, [int64_values(c) for c in columns]).tolist()
     parts = [[int(b).to_bytes(2, "big") for b in buckets.tolist()]] if buckets is not None else []
     for c in columns:
         if _fixed(c.type):
@@ -64,6 +53,22 @@ def encode_keys(table: pa.Table, primary_key: list[str], buckets: np.ndarray | N
                 len(b).to_bytes(4, "big") + b for b in (v.encode() if isinstance(v, str) else v for v in values)
             ])
     return [b"\x01" + b"".join(row) for row in zip(*parts, strict=True)]
+
+
+def fixed_key_array(buckets: np.ndarray | None, columns: list[np.ndarray]) -> np.ndarray:
+    """The encoded keys (:func:`encode_keys`) of fixed-width key columns given as their int64 values
+    (:func:`int64_values`), as a NumPy array of fixed-width bytes, which compare as the keys do."""
+    head = [("bucket", ">u2")] if buckets is not None else []
+    # A one-byte terminator keeps numpy from stripping trailing zero bytes of the fixed width.
+    fields = [("start", "u1"), *head, *[(f"k{i}", ">u8") for i in range(len(columns))], ("end", "u1")]
+    rec = np.empty(len(columns[0]), dtype=fields)
+    rec["start"] = 1
+    if buckets is not None:
+        rec["bucket"] = buckets
+    for i, c in enumerate(columns):
+        rec[f"k{i}"] = c.view(np.uint64) ^ _SIGN
+    rec["end"] = 1
+    return rec.view(f"S{rec.dtype.itemsize}")
 
 
 def fixed_width(table: pa.Table, primary_key: list[str]) -> bool:

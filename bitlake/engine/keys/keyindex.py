@@ -37,7 +37,8 @@ import numpy as np
 import pyarrow as pa
 
 from bitlake import faults
-from bitlake.engine.keys.keyencoding import encodable, encode_keys, key_order
+from bitlake.engine.keys import keyblocks
+from bitlake.engine.keys.keyencoding import encodable, encode_keys, fixed_width, key_order
 from bitlake.errors import IndexUnavailableError
 from bitlake.format import bucket, commitlog, keystore, layout
 from bitlake.format.metadata import TableMetadata
@@ -50,7 +51,7 @@ _VERSION_KEY = b"\x00bitlake:version"
 _TABLE_KEY = b"\x00bitlake:table_id"
 # The encoding of the keys and values (encode_keys, _encode_values): an index written in another is rebuilt.
 _FORMAT_KEY = b"\x00bitlake:format"
-_FORMAT = b"3"  # 3: the bucket before the key
+_FORMAT = b"4"  # 3: the bucket before the key; 4: the bottom run of fixed-width keys in blocks
 _PUT_CHUNK = 200_000
 _YIELD_EVERY = 1024  # entries written between two releases of the GIL (_put_each)
 # At least this many entries go in as SST files rather than as puts; from _PROCESS_SST_ROWS entries, the SST
@@ -131,6 +132,7 @@ class KeyIndex:
         self.db: Any = None  # a rocksdict.Rdict while open
         self.folder: int | None = None  # a descriptor of the open database's folder
         self._staged: tuple[int, list[_SstWriting]] | None = None  # a version and its SST files (see stage)
+        self._directory: tuple[keyblocks.Blocks | None] | None = None  # the blocks, once read (see _blocks)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._lock = open(lock, "ab")  # noqa: SIM115 - held until close()
         try:
@@ -277,6 +279,7 @@ class KeyIndex:
         db.close()  # safe under the index lock: no other writer can open the folder meanwhile
         shutil.rmtree(self.path, ignore_errors=True)
         self.db = self._open()
+        self._directory = None
         files = state.keystore
         if keystore.SHARED in files:  # a small table's shared files hold rows of every bucket: read at once
             tables = iter(keystore.read_entries(self.io, files, self.meta))
@@ -295,8 +298,9 @@ class KeyIndex:
             tables = [t for t in tables if t.num_rows]
             rows = sum(t.num_rows for t in tables)
         if rows >= _SST_MIN_ROWS:
+            bottom, after = self._empty(), None
             for run in _runs(tables, RUN_ROWS):
-                self._ingest_sorted(run)
+                after = self._ingest_sorted(run, bottom, after)
             tables = []
         for table in tables:
             for start in range(0, table.num_rows, _PUT_CHUNK):
@@ -338,6 +342,10 @@ class KeyIndex:
         if staged is None or staged[0] != version or self.version != version - 1:
             self._discard(staged)
             return False
+        blocks = sorted((w for w in staged[1] if w.blocks is not None), key=lambda w: w.blocks[0])
+        if any(a.last >= bytes(b.blocks[0]) for a, b in zip(blocks, blocks[1:])):  # their ranges overlap
+            self._discard(staged)
+            return False
         try:
             for writing in staged[1]:
                 writing.wait()
@@ -345,6 +353,7 @@ class KeyIndex:
                 writing.remove()
         finally:
             self._discard(staged)
+        self._add_to_directory([w.blocks for w in blocks])
         self._put_version(version)
         return True
 
@@ -358,36 +367,83 @@ class KeyIndex:
             writing.wait(check=False)
             writing.remove()
 
-    def _ingest_sorted(self, table: pa.Table) -> None:
+    def _ingest_sorted(self, table: pa.Table, bottom: bool, after: bytes | None) -> bytes | None:
         """Many entries at once: written in the index's order as SST files that RocksDB takes in whole, sorted runs,
         instead of puts whose memtable flushes a compaction must merge later, the dearer way for a load
-        (docs/benchmarks.md, "Design measurements", "Key index: staging and the GIL")."""
-        writing = self._start_ssts(table, "ingest")
+        (docs/benchmarks.md, "Design measurements", "Key index: staging and the GIL"). ``bottom``: the index held no
+        entries before this put, whose runs are of distinct keys, so a run goes in as blocks when its keys all come
+        after ``after``, the last key of the blocks before. Returns the last key in blocks now."""
+        writing = self._start_ssts(table, "ingest", bottom, after)
         try:
             writing.wait()
             self.db.ingest_external_file(writing.paths)
         finally:
             writing.remove()
+        if writing.blocks is None:
+            return after
+        self._add_to_directory([writing.blocks])
+        return writing.last
 
     def _empty(self) -> bool:
-        """Whether the database holds no entries (keys start with byte 1; its own entries with byte 0)."""
+        """Whether the database holds no entries (keys start with byte 1, blocks with byte 2; its own entries with
+        byte 0)."""
         it = self.db.iter()
         it.seek(b"\x01")
         return not it.valid()
 
-    def _start_ssts(self, table: pa.Table, name: str) -> _SstWriting:
-        """Starts writing ``table``'s entries, in the index's order, as SST files. rocksdict takes an entry per call,
-        holding the GIL, so a large table is cut into key ranges written by processes of their own, one per
-        core; a smaller one is written here and now."""
+    def _blocks(self) -> keyblocks.Blocks | None:
+        """The index's blocks (read once an open: they change only when blocks go into an empty index)."""
+        if self._directory is None:
+            pieces, it = [], self.db.iter()
+            it.seek(keyblocks.DIRECTORY_PREFIX)
+            while it.valid() and it.key().startswith(keyblocks.DIRECTORY_PREFIX):
+                pieces.append(it.value())
+                it.next()
+            try:
+                self._directory = (keyblocks.Blocks.of(pieces, len(self.meta.primary_key)),)
+            except ValueError as e:
+                raise IndexUnavailableError(f"the key index at {self.path} is damaged: {e}") from None
+        return self._directory[0]
+
+    def _add_to_directory(self, blocks: list[np.ndarray]) -> None:
+        """Writes the directory entries of blocks just taken in: each SST file's blocks' first keys."""
+        from rocksdict import WriteBatch
+
+        batch = WriteBatch(raw_mode=True)
+        for first in blocks:
+            batch.put(keyblocks.DIRECTORY_PREFIX + bytes(first[0]), first.tobytes())
+        self.db.write(batch)
+        self._directory = None
+
+    def _start_ssts(self, table: pa.Table, name: str, bottom: bool | None = None, after: bytes | None = None
+                    ) -> _SstWriting:
+        """Starts writing ``table``'s entries, in the index's order, as SST files. Into an empty index (``bottom``,
+        by default whether it is) the entries of fixed-width keys go as blocks (:mod:`keyblocks`), built here and now,
+        unless some key is at most ``after``. Otherwise an entry a key: rocksdict takes an entry per call, holding
+        the GIL, so a large table is cut into key ranges written by processes of their own, one per core; a smaller
+        one is written here and now."""
         pk = list(self.meta.primary_key)
         buckets = self._buckets(table)
         table = table.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED]).append_column(
             keystore.BUCKET, pa.array(buckets.astype(np.int32)))
         order = key_order(table, pk)
         order = np.arange(table.num_rows) if order is None else order
-        table = table.take(pa.array(order[np.argsort(buckets[order], kind="stable")]))  # the index's order
+        order = order[np.argsort(buckets[order], kind="stable")]  # the index's order
+        bottom = self._empty() if bottom is None else bottom  # the files will be the bottom run: below nothing
+        if bottom and table.num_rows and fixed_width(table, pk):
+            first, values = keyblocks.encode(table, pk, buckets, order)
+            if after is None or bytes(first[0]) > after:
+                writing = _SstWriting([os.path.join(self.path, f"{name}-0.sst")])
+                try:
+                    write_blocks(first, values, writing.paths[0])
+                except BaseException:
+                    writing.remove()
+                    raise
+                writing.blocks = first
+                writing.last = encode_keys(table.slice(int(order[-1]), 1), pk, buckets[order[-1:]])[0]
+                return writing
+        table = table.take(pa.array(order))
         large = table.num_rows >= _PROCESS_SST_ROWS
-        bottom = self._empty()  # the files will be the bottom run: RocksDB puts them below nothing
         ranges = threads() if large else 1
         step = -(-table.num_rows // ranges)
         slices = [table.slice(start, step) for start in range(0, table.num_rows, step)]
@@ -424,16 +480,30 @@ class KeyIndex:
         else:
             order = np.argsort(np.array(keys, dtype=bytes), kind="stable")
         ordered = np.array(keys, dtype=object)[order].tolist()
-        step = max(_LOOKUP_CHUNK, -(-len(ordered) // threads()))
-        runs = thread_map(lambda start: self.db[ordered[start:start + step]], range(0, len(ordered), step))
-        stored = [v for run in runs for v in run]
+        stored = self._get_many(ordered)
         found_sorted = np.fromiter((v is not None for v in stored), dtype=bool, count=len(keys))
         delta, rid, deleted = np.zeros(len(keys), np.int64), np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
         at = order[found_sorted]
         delta[at], rid[at], deleted[at] = _decode_values([v for v in stored if v is not None])
         found = np.zeros(len(keys), dtype=bool)
         found[at] = True
+        blocks = self._blocks() if not found.all() else None
+        if blocks is not None:  # the keys without an entry of their own: in a block, if anywhere
+            missing = order[~found_sorted]
+            wanted = np.array(ordered, dtype=bytes)[~found_sorted]
+            try:
+                hit, delta_in, rid_in, deleted_in = blocks.find(self._get_many, wanted)
+            except ValueError as e:
+                raise IndexUnavailableError(f"the key index at {self.path} is damaged: {e}") from None
+            at = missing[hit]
+            found[at], delta[at], rid[at], deleted[at] = True, delta_in[hit], rid_in[hit], deleted_in[hit]
         return found, delta, rid, deleted
+
+    def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        """The values of ``keys``, read on threads (RocksDB reads without the GIL)."""
+        step = max(_LOOKUP_CHUNK, -(-len(keys) // threads()))
+        return [v for run in thread_map(lambda start: self.db[keys[start:start + step]], range(0, len(keys), step))
+                for v in run]
 
 
 def write_sst(table: pa.Table, primary_key: list[str], path: str, bottom: bool) -> None:
@@ -447,6 +517,17 @@ def write_sst(table: pa.Table, primary_key: list[str], path: str, bottom: bool) 
         chunk = table.slice(start, _PUT_CHUNK)
         buckets = chunk.column(keystore.BUCKET).to_numpy().astype(np.uint16)
         _put_each(writer.__setitem__, encode_keys(chunk, primary_key, buckets), _encode_values(chunk))
+    writer.finish()
+
+
+def write_blocks(first: np.ndarray, values: list[bytes], path: str) -> None:
+    """Writes blocks (:func:`keyblocks.encode`) as an SST file of the bottom run."""
+    from rocksdict import SstFileWriter
+
+    writer = SstFileWriter(options=KeyIndex._options("bottom"))
+    writer.open(path)
+    for key, value in zip(first.tolist(), values, strict=True):
+        writer[keyblocks.BLOCK_PREFIX + key] = value
     writer.finish()
 
 
@@ -473,6 +554,9 @@ class _SstWriting:
         self.paths = paths
         self.inputs: list[str] = []
         self.workers: list = []
+        # Of blocks: their first keys (the directory's entry) and the last key they hold.
+        self.blocks: np.ndarray | None = None
+        self.last = b""
 
     def start_processes(self, slices: list[pa.Table], primary_key: list[str], bottom: bool) -> None:
         import subprocess
@@ -481,6 +565,7 @@ class _SstWriting:
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds bitlake/
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        env["OPENBLAS_NUM_THREADS"] = "1"  # numpy's BLAS threads, idle here, spun at each process's start
         self.inputs = [path + ".arrow" for path in self.paths]
 
         def hand_over(item: tuple[pa.Table, str]) -> None:  # on threads: pyarrow copies without the GIL
