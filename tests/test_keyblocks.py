@@ -79,8 +79,8 @@ def test_a_block_of_another_encoding_or_missing_is_refused():
 
 
 def test_blocks_compress_keys_in_order(tmp_path):
-    """A load's keys, close together and in order, with row ids that grow: each column's high bytes are zeros, so
-    the bottom run takes a few bytes a key (the entries of their own took about 6)."""
+    """A load's keys, close together and in order, with row ids that grow: stored byte-transposed, the bytes the
+    entries share make runs, so that 52 bytes of an entry (a key of three columns) take under 5 in the SST file."""
     n = 200_000
     rows = pa.table({"a": np.arange(n, dtype=np.int64) * 4, "b": np.zeros(n, np.int32),
                      "c": pa.array(np.zeros(n, np.int32)).cast(pa.date32()),
@@ -89,7 +89,7 @@ def test_blocks_compress_keys_in_order(tmp_path):
     first, values = keyblocks.encode(rows, KEY, np.zeros(n, np.uint16), np.arange(n))
     path = str(tmp_path / "blocks.sst")
     keyindex.write_blocks(first, values, path)
-    assert (tmp_path / "blocks.sst").stat().st_size < 3 * n
+    assert (tmp_path / "blocks.sst").stat().st_size < 5 * n
 
 
 def test_a_load_goes_into_the_index_as_blocks_that_later_commits_shadow(tmp_path, monkeypatch):
