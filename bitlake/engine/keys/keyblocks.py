@@ -33,7 +33,9 @@ BLOCK_ENTRIES = 64
 BLOCK_PREFIX = b"\x02"
 DIRECTORY_PREFIX = b"\x00bitlake:blocks:"
 _VALUE_COLUMNS = 3  # row id, delta, deleted
-# Blocks read at once by a lookup (under 3 KB each for a key of two columns): bounds its memory.
+# Blocks read from RocksDB at once by a lookup (under 3 KB each for a key of two columns), on threads: bounds its
+# memory; and searched at once, in arrays the allocator reuses (see encode).
+_BLOCKS_READ_AT_ONCE = 16_384
 _BLOCKS_AT_ONCE = 2_048
 _ENCODE_BLOCKS = 1_024  # blocks encoded at once (see encode)
 
@@ -101,24 +103,32 @@ class Blocks:
         order = order[block[order] >= 0]  # a key before the first block's is in none
         ordered = block[order]
         wanted = np.unique(ordered)
-        width = self.directory.dtype.itemsize
-        row = width + 8 * _VALUE_COLUMNS  # an entry's bytes
-        for start in range(0, len(wanted), _BLOCKS_AT_ONCE):
-            chunk = wanted[start:start + _BLOCKS_AT_ONCE]
-            values = get([BLOCK_PREFIX + k for k in self.directory[chunk].tolist()])
+        for start in range(0, len(wanted), _BLOCKS_READ_AT_ONCE):
+            read = wanted[start:start + _BLOCKS_READ_AT_ONCE]
+            values = get([BLOCK_PREFIX + k for k in self.directory[read].tolist()])
             if any(v is None for v in values):
                 raise ValueError("the key index lacks a block its directory names")
-            raw = np.frombuffer(b"".join(values), dtype=np.uint8)
-            if len(raw) != len(values) * row * BLOCK_ENTRIES:
-                raise ValueError("the key index holds a block of another encoding")
-            planes = raw.reshape(len(values), row, BLOCK_ENTRIES)  # (block, byte of an entry, entry)
-            # The blocks' keys, end to end, are in order: one search finds each wanted key's place.
-            entries = np.ascontiguousarray(planes[:, :width].transpose(0, 2, 1)).view(f"S{width}").ravel()
-            at = order[np.searchsorted(ordered, chunk[0]):np.searchsorted(ordered, chunk[-1], side="right")]
-            pos = np.minimum(np.searchsorted(entries, keys[at]), len(entries) - 1)
-            hit = entries[pos] == keys[at]
-            at, pos = at[hit], pos[hit]
-            picked = np.ascontiguousarray(planes[pos // BLOCK_ENTRIES, width:, pos % BLOCK_ENTRIES])  # (key, byte)
-            columns = picked.view("<i8").reshape(len(pos), _VALUE_COLUMNS)
-            found[at], rid[at], delta[at], deleted[at] = True, columns[:, 0], columns[:, 1], columns[:, 2] != 0
+            for first in range(0, len(read), _BLOCKS_AT_ONCE):
+                self._search(read[first:first + _BLOCKS_AT_ONCE], values[first:first + _BLOCKS_AT_ONCE], keys, order,
+                             ordered, (found, delta, rid, deleted))
         return found, delta, rid, deleted
+
+    def _search(self, chunk: np.ndarray, values: list[bytes], keys: np.ndarray, order: np.ndarray,
+                ordered: np.ndarray, out: tuple[np.ndarray, ...]) -> None:
+        """Finds the keys of blocks ``chunk`` (whose values are ``values``) in them, into ``out``."""
+        found, delta, rid, deleted = out
+        width = self.directory.dtype.itemsize
+        row = width + 8 * _VALUE_COLUMNS  # an entry's bytes
+        raw = np.frombuffer(b"".join(values), dtype=np.uint8)
+        if len(raw) != len(values) * row * BLOCK_ENTRIES:
+            raise ValueError("the key index holds a block of another encoding")
+        planes = raw.reshape(len(values), row, BLOCK_ENTRIES)  # (block, byte of an entry, entry)
+        # The blocks' keys, end to end, are in order: one search finds each wanted key's place.
+        entries = np.ascontiguousarray(planes[:, :width].transpose(0, 2, 1)).view(f"S{width}").ravel()
+        at = order[np.searchsorted(ordered, chunk[0]):np.searchsorted(ordered, chunk[-1], side="right")]
+        pos = np.minimum(np.searchsorted(entries, keys[at]), len(entries) - 1)
+        hit = entries[pos] == keys[at]
+        at, pos = at[hit], pos[hit]
+        picked = np.ascontiguousarray(planes[pos // BLOCK_ENTRIES, width:, pos % BLOCK_ENTRIES])  # (key, byte)
+        columns = picked.view("<i8").reshape(len(pos), _VALUE_COLUMNS)
+        found[at], rid[at], delta[at], deleted[at] = True, columns[:, 0], columns[:, 1], columns[:, 2] != 0

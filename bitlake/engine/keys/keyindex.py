@@ -391,6 +391,12 @@ class KeyIndex:
         it.seek(b"\x01")
         return not it.valid()
 
+    @property
+    def blocked(self) -> bool:
+        """Whether the index holds blocks (:mod:`keyblocks`), whose lookups cost more than those of keys' own
+        entries."""
+        return self._blocks() is not None
+
     def _blocks(self) -> keyblocks.Blocks | None:
         """The index's blocks (read once an open: they change only when blocks go into an empty index)."""
         if self._directory is None:

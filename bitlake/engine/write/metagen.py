@@ -211,11 +211,13 @@ def assemble(state: TableState, batches: list[Landed], seg_out: list[dict], adde
     )
 
 
-# A point lookup in the key index costs about as much as scanning this many key-store rows: the inline MetaGen
-# looks a batch's keys up when that costs less than reading their buckets' files, else scans the files. The ratio
-# depends on the index's format, so a new format re-measures it with benchmarks/probes/lookup_vs_scan.py
-# (docs/benchmarks.md, "Design measurements", "MetaGen: lookups or a scan of the key store").
-LOOKUP_COST_IN_ROWS = 70
+# A point lookup of a key's own entry in the key index costs about as much as scanning this many key-store rows, and
+# one in a block (an index whose keys a load wrote as blocks) twice that: the inline MetaGen looks a batch's keys up
+# when that costs less than reading their buckets' files, else scans the files. The ratio depends on the index's
+# format, so a new format measures it again (docs/benchmarks.md, "Design measurements", "MetaGen: lookups or a scan
+# of the key store").
+LOOKUP_COST_IN_ROWS = 130
+_BLOCK_LOOKUP_FACTOR = 2
 # Matching a key with the key-store files this process holds in memory (bitlake.engine.keys.keycache) costs about as
 # much as scanning this many rows of files it must read: a binary search in each of its bucket's files, dearer for
 # sparse keys, which miss the CPU's caches (measured with benchmarks/probes/upsert.py ... warm: same section).
@@ -412,7 +414,8 @@ def _stored_entries(io: FileIO, state: TableState, records: pa.Table, first: np.
     # this process's lookups on the table have cost as much as reading the files it lacks, it reads them
     # (a writer of many small batches then finds every later batch's keys in memory): never more than
     # twice what the best choice in hindsight would have cost.
-    lookup_cost = len(first) * LOOKUP_COST_IN_ROWS
+    lookup_cost = len(first) * LOOKUP_COST_IN_ROWS * (_BLOCK_LOOKUP_FACTOR if index is not None and index.blocked
+                                                      else 1)
     scan_cost = unread_rows + (len(first) * CACHED_KEY_COST_IN_ROWS if unread_rows < stored_rows else 0)
     buy = keycache.CACHE.spent(io) + lookup_cost > unread_rows and keycache.CACHE.can_hold(unread_rows)
     if index is not None and lookup_cost <= scan_cost and not buy:
