@@ -34,6 +34,7 @@ from tests.oracle import COUNTS, Oracle, Record
 EXAMPLES = int(os.environ.get("BITLAKE_FUZZ_EXAMPLES", "10"))
 PHASES = [p for p in Phase if os.environ.get("BITLAKE_FUZZ_SHRINK") or p is not Phase.shrink]
 FULL = bool(os.environ.get("BITLAKE_FUZZ_FULL"))
+_DEFAULTS = {"LOOKUP_COST_IN_ROWS": metagen.LOOKUP_COST_IN_ROWS}  # as imported, before any test changes it
 STATS: collections.Counter = collections.Counter()  # step outcomes; BITLAKE_FUZZ_STATS=1 prints them
 # bitmap.deltas "always": every change to a segment's bitmap is a delta (these tables are too small for the cost
 # rule to choose one; tests/test_bitmap_deltas.py checks the rule on larger ones).
@@ -231,7 +232,7 @@ class Run:
         """How the inline MetaGen reads the key store: point lookups in the key index, a scan of the touched
         buckets in groups, or bitlake's own choice by cost."""
         if mode == "default":
-            self.mp.setattr(metagen, "LOOKUP_COST_IN_ROWS", 70)
+            self.mp.setattr(metagen, "LOOKUP_COST_IN_ROWS", _DEFAULTS["LOOKUP_COST_IN_ROWS"])
             self.mp.setattr(metagen, "GROUP_RECORDS", 20_000_000)
             self.mp.setattr(keyindex, "_SST_MIN_ROWS", 200_000)
             return

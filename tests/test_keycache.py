@@ -13,6 +13,7 @@ import pytest
 
 import bitlake
 from bitlake.engine.keys import keycache, keyindex
+from bitlake.engine.write import metagen
 from bitlake.format import keystore
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("mod", pa.int64())])
@@ -142,6 +143,7 @@ def test_a_writer_that_starts_cold_reads_the_files_once_its_lookups_have_cost_as
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=1)
     t.ingest(_rows(range(2000), 1))
     monkeypatch.setattr(keycache, "CACHE", keycache.KeyStoreCache(budget=1 << 30))  # a process starting now
+    monkeypatch.setattr(metagen, "LOOKUP_COST_IN_ROWS", 70)
     seen = []
     for mod in range(2, 10):
         reads.update(files=0, lookups=0)
