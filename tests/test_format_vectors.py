@@ -198,3 +198,21 @@ def test_vacuum_removes_the_nan_rows_a_tombstone_hides(tmp_path):
     t.tombstone("x", [float("nan")])
     t.vacuum()
     assert sorted(r["k"] for r in t.to_arrow().to_pylist()) == [0, 1, 3, 4]
+
+
+def test_a_keys_hash_does_not_depend_on_the_rows_hashed_with_it(monkeypatch):
+    """Rows are hashed in chunks (for the CPU's caches): every chunking, and each row alone, gives the same hashes,
+    for keys of fixed and variable width."""
+    from bitlake.format import bucket
+
+    n = 50
+    table = pa.table({"s": [("ab" * (i % 7))[: i % 11] for i in range(n)],
+                      "d": pa.array([decimal.Decimal(i * 37 - 900) / 100 for i in range(n)], pa.decimal128(9, 2)),
+                      "i": pa.array([(i * 7919) % 1000 - 500 for i in range(n)], pa.int32())})
+    names = ["s", "d", "i"]
+    whole = bucket.key_hash(table, names).tolist()
+    assert whole == [int(bucket.key_hash(table.slice(i, 1), names)[0]) for i in range(n)]
+    for rows in (1, 3, 16):
+        monkeypatch.setattr(bucket, "_CHUNK_ROWS", rows)
+        assert bucket.key_hash(table, names).tolist() == whole
+        assert bucket.key_hash(pa.Table.from_batches(table.to_batches(max_chunksize=7)), names).tolist() == whole
