@@ -36,7 +36,7 @@ from bitlake.format.commit import BucketFile, DataFile, LogFile, SegmentState
 from bitlake.format.order import latest, lexsort, strictly_increasing
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
-from bitlake.pool import both, ordered_map, thread_map
+from bitlake.pool import ordered_map, thread_map
 
 COUNTS = ("inserted", "updated", "deleted", "stale", "ignored_deletes")
 # Rows of MetaGen's event tables with this kind are the accepted upserts: they become valid, which the data
@@ -255,29 +255,36 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     records = pa.concat_tables(tables) if tables else None
     if records is None or records.num_rows == 0:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
-    # Each group stages its key-index files as it goes, while the next one folds: a group is a run of buckets, a
-    # range of the index's order (its keys start with the bucket), so the files of the groups never overlap.
-    stage = index is not None and stages(records.num_rows)
     counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
     until, valid, rows = [], [], []
     for piece in _groups(records, meta):
         g = fold_records(io, state, batches, piece, version, index)
-        if stage and g.keystore_rows.num_rows:
-            index.stage(g.keystore_rows, version)
         counts += g.counts
         until.append(g.until)
         valid.append(g.valid)
         rows.append(g.keystore_rows)
     keystore_rows = pa.concat_tables(rows)
     events = pa.concat_tables(until)
-    # The key-store files and the segment log with its bitmaps are independent: written at once, on two threads.
-    (added, replaced), seg_out = both(
+
+    def stage() -> None:
+        # A group is a run of buckets, a range of the index's order (its keys start with the bucket), so the
+        # files of the groups never overlap.
+        for group_rows in rows:
+            if group_rows.num_rows:
+                index.stage(group_rows, version)
+
+    # The key-store files, the segment log with its bitmaps and the key index's staged files are independent:
+    # written at once, on threads (a load's blocks took as long as its key-store files).
+    writes = [
         lambda: keystore.write_bucket_files(io, meta, state.keystore, keystore_rows,
                                             lambda path, rows: keycache.CACHE.written(io, path, rows, meta),
                                             lambda path: keycache.CACHE.rows(io, path, meta), shared=True)
         if keystore_rows.num_rows else ([], []),
         lambda: write_segments(io, state.segments, events, valid, meta.prop("bitmap.deltas")),
-    )
+    ]
+    if index is not None and stages(records.num_rows):
+        writes.insert(0, stage)
+    *_, (added, replaced), seg_out = thread_map(lambda write: write(), writes)
     keycache.CACHE.forget(io, replaced)
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
     out = assemble(state, batches, seg_out, added, replaced, batch_counts)
