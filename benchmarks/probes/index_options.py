@@ -24,8 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import core  # noqa: E402
 
-from bitlake.engine import keyindex  # noqa: E402
-from bitlake.engine.keys import keyencoding
+from bitlake.engine.keys import keyencoding, keyindex  # noqa: E402
 from bitlake.format import keystore  # noqa: E402
 
 PK = ["l_orderkey", "l_linenumber"]
@@ -74,7 +73,7 @@ def main() -> None:
             writer.open(os.path.join(folder, "run.sst"))
             for start in range(0, table.num_rows, 200_000):
                 chunk = table.slice(start, 200_000)
-                for k, v in zip(keyencoding.encode_keys(chunk, PK), keyindex._encode_values(chunk), strict=True):
+                for k, v in zip(keyencoding.encode_keys(chunk, PK), keyencoding.encode_values(chunk), strict=True):
                     writer[k] = v
             writer.finish()
             written = time.perf_counter() - t0

@@ -1,6 +1,7 @@
 """Key encoding: a primary key's values as one byte string a row, equal for equal keys and ordered as the key
 columns compare, and the numbering of a batch's distinct keys. The key index stores its entries under these
-bytes; MetaGen and the key cache match keys by them. Nothing here knows RocksDB.
+bytes, with values of :func:`encode_values`; MetaGen and the key cache match keys by them. Nothing here knows
+RocksDB.
 
 Keys are encoded per column: integers, dates, timestamps and booleans as 8 big-endian bytes (the int64 value
 with its sign bit flipped), strings and binaries as a 4-byte length and the bytes, decimals as their text.
@@ -12,7 +13,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bitlake.format import bucket
+from bitlake.errors import IndexUnavailableError
+from bitlake.format import bucket, keystore
 from bitlake.format.order import lexsort, strictly_increasing
 
 _SIGN = np.uint64(1 << 63)
@@ -139,3 +141,50 @@ def int64_values(column) -> np.ndarray:
     elif pa.types.is_timestamp(t):
         column = pc.cast(column, pa.int64())
     return pc.cast(column, pa.int64()).to_numpy(zero_copy_only=False)
+
+
+def encode_values(table: pa.Table) -> list[bytes]:
+    """Each key-store row's entry value: its row id (8 bytes, big-endian), its delta (8 more) unless 0, and a
+    flag byte, 1 for an upsert and 2 for a delete marker (never 0: numpy's fixed-width bytes drop trailing zeros).
+    A load with no delta values stores half the bytes; :func:`decode_values` reads both lengths."""
+    n = table.num_rows
+    rid = table.column(keystore.ROW_ID).to_numpy()
+    delta = table.column(keystore.DELTA).to_numpy()
+    flag = table.column(keystore.DELETED).to_numpy(zero_copy_only=False).astype(np.uint8) + 1
+    with_delta = np.flatnonzero(delta)
+    if len(with_delta) < n:
+        short = np.empty(n, dtype=[("r", ">i8"), ("f", "u1")])
+        short["r"], short["f"] = rid, flag
+        out = short.view("S9").tolist()
+        if not len(with_delta):
+            return out
+    full = np.empty(len(with_delta), dtype=[("r", ">i8"), ("d", ">i8"), ("f", "u1")])
+    full["r"], full["d"], full["f"] = rid[with_delta], delta[with_delta], flag[with_delta]
+    if len(with_delta) == n:
+        return full.view("S17").tolist()
+    for i, value in zip(with_delta.tolist(), full.view("S17").tolist(), strict=True):
+        out[i] = value
+    return out
+
+
+def decode_values(values: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Delta, row id and deleted of entry values (:func:`encode_values`)."""
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    if np.any((lengths != 9) & (lengths != 17)):
+        raise IndexUnavailableError("the key index holds a value of another encoding")
+    joined = b"".join(values)
+    if len(joined) in (9 * len(values), 17 * len(values)):  # all of one length: read as records
+        short = len(joined) == 9 * len(values)
+        records = np.frombuffer(joined, dtype=[("r", ">i8"), ("f", "u1")] if short else
+                                [("r", ">i8"), ("d", ">i8"), ("f", "u1")])
+        delta = np.zeros(len(values), np.int64) if short else records["d"].astype(np.int64)
+        return delta, records["r"].astype(np.int64), records["f"] == 2
+    raw = np.frombuffer(joined, dtype=np.uint8)
+    starts = np.cumsum(lengths) - lengths
+    eight = np.arange(8)
+    rid = raw[starts[:, None] + eight].view(">i8").reshape(-1).astype(np.int64)
+    delta = np.zeros(len(values), np.int64)
+    full = lengths == 17
+    delta[full] = raw[starts[full][:, None] + 8 + eight].view(">i8").reshape(-1)
+    deleted = raw[starts + lengths - 1] == 2
+    return delta, rid, deleted

@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from bitlake import faults
 from bitlake.engine.keys import keyblocks
-from bitlake.engine.keys.keyencoding import encodable, encode_keys, fixed_width, key_order
+from bitlake.engine.keys.keyencoding import decode_values, encodable, encode_keys, encode_values, fixed_width, key_order
 from bitlake.errors import IndexUnavailableError
 from bitlake.format import bucket, commitlog, keystore, layout
 from bitlake.format.metadata import TableMetadata
@@ -49,7 +49,7 @@ from bitlake.pool import thread_map, threads
 # The index's own entries start with byte 0; encoded keys with byte 1.
 _VERSION_KEY = b"\x00bitlake:version"
 _TABLE_KEY = b"\x00bitlake:table_id"
-# The encoding of the keys and values (encode_keys, _encode_values): an index written in another is rebuilt.
+# The encoding of the keys and values (encode_keys, encode_values): an index written in another is rebuilt.
 _FORMAT_KEY = b"\x00bitlake:format"
 _FORMAT = b"4"  # 3: the bucket before the key; 4: the bottom run of fixed-width keys in blocks
 _PUT_CHUNK = 200_000
@@ -306,7 +306,7 @@ class KeyIndex:
             for start in range(0, table.num_rows, _PUT_CHUNK):
                 chunk = table.slice(start, _PUT_CHUNK)
                 batch = WriteBatch(raw_mode=True)
-                _put_each(batch.put, encode_keys(chunk, pk, self._buckets(chunk)), _encode_values(chunk))
+                _put_each(batch.put, encode_keys(chunk, pk, self._buckets(chunk)), encode_values(chunk))
                 self.db.write(batch)
         self._put_version(version)
 
@@ -343,7 +343,7 @@ class KeyIndex:
             self._discard(staged)
             return False
         blocks = sorted((w for w in staged[1] if w.blocks is not None), key=lambda w: w.blocks[0])
-        if any(a.last >= bytes(b.blocks[0]) for a, b in zip(blocks, blocks[1:])):  # their ranges overlap
+        if any(a.last >= bytes(b.blocks[0]) for a, b in zip(blocks, blocks[1:], strict=False)):  # their ranges overlap
             self._discard(staged)
             return False
         try:
@@ -490,7 +490,7 @@ class KeyIndex:
         found_sorted = np.fromiter((v is not None for v in stored), dtype=bool, count=len(keys))
         delta, rid, deleted = np.zeros(len(keys), np.int64), np.zeros(len(keys), np.int64), np.zeros(len(keys), bool)
         at = order[found_sorted]
-        delta[at], rid[at], deleted[at] = _decode_values([v for v in stored if v is not None])
+        delta[at], rid[at], deleted[at] = decode_values([v for v in stored if v is not None])
         found = np.zeros(len(keys), dtype=bool)
         found[at] = True
         blocks = self._blocks() if not found.all() else None
@@ -522,7 +522,7 @@ def write_sst(table: pa.Table, primary_key: list[str], path: str, bottom: bool) 
     for start in range(0, table.num_rows, _PUT_CHUNK):
         chunk = table.slice(start, _PUT_CHUNK)
         buckets = chunk.column(keystore.BUCKET).to_numpy().astype(np.uint16)
-        _put_each(writer.__setitem__, encode_keys(chunk, primary_key, buckets), _encode_values(chunk))
+        _put_each(writer.__setitem__, encode_keys(chunk, primary_key, buckets), encode_values(chunk))
     writer.finish()
 
 
@@ -599,53 +599,6 @@ class _SstWriting:
         for path in self.paths + self.inputs:
             if os.path.exists(path):
                 os.remove(path)
-
-
-def _encode_values(table: pa.Table) -> list[bytes]:
-    """Each key-store row's entry value: its row id (8 bytes, big-endian), its delta (8 more) unless 0, and a
-    flag byte, 1 for an upsert and 2 for a delete marker (never 0: numpy's fixed-width bytes drop trailing zeros).
-    A load with no delta values stores half the bytes; :func:`_decode_values` reads both lengths."""
-    n = table.num_rows
-    rid = table.column(keystore.ROW_ID).to_numpy()
-    delta = table.column(keystore.DELTA).to_numpy()
-    flag = table.column(keystore.DELETED).to_numpy(zero_copy_only=False).astype(np.uint8) + 1
-    with_delta = np.flatnonzero(delta)
-    if len(with_delta) < n:
-        short = np.empty(n, dtype=[("r", ">i8"), ("f", "u1")])
-        short["r"], short["f"] = rid, flag
-        out = short.view("S9").tolist()
-        if not len(with_delta):
-            return out
-    full = np.empty(len(with_delta), dtype=[("r", ">i8"), ("d", ">i8"), ("f", "u1")])
-    full["r"], full["d"], full["f"] = rid[with_delta], delta[with_delta], flag[with_delta]
-    if len(with_delta) == n:
-        return full.view("S17").tolist()
-    for i, value in zip(with_delta.tolist(), full.view("S17").tolist(), strict=True):
-        out[i] = value
-    return out
-
-
-def _decode_values(values: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Delta, row id and deleted of entry values (:func:`_encode_values`)."""
-    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
-    if np.any((lengths != 9) & (lengths != 17)):
-        raise IndexUnavailableError("the key index holds a value of another encoding")
-    joined = b"".join(values)
-    if len(joined) in (9 * len(values), 17 * len(values)):  # all of one length: read as records
-        short = len(joined) == 9 * len(values)
-        records = np.frombuffer(joined, dtype=[("r", ">i8"), ("f", "u1")] if short else
-                                [("r", ">i8"), ("d", ">i8"), ("f", "u1")])
-        delta = np.zeros(len(values), np.int64) if short else records["d"].astype(np.int64)
-        return delta, records["r"].astype(np.int64), records["f"] == 2
-    raw = np.frombuffer(joined, dtype=np.uint8)
-    starts = np.cumsum(lengths) - lengths
-    eight = np.arange(8)
-    rid = raw[starts[:, None] + eight].view(">i8").reshape(-1).astype(np.int64)
-    delta = np.zeros(len(values), np.int64)
-    full = lengths == 17
-    delta[full] = raw[starts[full][:, None] + 8 + eight].view(">i8").reshape(-1)
-    deleted = raw[starts + lengths - 1] == 2
-    return delta, rid, deleted
 
 
 def _runs(tables: Iterable[pa.Table], rows: int) -> Iterator[pa.Table]:
