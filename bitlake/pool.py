@@ -11,8 +11,6 @@ from typing import TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
-A = TypeVar("A")
-B = TypeVar("B")
 
 
 def threads() -> int:
@@ -26,15 +24,6 @@ def thread_map(fn: Callable[[T], R], items: Iterable[T]) -> list[R]:
         return [fn(x) for x in items]
     with ThreadPoolExecutor(max_workers=min(threads(), len(items)), thread_name_prefix="bitlake-io") as pool:
         return list(pool.map(fn, items))
-
-
-def both(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
-    """``(first(), second())``, ``first`` on a thread while ``second`` runs on this one; an error of either is
-    raised once both have finished."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="bitlake-io") as pool:
-        future = pool.submit(first)
-        b = second()  # when it raises, leaving the pool waits for ``first``
-        return future.result(), b
 
 
 def ordered_map(fn: Callable[[T], R], items: Iterable[T], ahead: int) -> Iterator[R]:
