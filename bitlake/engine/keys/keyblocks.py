@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 
-from bitlake.engine.keys.keyencoding import fixed_key_array, int64_values
+from bitlake.engine.keys.keyencoding import fixed_key_array, fixed_key_width, int64_values
 from bitlake.format import keystore
 
 BLOCK_ENTRIES = 64
@@ -89,8 +89,7 @@ class Blocks:
         are none."""
         if not pieces:
             return None
-        width = 1 + 2 + 8 * key_columns + 1
-        return Blocks(np.frombuffer(b"".join(pieces), dtype=f"S{width}"), key_columns)
+        return Blocks(np.frombuffer(b"".join(pieces), dtype=f"S{fixed_key_width(key_columns)}"), key_columns)
 
     def find(self, get: Callable[[list[bytes]], list[bytes | None]], keys: np.ndarray
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -57,13 +57,22 @@ def encode_keys(table: pa.Table, primary_key: list[str], buckets: np.ndarray | N
     return [b"\x01" + b"".join(row) for row in zip(*parts, strict=True)]
 
 
+def _fixed_key_record(columns: int, bucket: bool) -> np.dtype:
+    """The record of an encoded key of ``columns`` fixed-width columns (after its bucket, with ``bucket``)."""
+    head = [("bucket", ">u2")] if bucket else []
+    # A one-byte terminator keeps numpy from stripping trailing zero bytes of the fixed width.
+    return np.dtype([("start", "u1"), *head, *[(f"k{i}", ">u8") for i in range(columns)], ("end", "u1")])
+
+
+def fixed_key_width(columns: int) -> int:
+    """The bytes of an encoded key of ``columns`` fixed-width columns, with its bucket (:func:`fixed_key_array`)."""
+    return _fixed_key_record(columns, True).itemsize
+
+
 def fixed_key_array(buckets: np.ndarray | None, columns: list[np.ndarray]) -> np.ndarray:
     """The encoded keys (:func:`encode_keys`) of fixed-width key columns given as their int64 values
     (:func:`int64_values`), as a NumPy array of fixed-width bytes, which compare as the keys do."""
-    head = [("bucket", ">u2")] if buckets is not None else []
-    # A one-byte terminator keeps numpy from stripping trailing zero bytes of the fixed width.
-    fields = [("start", "u1"), *head, *[(f"k{i}", ">u8") for i in range(len(columns))], ("end", "u1")]
-    rec = np.empty(len(columns[0]), dtype=fields)
+    rec = np.empty(len(columns[0]), dtype=_fixed_key_record(len(columns), buckets is not None))
     rec["start"] = 1
     if buckets is not None:
         rec["bucket"] = buckets

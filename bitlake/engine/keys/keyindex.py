@@ -437,16 +437,20 @@ class KeyIndex:
         order = order[np.argsort(buckets[order], kind="stable")]  # the index's order
         bottom = self._empty() if bottom is None else bottom  # the files will be the bottom run: below nothing
         if bottom and table.num_rows and fixed_width(table, pk):
-            first, values = keyblocks.encode(table, pk, buckets, order)
-            if after is None or bytes(first[0]) > after:
+
+            def key_at(i: int) -> bytes:  # the encoded key of the ``i``-th row in the index's order
+                row = int(order[i])
+                return encode_keys(table.slice(row, 1), pk, buckets[row:row + 1])[0]
+
+            if after is None or key_at(0) > after:
+                first, values = keyblocks.encode(table, pk, buckets, order)
                 writing = _SstWriting([os.path.join(self.path, f"{name}-0.sst")])
                 try:
                     write_blocks(first, values, writing.paths[0])
                 except BaseException:
                     writing.remove()
                     raise
-                writing.blocks = first
-                writing.last = encode_keys(table.slice(int(order[-1]), 1), pk, buckets[order[-1:]])[0]
+                writing.blocks, writing.last = first, key_at(-1)
                 return writing
         table = table.take(pa.array(order))
         large = table.num_rows >= _PROCESS_SST_ROWS
