@@ -501,7 +501,7 @@ class Table(read.TableDataset):
         return maintenance.cleanup(self.io, self.refresh(), min_age_seconds=min_age_seconds, dry_run=dry_run)
 
     def compact(self, *, major: bool = False, look_back: Any = None, target_file_bytes: int | None = None,
-                dry_run: bool = False, progress=None) -> Any:
+                cluster_by: str | None = None, dry_run: bool = False, progress=None) -> Any:
         """Compaction (docs/maintenance.md). Minor: rewrites the small data files and those with many superseded
         rows into files of about ``target_file_bytes`` (default: the ``compact.target_file_bytes`` property),
         current rows apart from superseded ones, every row keeping its row id: no view, at any version or
@@ -511,16 +511,22 @@ class Table(read.TableDataset):
         or a commit time; default the ``compact.look_back`` property): reads before it raise
         ``VersionExpiredError``, every read inside it stays as it was, and the superseded rows no view inside
         it can see are left out of the rewritten files; ``cleanup()`` then removes what only expired versions
-        named. Returns a :class:`~bitlake.engine.maintain.compaction.CompactResult` (``version`` None: nothing was
-        worth it); with ``dry_run``, a dict of what it would rewrite. ``progress(rows, total)`` is called once with
-        the total rows it will rewrite (``rows`` 0), then with the rows of each file as it is rewritten."""
+        named. ``cluster_by`` (a number, date, timestamp or string column) rewrites every file of each partition
+        into files that each hold one range of that column's values, so that a vacuum of a few of its values, or a
+        filter on it, reads few files; a partition whose files already hold disjoint ranges is left as it is
+        (docs/maintenance.md, "Clustering"). Returns a :class:`~bitlake.engine.maintain.compaction.CompactResult`
+        (``version`` None: nothing was worth it); with ``dry_run``, a dict of what it would rewrite.
+        ``progress(rows, total)`` is called once with the total rows it will rewrite (``rows`` 0), then with the
+        rows of each file as it is rewritten."""
         if look_back is not None and not major:
             raise InvalidInputError("look_back sets the retention window of a major compaction: pass major=True")
         if target_file_bytes is not None and (isinstance(target_file_bytes, bool) or
                                               not isinstance(target_file_bytes, int) or target_file_bytes < 1):
             raise InvalidInputError(f"target_file_bytes must be a positive number of bytes, not {target_file_bytes!r}")
+        if cluster_by is not None and not isinstance(cluster_by, str):
+            raise InvalidInputError(f"cluster_by must be a column name, not {cluster_by!r}")
         return maintenance.compact(self.io, self.refresh, target_file_bytes=target_file_bytes, dry_run=dry_run,
-                                   progress=progress, major=major, look_back=look_back)
+                                   progress=progress, major=major, look_back=look_back, cluster_by=cluster_by)
 
     def maintain(self, *, dry_run: bool = False, min_age_seconds: float = 3600.0,
                  progress=None) -> maintenance.MaintainResult:

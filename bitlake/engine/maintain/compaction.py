@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from bitlake import faults
-from bitlake.engine.maintain import window
+from bitlake.engine.maintain import cluster, window
 from bitlake.format import bitmap, commitlog, datafile, layout, rowid, segmentlog
 from bitlake.format import state as state_mod
 from bitlake.format.commit import COMPACT, Commit, DataFile, LogFile, SegmentRows, Window
@@ -174,6 +174,8 @@ class _Output:
             self._writer = datafile.data_writer(self.io, path, self.meta)
         self._writer.write(rows)
         self._ids.append(ids)
+        if self.target >= ONE_FILE:
+            return  # one file, closed by the caller
         w = self._writer
         measured_rows = self._closed_rows + w.flushed_rows
         if measured_rows:
@@ -182,6 +184,13 @@ class _Output:
         goal = total / max(1, -(-total // self.target))
         if w.flushed_bytes() + (w.rows - w.flushed_rows) * bytes_per_row >= goal:
             self.close()
+
+    def buffered_bytes(self) -> int:
+        return self._writer.buffered_bytes if self._writer is not None else 0
+
+    def flush(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
 
     def close(self) -> None:
         if self._writer is None:
@@ -211,15 +220,22 @@ Progress = Callable[[int, int], None]  # (rows rewritten since the last call, to
 
 
 def rewrite(io: FileIO, state: TableState, group: list[FileMetrics], target_bytes: int, cache: bitmap.BitmapCache,
-            progress: Progress, drop: Drop | None = None) -> tuple[list[DataFile], list[str], int, int]:
+            progress: Progress, drop: Drop | None = None, cluster_by: str | None = None
+            ) -> tuple[list[DataFile], list[str], int, int]:
     """Writes the rows of ``group`` (one partition) into current and history files, leaving out the rows
-    ``drop`` names (a major compaction's); returns the new files, every path written, and the current and
+    ``drop`` names (a major compaction's), each kind cut into ranges of column ``cluster_by`` when given
+    (:mod:`bitlake.engine.maintain.cluster`); returns the new files, every path written, and the current and
     history row counts."""
     meta = state.metadata
     partition = group[0].file.partition
     expected = sum(m.valid_rows for m in group)
-    current = _Output(io, meta, partition, target_bytes, expected)
-    history = _Output(io, meta, partition, target_bytes, sum(m.file.rows for m in group) - expected)
+    kinds = [_Kind(io, meta, partition, target_bytes, expected), _Kind(io, meta, partition, target_bytes,
+                                                                      sum(m.file.rows for m in group) - expected)]
+    if cluster_by is not None:
+        per_row = sum(m.file.bytes for m in group) / max(1, sum(m.file.rows for m in group))
+        parts = [max(1, -(-int(k.expected_rows * per_row) // target_bytes)) for k in kinds]
+        for k, r in zip(kinds, cluster.ranges(io, meta, [m.file for m in group], cluster_by, parts), strict=True):
+            k.cut(r)
     counts = [0, 0]
     try:
         for f in sorted((m.file for m in group), key=lambda f: (f.segments[0].part, f.segments[0].seq, f.path)):
@@ -234,18 +250,63 @@ def rewrite(io: FileIO, state: TableState, group: list[FileMetrics], target_byte
                 valid[lo:hi] = bitmap.valid_mask(cache.valid(state.segments[r.segment]), ids[lo:hi] & rowid.MAX_OFFSET)
             per_row = f.bytes / max(1, f.rows)
             old = ~valid & ~drop(ids, valid) if drop is not None else ~valid
-            current.write(table.filter(pa.array(valid)), ids[valid], per_row)
-            history.write(table.filter(pa.array(old)), ids[old], per_row)
+            for kind, mask in zip(kinds, (valid, old), strict=True):
+                kind.write(table.filter(pa.array(mask)), ids[mask], per_row)
+            del table
             counts[0] += int(valid.sum())
             counts[1] += int(old.sum())
             progress(f.rows, 0)
-        current.close()
-        history.close()
+        for kind in kinds:
+            kind.close()
     except BaseException:
-        for path in current.written + history.written:
+        for path in kinds[0].written() + kinds[1].written():
             io.delete(path)
         raise
-    return current.done + history.done, current.written + history.written, counts[0], counts[1]
+    return kinds[0].done() + kinds[1].done(), kinds[0].written() + kinds[1].written(), counts[0], counts[1]
+
+
+ONE_FILE = 1 << 62  # an output's target size that makes it one file, whatever its size
+
+# A clustering compaction's outputs flush their buffered rows once they hold this many bytes together: each
+# range's writer would otherwise buffer a row group, and a partition of many ranges the whole partition.
+CLUSTER_BUFFER_BYTES = 256 << 20
+
+
+class _Kind:
+    """The outputs of one kind of rows (current or history) of a partition: one :class:`_Output`, or one per
+    range of the clustering column once :meth:`cut`."""
+
+    def __init__(self, io: FileIO, meta: TableMetadata, partition, target_bytes: int, expected_rows: float):
+        self.io, self.meta, self.partition, self.target = io, meta, partition, target_bytes
+        self.expected_rows = expected_rows
+        self.ranges: cluster.Ranges | None = None
+        self.outputs = [_Output(io, meta, partition, target_bytes, expected_rows)]
+
+    def cut(self, ranges: cluster.Ranges) -> None:
+        self.ranges = ranges
+        # A range is one file (its rows the target's worth, by the sample): two files of one range would overlap.
+        self.outputs = [_Output(self.io, self.meta, self.partition, ONE_FILE, self.expected_rows / ranges.count)
+                        for _ in range(ranges.count)]
+
+    def write(self, rows: pa.Table, ids: np.ndarray, bytes_per_row: float) -> None:
+        if self.ranges is None:
+            self.outputs[0].write(rows, ids, bytes_per_row)
+            return
+        for i, part, part_ids in self.ranges.split(rows, ids):
+            self.outputs[i].write(part, part_ids, bytes_per_row)
+        if sum(o.buffered_bytes() for o in self.outputs) > CLUSTER_BUFFER_BYTES:
+            for o in self.outputs:
+                o.flush()
+
+    def close(self) -> None:
+        for o in self.outputs:
+            o.close()
+
+    def done(self) -> list[DataFile]:
+        return [f for o in self.outputs for f in o.done]
+
+    def written(self) -> list[str]:
+        return [p for o in self.outputs for p in o.written]
 
 
 @dataclasses.dataclass
@@ -293,18 +354,25 @@ class Prepared:
 
 def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = None,
             progress: Progress | None = None, dry_run: bool = False, major: bool = False,
-            look_back: Any = None, budget: int | None = None) -> Prepared | dict[str, Any] | None:
+            look_back: Any = None, budget: int | None = None, cluster_by: str | None = None
+            ) -> Prepared | dict[str, Any] | None:
     """Plans a minor compaction of ``state`` (module docstring), or a major one: the window from
     ``look_back`` set, the rows no view inside it can see left out, the older log events folded
     (:mod:`bitlake.engine.maintain.window`); a minor one also regroups small log files (:func:`regroupable`); writes
-    its files. ``budget`` bounds a minor compaction's input bytes (:func:`choose`). Returns None when nothing
-    is due; with ``dry_run``, only says what it would rewrite."""
+    its files. ``budget`` bounds a minor compaction's input bytes (:func:`choose`). ``cluster_by``: every file
+    of each partition whose files do not already hold disjoint ranges of that column is rewritten into files of
+    ranges of it (:mod:`bitlake.engine.maintain.cluster`). Returns None when nothing is due; with ``dry_run``,
+    only says what it would rewrite."""
     state.protocol.check_write(io.uri())
     meta = state.metadata
     target = target_file_bytes or meta.int_prop("compact.target_file_bytes")
     cache = bitmap.BitmapCache(io)
     found = metrics(cache, state)
-    groups = choose(found, meta.int_prop("compact.min_input_files"), budget)
+    if cluster_by is not None:
+        cluster.check_column(meta, cluster_by)
+        groups = _unclustered(found, cluster_by, meta.schema.field(cluster_by).type)
+    else:
+        groups = choose(found, meta.int_prop("compact.min_input_files"), budget)
     purge: window.Purge | None = None
     if major:
         start = window.start(io, state, meta.prop("compact.look_back") if look_back is None else look_back)
@@ -329,7 +397,7 @@ def prepare(io: FileIO, state: TableState, *, target_file_bytes: int | None = No
     try:
         for group in groups:
             files, paths, cur, hist = rewrite(io, state, group, target, cache, progress,
-                                              purge.drop if purge is not None else None)
+                                              purge.drop if purge is not None else None, cluster_by)
             added += files
             written += paths
             current_rows += cur
@@ -372,6 +440,17 @@ def _with_purgeable(groups: list[list[FileMetrics]], found: list[FileMetrics], p
                 continue
         out.setdefault(_partition_key(f), []).append(m)
     return list(out.values())
+
+
+def _unclustered(found: list[FileMetrics], column: str, t: pa.DataType) -> list[list[FileMetrics]]:
+    """A clustering compaction's groups: each partition's files, unless its current files (those with a row
+    valid now) and its history files each already hold disjoint ranges of ``column``."""
+    by_partition: dict[tuple, list[FileMetrics]] = {}
+    for m in found:
+        by_partition.setdefault(_partition_key(m.file), []).append(m)
+    return [g for g in by_partition.values()
+            if not all(cluster.clustered([m.file for m in g if (m.valid_rows == 0) == history], column, t)
+                       for history in (False, True))]
 
 
 def _file_bytes(m: FileMetrics) -> int:

@@ -28,8 +28,6 @@ from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.pool import thread_map
 
-_ONE_FILE = 1 << 62  # a rewrite is one file, whatever its size
-
 
 @dataclasses.dataclass
 class Prepared:
@@ -98,7 +96,7 @@ def prepare(io: FileIO, state: TableState, dry_run: bool = False) -> Prepared:
             return None, [], None
         if dry_run:
             return Rewrite(f.path, None), [], pa.table({ROW_ID: pa.array(np.concatenate(gone_ids), pa.int64())})
-        out = compaction._Output(io, meta, f.partition, _ONE_FILE, f.rows - gone)
+        out = compaction._Output(io, meta, f.partition, compaction.ONE_FILE, f.rows - gone)
         found = []
         try:
             for batch in datafile.read_batches(io, f.path, data, meta.file_format):
