@@ -8,7 +8,7 @@ SFS ?= 0.1,1,3
 SYSTEMS ?= all
 TIMEOUT ?= 600
 
-.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-maintenance bench-restatement bench-lake bench-memory bench-reads bench-mirror bench-triggers bench-fsync clean
+.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-maintenance bench-restatement bench-clustering bench-lake bench-memory bench-reads bench-mirror bench-triggers bench-fsync clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -71,6 +71,9 @@ bench-maintenance: setup  ## compaction: current-view scans and storage over a c
 
 bench-restatement: setup  ## revert, replace, tombstone, vacuum and DML against the batches' ingestion, delta-rs and lance (SF=1)
 	$(PY) benchmarks/restatement.py --scale-factor $(SF)
+
+bench-clustering: setup  ## the erasure of 1,000 suppliers before and after compact(cluster_by="l_suppkey"), against delta-rs delete before and after z_order (SF=1)
+	$(PY) benchmarks/clustering.py --scale-factor $(SF)
 
 bench-lake: setup  ## bitlake on an S3 API (moto) against local disk and delta-rs; the data source against the JVM reader; Arrow reads against pyarrow and DuckDB (SF=1)
 	$(PY) benchmarks/lake.py --scale-factor $(SF)

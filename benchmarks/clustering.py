@@ -30,8 +30,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,13 +57,6 @@ def measure(path: Path, fn) -> dict:
     return {"seconds": seconds, "bytes": total, "files": files, "result": repr(out)}
 
 
-def stream(base: Path, schema: pa.Schema) -> pa.RecordBatchReader:
-    def batches():
-        for b in peers.file_stream(base):
-            yield b.append_column(DELTA, pa.array(np.zeros(b.num_rows, np.int64)))
-    return pa.RecordBatchReader.from_batches(schema, batches())
-
-
 def copy(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst)
     os.sync()
@@ -84,12 +75,12 @@ def main(argv: list[str] | None = None) -> int:
                     "suppliers": len(SUPPLIERS), "code": core.code_version()}
     base = work / "base.parquet"
     peers.write_base(core.lineitem(sf), base)
-    schema = pq.read_schema(base).append(pa.field(DELTA, pa.int64()))
+    schema = pq.read_schema(base)
     result["rows"] = pq.ParquetFile(base).metadata.num_rows
 
     plain = work / "bitlake"
     t = bitlake.create_table(str(plain), schema, primary_key=PRIMARY_KEY, delta_column=DELTA, num_buckets=16)
-    t.ingest(stream(base, schema))
+    t.ingest(peers.file_stream(base))
     flush_idle()
     delta_plain = work / "delta"
     deltalake.write_deltalake(str(delta_plain), peers.file_stream(base))

@@ -255,6 +255,18 @@ def test_major_compaction_says_its_window_in_times(tmp_path, capsys):
     assert code == 0 and out.splitlines()[-1] == "retention window: versions from 1"  # no event time: no key
 
 
+def test_compact_cluster_by_rewrites_into_ranges_and_names_a_bad_column(tmp_path, capsys):
+    t = bitlake.create_table(str(tmp_path / "t"), pa.schema([("a", pa.int64()), ("b", pa.int64())]))
+    for i in range(3):
+        t.ingest(pa.table({"a": list(range(i, 3000, 3)), "b": [1] * 1000}))
+    code, out, _ = run(capsys, "compact", t.path, "--cluster-by", "a", "--target-file-bytes", "4000")
+    assert code == 0 and out.startswith("version 4: 3 file(s)"), out
+    spans = sorted((f.stats["min"]["a"], f.stats["max"]["a"]) for f in bitlake.open_table(t.path).state().data_files())
+    assert len(spans) > 1 and all(x[1] < y[0] for x, y in zip(spans, spans[1:], strict=False))
+    code, _, err = run(capsys, "compact", t.path, "--cluster-by", "c")
+    assert code == 2 and "--cluster-by: 'c' is not a column of the table" in err
+
+
 def test_a_reused_batch_id_points_to_the_commands(lake, tmp_path, capsys):
     (tmp_path / "other.csv").write_text("aid,name,bal,mod\n1,zed,1.0,2024-01-01T00:00:00Z\n")
     code, _, err = run(capsys, "ingest", lake, tmp_path / "other.csv", "--batch-id", "base")

@@ -217,7 +217,8 @@ def cmd_compact(args, out: Console, err: Console) -> None:
         raise InvalidInputError("--look-back needs --major: it sets the retention window of a major compaction")
     table = bitlake.open_table(args.path)
     # A look-back of digits is a version (bitlake.engine.maintain.window.start), anything else an age or a time.
-    kw = {"target_file_bytes": args.target_file_bytes, "major": args.major, "look_back": args.look_back}
+    kw = {"target_file_bytes": args.target_file_bytes, "major": args.major, "look_back": args.look_back,
+          "cluster_by": args.cluster_by}
     if args.dry_run:
         plan = table.compact(dry_run=True, **kw)
         verb = "would rewrite" if plan["files"] or plan["log_files"] else "nothing to compact:"
@@ -508,6 +509,8 @@ def _add_maintenance_parsers(sub) -> None:
     m.add_argument("--look-back", type=look_back,
                    help="with --major, the window's start: a version, an age (7d, 12h) or an ISO-8601 time "
                         "(default: the compact.look_back property)")
+    m.add_argument("--cluster-by", metavar="COLUMN",
+                   help="rewrite every file of each partition into files of disjoint ranges of this column")
     m.set_defaults(run=cmd_compact)
 
     mt = sub.add_parser("maintain", help="run the compactions and cleanup the table's metrics call for")
