@@ -41,6 +41,7 @@ from bitlake.engine.keys import keyblocks
 from bitlake.engine.keys.keyencoding import decode_values, encodable, encode_keys, encode_values, fixed_width, key_order
 from bitlake.errors import IndexUnavailableError
 from bitlake.format import bucket, commitlog, keystore, layout
+from bitlake.format import state as state_mod
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
@@ -264,8 +265,9 @@ class KeyIndex:
         have = self.version
         if have > state.version:
             raise IndexAheadError(f"the key index is at version {have}, past the state read ({state.version})")
-        if have < 0 or (state.window is not None and have < state.window.version):
-            self._rebuild(state)  # the commits after ``have`` may be gone with the retention window
+        if have < 0 or (state.window is not None and have < state.window.version
+                        and have + 1 < state_mod.earliest_version(self.io)):
+            self._rebuild(state)  # the commits after ``have`` are gone with the retention window
             return
         for v in range(have + 1, state.version + 1):
             commit = commitlog.read(self.io, v)
