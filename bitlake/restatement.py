@@ -20,7 +20,7 @@ from bitlake.engine.write import restate as engine_restate
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.metagen import MetaGenOutput
 from bitlake.errors import CommitConflictError, InvalidInputError
-from bitlake.format import changefile, commitlog, layout
+from bitlake.format import changefile, commitlog, layout, order
 from bitlake.format.commit import (
     COMPACT,
     LIVE,
@@ -249,7 +249,10 @@ def _vacuum_plan(io: FileIO, prepared, new: Landed | None, state: TableState, ve
     if new is None:
         r = engine_restate.Restatement(MetaGenOutput([], [], [], [], {}), changefile.table(), {})
     else:
-        r = engine_restate.restate(io, state, None, new, version)
+        # The rows it deletes are current (checked above): their keys' entries are theirs, not looked up.
+        ids = prepared.purged.column(engine_vacuum.ROW_ID).to_numpy()
+        r = engine_restate.restate(io, state, None, new, version,
+                                   stored=prepared.purged.filter(pa.array(order.isin(ids, prepared.current))))
         # The deleted rows are in no data file any more: their change rows carry the key and delta columns.
         meta = state.metadata
         keys = prepared.purged.select([*meta.primary_key, meta.delta_column, engine_vacuum.ROW_ID]).rename_columns(

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 
 from bitlake.engine.maintain import compaction
 from bitlake.engine.read import plan
-from bitlake.format import bitmap, commitlog, datafile, layout, rowid
+from bitlake.format import bitmap, commitlog, datafile, keystore, layout, rowid
 from bitlake.format import state as state_mod
 from bitlake.format.commit import DataFile, PurgedFile, Rewrite
 from bitlake.format.metadata import deltas_as_int
@@ -127,8 +127,8 @@ def prepare(io: FileIO, state: TableState, dry_run: bool = False) -> Prepared:
                     len(candidates), purged.num_rows, purged)
 
 
-ROW_ID = "_row_id"
-DELTA = "_delta"
+ROW_ID = keystore.ROW_ID  # the purged rows' columns are named as the key store names its entries'
+DELTA = keystore.DELTA
 
 
 def _purged(rows: pa.Table, ids: np.ndarray, meta) -> pa.Table:

@@ -63,9 +63,12 @@ def fold_start(state: TableState, part: int) -> int:
         start = min(earlier)
 
 
-def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | None, version: int) -> Restatement:
+def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | None, version: int,
+            stored: pa.Table | None = None) -> Restatement:
     """The restatement at ``version`` on top of ``state`` that removes the live batch of part ``removed``
-    (None: none) and makes ``new`` live (None: a revert)."""
+    (None: none) and makes ``new`` live (None: a revert). ``stored``: the key-store entries of ``new``'s keys
+    when the caller knows them (key columns, ``_delta`` and ``_row_id`` as the key store names them: a vacuum's
+    deletes of rows current in ``state``, whose entries are those rows'), then not read from the key store."""
     meta = state.metadata
     if not meta.keyed:
         return _unkeyed(io, state, removed, new)
@@ -87,9 +90,11 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
     keys = _touched_keys(io, state, touched, gone, added, later, purged)
 
     # Each key's entry just before the fold start.
-    at = state if start - 1 == state.version else state_mod.load(io, start - 1)
-    buckets = np.unique(keys.distinct.column(keystore.BUCKET).to_numpy()).tolist()
-    prior = metagen.scan_keystore(io, at, keys.distinct, buckets)
+    prior = _known(keys.distinct, stored, meta) if stored is not None and removed is None and not later else None
+    if prior is None:
+        at = state if start - 1 == state.version else state_mod.load(io, start - 1)
+        buckets = np.unique(keys.distinct.column(keystore.BUCKET).to_numpy()).tolist()
+        prior = metagen.scan_keystore(io, at, keys.distinct, buckets)
     final, events = _refold(keys, prior, later, new)
     # A key whose last record a vacuum purged has no row: its entry is a delete marker at that record's delta
     # value, as the vacuum itself records for the keys whose current row it purges.
@@ -101,6 +106,21 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
     after = np.where(final.deleted, NO_ROW, final.rid)
     before = _rows_valid_now(io, state, keys, prior, gone_rids, gone_upserts)
     return _write_files(io, state, new, version, keys.distinct, (target, t, cause), final, before, after)
+
+
+def _known(distinct: pa.Table, stored: pa.Table, meta) -> tuple | None:
+    """The entries of ``distinct``'s keys (found, delta, row id, deleted, in its order) from ``stored`` (key
+    columns, ``_delta``, ``_row_id``: rows valid now, one a key); None when a key is not there."""
+    pk = list(meta.primary_key)
+    at = pa.array(np.arange(distinct.num_rows, dtype=np.int64))
+    joined = distinct.select(pk).append_column("_at", at).join(
+        stored.select([*pk, keystore.DELTA, keystore.ROW_ID]), pk)
+    if joined.num_rows != distinct.num_rows:
+        return None
+    by_key = np.argsort(joined.column("_at").to_numpy())
+    n = distinct.num_rows
+    return (np.ones(n, bool), joined.column(keystore.DELTA).to_numpy()[by_key],
+            joined.column(keystore.ROW_ID).to_numpy()[by_key], np.zeros(n, bool))
 
 
 def _refuse_outside_window(state: TableState, removed: int | None, start: int, version: int) -> None:
