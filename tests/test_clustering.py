@@ -126,8 +126,11 @@ def test_ranges_split_sorted_rows_at_their_bounds():
     r = cluster.Ranges("x", (10, 20))
     t = pa.table({"x": pa.array([25, None, 10, 11, 5, 20, 21], pa.int64())})
     ids = np.arange(7, dtype=np.int64) * 100
-    got = [(i, part.column("x").to_pylist(), part_ids.tolist()) for i, part, part_ids in r.split(t, ids)]
+    got = [(i, part.column("x").to_pylist(), part_ids.tolist())
+           for i, part, part_ids in r.split(t, ids, np.arange(7))]
     assert got == [(0, [5, 10], [400, 200]), (1, [11, 20], [300, 500]), (2, [21, 25, None], [600, 0, 100])]
+    some = [(i, part.column("x").to_pylist()) for i, part, _ in r.split(t, ids, np.array([0, 1, 4, 6]))]
+    assert some == [(0, [5]), (2, [21, 25, None])]
 
 
 @pytest.mark.parametrize(("column", "message"), [("nope", "not a column"), (3, "column name")])

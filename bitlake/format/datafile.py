@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
@@ -122,16 +124,26 @@ def _values_drawn(distinct: int, draws: int) -> float:
     return (low + high) / 2
 
 
+# Writers that encode in the background (``FileWriter(background=True)``) share these threads: a writer has at
+# most one row group on them at a time, so its row groups stay in order and its memory is one row group more.
+_ENCODERS = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="bitlake-encode")
+
+
 class FileWriter:
     """One output file; buffers incoming tables into full-size row groups. A Parquet file's writer starts with
-    its first row group, which picks the columns tried with a dictionary (:func:`_dictionary_columns`)."""
+    its first row group, which picks the columns tried with a dictionary (:func:`_dictionary_columns`). With
+    ``background``, a full row group is encoded on a shared thread while the caller goes on (a compaction reads
+    its next rows meanwhile: it wrote on one core)."""
 
     def __init__(self, io: FileIO, path: str, schema: pa.Schema, file_format: str, options: dict,
-                 stats_columns: list[str] | None = None):
+                 stats_columns: list[str] | None = None, background: bool = False):
         self.io = io
         self.path = path
         self.rows = 0
-        self.flushed_rows = 0
+        self.flushed_rows = 0  # the rows of the row groups written (encoded), and their bytes
+        self._flushed_bytes = 0
+        self._background = background
+        self._encoding: Future | None = None
         self._buffer: list[pa.Table] = []
         self._buffered_rows = 0
         self.buffered_bytes = 0
@@ -155,17 +167,32 @@ class FileWriter:
             self.flush()
 
     def flush(self) -> None:
+        """Writes the buffered rows as a row group (in the background: starts it, once the one before is written)."""
         if not self._buffer:
             return
         table = pa.concat_tables(self._buffer)
         self._buffer, self._buffered_rows, self.buffered_bytes = [], 0, 0
-        self.flushed_rows += table.num_rows
+        if not self._background:
+            self._encode(table)
+            return
+        self._written()
+        self._encoding = _ENCODERS.submit(self._encode, table)
+
+    def _encode(self, table: pa.Table) -> None:
         if self._stats is not None:
             self._stats.add(table)
         if self._orc is not None:
             self._orc.write(table)
-            return
-        self._parquet(table).write_table(table, row_group_size=ROW_GROUP_ROWS)
+        else:
+            self._parquet(table).write_table(table, row_group_size=ROW_GROUP_ROWS)
+        self._flushed_bytes = self._out.tell()
+        self.flushed_rows += table.num_rows
+
+    def _written(self) -> None:
+        """Waits for the row group being encoded in the background, if any; raises what failed there."""
+        encoding, self._encoding = self._encoding, None
+        if encoding is not None:
+            encoding.result()
 
     def _parquet(self, first: pa.Table) -> pq.ParquetWriter:
         if self._pq is None:
@@ -177,11 +204,12 @@ class FileWriter:
 
     def flushed_bytes(self) -> int:
         """The bytes of the row groups written so far (those of :attr:`flushed_rows`)."""
-        return self._out.tell()
+        return self._flushed_bytes
 
     def close(self) -> int:
         """Closes the file; returns its size in bytes."""
         self.flush()
+        self._written()
         (self._orc or self._parquet(self._schema.empty_table())).close()
         if self._stats is not None and self._pq is not None:
             self._stats.footer(self._pq.writer.metadata)
@@ -213,11 +241,11 @@ def check_storable(schema: pa.Schema, file_format: str) -> None:
                                     "store") from None
 
 
-def data_writer(io: FileIO, path: str, meta: TableMetadata) -> FileWriter:
+def data_writer(io: FileIO, path: str, meta: TableMetadata, background: bool = False) -> FileWriter:
     schema = data_schema(meta)
     options = data_parquet_options(schema) if meta.file_format == "parquet" else {}
     columns = [f.name for f in meta.schema if stats.covered(f.type)]
-    return FileWriter(io, path, schema, meta.file_format, options, columns)
+    return FileWriter(io, path, schema, meta.file_format, options, columns, background)
 
 
 def keys_writer(io: FileIO, path: str, meta: TableMetadata) -> FileWriter:

@@ -75,13 +75,14 @@ class Ranges:
     def count(self) -> int:
         return len(self.bounds) + 1
 
-    def split(self, table: pa.Table, ids: np.ndarray) -> Iterator[tuple[int, pa.Table, np.ndarray]]:
-        """``table``'s rows (with their row ids ``ids``) sorted by the column and cut by range: (range, rows,
-        ids) for each range that holds any."""
-        if not table.num_rows:
+    def split(self, table: pa.Table, ids: np.ndarray, rows: np.ndarray) -> Iterator[tuple[int, pa.Table, np.ndarray]]:
+        """The rows ``rows`` of ``table`` (with their row ids, of ``ids``) sorted by the column, taken at once, and
+        cut by range: (range, rows, ids) for each range that holds any."""
+        if not len(rows):
             return
-        order = pc.sort_indices(table.column(self.column))  # nulls (and NaN) last
-        table, ids = table.take(order), ids[order.to_numpy()]
+        # nulls (and NaN) last
+        order = rows[pc.sort_indices(table.column(self.column).take(pa.array(rows))).to_numpy()]
+        table, ids = table.take(pa.array(order)), ids[order]
         values = table.column(self.column)
         ordered = len(values) - values.null_count - _nan_count(values)  # the comparable prefix
         column = _Sorted(values, ordered)

@@ -34,6 +34,7 @@ from bitlake.format import bitmap, commitlog, datafile, layout, rowid, segmentlo
 from bitlake.format import state as state_mod
 from bitlake.format.commit import COMPACT, Commit, DataFile, LogFile, SegmentRows, Window
 from bitlake.format.metadata import TableMetadata
+from bitlake.format.order import strictly_increasing
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 
@@ -171,7 +172,7 @@ class _Output:
         if self._writer is None:
             path = layout.data_file_path(layout.compacted_stem(), self.partition, self.meta.file_format)
             self.written.append(path)
-            self._writer = datafile.data_writer(self.io, path, self.meta)
+            self._writer = datafile.data_writer(self.io, path, self.meta, background=True)
         self._writer.write(rows)
         self._ids.append(ids)
         if self.target >= ONE_FILE:
@@ -215,6 +216,16 @@ class _Output:
                                   writer.stats()))
 
 
+def _valid(state: TableState, f: DataFile, cache: bitmap.BitmapCache, ids: np.ndarray) -> np.ndarray:
+    """Which rows of file ``f`` (row ids ``ids``, ascending) are valid now."""
+    valid = np.zeros(len(ids), dtype=bool)
+    for r in f.segments:
+        key = rowid.segment_key(r.part, r.seq)
+        lo, hi = np.searchsorted(ids, [key, key + rowid.MAX_OFFSET + 1])
+        valid[lo:hi] = bitmap.valid_mask(cache.valid(state.segments[r.segment]), ids[lo:hi] & rowid.MAX_OFFSET)
+    return valid
+
+
 Drop = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (row ids, valid now) -> rows to leave out
 Progress = Callable[[int, int], None]  # (rows rewritten since the last call, total rows: given once, first)
 
@@ -241,17 +252,18 @@ def rewrite(io: FileIO, state: TableState, group: list[FileMetrics], target_byte
         for f in sorted((m.file for m in group), key=lambda f: (f.segments[0].part, f.segments[0].seq, f.path)):
             table = datafile.read_data(io, f.path, meta)
             ids = rowid.pack_arrays(*(table.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
-            order = np.argsort(ids, kind="stable")
-            table, ids = table.take(pa.array(order)), ids[order]
-            valid = np.zeros(len(ids), dtype=bool)
-            for r in f.segments:
-                key = rowid.segment_key(r.part, r.seq)
-                lo, hi = np.searchsorted(ids, [key, key + rowid.MAX_OFFSET + 1])
-                valid[lo:hi] = bitmap.valid_mask(cache.valid(state.segments[r.segment]), ids[lo:hi] & rowid.MAX_OFFSET)
+            # Outputs in row-id order (a batch's rows are then a few row groups), or in a clustering's order: a
+            # landed file is in row-id order already, and a clustering sorts its rows its own way.
+            by_id = None if strictly_increasing(ids) else np.argsort(ids, kind="stable")
+            if by_id is not None and cluster_by is None:
+                table, ids, by_id = table.take(pa.array(by_id)), ids[by_id], None
+            valid = _valid(state, f, cache, ids if by_id is None else ids[by_id])
+            if by_id is not None:
+                valid[by_id] = valid.copy()  # back to the file's order
             per_row = f.bytes / max(1, f.rows)
             old = ~valid & ~drop(ids, valid) if drop is not None else ~valid
             for kind, mask in zip(kinds, (valid, old), strict=True):
-                kind.write(table.filter(pa.array(mask)), ids[mask], per_row)
+                kind.write(table, mask, ids, per_row)
             del table
             counts[0] += int(valid.sum())
             counts[1] += int(old.sum())
@@ -288,11 +300,12 @@ class _Kind:
         self.outputs = [_Output(self.io, self.meta, self.partition, ONE_FILE, self.expected_rows / ranges.count)
                         for _ in range(ranges.count)]
 
-    def write(self, rows: pa.Table, ids: np.ndarray, bytes_per_row: float) -> None:
+    def write(self, rows: pa.Table, mask: np.ndarray, ids: np.ndarray, bytes_per_row: float) -> None:
+        """Writes the rows of ``rows`` where ``mask`` holds, with their row ids (of ``ids``)."""
         if self.ranges is None:
-            self.outputs[0].write(rows, ids, bytes_per_row)
+            self.outputs[0].write(rows.filter(pa.array(mask)), ids[mask], bytes_per_row)
             return
-        for i, part, part_ids in self.ranges.split(rows, ids):
+        for i, part, part_ids in self.ranges.split(rows, ids, np.flatnonzero(mask)):
             self.outputs[i].write(part, part_ids, bytes_per_row)
         if sum(o.buffered_bytes() for o in self.outputs) > CLUSTER_BUFFER_BYTES:
             for o in self.outputs:
