@@ -104,7 +104,7 @@ def ranges(io: FileIO, meta: TableMetadata, files: list[DataFile], column: str, 
         values = datafile.read_data(io, f.path, meta, columns=[column]).column(column)
         sample.append(values.take(pa.array(np.arange(0, len(values), step, dtype=np.int64))))
     drawn = pa.chunked_array([c for s in sample for c in s.chunks], meta.schema.field(column).type)
-    drawn = drawn.filter(pc.invert(pc.fill_null(_is_nan(drawn), True)))  # nulls and NaN take no share
+    drawn = drawn.filter(pc.invert(pc.fill_null(_unordered(drawn), True)))  # nulls and NaN take no share
     drawn = drawn.take(pc.sort_indices(drawn))
     out = []
     for n in parts:
@@ -113,14 +113,17 @@ def ranges(io: FileIO, meta: TableMetadata, files: list[DataFile], column: str, 
     return out
 
 
-def _is_nan(values: pa.ChunkedArray) -> pa.ChunkedArray:
+def _unordered(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Which ``values`` ranges do not order: NaN, and nulls (null or true)."""
     if pa.types.is_floating(values.type):
-        return pc.is_nan(values)
-    return pc.is_null(values)  # nothing but nulls is out of order
+        return pc.is_nan(values)  # null where the value is null
+    return pc.is_null(values)
 
 
 def _nan_count(values: pa.ChunkedArray) -> int:
-    return pc.sum(pc.is_nan(values)).as_py() or 0 if pa.types.is_floating(values.type) else 0
+    if not pa.types.is_floating(values.type):
+        return 0
+    return pc.sum(pc.is_nan(values)).as_py() or 0
 
 
 class _Sorted:
