@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     result["delta_rs"]["erase_clustered"] = measure(zordered, lambda: deltalake.DeltaTable(str(zordered)).delete(
         condition))
     log(f"delta-rs delete z-ordered: {result['delta_rs']['erase_clustered']}")
-    core.save_results(result, f"clustering-{result['date']}-sf{sf_text(sf)}", markdown, SECTION, args.no_doc)
+    core.save_results(result, f"clustering-{result['date']}-sf{sf_text(sf)}", markdown,
+                      core.heading(sf_text(sf), SECTION), args.no_doc)
     shutil.rmtree(work, ignore_errors=True)
     return 0
 
@@ -134,7 +135,7 @@ def markdown(r: dict) -> str:
 
     ratio = d["erase_clustered"]["seconds"] / b["erase_clustered"]["seconds"]
     return "\n".join([
-        SECTION, "",
+        core.heading(sf, SECTION), "",
         f"TPC-H `lineitem` at SF {sf} ({r['rows']:,} rows), the rows of {r['suppliers']:,} suppliers (`l_suppkey` "
         f"1..{r['suppliers']}) erased, {r['date']}: `.venv/bin/python benchmarks/clustering.py --scale-factor {sf}` "
         f"(`make bench-clustering SF={sf}`; the JSON: `{r.get('json_path', '')}`). bitlake: `tombstone` then "
