@@ -4,6 +4,7 @@ time, and every change range, reads the same after it; the current view reads cu
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import bitlake
@@ -422,3 +423,30 @@ def test_the_watermark_counts_the_delta_values_of_vacuumed_rows(tmp_path):
     assert t.state().window.watermark == 3
     with pytest.raises(bitlake.VersionExpiredError):
         t.to_arrow(valid_at=2)
+
+
+def test_a_background_writer_writes_the_same_file_and_raises_what_failed_on_its_thread(tmp_path):
+    """``FileWriter(background=True)`` encodes each full row group on a shared thread: its file reads the same rows
+    in the same order as one written on the calling thread, and a row group that fails there fails its close."""
+    from bitlake.fs import file_io
+
+    io = file_io(str(tmp_path))
+    schema = pa.schema([("a", pa.int64()), ("s", pa.string())])
+    chunks = [pa.table({"a": list(range(i, i + 700)), "s": [f"v{j % 13}" for j in range(700)]}, schema=schema)
+              for i in range(0, 7000, 700)]
+    for background in (False, True):
+        w = datafile.FileWriter(io, f"{background}.parquet", schema, "parquet", {}, background=background)
+        for chunk in chunks:
+            w.write(chunk)
+            w.flush()  # a row group each
+        w.close()
+    files = [pq.ParquetFile(tmp_path / f"{b}.parquet") for b in (False, True)]
+    assert [f.metadata.num_row_groups for f in files] == [len(chunks)] * 2
+    assert [f.read().to_pylist() for f in files] == [pa.concat_tables(chunks).to_pylist()] * 2
+    w = datafile.FileWriter(io, "bad.parquet", schema, "parquet", {}, background=True)
+    w.write(chunks[0])
+    w.flush()
+    w.write(pa.table({"a": ["not a number"], "s": ["x"]}))  # the writer's schema refuses it, on its thread
+    w.flush()
+    with pytest.raises((pa.ArrowInvalid, pa.ArrowTypeError, ValueError)):
+        w.close()
