@@ -383,6 +383,33 @@ def test_reverting_a_vacuums_deletes_brings_no_erased_row_back(tmp_path):
         [("insert", 11)]
 
 
+def test_a_vacuums_deletes_take_the_purged_rows_as_their_keys_entries(tmp_path, monkeypatch):
+    """The keys whose current rows a vacuum purges are deleted without reading the key store (their entries are
+    the purged rows'), and the key store ends as a scan would leave it: a later record of such a key is an
+    insert, a late one older than the erased row stays stale, and a key whose row was older history keeps its
+    current row."""
+    from bitlake.engine.write import restate
+
+    schema = pa.schema([("k", pa.int64()), ("mod", pa.int64()), ("value", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["k"], delta_column="mod", num_buckets=2)
+    t.ingest(pa.table({"k": [1, 2, 3, 4], "mod": [1, 1, 1, 1], "value": [10, 10, 30, 40]}, schema=schema))
+    t.ingest(pa.table({"k": [2], "mod": [5], "value": [21]}, schema=schema))  # key 2's erased row is history
+    t.tombstone("value", [10])
+
+    def no_scan(*args, **kwargs):
+        raise AssertionError("the vacuum scanned the key store")
+
+    monkeypatch.setattr(restate.metagen, "scan_keystore", no_scan)
+    r = t.vacuum()
+    monkeypatch.undo()
+    assert r.rows_purged == 2 and t.describe()["valid_rows"] == 3
+    assert sorted(tuple(x.values()) for x in t.to_arrow().to_pylist()) == [(2, 5, 21), (3, 1, 30), (4, 1, 40)]
+    late = t.ingest(pa.table({"k": [1], "mod": [0], "value": [9]}, schema=schema))
+    assert late.counts["stale"] == 1
+    again = t.ingest(pa.table({"k": [1, 2], "mod": [2, 6], "value": [11, 22]}, schema=schema))
+    assert (again.counts["inserted"], again.counts["updated"]) == (1, 1)
+
+
 @pytest.mark.parametrize("meanwhile", ["revert", "equal delta"])
 def test_a_vacuum_starts_over_when_the_rows_it_deletes_stop_being_current(tmp_path, monkeypatch, meanwhile):
     """Another writer commits between the vacuum's planning and its commit: a revert of the batch whose row the

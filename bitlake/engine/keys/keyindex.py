@@ -269,12 +269,15 @@ class KeyIndex:
                         and have + 1 < state_mod.earliest_version(self.io)):
             self._rebuild(state)  # the commits after ``have`` are gone with the retention window
             return
-        for v in range(have + 1, state.version + 1):
-            commit = commitlog.read(self.io, v)
-            # A merged file also repeats older rows; only rows this commit wrote are new to the index.
-            tables = (keystore.read_file(self.io, f.path, self.meta, filters=[(keystore.VERSION, "=", v)])
-                      for f in commit.keystore_add)
-            self.put(tables, v, rows=sum(f.rows for f in commit.keystore_add))
+        try:
+            for v in range(have + 1, state.version + 1):
+                commit = commitlog.read(self.io, v)
+                # A merged file also repeats older rows; only rows this commit wrote are new to the index.
+                tables = (keystore.read_file(self.io, f.path, self.meta, filters=[(keystore.VERSION, "=", v)])
+                          for f in commit.keystore_add)
+                self.put(tables, v, rows=sum(f.rows for f in commit.keystore_add))
+        except FileNotFoundError:  # a commit before the window, or its key-store files, gone with cleanup
+            self._rebuild(state)
 
     def _rebuild(self, state: TableState) -> None:
         db, self.db = self.db, None

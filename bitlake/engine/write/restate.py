@@ -114,7 +114,7 @@ def _known(distinct: pa.Table, stored: pa.Table, meta) -> tuple | None:
     pk = list(meta.primary_key)
     at = pa.array(np.arange(distinct.num_rows, dtype=np.int64))
     joined = distinct.select(pk).append_column("_at", at).join(
-        stored.select([*pk, keystore.DELTA, keystore.ROW_ID]), pk)
+        stored.select([*pk, keystore.DELTA, keystore.ROW_ID]), pk, join_type="inner")
     if joined.num_rows != distinct.num_rows:
         return None
     by_key = np.argsort(joined.column("_at").to_numpy())
