@@ -9,11 +9,13 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
 from bitlake.errors import InvalidInputError, SchemaMismatchError
 from bitlake.format.metadata import OP_COLUMN, TableMetadata
 
-ACCEPTED = ("a pyarrow Table, RecordBatch or RecordBatchReader, a pandas DataFrame, anything that exports the Arrow "
+ACCEPTED = ("a pyarrow Table, RecordBatch, RecordBatchReader, Dataset (a folder of Parquet files: "
+            "pyarrow.dataset.dataset(path)) or Scanner, a pandas DataFrame, anything that exports the Arrow "
             "PyCapsule interface (__arrow_c_stream__: a polars DataFrame, a DuckDB relation, a bitlake view; or "
             "__arrow_c_array__: a struct array), or a Spark DataFrame")
 
@@ -26,6 +28,10 @@ def arrow_input(data: Any) -> pa.RecordBatchReader | None:
     view of another table lands in bounded memory."""
     if isinstance(data, pa.RecordBatchReader):
         return data
+    if isinstance(data, ds.Dataset):  # a folder of files (a Hive-partitioned one too): read as a stream
+        return data.scanner().to_reader()
+    if isinstance(data, ds.Scanner):  # a dataset with a projection or a filter
+        return data.to_reader()
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if isinstance(data, pa.Table):
