@@ -148,3 +148,22 @@ def test_a_column_without_an_order_is_refused(tmp_path):
     t.ingest(pa.table({"k": [1], "tags": [["a"]], "v": [1]}, schema=s))
     with pytest.raises(InvalidInputError, match="clustering takes"):
         t.compact(cluster_by="tags")
+
+
+def test_a_filter_on_the_clustered_column_opens_the_files_of_its_range(tmp_path, monkeypatch):
+    import pyarrow.compute as pc
+
+    from bitlake.engine.read import reader as reader_mod
+
+    t = table(str(tmp_path / "t"), batches=3, per_batch=4000)
+    t.compact(cluster_by="user", target_file_bytes=30_000, major=True, look_back=t.version)
+    files = len(t.state().data_files())
+    opened = []  # the data files given to pyarrow's scanner
+    real = reader_mod._scanner
+    monkeypatch.setattr(reader_mod, "_scanner", lambda io, meta, files, *a: opened.extend(f.path for f in files)
+                        or real(io, meta, files, *a))
+    expected = sorted((r for r in t.to_arrow().to_pylist() if r["user"] < 300), key=lambda r: r["k"])
+    opened.clear()
+    got = t.to_arrow(filter=pc.field("user") < 300)
+    assert len([p for p in opened if p.startswith("data/")]) == 1 < files
+    assert sorted(got.to_pylist(), key=lambda r: r["k"]) == expected
