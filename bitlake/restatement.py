@@ -8,7 +8,6 @@ import dataclasses
 import functools
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -20,7 +19,7 @@ from bitlake.engine.write import restate as engine_restate
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.metagen import MetaGenOutput
 from bitlake.errors import CommitConflictError, InvalidInputError
-from bitlake.format import changefile, commitlog, layout, order
+from bitlake.format import changefile, commitlog, layout
 from bitlake.format.commit import (
     COMPACT,
     LIVE,
@@ -224,17 +223,17 @@ def _vacuum_once(tx: Transaction):
     return c, prepared
 
 
-def _current_purged(io: FileIO, state: TableState, purged: pa.Table) -> tuple[pa.Table | None, np.ndarray | None]:
-    """Delete records (ingest input) of the purged rows that are their keys' current rows, and those rows' ids;
-    None, None: none."""
+def _current_purged(io: FileIO, state: TableState, purged: pa.Table) -> tuple[pa.Table | None, pa.Table | None]:
+    """Delete records (ingest input) of the purged rows that are their keys' current rows, and those rows (as
+    ``purged`` holds them); None, None: none."""
     if not state.metadata.keyed or not purged.num_rows:
         return None, None
-    ids = purged.column(engine_vacuum.ROW_ID).to_numpy()
-    now = engine_restate.valid_now(io, state, ids)
+    now = engine_restate.valid_now(io, state, purged.column(engine_vacuum.ROW_ID).to_numpy())
     if not now.any():
         return None, None
-    rows = purged.filter(pa.array(now)).drop_columns([engine_vacuum.ROW_ID, engine_vacuum.DELTA])
-    return rows.append_column(OP_COLUMN, pa.array(["delete"] * rows.num_rows, pa.string())), ids[now]
+    rows = purged.filter(pa.array(now))
+    records = rows.drop_columns([engine_vacuum.ROW_ID, engine_vacuum.DELTA])
+    return records.append_column(OP_COLUMN, pa.array(["delete"] * records.num_rows, pa.string())), rows
 
 
 def _vacuum_plan(io: FileIO, prepared, new: Landed | None, state: TableState, version: int):
@@ -244,15 +243,13 @@ def _vacuum_plan(io: FileIO, prepared, new: Landed | None, state: TableState, ve
         if commitlog.read(io, v).operation in (COMPACT, VACUUM, REVERT, REPLACE):
             raise _Moved
     if state.version > prepared.planned_on and new is not None \
-            and not engine_restate.valid_now(io, state, prepared.current).all():
+            and not engine_restate.valid_now(io, state, prepared.current.column(engine_vacuum.ROW_ID).to_numpy()).all():
         raise _Moved  # a record ingested meanwhile (of an equal delta value) superseded a row it would delete
     if new is None:
         r = engine_restate.Restatement(MetaGenOutput([], [], [], [], {}), changefile.table(), {})
     else:
         # The rows it deletes are current (checked above): their keys' entries are theirs, not looked up.
-        ids = prepared.purged.column(engine_vacuum.ROW_ID).to_numpy()
-        r = engine_restate.restate(io, state, None, new, version,
-                                   stored=prepared.purged.filter(pa.array(order.isin(ids, prepared.current))))
+        r = engine_restate.restate(io, state, None, new, version, stored=prepared.current)
         # The deleted rows are in no data file any more: their change rows carry the key and delta columns.
         meta = state.metadata
         keys = prepared.purged.select([*meta.primary_key, meta.delta_column, engine_vacuum.ROW_ID]).rename_columns(

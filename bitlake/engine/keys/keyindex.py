@@ -41,7 +41,6 @@ from bitlake.engine.keys import keyblocks
 from bitlake.engine.keys.keyencoding import decode_values, encodable, encode_keys, encode_values, fixed_width, key_order
 from bitlake.errors import IndexUnavailableError
 from bitlake.format import bucket, commitlog, keystore, layout
-from bitlake.format import state as state_mod
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
@@ -265,9 +264,8 @@ class KeyIndex:
         have = self.version
         if have > state.version:
             raise IndexAheadError(f"the key index is at version {have}, past the state read ({state.version})")
-        if have < 0 or (state.window is not None and have < state.window.version
-                        and have + 1 < state_mod.earliest_version(self.io)):
-            self._rebuild(state)  # the commits after ``have`` are gone with the retention window
+        if have < 0:
+            self._rebuild(state)
             return
         try:
             for v in range(have + 1, state.version + 1):
@@ -276,7 +274,7 @@ class KeyIndex:
                 tables = (keystore.read_file(self.io, f.path, self.meta, filters=[(keystore.VERSION, "=", v)])
                           for f in commit.keystore_add)
                 self.put(tables, v, rows=sum(f.rows for f in commit.keystore_add))
-        except FileNotFoundError:  # a commit before the window, or its key-store files, gone with cleanup
+        except FileNotFoundError:  # commits before the retention window, or their key-store files, gone with cleanup
             self._rebuild(state)
 
     def _rebuild(self, state: TableState) -> None:

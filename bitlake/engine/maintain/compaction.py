@@ -93,12 +93,9 @@ def choose(files: list[FileMetrics], min_files: int, budget: int | None = None) 
     """The groups to rewrite, one per partition: its wasteful files, and its small files of each kind (current
     rows, history rows) tiered by size (:func:`tiered`). A compacted table is left as it is. With a ``budget``
     (bytes to rewrite at most: the upkeep after a commit) only what fits is taken, smallest first."""
-    by_partition: dict[tuple, list[FileMetrics]] = {}
-    for m in files:
-        by_partition.setdefault(_partition_key(m.file), []).append(m)
     groups = []
     left = float("inf") if budget is None else budget
-    for found in by_partition.values():
+    for found in _by_partition(files):
         taken = []
         for m in sorted((m for m in found if m.wasteful), key=lambda m: m.file.bytes):
             if m.file.bytes > left:
@@ -458,16 +455,21 @@ def _with_purgeable(groups: list[list[FileMetrics]], found: list[FileMetrics], p
 def _unclustered(found: list[FileMetrics], column: str, t: pa.DataType) -> list[list[FileMetrics]]:
     """A clustering compaction's groups: each partition's files, unless its current files (those with a row
     valid now) and its history files each already hold disjoint ranges of ``column``."""
-    by_partition: dict[tuple, list[FileMetrics]] = {}
-    for m in found:
-        by_partition.setdefault(_partition_key(m.file), []).append(m)
-    return [g for g in by_partition.values()
+    return [g for g in _by_partition(found)
             if not all(cluster.clustered([m.file for m in g if (m.valid_rows == 0) == history], column, t)
                        for history in (False, True))]
 
 
 def _file_bytes(m: FileMetrics) -> int:
     return m.file.bytes
+
+
+def _by_partition(files: list[FileMetrics]) -> list[list[FileMetrics]]:
+    """``files`` grouped by partition, in the order their partitions first appear."""
+    out: dict[tuple, list[FileMetrics]] = {}
+    for m in files:
+        out.setdefault(_partition_key(m.file), []).append(m)
+    return list(out.values())
 
 
 def _partition_key(f: DataFile) -> tuple:

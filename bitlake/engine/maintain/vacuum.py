@@ -42,7 +42,7 @@ class Prepared:
     rows_purged: int  # distinct rows, however many files (of the latest version and older ones) held them
     purged: pa.Table  # a keyed table's purged rows: key columns, delta value (int64), packed row id
     purged_file: PurgedFile | None = None  # their records, once written (write_purged)
-    current: np.ndarray | None = None  # the row ids of those that were their keys' current rows
+    current: pa.Table | None = None  # those of ``purged`` that were their keys' current rows
 
 
 def window_files(io: FileIO, latest: TableState) -> dict[str, DataFile]:
