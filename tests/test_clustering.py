@@ -159,8 +159,8 @@ def test_a_filter_on_the_clustered_column_opens_the_files_of_its_range(tmp_path,
     t.compact(cluster_by="user", target_file_bytes=30_000, major=True, look_back=t.version)
     files = len(t.state().data_files())
     opened = []  # the data files given to pyarrow's scanner
-    real = reader_mod._scanner
-    monkeypatch.setattr(reader_mod, "_scanner", lambda io, meta, files, *a: opened.extend(f.path for f in files)
+    real = reader_mod._chunks
+    monkeypatch.setattr(reader_mod, "_chunks", lambda io, meta, files, *a: opened.extend(f.path for f in files)
                         or real(io, meta, files, *a))
     expected = sorted((r for r in t.to_arrow().to_pylist() if r["user"] < 300), key=lambda r: r["k"])
     opened.clear()

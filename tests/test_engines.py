@@ -225,9 +225,9 @@ def test_a_landed_file_of_every_offset_of_its_segment_is_filtered_by_position(tm
     t.ingest(_batch(range(10), 1), op_column="op")
     t.ingest(_batch([0, 7, 8, 9], 2), op_column="op")  # the first file's last three rows go: its kept array ends early
     read = []
-    real = reader_mod._scanner
-    monkeypatch.setattr(reader_mod, "_scanner", lambda io, meta, files, columns, *rest: read.append(columns)
-                        or real(io, meta, files, columns, *rest))
+    real = reader_mod._chunks
+    monkeypatch.setattr(reader_mod, "_chunks", lambda io, meta, files, needed, *rest: read.append(needed)
+                        or real(io, meta, files, needed, *rest))
     out = t.to_arrow()
     assert sorted(zip(out["k"].to_pylist(), out["v"].to_pylist(), strict=True)) == \
         [(0, 2)] + [(k, 1) for k in range(1, 7)] + [(k, 2) for k in (7, 8, 9)]
@@ -246,6 +246,9 @@ def test_a_table_whose_files_are_all_kept_is_read_by_pyarrows_own_scanner(tmp_pa
     native = [t.to_arrow(), t.to_arrow(columns=["k", "s"], filter=where), t.to_arrow(version=2), _duck(duck, t=t)]
     monkeypatch.setattr(reader_mod, "_kept", lambda *a: pytest.fail("the native scan filters no chunk in Python"))
     assert _rows(t.to_arrow()) == _rows(native[0]) and t.count_rows() == 300
+    monkeypatch.undo()
+    # With a condition Polars decodes only the rows it may keep (tests/test_prefiltered.py): not the native scan.
+    monkeypatch.setattr(reader_mod, "_scanner", lambda *a: pytest.fail("a condition Polars takes is Polars' read"))
     assert _rows(t.to_arrow(columns=["k", "s"], filter=where)) == _rows(native[1])
     monkeypatch.undo()
     monkeypatch.setattr(reader_mod, "_native", lambda *a: None)  # bitlake's own reader gives the same rows

@@ -127,8 +127,8 @@ def test_the_json_form_of_each_type(tmp_path):
 
 def test_a_filter_opens_only_the_files_its_bounds_allow(table, monkeypatch):
     opened = []  # the data files given to pyarrow's scanner (it opens each of them)
-    real = reader_mod._scanner
-    monkeypatch.setattr(reader_mod, "_scanner", lambda io, meta, files, *a: opened.extend(f.path for f in files)
+    real = reader_mod._chunks
+    monkeypatch.setattr(reader_mod, "_chunks", lambda io, meta, files, *a: opened.extend(f.path for f in files)
                         or real(io, meta, files, *a))
     table.view()  # planned (its bitmaps read) before the count starts
     opened.clear()

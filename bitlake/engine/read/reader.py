@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from bitlake.engine.read import prefiltered
 from bitlake.engine.read.plan import ReadPlan
 from bitlake.errors import InvalidInputError
 from bitlake.format import datafile, rowid, stats
@@ -63,35 +64,74 @@ def read(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expre
 
 
 def _tables(io: FileIO, p: ReadPlan, schema: pa.Schema, where: pc.Expression | None) -> Iterator[pa.Table]:
-    """The rows of :func:`batches`, as tables of the chunks pyarrow's scanner reads: up to :data:`READERS` files
-    at once, each a chunk ahead at most, by pyarrow's threads (through the table's FileIO); files whose column
-    statistics rule ``where`` out are never opened. Each chunk is filtered here by the plan."""
+    """The rows of :func:`batches`, as tables of the chunks :func:`_chunks` reads; files whose column statistics
+    rule ``where`` out are never opened. Each chunk is filtered here by the plan."""
     meta = p.state.metadata
     data = datafile.data_schema(meta)
     files = ([(f, False) for f in stats.pruned(p.whole, where, data)]
              + [(f, True) for f in stats.pruned(p.filtered, where, data)])
     if not files:
         return
-    # A filter pyarrow would prune row groups by wrongly is applied here, after the read of every column.
-    late = where is not None and not stats.prunes_safely(where)
     ways = {f.path: _Way.of(p, f, filtered, where is not None) for f, filtered in files}
     needed = set(schema.names) | {c for _, c, _ in p.hidden} | {c for w in ways.values() for c in w.ids}
     if p.hidden:
         needed.add(rowid.PART_COLUMN)
     if p.event_time:
         needed.add(str(meta.delta_column))
-    columns = data.names if late else [c for c in data.names if c in needed]
     at: dict[str, int] = {}  # each file's position of its next chunk's first row
-    for tagged in _scanner(io, meta, [f for f, _ in files], columns, None if late else where).scan_batches():
-        table = pa.Table.from_batches([tagged.record_batch])
-        way = ways[tagged.fragment.path]
+    for path, table in _chunks(io, meta, [f for f, _ in files], needed, where):
+        way = ways[path]
         start = at.get(way.path, 0)
         at[way.path] = start + table.num_rows
-        if late:
-            table = table.filter(where)
         table = _kept(p, way, table, start, schema)
         if table.num_rows:
             yield table
+
+
+def _chunks(io: FileIO, meta, files: list[DataFile], needed: set[str], where: pc.Expression | None
+            ) -> Iterator[tuple[str, pa.Table]]:
+    """(path, chunk) of the rows of ``files`` (in order) where ``where`` holds, with at least the columns
+    ``needed``. With a condition Polars translates (:func:`_wide`), Polars reads a file at a time, decoding only
+    the rows its predicate keeps, and ``where`` is applied here; otherwise pyarrow's scanner reads up to
+    :data:`READERS` files at once, each a chunk ahead at most, by pyarrow's threads (through the table's FileIO)."""
+    data = datafile.data_schema(meta)
+    wide = _wide(io, meta, files, data, where)
+    if wide is not None:
+        columns = [c for c in data.names if c in needed or c in wide.names]
+        for i, table in prefiltered.chunks(wide.paths, pa.schema([data.field(c) for c in columns]),
+                                           wide.predicate, BATCH_ROWS):
+            yield files[i].path, table.filter(where)
+        return
+    # A filter pyarrow would prune row groups by wrongly is applied here, after the read of every column.
+    late = where is not None and not stats.prunes_safely(where)
+    columns = data.names if late else [c for c in data.names if c in needed]
+    for tagged in _scanner(io, meta, files, columns, None if late else where).scan_batches():
+        table = pa.Table.from_batches([tagged.record_batch])
+        yield tagged.fragment.path, table.filter(where) if late else table
+
+
+@dataclasses.dataclass(frozen=True)
+class _Wide:
+    """A read of local Parquet files by Polars with ``predicate`` (:mod:`bitlake.engine.read.prefiltered`);
+    ``names``: the columns the condition names."""
+
+    paths: list[str]
+    predicate: Any
+    names: frozenset[str]
+
+
+def _wide(io: FileIO, meta, files: list[DataFile], data: pa.Schema, where: pc.Expression | None) -> _Wide | None:
+    """The Polars read of ``files`` for condition ``where``, when they are local Parquet files of types Polars
+    reads back and part of ``where`` translates; None otherwise (pyarrow's scanner reads them)."""
+    if where is None or meta.file_format != "parquet" or not prefiltered.readable(data):
+        return None
+    paths = [io.local_path(f.path) for f in files]
+    if any(p is None for p in paths):
+        return None
+    translated = prefiltered.predicate(where, data)
+    if translated is None:
+        return None
+    return _Wide(paths, translated.predicate, translated.names)  # type: ignore[arg-type]
 
 
 def reader(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
@@ -111,11 +151,13 @@ def _native(io: FileIO, p: ReadPlan, schema: pa.Schema, where: pc.Expression | N
     """pyarrow's own scanner of the plan's files, when it reads what the plan keeps: every row of every file is
     kept (a compacted table, a table without updates) and no tombstone or event time filters rows. Its C++
     stream then serves engines (DuckDB takes its batches without the GIL) as it serves plain Parquet. None
-    otherwise, and for a ``where`` pyarrow would prune by wrongly."""
+    otherwise, for a ``where`` pyarrow would prune by wrongly, and for one Polars reads with (:func:`_wide`)."""
     meta = p.state.metadata
     if p.filtered or p.hidden or p.event_time or (where is not None and not stats.prunes_safely(where)):
         return None
     files = stats.pruned(p.whole, where, datafile.data_schema(meta))
+    if _wide(io, meta, files, datafile.data_schema(meta), where) is not None:
+        return None  # Polars decodes fewer rows
     return _scanner(io, meta, files, schema.names, where, batch_rows)
 
 

@@ -1,0 +1,196 @@
+"""Reads that decode only the rows a condition may keep: Polars' Parquet reader, for a scan with a condition.
+
+pyarrow's Parquet reader decodes every value of every column it reads, then filters; Polars' decodes the columns
+its predicate names first and the other columns only at the rows that pass (late materialization), which makes a
+selective scan several times cheaper. The reader (:mod:`bitlake.engine.read.reader`) asks :func:`predicate` for a
+Polars predicate that keeps at least every row the scan's pyarrow condition keeps, and, when there is one and
+every file is a local Parquet file Polars reads, takes its chunks from :func:`chunks`. It then applies the pyarrow
+condition itself to each chunk, so the result is exactly pyarrow's: the Polars predicate only has to be wide
+enough, never exact.
+
+The condition is read from its Substrait form (``pyarrow.compute.Expression.to_substrait``, a public format):
+comparisons of a column of integers, dates, strings or decimals with a literal of its kind, ``is_in`` over
+literals, ``and`` and ``or`` translate; any other part of an ``and`` is left out (which only widens it), any
+other part of an ``or`` leaves the whole ``or`` out. Floating-point columns never translate (NaN and signed zero
+compare differently in Polars).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+_COMPARISONS = {"equal": "__eq__", "not_equal": "__ne__", "lt": "__lt__", "lte": "__le__", "gt": "__gt__",
+                "gte": "__ge__"}
+_FLIPPED = {"lt": "gt", "lte": "gte", "gt": "lt", "gte": "lte", "equal": "equal", "not_equal": "not_equal"}
+
+
+@functools.cache
+def _modules() -> tuple[Any, Any]:
+    """(polars, Substrait's ExtendedExpression message), imported on first use: Polars takes a while to load."""
+    import polars
+    from substrait.extended_expression_pb2 import ExtendedExpression
+
+    return polars, ExtendedExpression
+
+
+@dataclasses.dataclass(frozen=True)
+class Translated:
+    """A Polars ``predicate`` at least as wide as a pyarrow condition, and ``names``: every column the condition
+    names (the reader reads them to apply the condition itself)."""
+
+    predicate: Any
+    names: frozenset[str]
+
+
+def predicate(where: pc.Expression, schema: pa.Schema) -> Translated | None:
+    """A Polars predicate that holds for at least every row of ``schema`` ``where`` holds for, or None when no
+    part of ``where`` translates."""
+    pl, message_type = _modules()
+    try:
+        message = message_type.FromString(bytes(where.to_substrait(schema)))
+    except (pa.ArrowException, ValueError, TypeError):  # a cast Substrait cannot represent, for one
+        return None
+    names = {e.extension_function.function_anchor: e.extension_function.name for e in message.extensions
+             if e.HasField("extension_function")}
+    expression = message.referred_expr[0].expression
+    wide = _Translation(pl, schema, names).wide(expression)
+    if wide is None:
+        return None
+    return Translated(wide, frozenset(schema.field(i).name for i in _fields(expression) if i < len(schema)))
+
+
+def _fields(message: Any) -> Iterator[int]:
+    """The top-level field of every direct field reference in Substrait ``message``, and in its submessages."""
+    for descriptor, value in message.ListFields():
+        if descriptor.message_type is None:
+            continue
+        repeated = getattr(descriptor, "is_repeated", None)  # protobuf 5.28 on; before, its label tells
+        if repeated is None:
+            repeated = descriptor.label == descriptor.LABEL_REPEATED
+        for item in value if repeated else [value]:
+            if descriptor.message_type.name == "StructField" and descriptor.name == "struct_field":
+                yield item.field
+            else:
+                yield from _fields(item)
+
+
+class _Translation:
+    def __init__(self, pl: Any, schema: pa.Schema, functions: dict[int, str]):
+        self.pl, self.schema, self.functions = pl, schema, functions
+
+    def wide(self, e: Any) -> Any | None:
+        """A Polars predicate at least as wide as Substrait expression ``e`` (None: true)."""
+        kind = e.WhichOneof("rex_type")
+        if kind == "singular_or_list":
+            return self._is_in(e.singular_or_list)
+        if kind != "scalar_function":
+            return None
+        name = self.functions.get(e.scalar_function.function_reference)
+        args = [a.value for a in e.scalar_function.arguments]
+        if name == "and":
+            parts = [p for p in map(self.wide, args) if p is not None]
+            return functools.reduce(lambda a, b: a & b, parts) if parts else None
+        if name == "or":
+            parts = [self.wide(a) for a in args]
+            return None if any(p is None for p in parts) else functools.reduce(lambda a, b: a | b, parts)
+        if name in _COMPARISONS and len(args) == 2:
+            return self._comparison(name, *args)
+        return None
+
+    def _comparison(self, name: str, left: Any, right: Any) -> Any | None:
+        if left.WhichOneof("rex_type") == "literal":
+            left, right, name = right, left, _FLIPPED[name]
+        column = self._column(left)
+        if column is None or right.WhichOneof("rex_type") != "literal":
+            return None
+        value = _value(right.literal, self.schema.field(column).type)
+        if value is None:
+            return None
+        return getattr(self.pl.col(column), _COMPARISONS[name])(value)
+
+    def _is_in(self, e: Any) -> Any | None:
+        column = self._column(e.value)
+        if column is None or not all(o.WhichOneof("rex_type") == "literal" for o in e.options):
+            return None
+        values = [_value(o.literal, self.schema.field(column).type) for o in e.options]
+        if not values or any(v is None for v in values):
+            return None
+        return self.pl.col(column).is_in(values)
+
+    def _column(self, e: Any) -> str | None:
+        """The name of the top-level column ``e`` selects, when its type translates."""
+        if e.WhichOneof("rex_type") != "selection" or not e.selection.HasField("direct_reference"):
+            return None
+        ref = e.selection.direct_reference.struct_field
+        if ref.HasField("child") or ref.field >= len(self.schema):
+            return None
+        field = self.schema.field(ref.field)
+        return field.name if _kind(field.type) is not None else None
+
+
+def _kind(t: pa.DataType) -> str | None:
+    if pa.types.is_integer(t):
+        return "integer"
+    if pa.types.is_date32(t):
+        return "date"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
+    if pa.types.is_decimal128(t):
+        return "decimal"
+    return None
+
+
+def _value(literal: Any, column_type: pa.DataType) -> Any | None:
+    """The Python value of a Substrait literal compared with a column of ``column_type``, or None when it is null,
+    of another kind, or of a form not read here."""
+    kind, form = _kind(column_type), literal.WhichOneof("literal_type")
+    if kind == "integer" and form in ("i8", "i16", "i32", "i64"):
+        return int(getattr(literal, form))
+    if kind == "date" and form == "date":
+        return dt.date(1970, 1, 1) + dt.timedelta(days=literal.date)
+    if kind == "string" and form == "string":
+        return literal.string
+    if kind == "decimal" and form == "decimal":
+        unscaled = int.from_bytes(literal.decimal.value, "little", signed=True)
+        return decimal.Decimal(unscaled).scaleb(-literal.decimal.scale)
+    return None
+
+
+_READ_TYPES = (pa.types.is_integer, pa.types.is_float32, pa.types.is_float64, pa.types.is_boolean, pa.types.is_string,
+               pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary, pa.types.is_date32,
+               pa.types.is_timestamp, pa.types.is_decimal128)
+
+
+def readable(schema: pa.Schema) -> bool:
+    """Whether Polars reads every column of ``schema`` back as its Arrow type (numbers, strings, binaries, dates,
+    timestamps and decimals; nested, dictionary and extension types are left to pyarrow)."""
+    return all(any(test(f.type) for test in _READ_TYPES) for f in schema)
+
+
+def chunks(paths: list[str], schema: pa.Schema, wide: Any, batch_rows: int) -> Iterator[tuple[int, pa.Table]]:
+    """(index of its file in ``paths``, chunk) of the rows of local Parquet files ``paths`` where Polars predicate
+    ``wide`` holds, as tables of ``schema`` (its columns, a column a file lacks read as nulls), in file order, at
+    most ``batch_rows`` rows each; Polars' streaming engine reads a file at a time."""
+    pl, _ = _modules()
+    polars_schema = pl.from_arrow(schema.empty_table()).schema
+    for i, path in enumerate(paths):
+        frame = (pl.scan_parquet(path, schema=polars_schema, glob=False, hive_partitioning=False,
+                                 missing_columns="insert", extra_columns="ignore")
+                 .select(schema.names).filter(wide))
+        for df in frame.collect_batches(chunk_size=batch_rows, maintain_order=True):
+            if df.height:
+                yield i, _as(df.to_arrow(), schema)
+
+
+def _as(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` (Polars' Arrow, with its large and view types) as ``schema``."""
+    return pa.Table.from_arrays([table.column(i).cast(f.type) for i, f in enumerate(schema)], schema=schema)
+
