@@ -9,9 +9,10 @@ condition itself to each chunk, so the result is exactly pyarrow's: the Polars p
 enough, never exact.
 
 The condition is read from its Substrait form (``pyarrow.compute.Expression.to_substrait``, a public format):
-comparisons of a column of integers, dates, strings or decimals with a literal of its kind, ``is_in`` over
-literals, ``and`` and ``or`` translate; any other part of an ``and`` is left out (which only widens it), any
-other part of an ``or`` leaves the whole ``or`` out. Floating-point columns never translate (NaN and signed zero
+comparisons of a column of integers, dates, strings, decimals or timestamps (of microseconds, as pyarrow writes
+them) with a literal of its kind, ``is_in`` over literals, ``is_null``, ``is_valid``, ``and``, ``or`` and the
+negation of an exact part translate; any other part of an ``and`` is left out (which only widens it), any other
+part of an ``or`` leaves the whole ``or`` out. Floating-point columns are never compared (NaN and signed zero
 compare differently in Polars).
 """
 
@@ -64,7 +65,7 @@ def predicate(where: pc.Expression, schema: pa.Schema) -> Translated | None:
     wide = _Translation(pl, schema, names).wide(expression)
     if wide is None:
         return None
-    return Translated(wide, frozenset(schema.field(i).name for i in _fields(expression) if i < len(schema)))
+    return Translated(wide[0], frozenset(schema.field(i).name for i in _fields(expression) if i < len(schema)))
 
 
 def _fields(message: Any) -> Iterator[int]:
@@ -83,11 +84,14 @@ def _fields(message: Any) -> Iterator[int]:
 
 
 class _Translation:
+    """Substrait expressions as Polars predicates: :meth:`wide` returns (predicate, exact) or None (no
+    restriction); an exact predicate holds where the expression holds and is null where it is null, so that its
+    negation is exact too."""
+
     def __init__(self, pl: Any, schema: pa.Schema, functions: dict[int, str]):
         self.pl, self.schema, self.functions = pl, schema, functions
 
-    def wide(self, e: Any) -> Any | None:
-        """A Polars predicate at least as wide as Substrait expression ``e`` (None: true)."""
+    def wide(self, e: Any) -> tuple[Any, bool] | None:
         kind = e.WhichOneof("rex_type")
         if kind == "singular_or_list":
             return self._is_in(e.singular_or_list)
@@ -95,45 +99,85 @@ class _Translation:
             return None
         name = self.functions.get(e.scalar_function.function_reference)
         args = [a.value for a in e.scalar_function.arguments]
+        parts = [self.wide(a) for a in args]
         if name == "and":
-            parts = [p for p in map(self.wide, args) if p is not None]
-            return functools.reduce(lambda a, b: a & b, parts) if parts else None
+            kept = [p for p in parts if p is not None]
+            if not kept:
+                return None
+            return functools.reduce(lambda a, b: a & b, [p for p, _ in kept]), \
+                len(kept) == len(parts) and all(x for _, x in kept)
         if name == "or":
-            parts = [self.wide(a) for a in args]
-            return None if any(p is None for p in parts) else functools.reduce(lambda a, b: a | b, parts)
+            if any(p is None for p in parts):
+                return None
+            return functools.reduce(lambda a, b: a | b, [p for p, _ in parts]), all(x for _, x in parts)  # type: ignore[misc]
+        if name == "not" and len(parts) == 1 and parts[0] is not None and parts[0][1]:
+            return ~parts[0][0], True
+        if name in ("is_null", "is_not_null") and len(args) == 1:
+            column = self._column(args[0], any_type=True)
+            if column is None:
+                return None
+            c = self.pl.col(column)
+            return (c.is_null() if name == "is_null" else c.is_not_null()), True
         if name in _COMPARISONS and len(args) == 2:
             return self._comparison(name, *args)
         return None
 
-    def _comparison(self, name: str, left: Any, right: Any) -> Any | None:
+    def _comparison(self, name: str, left: Any, right: Any) -> tuple[Any, bool] | None:
         if left.WhichOneof("rex_type") == "literal":
             left, right, name = right, left, _FLIPPED[name]
         column = self._column(left)
         if column is None or right.WhichOneof("rex_type") != "literal":
             return None
-        value = _value(right.literal, self.schema.field(column).type)
+        value = self._value(right.literal, self.schema.field(column).type)
         if value is None:
             return None
-        return getattr(self.pl.col(column), _COMPARISONS[name])(value)
+        return getattr(self.pl.col(column), _COMPARISONS[name])(value), True
 
-    def _is_in(self, e: Any) -> Any | None:
+    def _is_in(self, e: Any) -> tuple[Any, bool] | None:
+        """``is_in`` of literals: wide, not exact (pyarrow's is false for a null, Polars' null)."""
         column = self._column(e.value)
         if column is None or not all(o.WhichOneof("rex_type") == "literal" for o in e.options):
             return None
-        values = [_value(o.literal, self.schema.field(column).type) for o in e.options]
+        values = [self._value(o.literal, self.schema.field(column).type) for o in e.options]
         if not values or any(v is None for v in values):
             return None
-        return self.pl.col(column).is_in(values)
+        return self.pl.col(column).is_in(values), False
 
-    def _column(self, e: Any) -> str | None:
-        """The name of the top-level column ``e`` selects, when its type translates."""
+    def _column(self, e: Any, any_type: bool = False) -> str | None:
+        """The name of the top-level column ``e`` selects, when its type compares the same in Polars (any
+        type Polars reads, with ``any_type``)."""
         if e.WhichOneof("rex_type") != "selection" or not e.selection.HasField("direct_reference"):
             return None
         ref = e.selection.direct_reference.struct_field
         if ref.HasField("child") or ref.field >= len(self.schema):
             return None
         field = self.schema.field(ref.field)
-        return field.name if _kind(field.type) is not None else None
+        return field.name if _kind(field.type) is not None or (any_type and readable(pa.schema([field]))) else None
+
+    def _value(self, literal: Any, column_type: pa.DataType) -> Any | None:
+        """The Polars value of a Substrait literal compared with a column of ``column_type``, or None when it is
+        null, of another kind, or of a form not read here."""
+        kind, form = _kind(column_type), literal.WhichOneof("literal_type")
+        if kind == "integer" and form in ("i8", "i16", "i32", "i64"):
+            return int(getattr(literal, form))
+        if kind == "date" and form == "date":
+            return dt.date(1970, 1, 1) + dt.timedelta(days=literal.date)
+        if kind == "string" and form == "string":
+            return literal.string
+        if kind == "decimal" and form == "decimal":
+            unscaled = int.from_bytes(literal.decimal.value, "little", signed=True)
+            return decimal.Decimal(unscaled).scaleb(-literal.decimal.scale)
+        if kind == "timestamp" and form is None:
+            # pyarrow writes microseconds in Substrait's deprecated fields, which newer Substrait packages keep
+            # as unknown fields: 14, a timestamp without zone; 27, one with a zone (an instant).
+            from google.protobuf import unknown_fields
+
+            field = 27 if column_type.tz is not None else 14  # type: ignore[attr-defined]
+            micros = [f.data for f in unknown_fields.UnknownFieldSet(literal) if f.field_number == field]
+            if len(micros) == 1 and column_type.unit == "us":  # type: ignore[attr-defined]
+                return self.pl.lit(micros[0], dtype=self.pl.Int64).cast(
+                    self.pl.Datetime("us", time_zone=column_type.tz))  # type: ignore[attr-defined]
+        return None
 
 
 def _kind(t: pa.DataType) -> str | None:
@@ -145,22 +189,8 @@ def _kind(t: pa.DataType) -> str | None:
         return "string"
     if pa.types.is_decimal128(t):
         return "decimal"
-    return None
-
-
-def _value(literal: Any, column_type: pa.DataType) -> Any | None:
-    """The Python value of a Substrait literal compared with a column of ``column_type``, or None when it is null,
-    of another kind, or of a form not read here."""
-    kind, form = _kind(column_type), literal.WhichOneof("literal_type")
-    if kind == "integer" and form in ("i8", "i16", "i32", "i64"):
-        return int(getattr(literal, form))
-    if kind == "date" and form == "date":
-        return dt.date(1970, 1, 1) + dt.timedelta(days=literal.date)
-    if kind == "string" and form == "string":
-        return literal.string
-    if kind == "decimal" and form == "decimal":
-        unscaled = int.from_bytes(literal.decimal.value, "little", signed=True)
-        return decimal.Decimal(unscaled).scaleb(-literal.decimal.scale)
+    if pa.types.is_timestamp(t):
+        return "timestamp"
     return None
 
 
