@@ -4,6 +4,7 @@ predicate is at least as wide as the pyarrow condition, and the rows are exactly
 from __future__ import annotations
 
 import datetime as dt
+import os
 from decimal import Decimal
 
 import pyarrow as pa
@@ -134,3 +135,17 @@ def test_a_condition_on_an_object_store_table_is_read_by_pyarrow(tmp_path, monke
     monkeypatch.setattr(prefiltered, "chunks", lambda *a: pytest.fail("an object store's files are not local"))
     assert sorted(t.to_arrow(filter=pc.field("n") == 5).column("k").to_pylist()) == \
         [k for k in range(300) if k % 13 == 5 and k % 17]
+
+
+def test_a_file_gone_or_damaged_raises_as_pyarrows_reader_does(tmp_path):
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key="k", delta_column="v")
+    t.ingest(_batch(range(100), 1))
+    view = t.view()  # planned
+    path = t.io.local_path(t.state().data_files()[0].path)
+    with open(path, "r+b") as f:
+        f.truncate(50)
+    with pytest.raises(pa.ArrowInvalid, match=os.path.basename(path)):
+        view.to_table(filter=pc.field("n") == 5)
+    os.remove(path)
+    with pytest.raises(FileNotFoundError, match=os.path.basename(path)):
+        view.to_table(filter=pc.field("n") == 5)

@@ -208,16 +208,20 @@ def readable(schema: pa.Schema) -> bool:
 def chunks(paths: list[str], schema: pa.Schema, wide: Any, batch_rows: int) -> Iterator[tuple[int, pa.Table]]:
     """(index of its file in ``paths``, chunk) of the rows of local Parquet files ``paths`` where Polars predicate
     ``wide`` holds, as tables of ``schema`` (its columns, a column a file lacks read as nulls), in file order, at
-    most ``batch_rows`` rows each; Polars' streaming engine reads a file at a time."""
+    most ``batch_rows`` rows each; Polars' streaming engine reads a file at a time. A file that is gone raises
+    ``FileNotFoundError``, one Polars cannot read ``pyarrow.ArrowInvalid`` naming it, as pyarrow's reader does."""
     pl, _ = _modules()
     polars_schema = pl.from_arrow(schema.empty_table()).schema
     for i, path in enumerate(paths):
         frame = (pl.scan_parquet(path, schema=polars_schema, glob=False, hive_partitioning=False,
                                  missing_columns="insert", extra_columns="ignore")
                  .select(schema.names).filter(wide))
-        for df in frame.collect_batches(chunk_size=batch_rows, maintain_order=True):
-            if df.height:
-                yield i, _as(df.to_arrow(), schema)
+        try:
+            for df in frame.collect_batches(chunk_size=batch_rows, maintain_order=True):
+                if df.height:
+                    yield i, _as(df.to_arrow(), schema)
+        except pl.exceptions.PolarsError as e:
+            raise pa.ArrowInvalid(f"could not read Parquet file {path}: {e}") from e
 
 
 def _as(table: pa.Table, schema: pa.Schema) -> pa.Table:
