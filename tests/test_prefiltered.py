@@ -149,3 +149,20 @@ def test_a_file_gone_or_damaged_raises_as_pyarrows_reader_does(tmp_path):
     os.remove(path)
     with pytest.raises(FileNotFoundError, match=os.path.basename(path)):
         view.to_table(filter=pc.field("n") == 5)
+
+
+def test_a_revert_reads_the_later_batches_records_of_its_keys_with_polars(tmp_path, monkeypatch):
+    read = []
+    real = prefiltered.rows_in
+    monkeypatch.setattr(prefiltered, "rows_in", lambda path, schema, values: read.append(sorted(values))
+                        or real(path, schema, values))
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key="k", delta_column="v")
+    t.ingest(_batch(range(1000), 1), batch_id="one")
+    t.ingest(_batch(range(0, 100), 2), batch_id="two")
+    t.ingest(_batch(range(50, 1150, 10), 3), batch_id="three")  # some of two's keys again, and new ones
+    t.compact(major=True)  # one file holds every batch's rows: two's keys are a few of its rows
+    t.revert_batch("two")
+    assert read and all(columns == ["_segment_part", "k"] for columns in read)
+    got = {r["k"]: r["v"] for r in t.to_arrow(columns=["k", "v"]).to_pylist()}
+    expected = {k: 1 for k in range(1000)} | {k: 3 for k in range(50, 1150, 10)}
+    assert got == expected

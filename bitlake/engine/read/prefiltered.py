@@ -152,22 +152,22 @@ class _Translation:
         if ref.HasField("child") or ref.field >= len(self.schema):
             return None
         field = self.schema.field(ref.field)
-        return field.name if _kind(field.type) is not None or (any_type and readable(pa.schema([field]))) else None
+        return field.name if kind(field.type) is not None or (any_type and readable(pa.schema([field]))) else None
 
     def _value(self, literal: Any, column_type: pa.DataType) -> Any | None:
         """The Polars value of a Substrait literal compared with a column of ``column_type``, or None when it is
         null, of another kind, or of a form not read here."""
-        kind, form = _kind(column_type), literal.WhichOneof("literal_type")
-        if kind == "integer" and form in ("i8", "i16", "i32", "i64"):
+        family, form = kind(column_type), literal.WhichOneof("literal_type")
+        if family == "integer" and form in ("i8", "i16", "i32", "i64"):
             return int(getattr(literal, form))
-        if kind == "date" and form == "date":
+        if family == "date" and form == "date":
             return dt.date(1970, 1, 1) + dt.timedelta(days=literal.date)
-        if kind == "string" and form == "string":
+        if family == "string" and form == "string":
             return literal.string
-        if kind == "decimal" and form == "decimal":
+        if family == "decimal" and form == "decimal":
             unscaled = int.from_bytes(literal.decimal.value, "little", signed=True)
             return decimal.Decimal(unscaled).scaleb(-literal.decimal.scale)
-        if kind == "timestamp" and form is None:
+        if family == "timestamp" and form is None:
             # pyarrow writes microseconds in Substrait's deprecated fields, which newer Substrait packages keep
             # as unknown fields: 14, a timestamp without zone; 27, one with a zone (an instant).
             from google.protobuf import unknown_fields
@@ -180,7 +180,8 @@ class _Translation:
         return None
 
 
-def _kind(t: pa.DataType) -> str | None:
+def kind(t: pa.DataType) -> str | None:
+    """How a column of type ``t`` compares with literals here: integer, date, string, decimal, timestamp, or None."""
     if pa.types.is_integer(t):
         return "integer"
     if pa.types.is_date32(t):
@@ -222,6 +223,16 @@ def chunks(paths: list[str], schema: pa.Schema, wide: Any, batch_rows: int) -> I
                     yield i, _as(df.to_arrow(), schema)
         except pl.exceptions.PolarsError as e:
             raise pa.ArrowInvalid(f"could not read Parquet file {path}: {e}") from e
+
+
+def rows_in(path: str, schema: pa.Schema, values: dict[str, pa.Array]) -> pa.Table:
+    """The rows of local Parquet file ``path`` (as ``schema``, with its columns) whose column ``c`` holds one of
+    ``values[c]``, for every ``c``: a read that decodes the other columns only at those rows. The columns of
+    ``values`` must be of integers, dates or strings (compared the same in Polars)."""
+    pl, _ = _modules()
+    assert all(kind(schema.field(c).type) in ("integer", "date", "string") for c in values)
+    wide = functools.reduce(lambda a, b: a & b, [pl.col(c).is_in(pl.Series(v).implode()) for c, v in values.items()])
+    return pa.concat_tables([schema.empty_table(), *(t for _, t in chunks([path], schema, wide, 1 << 20))])
 
 
 def _as(table: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -21,8 +21,10 @@ import dataclasses
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from bitlake.engine.keys.keyencoding import key_codes
+from bitlake.engine.read import prefiltered
 from bitlake.engine.write import metagen
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.metagen import COUNTS, MetaGenOutput
@@ -360,8 +362,8 @@ def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files:
         return rows.take(pa.array(np.sort(kept)))
 
     wanted = np.unique(np.array(parts, dtype=np.int64))
-    reads = [lambda p=f.path: datafile.keys_of(of_those_keys(
-        datafile.read_data(io, p, meta, columns=datafile.upsert_columns(meta), parts=wanted)), meta) for f in files]
+    reads = [lambda p=f.path: datafile.keys_of(of_those_keys(_upsert_rows(io, meta, p, wanted, of_keys)), meta)
+             for f in files]
     reads += [lambda p=k.path: of_those_keys(datafile.read_deletes(io, p, meta)) for k in keys_files]
     tables = thread_map(lambda read: read(), reads)
     if purged is not None and purged.num_rows:
@@ -370,6 +372,21 @@ def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files:
     if not tables:
         return datafile.keys_schema(meta).empty_table()
     return pa.concat_tables(tables).combine_chunks()
+
+
+def _upsert_rows(io: FileIO, meta: TableMetadata, path: str, parts: np.ndarray, of_keys: pa.Table | None
+                 ) -> pa.Table:
+    """The upsert columns of data file ``path``'s rows of batches ``parts``; with ``of_keys``, at least those of
+    its keys: on local Parquet files, Polars decodes the other columns only at the rows whose first key column
+    holds one of theirs (a restatement of a small batch reads a few rows of the later batches' files)."""
+    columns = datafile.upsert_columns(meta)
+    schema = datafile.data_schema(meta)
+    first = meta.primary_key[0]
+    local = io.local_path(path) if of_keys is not None and meta.file_format == "parquet" else None
+    if local is None or prefiltered.kind(schema.field(first).type) not in ("integer", "date", "string"):
+        return datafile.read_data(io, path, meta, columns=columns, parts=parts)
+    return prefiltered.rows_in(local, pa.schema([schema.field(c) for c in columns]), {
+        first: pc.unique(of_keys.column(first)), rowid.PART_COLUMN: pa.array(parts, pa.int32())})
 
 
 def _empty(state: TableState, new: Landed | None) -> Restatement:
