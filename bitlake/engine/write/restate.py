@@ -380,13 +380,15 @@ def _upsert_rows(io: FileIO, meta: TableMetadata, path: str, parts: np.ndarray, 
     its keys: on local Parquet files, Polars decodes the other columns only at the rows whose first key column
     holds one of theirs (a restatement of a small batch reads a few rows of the later batches' files)."""
     columns = datafile.upsert_columns(meta)
-    schema = datafile.data_schema(meta)
+    data = datafile.data_schema(meta)
+    schema = pa.schema([data.field(c) for c in columns])
     first = meta.primary_key[0]
     local = io.local_path(path) if of_keys is not None and meta.file_format == "parquet" else None
-    if local is None or prefiltered.kind(schema.field(first).type) not in ("integer", "date", "string"):
+    if (local is None or prefiltered.kind(schema.field(first).type) not in ("integer", "date", "string")
+            or not prefiltered.readable(schema)):
         return datafile.read_data(io, path, meta, columns=columns, parts=parts)
-    return prefiltered.rows_in(local, pa.schema([schema.field(c) for c in columns]), {
-        first: pc.unique(of_keys.column(first)), rowid.PART_COLUMN: pa.array(parts, pa.int32())})
+    return prefiltered.rows_in(local, schema, {first: pc.unique(of_keys.column(first)),  # type: ignore[union-attr]
+                                               rowid.PART_COLUMN: pa.array(parts, pa.int32())})
 
 
 def _empty(state: TableState, new: Landed | None) -> Restatement:
