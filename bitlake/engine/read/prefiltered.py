@@ -55,10 +55,12 @@ def predicate(where: pc.Expression, schema: pa.Schema) -> Translated | None:
     """A Polars predicate that holds for at least every row of ``schema`` ``where`` holds for, or None when no
     part of ``where`` translates."""
     pl, message_type = _modules()
+    from google.protobuf.message import DecodeError
+
     try:
         message = message_type.FromString(bytes(where.to_substrait(schema)))
-    except (pa.ArrowException, ValueError, TypeError):  # a cast Substrait cannot represent, for one
-        return None
+    except (pa.ArrowException, ValueError, TypeError, ImportError, DecodeError):
+        return None  # a cast Substrait cannot represent, for one: pyarrow's reader then reads the files
     names = {e.extension_function.function_anchor: e.extension_function.name for e in message.extensions
              if e.HasField("extension_function")}
     expression = message.referred_expr[0].expression
@@ -92,10 +94,10 @@ class _Translation:
         self.pl, self.schema, self.functions = pl, schema, functions
 
     def wide(self, e: Any) -> tuple[Any, bool] | None:
-        kind = e.WhichOneof("rex_type")
-        if kind == "singular_or_list":
+        rex = e.WhichOneof("rex_type")
+        if rex == "singular_or_list":
             return self._is_in(e.singular_or_list)
-        if kind != "scalar_function":
+        if rex != "scalar_function":
             return None
         name = self.functions.get(e.scalar_function.function_reference)
         args = [a.value for a in e.scalar_function.arguments]

@@ -97,9 +97,10 @@ def _chunks(io: FileIO, meta, files: list[DataFile], needed: set[str], where: pc
     data = datafile.data_schema(meta)
     wide = _wide(io, meta, files, data, where)
     if wide is not None:
-        columns = [c for c in data.names if c in needed or c in wide.names]
-        for i, table in prefiltered.chunks(wide.paths, pa.schema([data.field(c) for c in columns]),
-                                           wide.predicate, BATCH_ROWS):
+        paths, translated = wide
+        columns = [c for c in data.names if c in needed or c in translated.names]
+        for i, table in prefiltered.chunks(paths, pa.schema([data.field(c) for c in columns]), translated.predicate,
+                                           BATCH_ROWS):
             yield files[i].path, table.filter(where)
         return
     # A filter pyarrow would prune row groups by wrongly is applied here, after the read of every column.
@@ -110,28 +111,18 @@ def _chunks(io: FileIO, meta, files: list[DataFile], needed: set[str], where: pc
         yield tagged.fragment.path, table.filter(where) if late else table
 
 
-@dataclasses.dataclass(frozen=True)
-class _Wide:
-    """A read of local Parquet files by Polars with ``predicate`` (:mod:`bitlake.engine.read.prefiltered`);
-    ``names``: the columns the condition names."""
-
-    paths: list[str]
-    predicate: Any
-    names: frozenset[str]
-
-
-def _wide(io: FileIO, meta, files: list[DataFile], data: pa.Schema, where: pc.Expression | None) -> _Wide | None:
-    """The Polars read of ``files`` for condition ``where``, when they are local Parquet files of types Polars
-    reads back and part of ``where`` translates; None otherwise (pyarrow's scanner reads them)."""
+def _wide(io: FileIO, meta, files: list[DataFile], data: pa.Schema, where: pc.Expression | None
+          ) -> tuple[list[str], prefiltered.Translated] | None:
+    """The Polars read of ``files`` for condition ``where`` (their local paths, the predicate), when they are local
+    Parquet files of types Polars reads back and part of ``where`` translates; None otherwise (pyarrow's scanner
+    reads them)."""
     if where is None or meta.file_format != "parquet" or not prefiltered.readable(data):
         return None
     paths = [io.local_path(f.path) for f in files]
     if any(p is None for p in paths):
         return None
     translated = prefiltered.predicate(where, data)
-    if translated is None:
-        return None
-    return _Wide(paths, translated.predicate, translated.names)  # type: ignore[arg-type]
+    return None if translated is None else (paths, translated)  # type: ignore[return-value]
 
 
 def reader(io: FileIO, p: ReadPlan, include_row_ids: bool = False, where: pc.Expression | None = None,
