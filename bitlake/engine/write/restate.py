@@ -362,7 +362,8 @@ def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files:
         return rows.take(pa.array(np.sort(kept)))
 
     wanted = np.unique(np.array(parts, dtype=np.int64))
-    reads = [lambda p=f.path: datafile.keys_of(of_those_keys(_upsert_rows(io, meta, p, wanted, of_keys)), meta)
+    firsts = pc.unique(of_keys.column(meta.primary_key[0])) if of_keys is not None else None
+    reads = [lambda p=f.path: datafile.keys_of(of_those_keys(_upsert_rows(io, meta, p, wanted, firsts)), meta)
              for f in files]
     reads += [lambda p=k.path: of_those_keys(datafile.read_deletes(io, p, meta)) for k in keys_files]
     tables = thread_map(lambda read: read(), reads)
@@ -374,21 +375,21 @@ def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files:
     return pa.concat_tables(tables).combine_chunks()
 
 
-def _upsert_rows(io: FileIO, meta: TableMetadata, path: str, parts: np.ndarray, of_keys: pa.Table | None
+def _upsert_rows(io: FileIO, meta: TableMetadata, path: str, parts: np.ndarray, firsts: pa.Array | None
                  ) -> pa.Table:
-    """The upsert columns of data file ``path``'s rows of batches ``parts``; with ``of_keys``, at least those of
-    its keys: on local Parquet files, Polars decodes the other columns only at the rows whose first key column
-    holds one of theirs (a restatement of a small batch reads a few rows of the later batches' files)."""
+    """The upsert columns of data file ``path``'s rows of batches ``parts``; with ``firsts`` (values of the first
+    key column), at least those whose first key column holds one of them: on local Parquet files, Polars decodes
+    the other columns only at those rows (a restatement of a small batch reads a few rows of the later batches'
+    files)."""
     columns = datafile.upsert_columns(meta)
     data = datafile.data_schema(meta)
     schema = pa.schema([data.field(c) for c in columns])
     first = meta.primary_key[0]
-    local = io.local_path(path) if of_keys is not None and meta.file_format == "parquet" else None
+    local = io.local_path(path) if firsts is not None and meta.file_format == "parquet" else None
     if (local is None or prefiltered.kind(schema.field(first).type) not in ("integer", "date", "string")
             or not prefiltered.readable(schema)):
         return datafile.read_data(io, path, meta, columns=columns, parts=parts)
-    return prefiltered.rows_in(local, schema, {first: pc.unique(of_keys.column(first)),  # type: ignore[union-attr]
-                                               rowid.PART_COLUMN: pa.array(parts, pa.int32())})
+    return prefiltered.rows_in(local, schema, {first: firsts, rowid.PART_COLUMN: pa.array(parts, pa.int32())})
 
 
 def _empty(state: TableState, new: Landed | None) -> Restatement:
