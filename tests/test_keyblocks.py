@@ -126,6 +126,7 @@ def test_a_load_goes_into_the_index_as_blocks_that_later_commits_shadow(tmp_path
         assert deleted[:n].tolist() == gone.tolist()
 
     with opened(t) as index:
+        assert index.blocked and index._directory is None  # told by one directory entry, the directory unread
         check(index)
     monkeypatch.setattr(keyindex, "RUN_ROWS", 500)  # a run a bucket
     shutil.rmtree(tmp_path / "t" / "_bitlake" / "index")
@@ -133,7 +134,10 @@ def test_a_load_goes_into_the_index_as_blocks_that_later_commits_shadow(tmp_path
         index.catch_up(t.state())
         kinds = [f["start_key"][:1] for f in index.db.live_files() if f["start_key"] >= b"\x01"]
         assert kinds == [keyblocks.BLOCK_PREFIX] * 4
+        known = index._directory[0].directory  # the runs' blocks, kept as they went in
         check(index)
+        index._directory = None
+        assert index._blocks().directory.tolist() == known.tolist()  # as read back from the database
     assert sorted(t.to_arrow().column("id").to_pylist()) == sorted(set(ids.tolist()) - set(ids[1::10].tolist()))
 
 

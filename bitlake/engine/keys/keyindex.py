@@ -389,16 +389,23 @@ class KeyIndex:
 
     def _empty(self) -> bool:
         """Whether the database holds no entries (keys start with byte 1, blocks with byte 2; its own entries with
-        byte 0)."""
+        byte 0). An empty one has no blocks: its directory is then known without a read."""
         it = self.db.iter()
         it.seek(b"\x01")
-        return not it.valid()
+        if it.valid():
+            return False
+        self._directory = (None,)
+        return True
 
     @property
     def blocked(self) -> bool:
         """Whether the index holds blocks (:mod:`keyblocks`), whose lookups cost more than those of keys' own
-        entries."""
-        return self._blocks() is not None
+        entries: one directory entry read, not the directory (a writer whose key cache answers reads no more)."""
+        if self._directory is not None:
+            return self._directory[0] is not None
+        it = self.db.iter()
+        it.seek(keyblocks.DIRECTORY_PREFIX)
+        return it.valid() and it.key().startswith(keyblocks.DIRECTORY_PREFIX)
 
     def _blocks(self) -> keyblocks.Blocks | None:
         """The index's blocks (read once an open: they change only when blocks go into an empty index)."""
@@ -422,7 +429,10 @@ class KeyIndex:
         for first in blocks:
             batch.put(keyblocks.DIRECTORY_PREFIX + bytes(first[0]), first.tobytes())
         self.db.write(batch)
-        self._directory = None
+        if self._directory is not None and blocks:  # known before: known after, without a read (a load's next commit)
+            known = self._directory[0]
+            firsts = np.sort(np.concatenate([*([known.directory] if known is not None else []), *blocks]))
+            self._directory = (keyblocks.Blocks(firsts, len(self.meta.primary_key)),)
 
     def _start_ssts(self, table: pa.Table, name: str, bottom: bool | None = None, after: bytes | None = None
                     ) -> _SstWriting:
