@@ -308,8 +308,12 @@ class KeyIndex:
         for table in tables:
             for start in range(0, table.num_rows, _PUT_CHUNK):
                 chunk = table.slice(start, _PUT_CHUNK)
+                buckets = self._buckets(chunk)
+                if fixed_width(chunk, pk):  # RocksDB takes entries in its order 5x as fast as in random order
+                    order = _index_order(chunk, pk, buckets)
+                    chunk, buckets = chunk.take(pa.array(order)), buckets[order]
                 batch = WriteBatch(raw_mode=True)
-                _put_each(batch.put, encode_keys(chunk, pk, self._buckets(chunk)), encode_values(chunk))
+                _put_each(batch.put, encode_keys(chunk, pk, buckets), encode_values(chunk))
                 self.db.write(batch)
         self._put_version(version)
 
@@ -445,9 +449,7 @@ class KeyIndex:
         buckets = self._buckets(table)
         table = table.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED]).append_column(
             keystore.BUCKET, pa.array(buckets.astype(np.int32)))
-        order = key_order(table, pk)
-        order = np.arange(table.num_rows) if order is None else order
-        order = order[np.argsort(buckets[order], kind="stable")]  # the index's order
+        order = _index_order(table, pk, buckets)
         bottom = self._empty() if bottom is None else bottom  # the files will be the bottom run: below nothing
         if bottom and table.num_rows and fixed_width(table, pk):
 
@@ -527,6 +529,13 @@ class KeyIndex:
         step = max(_LOOKUP_CHUNK, -(-len(keys) // threads()))
         return [v for run in thread_map(lambda start: self.db[keys[start:start + step]], range(0, len(keys), step))
                 for v in run]
+
+
+def _index_order(table: pa.Table, primary_key: list[str], buckets: np.ndarray) -> np.ndarray:
+    """The rows of ``table`` (of buckets ``buckets``) in the index's order: by bucket, then by key."""
+    order = key_order(table, primary_key)
+    order = np.arange(table.num_rows) if order is None else order
+    return order[np.argsort(buckets[order], kind="stable")]
 
 
 def write_sst(table: pa.Table, primary_key: list[str], path: str, bottom: bool) -> None:
