@@ -528,9 +528,11 @@ class Bitlake(SparkSystem):
         return not self.arrow_input
 
     def settle(self) -> None:
-        from bitlake.engine.keys.indexsession import flush_idle
+        from bitlake.engine.keys.indexsession import join_updates
 
-        flush_idle()  # the key index's update after a commit runs on a thread, its flush on RocksDB's
+        # The key index's update after a commit runs on a thread; its entries then stay in RocksDB's memtable, written
+        # when it fills, when SST files overlapping them go in or when the index closes, counted in that operation.
+        join_updates()
 
     def _read(self, path):
         """The batch file as the mode's input: read inside the timed call, as for the peers."""

@@ -66,8 +66,8 @@ _PROCESS_SST_ROWS = 2_000_000
 # what a full compaction makes of it), is made for lookups: LZ4 in small blocks and no bloom filter, since most
 # lookups read one of its blocks, so decompressing it is much of their cost, and a filter there spares nothing to a
 # lookup that finds its key (RocksDB's optimize_filters_for_hits) while it takes room. Everything else (a commit's
-# memtable flush, its staged SST files, compactions above the bottom run) is made for writing fast, as a commit
-# waits for its flush: zstd at its default level 3 in blocks of 16 KB, with filters. Larger blocks cost a lookup
+# memtable flush, its staged SST files, compactions above the bottom run) is made for writing fast, as the next
+# commit may wait for a flush: zstd at its default level 3 in blocks of 16 KB, with filters. Larger blocks cost a lookup
 # that finds its key above the bottom more to decompress; most keys are in the bottom.
 # Measured (benchmarks/probes/index_options.py): docs/benchmarks.md, "Design measurements", "Key index format".
 _UPPER_LEVEL = 3
