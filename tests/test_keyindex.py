@@ -402,21 +402,54 @@ def test_a_writer_keeps_the_index_open_between_its_commits_and_closes_it_when_id
         assert index.version == t.version
 
 
-def test_flush_idle_waits_for_the_flush_an_idle_index_started_after_its_commit(tmp_path):
-    """The commit starts the index's flush on RocksDB's thread; flush_idle() returns with nothing left in the
-    memtables, the index at the table's version and answering every key."""
+def test_flush_idle_writes_the_entries_an_idle_index_holds_in_memory(tmp_path):
+    """After its commits an idle index holds their entries in RocksDB's memtable; flush_idle() returns with nothing
+    left there, the index at the table's version and answering every key."""
     from bitlake.engine.keys import indexsession
 
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
     t.ingest(batch([1, 2], ["a", "b"], [1, 1]))
     t.ingest(batch([1, 3], ["a2", "c"], [2, 2]))
     index = indexsession._kept[keyindex.location(t.io, t.metadata)[0]].index
+    indexsession.join_updates()
+    assert index.db.property_int_value("rocksdb.num-entries-active-mem-table") > 0  # not flushed after each commit
     indexsession.flush_idle()
     unflushed = ["rocksdb.num-entries-active-mem-table", "rocksdb.num-entries-imm-mem-tables"]
     assert [index.db.property_int_value(p) for p in unflushed] == [0, 0]
     assert index.version == t.version
     found, delta, _, _ = index.lookup(pa.table({"id": pa.array([1, 3], pa.int64())}))
     assert found.tolist() == [True, True] and delta.tolist() == [2, 2]
+
+
+def test_a_writer_killed_with_entries_in_memory_leaves_an_index_the_next_writer_catches_up(tmp_path):
+    """A process that commits and is killed while its idle index holds the commits' entries in memory (no
+    write-ahead log) leaves the index at an older version; the next writer replays the commits it lacks, and every
+    lookup agrees with the table."""
+    path = str(tmp_path / "t")
+    t = bitlake.create_table(path, SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
+    t.ingest(batch(list(range(50)), ["a"] * 50, [1] * 50))
+    close_idle()  # the load's entries on disk
+    child = (
+        "import os, bitlake\n"
+        "from bitlake.engine.keys.indexsession import join_updates\n"
+        "from tests.test_table import batch\n"
+        f"t = bitlake.open_table({path!r})\n"
+        "t.ingest(batch(list(range(0, 50, 2)), ['b'] * 25, [2] * 25))\n"
+        "t.ingest(batch([100, 101], ['c', 'c'], [3, 3]))\n"
+        "join_updates()\n"
+        "os._exit(0)  # killed: no close, no flush\n"
+    )
+    subprocess.run([sys.executable, "-c", child], check=True, cwd=Path(__file__).parent.parent)
+    t = bitlake.open_table(path)
+    assert t.version == 3
+    with opened(t) as index:
+        assert index.version < t.version  # the killed writer's entries were lost with their versions
+    t.ingest(batch([1], ["d"], [4]))  # catches the index up, then commits
+    with opened(t) as index:
+        assert index.version == t.version
+        found, delta, _, _ = index.lookup(pa.table({"id": pa.array([0, 1, 2, 3, 100, 101, 102], pa.int64())}))
+    assert found.tolist() == [True] * 6 + [False]
+    assert delta[:6].tolist() == [2, 4, 2, 1, 3, 3]
 
 
 @pytest.mark.spark
