@@ -58,6 +58,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import core  # noqa: E402  (benchmarks/ is not a package)
+import peers_summary  # noqa: E402
 from core import CODEC, DELTA, PRIMARY_KEY, ROOT, log, sf_text  # noqa: E402
 
 WORK_DIR = ROOT / "benchmarks" / "work" / "peers"
@@ -1868,6 +1869,7 @@ def publish(results: dict, plots: bool = True) -> str:
         if renamed != lines:
             core.DOC.write_text("".join(renamed))
     core.write_doc(section, SECTION)
+    core.DOC.write_text(peers_summary.write(core.DOC.read_text(), results))
     RUNS_DOC.write_text(render_runs(results))
     return section
 

@@ -173,3 +173,32 @@ def test_repeated_sequences_report_each_operation_from_its_round_of_median_time(
     assert peers.median_records(rounds[:1]) == rounds[0]
     run = {**results()["runs"][0], "repeat": 3}
     assert "ran 3 times" in peers.render_runs({**results(), "runs": [run]})
+
+
+def test_summary_table_between_the_markers(peers):
+    """The summary: one table a scale factor, bitlake's and the peers' figures side by side, written between the
+    markers of the doc and nowhere else; an operation a system lacks reads "not offered", one it never ran "not run"."""
+    import peers_summary
+
+    base = [rec("bitlake-arrow", 1.0, "load", None, 4.0, 250e6, 210e6, records=6_000_000, settle_s=0.5),
+            rec("bitlake-arrow", 1.0, "upsert", 0.001, 0.02, 4.5e5, 3e5, settle_s=0.01),
+            rec("bitlake-arrow", 1.0, "scan_full", None, 3.3, engine="spark"),
+            rec("bitlake-arrow", 1.0, "scan_full", None, 0.96, engine="pyarrow"),
+            rec("lance", 1.0, "load", None, 3.3, 325e6, 210e6), rec("lance", 1.0, "erase", None, 0.19, 9e5),
+            rec("lance", 1.0, "scan_full", None, 1.43, engine="pyarrow"),
+            rec("lance", 1.0, "revert", None, None, error="not offered: no batches")]
+    text = peers_summary.render({"records": base})
+    lines = text.splitlines()
+    assert lines[0] == peers_summary.START and lines[-1] == peers_summary.END
+    assert "Scale factor 1 (6,000,000 rows):" in lines
+    assert "| operation | bitlake | lance |" in lines  # delta-rs and Paimon did not run at this scale factor
+    assert "| load (an Arrow stream) | 4.50 s, 250.0 MB | 3.30 s, 325.0 MB |" in lines
+    assert "| upsert 0.1 % | 0.03 s, 0.5 MB (1.50x) | not run |" in lines
+    assert "| full scan into Arrow | 0.96 s | 1.43 s |" in lines  # the pyarrow scan, not Spark's
+    assert "| erase 1,000 suppliers' rows from the files | not run | 0.19 s, 0.9 MB (marked, not removed) |" in lines
+    assert "| revert the 0.1 % batch | not run | not offered |" in lines
+    doc = f"# Benchmarks\n\nprose\n\n{peers_summary.START}\nold table\n{peers_summary.END}\n\nmore prose\n"
+    written = peers_summary.write(doc, {"records": base})
+    assert written.startswith("# Benchmarks\n\nprose\n\n" + text) and written.endswith("\n\nmore prose\n")
+    assert "old table" not in written
+    assert peers_summary.write("# no markers\n", {"records": base}) == "# no markers\n"
