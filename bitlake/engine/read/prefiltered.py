@@ -227,12 +227,18 @@ def chunks(paths: list[str], schema: pa.Schema, wide: Any, batch_rows: int) -> I
             raise pa.ArrowInvalid(f"could not read Parquet file {path}: {e}") from e
 
 
+def matches_exactly(t: pa.DataType) -> bool:
+    """Whether Polars finds a value of a column of type ``t`` among others as pyarrow does: integers, dates and
+    strings (what :func:`rows_in` takes)."""
+    return kind(t) in ("integer", "date", "string")
+
+
 def rows_in(path: str, schema: pa.Schema, values: dict[str, pa.Array]) -> pa.Table:
     """The rows of local Parquet file ``path`` (as ``schema``, with its columns) whose column ``c`` holds one of
     ``values[c]``, for every ``c``: a read that decodes the other columns only at those rows. The columns of
-    ``values`` must be of integers, dates or strings (compared the same in Polars)."""
+    ``values`` must be of types Polars :func:`matches_exactly`."""
     pl, _ = _modules()
-    assert all(kind(schema.field(c).type) in ("integer", "date", "string") for c in values)
+    assert all(matches_exactly(schema.field(c).type) for c in values)
     wide = functools.reduce(lambda a, b: a & b, [pl.col(c).is_in(pl.Series(v).implode()) for c, v in values.items()])
     return pa.concat_tables([schema.empty_table(), *(t for _, t in chunks([path], schema, wide, 1 << 20))])
 

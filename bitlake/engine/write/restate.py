@@ -386,8 +386,7 @@ def _upsert_rows(io: FileIO, meta: TableMetadata, path: str, parts: np.ndarray, 
     schema = pa.schema([data.field(c) for c in columns])
     first = meta.primary_key[0]
     local = io.local_path(path) if firsts is not None and meta.file_format == "parquet" else None
-    if (local is None or prefiltered.kind(schema.field(first).type) not in ("integer", "date", "string")
-            or not prefiltered.readable(schema)):
+    if local is None or not prefiltered.matches_exactly(schema.field(first).type) or not prefiltered.readable(schema):
         return datafile.read_data(io, path, meta, columns=columns, parts=parts)
     return prefiltered.rows_in(local, schema, {first: firsts, rowid.PART_COLUMN: pa.array(parts, pa.int32())})
 
