@@ -143,8 +143,10 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
     records = None if _is_spark_dataframe(data) else digest.Digest()
     if records is not None:
         batches = records.over(batches)
-    # A batch of known size that the inline MetaGen will take keeps its records for it.
-    keep = meta.keyed and rows is not None and rows <= meta.int_prop("metagen.inline_max_rows")
+    # A batch the inline MetaGen will take keeps its records' keys-file rows for it: one of known size up to its
+    # limit; a stream until it passes the records the MetaGen folds in memory (beyond, it reads them from the files).
+    limit = meta.int_prop("metagen.inline_max_rows") if meta.keyed else 0
+    keep = (limit if rows <= limit else 0) if rows is not None else min(limit, engine_metagen.SPILL_RECORDS)
 
     def land_here(io: FileIO, part: int) -> LandedFiles:
         landed = landing.land_local(io, meta, part, op_column is not None, batches, rows, keep=keep)

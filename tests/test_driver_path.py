@@ -158,12 +158,16 @@ def test_a_stream_segment_also_ends_at_its_byte_budget(tmp_path, monkeypatch):
     batches = [pa.record_batch({"id": list(range(i * 10, i * 10 + 10)), "name": ["x" * 1000] * 10, "mod": [0] * 10},
                                schema=SCHEMA) for i in range(9)]
     monkeypatch.setattr(landing, "STREAM_TASK_BYTES", 2 * batches[0].nbytes)
-    held = []
-    real = landing.LocalLanding.start
-    monkeypatch.setattr(landing.LocalLanding, "start", lambda self, task, seq, segment, threads:
-                        held.append([b.num_rows for b in segment]) or real(self, task, seq, segment, threads))
+    held = {}
+    real = landing.LandTask.cut
+
+    def cut(self, seq, segment):
+        held[seq] = []
+        return real(self, seq, (held[seq].append(b.num_rows) or b for b in segment))
+
+    monkeypatch.setattr(landing.LandTask, "cut", cut)
     assert t.ingest(pa.RecordBatchReader.from_batches(SCHEMA, batches)).counts["inserted"] == 90
-    assert held == [[10, 10]] * 4 + [[10]]
+    assert [held[seq] for seq in sorted(held)] == [[10, 10]] * 4 + [[10]]
     assert sorted(r["id"] for r in t.to_arrow().to_pylist()) == list(range(90))
 
 
@@ -176,6 +180,58 @@ def test_a_stream_that_fails_midway_leaves_nothing(tmp_path, monkeypatch):
     bad = pa.record_batch({"id": [5, None], "name": ["e", "f"], "mod": [1, 1]}, schema=SCHEMA)
     with pytest.raises(bitlake.NullValueError, match="primary key column 'id' holds 1 null"):
         t.ingest(pa.RecordBatchReader.from_batches(SCHEMA, [good, good, bad]))
+    assert t.version == 1 and t.to_arrow().to_pylist() == [{"id": 1, "name": "a", "mod": 1}]
+    assert [p for p in files_under(t.path) if p not in before and not p.startswith("_bitlake/parts/")] == []
+
+
+@pytest.mark.parametrize("limit, kept", [(100, True), (12, False)])
+def test_a_stream_keeps_its_keys_for_metagen_up_to_the_inline_limit(tmp_path, monkeypatch, limit, kept):
+    """A stream's records' keys-file rows are kept for the inline MetaGen while the stream holds at most
+    ``metagen.inline_max_rows`` records (it then reads none of the files); past that the landing drops them, and
+    MetaGen reads the files."""
+    from bitlake.format import datafile
+
+    monkeypatch.setattr(landing, "STREAM_TASK_ROWS", 7)
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod",
+                             properties={"metagen.inline_max_rows": limit})
+    t.ingest(pa.table({"id": [1], "name": ["old"], "mod": [0]}, schema=SCHEMA))
+    read = []
+    real = datafile.read_upserts
+    monkeypatch.setattr(datafile, "read_upserts", lambda *a, **k: read.append(a[1]) or real(*a, **k))
+    batches = [pa.record_batch({"id": list(range(i * 5, i * 5 + 5)), "name": ["n"] * 5, "mod": [1] * 5},
+                               schema=SCHEMA) for i in range(4)]
+    r = t.ingest(pa.RecordBatchReader.from_batches(SCHEMA, batches))
+    assert r.counts["inserted"] == 19 and r.counts["updated"] == 1
+    assert (read == []) is kept
+    assert sorted((x["id"], x["name"]) for x in t.to_arrow().to_pylist()) == [(i, "n") for i in range(20)]
+
+
+def test_a_segment_task_that_fails_midway_through_a_stream_stops_it(tmp_path, monkeypatch):
+    """A task that fails while the stream still feeds it (a write error): the error is raised at once, not after
+    the whole stream is read, and nothing is left."""
+    from bitlake.format import datafile
+
+    monkeypatch.setattr(datafile, "ROW_GROUP_ROWS", 4)
+    monkeypatch.setattr(landing, "_FEED_BYTES", 1)  # each batch handed over at once
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod")
+    t.ingest(pa.table({"id": [1], "name": ["a"], "mod": [1]}, schema=SCHEMA))
+    before = files_under(t.path)
+
+    def encode(self, table):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(datafile.FileWriter, "_encode", encode)
+    given = []
+
+    def stream():
+        for i in range(10_000):
+            given.append(i)
+            yield pa.record_batch({"id": [i * 2, i * 2 + 1], "name": ["x", "y"], "mod": [1, 1]}, schema=SCHEMA)
+
+    with pytest.raises(OSError, match="No space left"):
+        t.ingest(pa.RecordBatchReader.from_batches(SCHEMA, stream()))
+    assert len(given) < 10_000
+    monkeypatch.undo()
     assert t.version == 1 and t.to_arrow().to_pylist() == [{"id": 1, "name": "a", "mod": 1}]
     assert [p for p in files_under(t.path) if p not in before and not p.startswith("_bitlake/parts/")] == []
 

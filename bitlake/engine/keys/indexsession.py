@@ -155,9 +155,12 @@ def flush_idle() -> None:
     process keeps hold in memory to disk: before copying an index's files."""
     join_updates()
     with _lock:
-        for kept in _kept.values():
+        for path, kept in list(_kept.items()):
             if not kept.busy and kept.index.db is not None:
-                kept.index.db.flush()
+                try:
+                    kept.index.db.flush()
+                except Exception:  # noqa: BLE001 - a cache whose folder went (a deleted table): closed, as it is
+                    _close(path)
 
 
 def _after_fork_in_child() -> None:

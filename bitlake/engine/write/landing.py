@@ -12,8 +12,10 @@ segment part, so a failed landing can remove everything it wrote. The same task 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import queue
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -192,7 +194,7 @@ class _Cutter:
             stem = layout.file_stem(self.task.part, self.seq)
             if kind == "data":
                 path = layout.data_file_path(stem, partition, self.meta.file_format)
-                w = datafile.data_writer(self.task.io, path, self.meta)
+                w = datafile.data_writer(self.task.io, path, self.meta, background=True)
             else:
                 w = datafile.keys_writer(self.task.io, layout.keys_file_path(stem), self.meta)
             self.writers[key] = (w, partition, self.seq)
@@ -236,8 +238,8 @@ class _Cut:
 # write amplification of at most 1.5 (docs/benchmarks.md, "Targets" and "Design measurements", "Landing file split").
 MIN_TASK_ROWS = 1 << 20
 STREAM_TASK_ROWS = 1 << 22
-# A stream's segment also ends at this many bytes of Arrow data: at most ``threads`` + 1 segments are held at
-# once (the ones landing and the one being cut), so this bounds a stream landing's memory whatever the rows' width.
+# A stream's segment also ends at this many bytes of Arrow data, so that a stream of wide rows is still written
+# as files of a few row groups each, on every thread.
 STREAM_TASK_BYTES = 192 << 20
 
 
@@ -272,35 +274,92 @@ class Landed:
 
 
 def land_local(io: FileIO, meta: TableMetadata, part: int, has_op: bool, batches: Iterable[pa.RecordBatch],
-               rows: int | None = None, threads: int | None = None, keep: bool = False) -> LocalLanding:
+               rows: int | None = None, threads: int | None = None, keep: int = 0) -> LocalLanding:
     """Lands conformed ``batches`` on this machine, without Spark: the input is cut, in order, into segments
-    that a pool of threads writes at once (Parquet encoding releases the GIL); at most ``threads`` segments
-    are held in memory, so a stream lands in bounded memory. ``rows`` (the input's size, when known) picks the
-    segment size that gives every thread work. Same files and checks as the Spark landing. Returns once every
-    segment has been taken in and checked: the files of the last ones are still being written then
-    (:class:`LocalLanding`), while the caller goes on, with ``keep`` with the records' keys-file rows."""
+    that a pool of threads writes at once (Parquet encoding releases the GIL), each task taking its segment's
+    batches as they are read (:class:`_Feed`), so a stream lands in bounded memory. ``rows`` (the input's size,
+    when known) picks the segment size that gives every thread work. Same files and checks as the Spark landing.
+    Returns once every segment has been taken in and checked: the files of the last ones are still being written then
+    (:class:`LocalLanding`), while the caller goes on, with the records' keys-file rows when there are at most
+    ``keep`` records."""
     threads = threads or pool_threads()
     if rows is None:
         per_task, max_bytes = STREAM_TASK_ROWS, STREAM_TASK_BYTES
     else:  # a table already in memory: its segments are slices of it
         per_task, max_bytes = min(max(-(-rows // threads), MIN_TASK_ROWS), rowid.MAX_OFFSET + 1), None
     # Each task is one segment, never more: a task's seq is its place in the input, so row ids follow it.
-    task = LandTask(io, meta.to_json(), part, 1, has_op, keep)
+    task = LandTask(io, meta.to_json(), part, 1, has_op, keep > 0)
     workers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bitlake-land")
     landing = LocalLanding(io, meta, part, workers)
+    fed = 0
     try:
-        for seq, segment in enumerate(_cut(batches, per_task, max_bytes)):
+        for seq, piece in _pieces(batches, per_task, max_bytes):
             if seq > rowid.MAX_SEQ:
                 raise InvalidInputError("batch too large: more segments than segment_seq can number")
-            landing.start(task, seq, segment, threads)
+            if seq == landing.segments:
+                landing.start(task, seq, threads)
+            landing.feed(piece)
+            fed += piece.num_rows
+            if task.keep and fed > keep:  # past what is kept: the tasks keep no more, and what they kept goes
+                task.keep = False
+                task.kept.clear()
         landing.taken_in()
     except BaseException:
         landing.abandon()
         raise
-    if keep:
+    if task.keep:
         kept = [t for seq in sorted(task.kept) for t in task.kept[seq]]
         landing.rows = pa.concat_tables(kept) if kept else datafile.keys_schema(meta).empty_table()
     return landing
+
+
+# A segment's input goes to its task in lists of batches of at least this many bytes (fewer hand-offs between
+# threads), at most _FEED_LISTS of them waiting: the task encodes its row groups while the rest of its input is
+# still being read, and a stream lands in the memory of a few lists a segment.
+_FEED_BYTES = 16 << 20
+_FEED_LISTS = 4
+
+
+class _Feed:
+    """A segment's batches on their way from the thread that cuts the input to the task that lands them."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[list[pa.RecordBatch] | None] = queue.Queue(maxsize=_FEED_LISTS)
+        self._held: list[pa.RecordBatch] = []
+        self._held_bytes = 0
+
+    def add(self, batch: pa.RecordBatch, run: Future) -> None:
+        self._held.append(batch)
+        self._held_bytes += batch.nbytes
+        if self._held_bytes >= _FEED_BYTES:
+            self._put(self._held, run)
+            self._held, self._held_bytes = [], 0
+
+    def end(self, run: Future) -> None:
+        """No more batches: the task takes those held and ends its input."""
+        if self._held:
+            self._put(self._held, run)
+            self._held = []
+        self._put(None, run)
+
+    def stop(self, run: Future) -> None:
+        """Ends the task's input without the batches still waiting (the landing is abandoned)."""
+        self._held = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._queue.get_nowait()
+        self._put(None, run)
+
+    def _put(self, item: list[pa.RecordBatch] | None, run: Future) -> None:
+        while not run.done():  # a task that ended before its input did failed: ``run`` holds why
+            with contextlib.suppress(queue.Full):
+                self._queue.put(item, timeout=0.1)
+                return
+        run.result()
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        while (batches := self._queue.get()) is not None:
+            yield from batches
 
 
 class LocalLanding:
@@ -315,19 +374,30 @@ class LocalLanding:
         self.data: list[DataFile] = []
         self.keys: list[KeysFile] = []
         self.rows: pa.Table | None = None
-        self._running: list[tuple[Future, Future]] = []  # per segment: its cut, its whole run
+        self._running: list[tuple[Future, Future]] = []  # per segment under way: its cut, its whole run
+        self._ended = 0  # segments no longer under way
+        self._feed: _Feed | None = None  # the input of the segment started last, until it has all of it
         self._reports: list[dict] = []  # of the segments that have ended
         self._files: tuple[list[DataFile], list[KeysFile]] | None = None
 
-    def start(self, task: LandTask, seq: int, segment: list[pa.RecordBatch], threads: int) -> None:
-        """Starts landing segment ``seq``, once fewer than ``threads`` segments are under way."""
+    @property
+    def segments(self) -> int:
+        """How many segments were started."""
+        return len(self._running) + self._ended
+
+    def start(self, task: LandTask, seq: int, threads: int) -> None:
+        """Starts landing segment ``seq``, whose batches :meth:`feed` then gives it, once the segment before has
+        all of its input and fewer than ``threads`` segments are under way."""
+        self._end_input()
         if len(self._running) >= threads:
             self._reports.extend(self._running.pop(0)[1].result())
+            self._ended += 1
         cut: Future = Future()
+        feed = _Feed()
 
         def run() -> list[dict]:
             try:
-                result = task.cut(seq, segment)
+                result = task.cut(seq, feed)
             except BaseException as e:
                 cut.set_exception(e)
                 raise
@@ -335,10 +405,21 @@ class LocalLanding:
             return result.close()
 
         self._running.append((cut, self.workers.submit(run)))
+        self._feed = feed
+
+    def feed(self, batch: pa.RecordBatch) -> None:
+        """Gives ``batch`` to the segment started last."""
+        self._feed.add(batch, self._running[-1][1])
+
+    def _end_input(self) -> None:
+        if self._feed is not None:
+            self._feed.end(self._running[-1][1])
+            self._feed = None
 
     def taken_in(self) -> None:
         """Waits until every segment is taken in; raises the contract's errors (null keys, unknown operations)
         when the input breaks it (the caller then abandons the landing)."""
+        self._end_input()
         reports = self._reports + [r for cut, _ in self._running for r in cut.result()]
         self.data, self.keys = collect(self.io, self.meta, self.part, iter(reports), remove=False)
 
@@ -356,29 +437,30 @@ class LocalLanding:
 
     def abandon(self) -> None:
         """Stops the landing and removes every file it wrote."""
+        if self._feed is not None:
+            self._feed.stop(self._running[-1][1])
+            self._feed = None
         for _, run in self._running:
             run.cancel()
         self.workers.shutdown(wait=True)
         remove_part_files(self.io, self.part)
 
 
-def _cut(batches: Iterable[pa.RecordBatch], rows: int, max_bytes: int | None = None
-         ) -> Iterator[list[pa.RecordBatch]]:
-    """Consecutive lists of ``batches`` (slicing one where needed) of ``rows`` rows each, the last one less; with
-    ``max_bytes``, a list also ends once its batches hold that many bytes (a batch is not sliced for it)."""
-    held: list[pa.RecordBatch] = []
-    n = size = 0
+def _pieces(batches: Iterable[pa.RecordBatch], rows: int, max_bytes: int | None = None
+            ) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``batches`` (sliced where needed) with the segment each goes to: consecutive segments of ``rows`` rows each,
+    the last one less; with ``max_bytes``, a segment also ends once its batches hold that many bytes (a batch is not
+    sliced for it)."""
+    seq = n = size = 0
     for b in batches:
         while b.num_rows:
             take = min(rows - n, b.num_rows)
-            held.append(b.slice(0, take))
-            size += held[-1].nbytes if max_bytes is not None else 0
+            piece = b.slice(0, take)
+            yield seq, piece
+            size += piece.nbytes if max_bytes is not None else 0
             b, n = b.slice(take), n + take
             if n == rows or (max_bytes is not None and size >= max_bytes):
-                yield held
-                held, n, size = [], 0, 0
-    if held:
-        yield held
+                seq, n, size = seq + 1, 0, 0
 
 
 def _report(**values) -> dict:
