@@ -329,33 +329,40 @@ class _Feed:
         self._held_bytes = 0
 
     def add(self, batch: pa.RecordBatch, run: Future) -> None:
+        """Gives ``batch`` to the task ``run`` runs; raises what the task failed with, if it did."""
         self._held.append(batch)
         self._held_bytes += batch.nbytes
         if self._held_bytes >= _FEED_BYTES:
-            self._put(self._held, run)
+            self._put_or_raise(self._held, run)
             self._held, self._held_bytes = [], 0
 
     def end(self, run: Future) -> None:
         """No more batches: the task takes those held and ends its input."""
         if self._held:
-            self._put(self._held, run)
+            self._put_or_raise(self._held, run)
             self._held = []
-        self._put(None, run)
+        self._put_or_raise(None, run)
 
     def stop(self, run: Future) -> None:
-        """Ends the task's input without the batches still waiting (the landing is abandoned)."""
+        """Ends the task's input without the batches still waiting (the landing is abandoned); never raises."""
         self._held = []
         with contextlib.suppress(queue.Empty):
             while True:
                 self._queue.get_nowait()
         self._put(None, run)
 
-    def _put(self, item: list[pa.RecordBatch] | None, run: Future) -> None:
-        while not run.done():  # a task that ended before its input did failed: ``run`` holds why
+    def _put_or_raise(self, item: list[pa.RecordBatch] | None, run: Future) -> None:
+        if not self._put(item, run):
+            run.result()  # a task that ended before its input did failed: this raises why
+            raise RuntimeError("a landing task ended before its input did")
+
+    def _put(self, item: list[pa.RecordBatch] | None, run: Future) -> bool:
+        """Puts ``item`` once the queue has room; False when the task ended first."""
+        while not run.done():
             with contextlib.suppress(queue.Full):
                 self._queue.put(item, timeout=0.1)
-                return
-        run.result()
+                return True
+        return False
 
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         while (batches := self._queue.get()) is not None:
