@@ -421,6 +421,27 @@ def test_flush_idle_writes_the_entries_an_idle_index_holds_in_memory(tmp_path):
     assert found.tolist() == [True, True] and delta.tolist() == [2, 2]
 
 
+def test_flush_idle_closes_an_idle_index_whose_table_was_deleted(tmp_path):
+    """A table deleted while this process keeps its index idle: flush_idle() does not fail on it (nothing of a
+    table is lost with its cache) but closes and forgets it, and still flushes the other tables' indexes."""
+    import shutil
+
+    from bitlake.engine.keys import indexsession
+
+    gone = bitlake.create_table(str(tmp_path / "gone"), SCHEMA, primary_key=["id"], delta_column="mod")
+    kept = bitlake.create_table(str(tmp_path / "kept"), SCHEMA, primary_key=["id"], delta_column="mod")
+    gone.ingest(batch([1], ["a"], [1]))
+    kept.ingest(batch([1], ["a"], [1]))
+    kept.ingest(batch([2], ["b"], [1]))
+    gone_path, kept_path = (keyindex.location(t.io, t.metadata)[0] for t in (gone, kept))
+    index = indexsession._kept[kept_path].index
+    indexsession.join_updates()
+    shutil.rmtree(tmp_path / "gone")
+    indexsession.flush_idle()
+    assert gone_path not in indexsession._kept and kept_path in indexsession._kept
+    assert index.db.property_int_value("rocksdb.num-entries-active-mem-table") == 0
+
+
 def test_a_writer_killed_with_entries_in_memory_leaves_an_index_the_next_writer_catches_up(tmp_path):
     """A process that commits and is killed while its idle index holds the commits' entries in memory (no
     write-ahead log) leaves the index at an older version; the next writer replays the commits it lacks, and every
