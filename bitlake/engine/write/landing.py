@@ -291,13 +291,14 @@ def land_local(io: FileIO, meta: TableMetadata, part: int, has_op: bool, batches
     task = LandTask(io, meta.to_json(), part, 1, has_op, keep > 0)
     workers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bitlake-land")
     landing = LocalLanding(io, meta, part, workers)
-    fed = 0
+    fed, started = 0, -1
     try:
         for seq, piece in _pieces(batches, per_task, max_bytes):
             if seq > rowid.MAX_SEQ:
                 raise InvalidInputError("batch too large: more segments than segment_seq can number")
-            if seq == landing.segments:
+            if seq != started:
                 landing.start(task, seq, threads)
+                started = seq
             landing.feed(piece)
             fed += piece.num_rows
             if task.keep and fed > keep:  # past what is kept: the tasks keep no more, and what they kept goes
@@ -321,44 +322,46 @@ _FEED_LISTS = 4
 
 
 class _Feed:
-    """A segment's batches on their way from the thread that cuts the input to the task that lands them."""
+    """A segment's batches on their way from the thread that cuts the input to the task that lands them (whose
+    future is :attr:`run`, once submitted)."""
 
     def __init__(self) -> None:
         self._queue: queue.Queue[list[pa.RecordBatch] | None] = queue.Queue(maxsize=_FEED_LISTS)
         self._held: list[pa.RecordBatch] = []
         self._held_bytes = 0
+        self.run: Future | None = None
 
-    def add(self, batch: pa.RecordBatch, run: Future) -> None:
-        """Gives ``batch`` to the task ``run`` runs; raises what the task failed with, if it did."""
+    def add(self, batch: pa.RecordBatch) -> None:
+        """Gives ``batch`` to the task; raises what the task failed with, if it did."""
         self._held.append(batch)
         self._held_bytes += batch.nbytes
         if self._held_bytes >= _FEED_BYTES:
-            self._put_or_raise(self._held, run)
+            self._put_or_raise(self._held)
             self._held, self._held_bytes = [], 0
 
-    def end(self, run: Future) -> None:
+    def end(self) -> None:
         """No more batches: the task takes those held and ends its input."""
         if self._held:
-            self._put_or_raise(self._held, run)
+            self._put_or_raise(self._held)
             self._held = []
-        self._put_or_raise(None, run)
+        self._put_or_raise(None)
 
-    def stop(self, run: Future) -> None:
+    def stop(self) -> None:
         """Ends the task's input without the batches still waiting (the landing is abandoned); never raises."""
         self._held = []
         with contextlib.suppress(queue.Empty):
             while True:
                 self._queue.get_nowait()
-        self._put(None, run)
+        self._put(None)
 
-    def _put_or_raise(self, item: list[pa.RecordBatch] | None, run: Future) -> None:
-        if not self._put(item, run):
-            run.result()  # a task that ended before its input did failed: this raises why
+    def _put_or_raise(self, item: list[pa.RecordBatch] | None) -> None:
+        if not self._put(item):
+            self.run.result()  # a task that ended before its input did failed: this raises why
             raise RuntimeError("a landing task ended before its input did")
 
-    def _put(self, item: list[pa.RecordBatch] | None, run: Future) -> bool:
+    def _put(self, item: list[pa.RecordBatch] | None) -> bool:
         """Puts ``item`` once the queue has room; False when the task ended first."""
-        while not run.done():
+        while not self.run.done():
             with contextlib.suppress(queue.Full):
                 self._queue.put(item, timeout=0.1)
                 return True
@@ -382,15 +385,9 @@ class LocalLanding:
         self.keys: list[KeysFile] = []
         self.rows: pa.Table | None = None
         self._running: list[tuple[Future, Future]] = []  # per segment under way: its cut, its whole run
-        self._ended = 0  # segments no longer under way
         self._feed: _Feed | None = None  # the input of the segment started last, until it has all of it
         self._reports: list[dict] = []  # of the segments that have ended
         self._files: tuple[list[DataFile], list[KeysFile]] | None = None
-
-    @property
-    def segments(self) -> int:
-        """How many segments were started."""
-        return len(self._running) + self._ended
 
     def start(self, task: LandTask, seq: int, threads: int) -> None:
         """Starts landing segment ``seq``, whose batches :meth:`feed` then gives it, once the segment before has
@@ -398,7 +395,6 @@ class LocalLanding:
         self._end_input()
         if len(self._running) >= threads:
             self._reports.extend(self._running.pop(0)[1].result())
-            self._ended += 1
         cut: Future = Future()
         feed = _Feed()
 
@@ -411,16 +407,17 @@ class LocalLanding:
             cut.set_result(result.reports())
             return result.close()
 
-        self._running.append((cut, self.workers.submit(run)))
+        feed.run = self.workers.submit(run)
+        self._running.append((cut, feed.run))
         self._feed = feed
 
     def feed(self, batch: pa.RecordBatch) -> None:
         """Gives ``batch`` to the segment started last."""
-        self._feed.add(batch, self._running[-1][1])
+        self._feed.add(batch)
 
     def _end_input(self) -> None:
         if self._feed is not None:
-            self._feed.end(self._running[-1][1])
+            self._feed.end()
             self._feed = None
 
     def taken_in(self) -> None:
@@ -445,7 +442,7 @@ class LocalLanding:
     def abandon(self) -> None:
         """Stops the landing and removes every file it wrote."""
         if self._feed is not None:
-            self._feed.stop(self._running[-1][1])
+            self._feed.stop()
             self._feed = None
         for _, run in self._running:
             run.cancel()
