@@ -61,14 +61,14 @@ def _parquet_leaves(schema: pa.Schema) -> tuple[str, ...]:
 
 
 def data_parquet_options(schema: pa.Schema) -> dict:
-    """LZ4 (Parquet's LZ4_RAW: decoded with 28 % less CPU than snappy, for 1.5 % more bytes) and dictionaries as
-    usual, except ``_segment_offset`` (distinct, ascending values) in DELTA_BINARY_PACKED, which stores it in almost
-    nothing, where a dictionary would store every value. Decimals of precision up to 18 as INT64, as Spark writes
-    them: Spark's vectorized reader decodes them faster than fixed-length byte arrays, so bitlake's files scan as
-    fast as Spark's own (docs/benchmarks.md, "Design measurements", "Data files")."""
+    """Snappy and dictionaries as usual, except ``_segment_offset`` (distinct, ascending values) in
+    DELTA_BINARY_PACKED, which stores it in almost nothing, where a dictionary would store every value. Decimals of
+    precision up to 18 as INT64, as Spark writes them: Spark's vectorized reader decodes them faster than
+    fixed-length byte arrays, so bitlake's files scan as fast as Spark's own (docs/benchmarks.md, "Design
+    measurements", "Data files")."""
     leaves = _parquet_leaves(schema)
     return {
-        "compression": "lz4",
+        "compression": "snappy",
         "use_dictionary": [c for c in leaves if c != rowid.OFFSET_COLUMN],
         "column_encoding": {rowid.OFFSET_COLUMN: "DELTA_BINARY_PACKED"},
         "store_decimal_as_integer": True,
