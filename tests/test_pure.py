@@ -159,8 +159,9 @@ def test_bitmaps_written_as_holes_read_back_as_valid_offsets_and_as_holes(tmp_pa
 
 
 def test_a_data_file_tries_a_dictionary_on_the_columns_its_first_rows_repeat(tmp_path):
-    """Columns whose first row group holds mostly distinct values are written plain; the others, and every column
-    of a file too small to judge, with a dictionary. Either way the rows read back as written."""
+    """Columns whose first row group holds mostly distinct values are written without a dictionary (integers
+    DELTA_BINARY_PACKED, the rest plain); the others, and every column of a file too small to judge, with a
+    dictionary. Either way the rows read back as written."""
     io = LocalFileIO(str(tmp_path))
     n = 40_000
     schema = pa.schema([("id", pa.int64()), ("kind", pa.string()), ("note", pa.string()), ("_segment_offset", pa.int32())])
@@ -175,6 +176,8 @@ def test_a_data_file_tries_a_dictionary_on_the_columns_its_first_rows_repeat(tmp
     group = pq.ParquetFile(tmp_path / "large.parquet").metadata.row_group(0)
     dictionary = {group.column(i).path_in_schema: "RLE_DICTIONARY" in group.column(i).encodings for i in range(4)}
     assert dictionary == {"id": False, "kind": True, "note": False, "_segment_offset": False}
+    packed = {group.column(i).path_in_schema: "DELTA_BINARY_PACKED" in group.column(i).encodings for i in range(4)}
+    assert packed == {"id": True, "kind": False, "note": False, "_segment_offset": True}  # integers without one
     group = pq.ParquetFile(tmp_path / "small.parquet").metadata.row_group(0)
     assert ["RLE_DICTIONARY" in group.column(i).encodings for i in range(3)] == [True, True, True]
 

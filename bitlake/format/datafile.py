@@ -51,26 +51,25 @@ def keys_schema(meta: TableMetadata) -> pa.Schema:
 
 
 @functools.lru_cache(maxsize=64)
-def _parquet_leaves(schema: pa.Schema) -> tuple[str, ...]:
-    """The Parquet leaf paths of ``schema``'s columns (an empty file written and read back, so kept by schema: every
-    data file of a table asks, and the same schema would pay it again for each)."""
+def _parquet_leaves(schema: pa.Schema, decimals_as_integers: bool = False) -> dict[str, str]:
+    """The Parquet leaf paths of ``schema``'s columns and their physical types (with ``decimals_as_integers``, as
+    ``store_decimal_as_integer`` stores them): an empty file written and read back, so kept by schema: every data
+    file of a table asks, and the same schema would pay it again for each."""
     buf = pa.BufferOutputStream()
-    pq.write_table(schema.empty_table(), buf)
+    pq.write_table(schema.empty_table(), buf, store_decimal_as_integer=decimals_as_integers)
     pschema = pq.ParquetFile(pa.BufferReader(buf.getvalue())).schema
-    return tuple(pschema.column(i).path for i in range(len(pschema)))
+    return {pschema.column(i).path: pschema.column(i).physical_type for i in range(len(pschema))}
 
 
 def data_parquet_options(schema: pa.Schema) -> dict:
-    """Snappy and dictionaries as usual, except ``_segment_offset`` (distinct, ascending values) in
-    DELTA_BINARY_PACKED, which stores it in almost nothing, where a dictionary would store every value. Decimals of
-    precision up to 18 as INT64, as Spark writes them: Spark's vectorized reader decodes them faster than
-    fixed-length byte arrays, so bitlake's files scan as fast as Spark's own (docs/benchmarks.md, "Design
-    measurements", "Data files")."""
-    leaves = _parquet_leaves(schema)
+    """Snappy and dictionaries as usual, except ``_segment_offset`` (distinct, ascending values), which is never
+    tried with a dictionary: it is DELTA_BINARY_PACKED, like every integer column written without one
+    (:meth:`FileWriter._parquet`), which stores it in almost nothing. Decimals of precision up to 18 as INT64, as
+    Spark writes them: Spark's vectorized reader decodes them faster than fixed-length byte arrays, so bitlake's
+    files scan as fast as Spark's own (docs/benchmarks.md, "Design measurements", "Data files")."""
     return {
         "compression": "snappy",
-        "use_dictionary": [c for c in leaves if c != rowid.OFFSET_COLUMN],
-        "column_encoding": {rowid.OFFSET_COLUMN: "DELTA_BINARY_PACKED"},
+        "use_dictionary": [c for c in _parquet_leaves(schema) if c != rowid.OFFSET_COLUMN],
         "store_decimal_as_integer": True,
     }
 
@@ -195,10 +194,19 @@ class FileWriter:
             encoding.result()
 
     def _parquet(self, first: pa.Table) -> pq.ParquetWriter:
+        """The file's Parquet writer, made for its first row group ``first``. A column of integers (dates, times,
+        decimals stored as integers) written without a dictionary is DELTA_BINARY_PACKED: smaller than snappy's
+        plain values and faster to write and decode, several times for keys and prices (docs/benchmarks.md, "Design
+        measurements", "Data files")."""
         if self._pq is None:
             options = dict(self._options)
             if isinstance(options.get("use_dictionary"), list):
-                options["use_dictionary"] = _dictionary_columns(first, options["use_dictionary"])
+                options["use_dictionary"] = dictionary = _dictionary_columns(first, options["use_dictionary"])
+                leaves = _parquet_leaves(self._schema, bool(options.get("store_decimal_as_integer")))
+                packed = [c for c, physical in leaves.items()
+                          if physical in ("INT32", "INT64") and c not in dictionary]
+                options["column_encoding"] = {**dict.fromkeys(packed, "DELTA_BINARY_PACKED"),
+                                              **options.get("column_encoding", {})}
             self._pq = pq.ParquetWriter(self._out, self._schema, **options)
         return self._pq
 
