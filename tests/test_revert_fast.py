@@ -14,6 +14,7 @@ import tempfile
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 import bitlake
 from bitlake.engine.keys.keyencoding import key_codes
 from bitlake.engine.write import restate
-from bitlake.format import keystore
+from bitlake.format import datafile, keystore, rowid
 from bitlake.format.commit import LIVE
 from tests.oracle import Oracle, Record, rows_key
 
@@ -81,9 +82,20 @@ def _check_filtered_reads(t: bitlake.Table, name: str, rnd: np.random.Generator)
             continue
         distinct = everything.take(pa.array(key_codes(everything, pk)[1])).select(pk)
         some = distinct.take(pa.array(np.flatnonzero(rnd.random(distinct.num_rows) < 0.5)))
-        got = restate._records(t.io, meta, files, keys_files, parts, None, some)
+        got = restate._records(t.io, meta, files, keys_files, parts, some)
         want = everything.join(some, keys=pk, join_type="left semi")
         assert got.sort_by(keystore.ROW_ID).to_pylist() == want.sort_by(keystore.ROW_ID).to_pylist()
+        # A keys file read for some keys (Polars decodes only the rows that may match) or some batches' rows
+        # holds the unfiltered read's rows of those.
+        firsts = pc.unique(some.column(pk[0]))
+        for f in keys_files:
+            whole = datafile.read_keys(t.io, f.path, meta)
+            of_parts = whole.filter(pa.array(np.isin(whole.column(keystore.ROW_ID).to_numpy() >> rowid.PART_SHIFT,
+                                                     parts)))
+            got = restate._of_keys(restate._keys_rows(t.io, meta, f.path, firsts), some)
+            assert got.to_pylist() == whole.join(some, keys=pk, join_type="left semi").sort_by(
+                keystore.ROW_ID).to_pylist() == got.sort_by(keystore.ROW_ID).to_pylist()
+            assert restate._keys_rows(t.io, meta, f.path, parts=parts).to_pylist() == of_parts.to_pylist()
 
 
 @pytest.mark.parametrize("name", list(SCHEMAS))

@@ -349,8 +349,12 @@ def read_keys(io: FileIO, path: str, meta: TableMetadata) -> pa.Table:
 def read_deletes(io: FileIO, path: str, meta: TableMetadata) -> pa.Table:
     """A keys file's delete records (format v1 writers put every record in keys files: the upserts among
     them are read from the data files, like every batch's)."""
-    table = read_keys(io, path, meta)
-    return table.filter(table.column(keystore.DELETED))
+    return deletes_of(read_keys(io, path, meta))
+
+
+def deletes_of(records: pa.Table) -> pa.Table:
+    """The delete records among keys-file rows ``records``."""
+    return records.filter(records.column(keystore.DELETED))
 
 
 def upsert_columns(meta: TableMetadata) -> list[str]:

@@ -233,13 +233,19 @@ def matches_exactly(t: pa.DataType) -> bool:
     return kind(t) in ("integer", "date", "string")
 
 
-def rows_in(path: str, schema: pa.Schema, values: dict[str, pa.Array]) -> pa.Table:
+def rows_in(path: str, schema: pa.Schema, values: dict[str, pa.Array],
+            ranges: dict[str, list[tuple[int, int]]] | None = None) -> pa.Table:
     """The rows of local Parquet file ``path`` (as ``schema``, with its columns) whose column ``c`` holds one of
-    ``values[c]``, for every ``c``: a read that decodes the other columns only at those rows. The columns of
-    ``values`` must be of types Polars :func:`matches_exactly`."""
+    ``values[c]``, and whose integer column ``r`` holds a value of one of the half-open ranges ``ranges[r]``, for
+    every ``c`` and ``r``: a read that decodes the other columns only at those rows. The columns of ``values`` must
+    be of types Polars :func:`matches_exactly`."""
     pl, _ = _modules()
     assert all(matches_exactly(schema.field(c).type) for c in values)
-    wide = functools.reduce(lambda a, b: a & b, [pl.col(c).is_in(pl.Series(v).implode()) for c, v in values.items()])
+    assert all(pa.types.is_integer(schema.field(c).type) for c in ranges or {})
+    conditions = [pl.col(c).is_in(pl.Series(v).implode()) for c, v in values.items()] + [
+        functools.reduce(lambda a, b: a | b, [(pl.col(c) >= lo) & (pl.col(c) < hi) for lo, hi in spans], pl.lit(False))
+        for c, spans in (ranges or {}).items()]
+    wide = functools.reduce(lambda a, b: a & b, conditions, pl.lit(True))
     return pa.concat_tables([schema.empty_table(), *(t for _, t in chunks([path], schema, wide, 1 << 20))])
 
 

@@ -31,7 +31,7 @@ from bitlake.engine.write.metagen import COUNTS, MetaGenOutput
 from bitlake.errors import VersionExpiredError
 from bitlake.format import bitmap, changefile, commitlog, datafile, keystore, layout, order, rowid, segmentlog
 from bitlake.format import state as state_mod
-from bitlake.format.commit import LIVE, REPLACED, REVERTED, VACUUM, DataFile, KeysFile
+from bitlake.format.commit import LIVE, REPLACED, REVERTED, VACUUM, DataFile, KeysFile, PurgedFile
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.protocol import TOMBSTONES
 from bitlake.format.state import BatchState, TableState
@@ -81,8 +81,9 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
     later = sorted((b for b in state.parts.values() if b.status == LIVE and b.live_version is not None
                     and b.live_version >= start and b.part != removed),
                    key=lambda b: (b.live_version, b.landed_version, b.part))
-    purged = _purged(io, state, start)
-    gone = _records(io, meta, *_files_of(state, [state.parts[removed]]), [removed], purged) \
+    purged = [f for v, f in state.purged if v >= start]  # files of the rows the vacuums from the start on erased
+    gone = pa.concat_tables([_records(io, meta, *_files_of(state, [state.parts[removed]]), [removed]),
+                             _purged(io, meta, purged, parts=[removed])]) \
         if removed is not None else datafile.keys_schema(meta).empty_table()
     added = _records(io, meta, list(new.data_files), list(new.keys_files), [new.part]) if new is not None \
         else datafile.keys_schema(meta).empty_table()
@@ -100,7 +101,7 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
     final, events = _refold(keys, prior, later, new)
     # A key whose last record a vacuum purged has no row: its entry is a delete marker at that record's delta
     # value, as the vacuum itself records for the keys whose current row it purges.
-    final.deleted |= order.isin(final.rid, rids_of(purged))
+    final.deleted |= order.isin(final.rid, rids_of(keys.purged))
     gone_upserts = ~gone.column(keystore.DELETED).to_numpy(zero_copy_only=False)
     gone_rids = gone.column(keystore.ROW_ID).to_numpy()[gone_upserts]
     events.append((gone_rids, gone.column(keystore.DELTA).to_numpy()[gone_upserts], gone_rids))  # never valid
@@ -148,6 +149,7 @@ class _Keys:
     codes: np.ndarray  # the key of each of ``records``
     gone: pa.Table  # the removed batch's records
     gone_codes: np.ndarray  # the key of each of ``gone``
+    purged: pa.Table  # the records of these keys' rows the vacuums from the fold start on erased
 
 
 @dataclasses.dataclass
@@ -160,14 +162,17 @@ class _Entries:
 
 
 def _touched_keys(io: FileIO, state: TableState, touched: pa.Table, gone: pa.Table, added: pa.Table,
-                  later: list[BatchState], purged: pa.Table) -> _Keys:
+                  later: list[BatchState], purged: list[PurgedFile]) -> _Keys:
     """The keys of ``touched`` (the removed and the new batch's records) with their history: their records in the
-    batches ``later`` made live since the fold start, and in ``purged`` (those a vacuum erased). Only these keys'
-    history is kept, so the fold costs what the restated batches touch."""
+    batches ``later`` made live since the fold start, those ``purged`` holds (rows a vacuum erased) included. Only
+    these keys' history is read, so the fold costs what the restated batches touch."""
     meta = state.metadata
     pk = list(meta.primary_key)
     distinct = touched.take(pa.array(key_codes(touched, pk)[1]))
-    history = _records(io, meta, *_files_of(state, later), [b.part for b in later], purged, distinct.select(pk))
+    parts = [b.part for b in later]
+    erased = _purged(io, meta, purged, of_keys=distinct.select(pk))
+    history = pa.concat_tables([_records(io, meta, *_files_of(state, later), parts, distinct.select(pk)),
+                                _of_parts(erased, parts)])
     schema = datafile.keys_schema(meta)
     history = history.select(schema.names).cast(schema)  # a join's output may not say which columns have no nulls
     records = pa.concat_tables([history, added]).combine_chunks()
@@ -177,7 +182,8 @@ def _touched_keys(io: FileIO, state: TableState, touched: pa.Table, gone: pa.Tab
     codes, _ = key_codes(pa.concat_tables([distinct.select(pk), records.select(pk), gone.select(pk)]), pk)
     nd = distinct.num_rows
     distinct = distinct.take(pa.array(np.argsort(codes[:nd])))
-    return _Keys(distinct, history, records, codes[nd:nd + records.num_rows], gone, codes[nd + records.num_rows:])
+    return _Keys(distinct, history, records, codes[nd:nd + records.num_rows], gone, codes[nd + records.num_rows:],
+                 erased)
 
 
 def _refold(keys: _Keys, prior: tuple, later: list[BatchState], new: Landed | None
@@ -278,13 +284,50 @@ def _refuse_after_vacuum(io: FileIO, state: TableState, start: int) -> None:
             "live before it can no longer be restated")
 
 
-def _purged(io: FileIO, state: TableState, start: int) -> pa.Table:
-    """The records of the rows the vacuums committed from ``start`` on purged (keys-file rows): the fold's
-    records, and its key-store entries from before ``start`` (the vacuum at ``start`` itself, when its own batch
-    of deletes is the one restated)."""
-    files = [f for v, f in state.purged if v >= start]
-    tables = thread_map(lambda f: datafile.read_keys(io, f.path, state.metadata), files)
-    return pa.concat_tables(tables) if tables else datafile.keys_schema(state.metadata).empty_table()
+def _purged(io: FileIO, meta: TableMetadata, files: list[PurgedFile], parts: list[int] | None = None,
+            of_keys: pa.Table | None = None) -> pa.Table:
+    """The records (keys-file rows) in the vacuums' purged ``files`` of the rows of batches ``parts``, or of the
+    keys ``of_keys`` (key columns): the fold's records, and its key-store entries from before its start (the vacuum
+    at the start itself, when its own batch of deletes is the one restated)."""
+    firsts = pc.unique(of_keys.column(meta.primary_key[0])) if of_keys is not None else None
+    tables = thread_map(lambda f: _of_keys(_keys_rows(io, meta, f.path, firsts, parts), of_keys), files)
+    return pa.concat_tables(tables) if tables else datafile.keys_schema(meta).empty_table()
+
+
+def _keys_rows(io: FileIO, meta: TableMetadata, path: str, firsts: pa.Array | None = None,
+               parts: list[int] | None = None) -> pa.Table:
+    """The rows of ``path`` (a keys file or a vacuum's purged file): with ``parts``, those of rows of these batches;
+    with ``firsts`` (values of the first key column), at least those whose first key column holds one of them. On
+    local files Polars decodes the other columns only at the rows that may be kept: a vacuum's files hold a row for
+    each row it erased, hundreds of thousands where a restatement of a small batch wants a few."""
+    schema = datafile.keys_schema(meta)
+    first = meta.primary_key[0]
+    local = io.local_path(path) if firsts is not None or parts is not None else None
+    if local is None or not prefiltered.readable(schema) or (
+            firsts is not None and not prefiltered.matches_exactly(schema.field(first).type)):
+        rows = datafile.read_keys(io, path, meta)
+    else:
+        spans = {keystore.ROW_ID: [(p << rowid.PART_SHIFT, (p + 1) << rowid.PART_SHIFT) for p in parts]} \
+            if parts is not None else None
+        rows = prefiltered.rows_in(local, schema, {first: firsts} if firsts is not None else {}, spans)
+    return _of_parts(rows, parts) if parts is not None else rows
+
+
+def _of_parts(records: pa.Table, parts: list[int]) -> pa.Table:
+    """``records`` (keys-file rows) of rows of batches ``parts``."""
+    mine = order.isin(rids_of(records) >> rowid.PART_SHIFT, np.array(sorted(parts), dtype=np.int64))
+    return records.filter(pa.array(mine))
+
+
+def _of_keys(rows: pa.Table, of_keys: pa.Table | None) -> pa.Table:
+    """``rows`` of the keys ``of_keys`` (key columns; None: all), in their order and schema: the places a join keeps,
+    taken."""
+    if of_keys is None or not rows.num_rows:
+        return rows
+    pk = of_keys.schema.names
+    places = rows.select(pk).append_column("_place", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    kept = places.join(of_keys, keys=pk, join_type="left semi").column("_place").to_numpy()
+    return rows.take(pa.array(np.sort(kept)))
 
 
 def rids_of(records: pa.Table) -> np.ndarray:
@@ -346,30 +389,18 @@ def _files_of(state: TableState, batches: list[BatchState]) -> tuple[list[DataFi
 
 
 def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files: list[KeysFile],
-             parts: list[int], purged: pa.Table | None = None, of_keys: pa.Table | None = None) -> pa.Table:
+             parts: list[int], of_keys: pa.Table | None = None) -> pa.Table:
     """The records of the batches of ``parts`` (keys-file rows): upserts from the data files holding them, deletes
-    from their keys files, and those of ``purged`` (records whose rows a vacuum erased). ``of_keys`` (key
-    columns): only the records of those keys; the upserts of other keys are left out before they are made
-    keys-file rows (their delta values and buckets cost more than a join against a few keys)."""
-
-    def of_those_keys(rows: pa.Table) -> pa.Table:
-        """``rows`` of ``of_keys``, in their order and schema: the places a join keeps, taken."""
-        if of_keys is None or not rows.num_rows:
-            return rows
-        pk = of_keys.schema.names
-        places = rows.select(pk).append_column("_place", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
-        kept = places.join(of_keys, keys=pk, join_type="left semi").column("_place").to_numpy()
-        return rows.take(pa.array(np.sort(kept)))
-
+    from their keys files. ``of_keys`` (key columns): only the records of those keys; the upserts of other keys are
+    left out before they are made keys-file rows (their delta values and buckets cost more than a join against a
+    few keys)."""
     wanted = np.unique(np.array(parts, dtype=np.int64))
     firsts = pc.unique(of_keys.column(meta.primary_key[0])) if of_keys is not None else None
-    reads = [lambda p=f.path: datafile.keys_of(of_those_keys(_upsert_rows(io, meta, p, wanted, firsts)), meta)
+    reads = [lambda p=f.path: datafile.keys_of(_of_keys(_upsert_rows(io, meta, p, wanted, firsts), of_keys), meta)
              for f in files]
-    reads += [lambda p=k.path: of_those_keys(datafile.read_deletes(io, p, meta)) for k in keys_files]
+    reads += [lambda p=k.path: _of_keys(datafile.deletes_of(_keys_rows(io, meta, p, firsts)), of_keys)
+              for k in keys_files]
     tables = thread_map(lambda read: read(), reads)
-    if purged is not None and purged.num_rows:
-        mine = order.isin(rids_of(purged) >> rowid.PART_SHIFT, wanted)
-        tables.append(of_those_keys(purged.filter(pa.array(mine))))
     if not tables:
         return datafile.keys_schema(meta).empty_table()
     return pa.concat_tables(tables).combine_chunks()
