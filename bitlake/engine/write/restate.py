@@ -306,11 +306,11 @@ def _keys_rows(io: FileIO, meta: TableMetadata, path: str, firsts: pa.Array | No
     if local is None or not prefiltered.readable(schema) or (
             firsts is not None and not prefiltered.matches_exactly(schema.field(first).type)):
         rows = datafile.read_keys(io, path, meta)
-    else:
-        spans = {keystore.ROW_ID: [(p << rowid.PART_SHIFT, (p + 1) << rowid.PART_SHIFT) for p in parts]} \
-            if parts is not None else None
-        rows = prefiltered.rows_in(local, schema, {first: firsts} if firsts is not None else {}, spans)
-    return _of_parts(rows, parts) if parts is not None else rows
+        return _of_parts(rows, parts) if parts is not None else rows
+    # A batch's row ids are one range (its part in their top bits): the read keeps exactly its rows.
+    spans = {keystore.ROW_ID: [(p << rowid.PART_SHIFT, (p + 1) << rowid.PART_SHIFT) for p in parts]} \
+        if parts is not None else None
+    return prefiltered.rows_in(local, schema, {first: firsts} if firsts is not None else {}, spans)
 
 
 def _of_parts(records: pa.Table, parts: list[int]) -> pa.Table:
