@@ -20,10 +20,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bitlake
+from bitlake.engine.keys import keycache
 from bitlake.engine.keys.keyencoding import key_codes
-from bitlake.engine.write import restate
+from bitlake.engine.write import metagen, restate
 from bitlake.format import datafile, keystore, rowid
+from bitlake.format import state as state_mod
 from bitlake.format.commit import LIVE
+from bitlake.format.state import TableState
 from tests.oracle import Oracle, Record, rows_key
 
 SCHEMAS = {
@@ -85,6 +88,7 @@ def _check_filtered_reads(t: bitlake.Table, name: str, rnd: np.random.Generator)
         got = restate._records(t.io, meta, files, keys_files, parts, some)
         want = everything.join(some, keys=pk, join_type="left semi")
         assert got.sort_by(keystore.ROW_ID).to_pylist() == want.sort_by(keystore.ROW_ID).to_pylist()
+        _check_keystore_read_for_some_keys(t, state_mod.load(t.io, b.live_version - 1), some)
         # A keys file read for some keys (Polars decodes only the rows that may match) or some batches' rows
         # holds the unfiltered read's rows of those.
         firsts = pc.unique(some.column(pk[0]))
@@ -96,6 +100,23 @@ def _check_filtered_reads(t: bitlake.Table, name: str, rnd: np.random.Generator)
             assert got.to_pylist() == whole.join(some, keys=pk, join_type="left semi").sort_by(
                 keystore.ROW_ID).to_pylist() == got.sort_by(keystore.ROW_ID).to_pylist()
             assert restate._keys_rows(t.io, meta, f.path, parts=parts).to_pylist() == of_parts.to_pylist()
+
+
+def _check_keystore_read_for_some_keys(t: bitlake.Table, at: TableState, some: pa.Table) -> None:
+    """The key-store entries of keys ``some`` at ``at`` (a restatement's version before its fold), read from their
+    files for those keys only, as a process that holds none of them reads them, are those of the whole files."""
+    wanted = keystore.with_buckets(some, at.metadata)
+    buckets = sorted(set(wanted.column(keystore.BUCKET).to_pylist()))
+    whole = metagen.scan_keystore(t.io, at, wanted, buckets)
+    held, few = keycache.CACHE, metagen._FEW_OF_FILE
+    keycache.CACHE, metagen._FEW_OF_FILE = keycache.KeyStoreCache(0), 0
+    try:
+        found, *values = metagen.scan_keystore(t.io, at, wanted, buckets, keep=False)
+    finally:
+        keycache.CACHE, metagen._FEW_OF_FILE = held, few
+    np.testing.assert_array_equal(found, whole[0])
+    for got, want in zip(values, whole[1:], strict=True):
+        np.testing.assert_array_equal(got[found], want[found])
 
 
 @pytest.mark.parametrize("name", list(SCHEMAS))

@@ -27,9 +27,11 @@ import threading
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from bitlake import memory
 from bitlake.engine.keys.keyencoding import fixed_width, int64_values
+from bitlake.engine.read import prefiltered
 from bitlake.format import keystore
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.order import SortedSearch, key_spans, pack, strictly_increasing
@@ -166,6 +168,16 @@ class KeyStoreCache:
             self.put(io, path, entries)
         return entries
 
+    def entries_for(self, io: FileIO, path: str, meta: TableMetadata, firsts: pa.Array) -> Entries:
+        """The file's entries of at least the keys whose first key column holds one of ``firsts``: all of them when
+        this process holds the file, else those read, and not kept (a few keys looked up in a file this process
+        has not read: a restatement's at a past version, where building the whole file's search would cost ten
+        times the read)."""
+        entries = self.get(io, path)
+        if entries is not None:
+            return entries
+        return Entries(_rows_for(io, path, meta, firsts), list(meta.primary_key))
+
     def rows(self, io: FileIO, path: str, meta: TableMetadata) -> pa.Table:
         """The file's rows (:func:`bitlake.format.keystore.read_file`), from memory when this process holds them."""
         entries = self.get(io, path)
@@ -177,6 +189,19 @@ class KeyStoreCache:
         """Keeps a file this process has just written (``table``: its rows)."""
         if self.budget:
             self.put(io, path, Entries(table, list(meta.primary_key)))
+
+
+def _rows_for(io: FileIO, path: str, meta: TableMetadata, firsts: pa.Array) -> pa.Table:
+    """The rows of key-store file ``path`` whose first key column holds one of ``firsts`` (on local files Polars
+    decodes the other columns at those rows only), in file order."""
+    pk = list(meta.primary_key)
+    stored = keystore.file_schema(meta)
+    schema = pa.schema([stored.field(c) for c in [*pk, *_VALUES]])
+    local = io.local_path(path)
+    if local is not None and prefiltered.readable(schema) and prefiltered.matches_exactly(schema.field(pk[0]).type):
+        return prefiltered.rows_in(local, schema, {pk[0]: firsts})
+    table = keystore.read_file(io, path, meta, columns=schema.names)
+    return table.filter(pc.is_in(table.column(pk[0]), firsts))
 
 
 def _budget() -> int:

@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyroaring import BitMap
 
 from bitlake.engine.keys import keycache
@@ -226,6 +227,10 @@ CACHED_KEY_COST_IN_ROWS = 20
 # steps hold the GIL, so threads share little of the work and add their hand-offs; only large batches gain from a
 # second thread (docs/benchmarks.md, "Design measurements", same section).
 _FEW_KEYS = 262_144
+# scan_keystore(keep=False) reads a file for the keys wanted in it when it holds more than this many times their
+# rows: 1,248 rows of a bucket's 1.1 M at TPC-H SF 3 took 15-21 ms that way, against 33 ms to read the file and 148
+# ms to build its search (`/tmp` script, 2026-11-30).
+_FEW_OF_FILE = 16
 
 
 # The inline MetaGen folds at most this many records at once: larger commits are folded in groups, a key's
@@ -496,11 +501,13 @@ def _batch_indices(batches: list[Landed], rids: np.ndarray) -> np.ndarray:
     return by_part[np.searchsorted(parts[by_part], rids >> rowid.PART_SHIFT)]
 
 
-def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: list[int]):
+def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: list[int], keep: bool = True):
     """The stored entries of ``distinct`` keys (key columns and ``_bucket``), from the files of their buckets and
     the shared files: found, delta, row id, deleted, in ``distinct``'s order. Each bucket's files are matched with
     the keys wanted there on a thread of their own, then each shared file with all of them, from this process's
-    memory (:mod:`bitlake.engine.keys.keycache`), which keeps those it reads as far as its budget allows."""
+    memory (:mod:`bitlake.engine.keys.keycache`), which keeps those it reads as far as its budget allows.
+    ``keep=False``: a file this process does not hold, of more than ``_FEW_OF_FILE`` times the rows of the keys
+    wanted in it, is read for those keys only and not kept (a restatement's look-up at a past version)."""
 
     pk = list(state.metadata.primary_key)
     n = distinct.num_rows
@@ -520,6 +527,11 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
 
     fixed = fixed_width(distinct, pk)
 
+    def of_file(f: BucketFile, keys: pa.Table) -> keycache.Entries:
+        if keep or keys.num_rows * _FEW_OF_FILE > f.rows:
+            return keycache.CACHE.entries(io, f.path, state.metadata)
+        return keycache.CACHE.entries_for(io, f.path, state.metadata, pc.unique(keys.column(pk[0])))
+
     def entries(bucket: int) -> None:
         files = state.keystore.get(bucket, [])
         if not files:
@@ -527,7 +539,7 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
         a, e = slices[bucket]
         keys = wanted.slice(a, e - a)
         columns = [int64_values(keys.column(c)) for c in pk] if fixed else None
-        matches = [keycache.CACHE.entries(io, f.path, state.metadata).match(keys, pk, columns) for f in files]
+        matches = [of_file(f, keys).match(keys, pk, columns) for f in files]
         code = np.concatenate([c for c, _ in matches])
         values = [np.concatenate(v) for v in zip(*(v for _, v in matches), strict=True)]
         if len(files) > 1:  # a key may have a row in several of the bucket's files: its highest _ks_version
@@ -548,7 +560,7 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
         keys = distinct.select(pk).append_column("_code", codes)
         columns = [int64_values(keys.column(c)) for c in pk] if fixed else None
         for f in shared:
-            code, values = keycache.CACHE.entries(io, f.path, state.metadata).match(keys, pk, columns)
+            code, values = of_file(f, keys).match(keys, pk, columns)
             newer = values[3] > version[code]
             code = code[newer]
             found[code] = True

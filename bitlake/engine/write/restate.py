@@ -97,7 +97,7 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
     if prior is None:
         at = state if start - 1 == state.version else state_mod.load(io, start - 1)
         buckets = np.unique(keys.distinct.column(keystore.BUCKET).to_numpy()).tolist()
-        prior = metagen.scan_keystore(io, at, keys.distinct, buckets)
+        prior = metagen.scan_keystore(io, at, keys.distinct, buckets, keep=False)
     final, events = _refold(keys, prior, later, new)
     # A key whose last record a vacuum purged has no row: its entry is a delete marker at that record's delta
     # value, as the vacuum itself records for the keys whose current row it purges.
