@@ -168,15 +168,16 @@ class KeyStoreCache:
             self.put(io, path, entries)
         return entries
 
-    def entries_for(self, io: FileIO, path: str, meta: TableMetadata, firsts: pa.Array) -> Entries:
-        """The file's entries of at least the keys whose first key column holds one of ``firsts``: all of them when
-        this process holds the file, else those read, and not kept (a few keys looked up in a file this process
-        has not read: a restatement's at a past version, where building the whole file's search would cost ten
-        times the read)."""
-        entries = self.get(io, path)
-        if entries is not None:
-            return entries
-        return Entries(_rows_for(io, path, meta, firsts), list(meta.primary_key))
+    def entries_for(self, io: FileIO, paths: list[str], meta: TableMetadata, firsts: pa.Array
+                    ) -> dict[str, Entries]:
+        """Each file's entries of at least the keys whose first key column holds one of ``firsts``: all of them for
+        a file this process holds, else those read, and not kept (a few keys looked up in files this process has
+        not read: a restatement's at a past version, where decoding the files whole costs several times more, most
+        of it in memory touched for the first time)."""
+        held = {p: e for p in paths if (e := self.get(io, p)) is not None}
+        rest = [p for p in paths if p not in held]
+        return {**held, **{p: Entries(rows, list(meta.primary_key))
+                           for p, rows in zip(rest, _rows_for(io, rest, meta, firsts), strict=True)}}
 
     def rows(self, io: FileIO, path: str, meta: TableMetadata) -> pa.Table:
         """The file's rows (:func:`bitlake.format.keystore.read_file`), from memory when this process holds them."""
@@ -191,17 +192,23 @@ class KeyStoreCache:
             self.put(io, path, Entries(table, list(meta.primary_key)))
 
 
-def _rows_for(io: FileIO, path: str, meta: TableMetadata, firsts: pa.Array) -> pa.Table:
-    """The rows of key-store file ``path`` whose first key column holds one of ``firsts`` (on local files Polars
-    decodes the other columns at those rows only), in file order."""
+def _rows_for(io: FileIO, paths: list[str], meta: TableMetadata, firsts: pa.Array) -> list[pa.Table]:
+    """The rows of each of key-store files ``paths`` whose first key column holds one of ``firsts``, in file order:
+    local files in one Polars query that decodes the other columns at those rows only, others read and filtered."""
     pk = list(meta.primary_key)
     stored = keystore.file_schema(meta)
     schema = pa.schema([stored.field(c) for c in [*pk, *_VALUES]])
-    local = io.local_path(path)
-    if local is not None and prefiltered.readable(schema) and prefiltered.matches_exactly(schema.field(pk[0]).type):
-        return prefiltered.rows_in(local, schema, {pk[0]: firsts})
-    table = keystore.read_file(io, path, meta, columns=schema.names)
-    return table.filter(pc.is_in(table.column(pk[0]), firsts))
+    local = {p: io.local_path(p) for p in paths}
+    if not (prefiltered.readable(schema) and prefiltered.matches_exactly(schema.field(pk[0]).type)):
+        local = dict.fromkeys(paths)
+    near = [p for p in paths if local[p] is not None]
+    read = dict(zip(near, prefiltered.rows_in([local[p] for p in near], schema, {pk[0]: firsts}), strict=True))
+
+    def filtered(path: str) -> pa.Table:
+        table = keystore.read_file(io, path, meta, columns=schema.names)
+        return table.filter(pc.is_in(table.column(pk[0]), firsts))
+
+    return [read[p] if p in read else filtered(p) for p in paths]
 
 
 def _budget() -> int:

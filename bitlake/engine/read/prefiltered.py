@@ -233,12 +233,12 @@ def matches_exactly(t: pa.DataType) -> bool:
     return kind(t) in ("integer", "date", "string")
 
 
-def rows_in(path: str, schema: pa.Schema, values: dict[str, pa.Array],
-            ranges: dict[str, list[tuple[int, int]]] | None = None) -> pa.Table:
-    """The rows of local Parquet file ``path`` (as ``schema``, with its columns) whose column ``c`` holds one of
-    ``values[c]``, and whose integer column ``r`` holds a value of one of the half-open ranges ``ranges[r]``, for
-    every ``c`` and ``r``: a read that decodes the other columns only at those rows. The columns of ``values`` must
-    be of types Polars :func:`matches_exactly`."""
+def rows_in(paths: list[str], schema: pa.Schema, values: dict[str, pa.Array],
+            ranges: dict[str, list[tuple[int, int]]] | None = None) -> list[pa.Table]:
+    """The rows of each of local Parquet files ``paths`` (as ``schema``, with its columns) whose column ``c`` holds
+    one of ``values[c]``, and whose integer column ``r`` holds a value of one of the half-open ranges ``ranges[r]``,
+    for every ``c`` and ``r``, in file order: Polars queries, run in parallel, which decode the other columns only at
+    those rows. The columns of ``values`` must be of types Polars :func:`matches_exactly`."""
     pl, _ = _modules()
     assert all(matches_exactly(schema.field(c).type) for c in values)
     assert all(pa.types.is_integer(schema.field(c).type) for c in ranges or {})
@@ -246,7 +246,15 @@ def rows_in(path: str, schema: pa.Schema, values: dict[str, pa.Array],
         functools.reduce(lambda a, b: a | b, [(pl.col(c) >= lo) & (pl.col(c) < hi) for lo, hi in spans], pl.lit(False))
         for c, spans in (ranges or {}).items()]
     wide = functools.reduce(lambda a, b: a & b, conditions, pl.lit(True))
-    return pa.concat_tables([schema.empty_table(), *(t for _, t in chunks([path], schema, wide, 1 << 20))])
+    polars_schema = pl.from_arrow(schema.empty_table()).schema
+    frames = [pl.scan_parquet(path, schema=polars_schema, glob=False, hive_partitioning=False,
+                              missing_columns="insert", extra_columns="ignore").select(schema.names).filter(wide)
+              for path in paths]
+    try:
+        read = pl.collect_all(frames)  # the files' queries run in parallel
+    except pl.exceptions.PolarsError as e:
+        raise pa.ArrowInvalid(f"could not read Parquet files {paths}: {e}") from e
+    return [_as(df.to_arrow(), schema) if df.height else schema.empty_table() for df in read]
 
 
 def _as(table: pa.Table, schema: pa.Schema) -> pa.Table:

@@ -227,9 +227,9 @@ CACHED_KEY_COST_IN_ROWS = 20
 # steps hold the GIL, so threads share little of the work and add their hand-offs; only large batches gain from a
 # second thread (docs/benchmarks.md, "Design measurements", same section).
 _FEW_KEYS = 262_144
-# scan_keystore(keep=False) reads a file for the keys wanted in it when it holds more than this many times their
-# rows: 1,248 rows of a bucket's 1.1 M at TPC-H SF 3 took 15-21 ms that way, against 33 ms to read the file and 148
-# ms to build its search (`/tmp` script, 2026-11-30).
+# scan_keystore(keep=False) reads a file for the keys wanted in it when it holds at least this many times their
+# rows: the 16 files of TPC-H SF 3's load, 16,000 keys, in 0.19 s by Polars against 0.30 s one file at a time and
+# 1.1 s decoded whole in a new process, most of it touching new memory (`/tmp` script, 2026-11-30).
 _FEW_OF_FILE = 16
 
 
@@ -506,8 +506,8 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     the shared files: found, delta, row id, deleted, in ``distinct``'s order. Each bucket's files are matched with
     the keys wanted there on a thread of their own, then each shared file with all of them, from this process's
     memory (:mod:`bitlake.engine.keys.keycache`), which keeps those it reads as far as its budget allows.
-    ``keep=False``: a file this process does not hold, of more than ``_FEW_OF_FILE`` times the rows of the keys
-    wanted in it, is read for those keys only and not kept (a restatement's look-up at a past version)."""
+    ``keep=False``: the files this process does not hold, of at least ``_FEW_OF_FILE`` times the rows of the keys
+    wanted in them, are read for those keys only and not kept (a restatement's look-up at a past version)."""
 
     pk = list(state.metadata.primary_key)
     n = distinct.num_rows
@@ -527,10 +527,15 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
 
     fixed = fixed_width(distinct, pk)
 
-    def of_file(f: BucketFile, keys: pa.Table) -> keycache.Entries:
-        if keep or keys.num_rows * _FEW_OF_FILE > f.rows:
-            return keycache.CACHE.entries(io, f.path, state.metadata)
-        return keycache.CACHE.entries_for(io, f.path, state.metadata, pc.unique(keys.column(pk[0])))
+    # keep=False: the files of at least _FEW_OF_FILE times the rows of the keys wanted in them, read in one query
+    # for the first key column values of all the keys (a few more rows than each file's keys).
+    wanted_in = {b: e - a for b, (a, e) in slices.items()} | {keystore.SHARED: n}
+    few = [] if keep else [f.path for b in [*buckets, keystore.SHARED] for f in state.keystore.get(b, [])
+                           if wanted_in[b] * _FEW_OF_FILE <= f.rows]
+    read = keycache.CACHE.entries_for(io, few, state.metadata, pc.unique(distinct.column(pk[0]))) if few else {}
+
+    def of_file(f: BucketFile) -> keycache.Entries:
+        return read[f.path] if f.path in read else keycache.CACHE.entries(io, f.path, state.metadata)
 
     def entries(bucket: int) -> None:
         files = state.keystore.get(bucket, [])
@@ -539,7 +544,7 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
         a, e = slices[bucket]
         keys = wanted.slice(a, e - a)
         columns = [int64_values(keys.column(c)) for c in pk] if fixed else None
-        matches = [of_file(f, keys).match(keys, pk, columns) for f in files]
+        matches = [of_file(f).match(keys, pk, columns) for f in files]
         code = np.concatenate([c for c, _ in matches])
         values = [np.concatenate(v) for v in zip(*(v for _, v in matches), strict=True)]
         if len(files) > 1:  # a key may have a row in several of the bucket's files: its highest _ks_version
@@ -560,7 +565,7 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
         keys = distinct.select(pk).append_column("_code", codes)
         columns = [int64_values(keys.column(c)) for c in pk] if fixed else None
         for f in shared:
-            code, values = of_file(f, keys).match(keys, pk, columns)
+            code, values = of_file(f).match(keys, pk, columns)
             newer = values[3] > version[code]
             code = code[newer]
             found[code] = True

@@ -310,7 +310,7 @@ def _keys_rows(io: FileIO, meta: TableMetadata, path: str, firsts: pa.Array | No
     # A batch's row ids are one range (its part in their top bits): the read keeps exactly its rows.
     spans = {keystore.ROW_ID: [(p << rowid.PART_SHIFT, (p + 1) << rowid.PART_SHIFT) for p in parts]} \
         if parts is not None else None
-    return prefiltered.rows_in(local, schema, {first: firsts} if firsts is not None else {}, spans)
+    return prefiltered.rows_in([local], schema, {first: firsts} if firsts is not None else {}, spans)[0]
 
 
 def _of_parts(records: pa.Table, parts: list[int]) -> pa.Table:
@@ -419,7 +419,7 @@ def _upsert_rows(io: FileIO, meta: TableMetadata, path: str, parts: np.ndarray, 
     local = io.local_path(path) if firsts is not None and meta.file_format == "parquet" else None
     if local is None or not prefiltered.matches_exactly(schema.field(first).type) or not prefiltered.readable(schema):
         return datafile.read_data(io, path, meta, columns=columns, parts=parts)
-    return prefiltered.rows_in(local, schema, {first: firsts, rowid.PART_COLUMN: pa.array(parts, pa.int32())})
+    return prefiltered.rows_in([local], schema, {first: firsts, rowid.PART_COLUMN: pa.array(parts, pa.int32())})[0]
 
 
 def _empty(state: TableState, new: Landed | None) -> Restatement:
