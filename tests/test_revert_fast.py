@@ -96,10 +96,10 @@ def _check_filtered_reads(t: bitlake.Table, name: str, rnd: np.random.Generator)
             whole = datafile.read_keys(t.io, f.path, meta)
             of_parts = whole.filter(pa.array(np.isin(whole.column(keystore.ROW_ID).to_numpy() >> rowid.PART_SHIFT,
                                                      parts)))
-            got = restate._of_keys(restate._keys_rows(t.io, meta, f.path, firsts), some)
+            got = restate._of_keys(restate._keys_rows(t.io, meta, [f.path], firsts)[0], some)
             assert got.to_pylist() == whole.join(some, keys=pk, join_type="left semi").sort_by(
                 keystore.ROW_ID).to_pylist() == got.sort_by(keystore.ROW_ID).to_pylist()
-            assert restate._keys_rows(t.io, meta, f.path, parts=parts).to_pylist() == of_parts.to_pylist()
+            assert restate._keys_rows(t.io, meta, [f.path], parts=parts)[0].to_pylist() == of_parts.to_pylist()
 
 
 def _check_keystore_read_for_some_keys(t: bitlake.Table, at: TableState, some: pa.Table) -> None:

@@ -18,6 +18,7 @@ buckets of those keys at one version, and the key columns of those batches.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -82,8 +83,8 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
                     and b.live_version >= start and b.part != removed),
                    key=lambda b: (b.live_version, b.landed_version, b.part))
     purged = [f for v, f in state.purged if v >= start]  # files of the rows the vacuums from the start on erased
-    gone = pa.concat_tables([_records(io, meta, *_files_of(state, [state.parts[removed]]), [removed]),
-                             _purged(io, meta, purged, parts=[removed])]) \
+    gone = pa.concat_tables(_both(lambda: _records(io, meta, *_files_of(state, [state.parts[removed]]), [removed]),
+                                  lambda: _purged(io, meta, purged, parts=[removed]))) \
         if removed is not None else datafile.keys_schema(meta).empty_table()
     added = _records(io, meta, list(new.data_files), list(new.keys_files), [new.part]) if new is not None \
         else datafile.keys_schema(meta).empty_table()
@@ -170,9 +171,9 @@ def _touched_keys(io: FileIO, state: TableState, touched: pa.Table, gone: pa.Tab
     pk = list(meta.primary_key)
     distinct = touched.take(pa.array(key_codes(touched, pk)[1]))
     parts = [b.part for b in later]
-    erased = _purged(io, meta, purged, of_keys=distinct.select(pk))
-    history = pa.concat_tables([_records(io, meta, *_files_of(state, later), parts, distinct.select(pk)),
-                                _of_parts(erased, parts)])
+    erased, records_later = _both(lambda: _purged(io, meta, purged, of_keys=distinct.select(pk)),
+                                  lambda: _records(io, meta, *_files_of(state, later), parts, distinct.select(pk)))
+    history = pa.concat_tables([records_later, _of_parts(erased, parts)])
     schema = datafile.keys_schema(meta)
     history = history.select(schema.names).cast(schema)  # a join's output may not say which columns have no nulls
     records = pa.concat_tables([history, added]).combine_chunks()
@@ -184,6 +185,11 @@ def _touched_keys(io: FileIO, state: TableState, touched: pa.Table, gone: pa.Tab
     distinct = distinct.take(pa.array(np.argsort(codes[:nd])))
     return _Keys(distinct, history, records, codes[nd:nd + records.num_rows], gone, codes[nd + records.num_rows:],
                  erased)
+
+
+def _both(first: Callable[[], pa.Table], second: Callable[[], pa.Table]) -> list[pa.Table]:
+    """The tables two reads give, read at once."""
+    return thread_map(lambda read: read(), [first, second])
 
 
 def _refold(keys: _Keys, prior: tuple, later: list[BatchState], new: Landed | None
@@ -290,27 +296,42 @@ def _purged(io: FileIO, meta: TableMetadata, files: list[PurgedFile], parts: lis
     keys ``of_keys`` (key columns): the fold's records, and its key-store entries from before its start (the vacuum
     at the start itself, when its own batch of deletes is the one restated)."""
     firsts = pc.unique(of_keys.column(meta.primary_key[0])) if of_keys is not None else None
-    tables = thread_map(lambda f: _of_keys(_keys_rows(io, meta, f.path, firsts, parts), of_keys), files)
+    tables = [_of_keys(t, of_keys) for t in _keys_rows(io, meta, [f.path for f in files], firsts, parts)]
     return pa.concat_tables(tables) if tables else datafile.keys_schema(meta).empty_table()
 
 
-def _keys_rows(io: FileIO, meta: TableMetadata, path: str, firsts: pa.Array | None = None,
-               parts: list[int] | None = None) -> pa.Table:
-    """The rows of ``path`` (a keys file or a vacuum's purged file): with ``parts``, those of rows of these batches;
-    with ``firsts`` (values of the first key column), at least those whose first key column holds one of them. On
-    local files Polars decodes the other columns only at the rows that may be kept: a vacuum's files hold a row for
-    each row it erased, hundreds of thousands where a restatement of a small batch wants a few."""
+def _keys_rows(io: FileIO, meta: TableMetadata, paths: list[str], firsts: pa.Array | None = None,
+               parts: list[int] | None = None) -> list[pa.Table]:
+    """The rows of each of ``paths`` (keys files or vacuums' purged files): with ``parts``, those of rows of these
+    batches; with ``firsts`` (values of the first key column), at least those whose first key column holds one of
+    them. On local files Polars decodes the other columns only at the rows that may be kept: a vacuum's files hold
+    a row for each row it erased, hundreds of thousands where a restatement of a small batch wants a few."""
     schema = datafile.keys_schema(meta)
     first = meta.primary_key[0]
-    local = io.local_path(path) if firsts is not None or parts is not None else None
-    if local is None or not prefiltered.readable(schema) or (
-            firsts is not None and not prefiltered.matches_exactly(schema.field(first).type)):
-        rows = datafile.read_keys(io, path, meta)
-        return _of_parts(rows, parts) if parts is not None else rows
+    prefilter = (firsts is not None or parts is not None) and prefiltered.readable(schema) and (
+        firsts is None or prefiltered.matches_exactly(schema.field(first).type))
     # A batch's row ids are one range (its part in their top bits): the read keeps exactly its rows.
     spans = {keystore.ROW_ID: [(p << rowid.PART_SHIFT, (p + 1) << rowid.PART_SHIFT) for p in parts]} \
         if parts is not None else None
-    return prefiltered.rows_in([local], schema, {first: firsts} if firsts is not None else {}, spans)[0]
+
+    def whole(path: str) -> pa.Table:
+        rows = datafile.read_keys(io, path, meta)
+        return _of_parts(rows, parts) if parts is not None else rows
+
+    return _read_each(io, paths, prefilter, schema, {first: firsts} if firsts is not None else {}, spans, whole)
+
+
+def _read_each(io: FileIO, paths: list[str], prefilter: bool, schema: pa.Schema, values: dict[str, pa.Array],
+               ranges: dict[str, list[tuple[int, int]]] | None, whole: Callable[[str], pa.Table]) -> list[pa.Table]:
+    """The rows of each of ``paths``: of the local ones, when ``prefilter``, those :func:`prefiltered.rows_in` keeps
+    (one batch of Polars queries); of the others what ``whole`` reads."""
+    local = {p: io.local_path(p) if prefilter else None for p in paths}
+    near = [p for p in paths if local[p] is not None]
+    read = dict(zip(near, prefiltered.rows_in([local[p] for p in near], schema, values, ranges), strict=True)) \
+        if near else {}
+    far = [p for p in paths if local[p] is None]
+    read.update(zip(far, thread_map(whole, far), strict=True))
+    return [read[p] for p in paths]
 
 
 def _of_parts(records: pa.Table, parts: list[int]) -> pa.Table:
@@ -396,30 +417,31 @@ def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files:
     few keys)."""
     wanted = np.unique(np.array(parts, dtype=np.int64))
     firsts = pc.unique(of_keys.column(meta.primary_key[0])) if of_keys is not None else None
-    reads = [lambda p=f.path: datafile.keys_of(_of_keys(_upsert_rows(io, meta, p, wanted, firsts), of_keys), meta)
-             for f in files]
-    reads += [lambda p=k.path: _of_keys(datafile.deletes_of(_keys_rows(io, meta, p, firsts)), of_keys)
-              for k in keys_files]
-    tables = thread_map(lambda read: read(), reads)
+    upserts = _upsert_rows(io, meta, [f.path for f in files], wanted, firsts)
+    deletes = _keys_rows(io, meta, [k.path for k in keys_files], firsts)
+    tables = thread_map(lambda finish: finish(),
+                        [lambda t=t: datafile.keys_of(_of_keys(t, of_keys), meta) for t in upserts]
+                        + [lambda t=t: _of_keys(datafile.deletes_of(t), of_keys) for t in deletes])
     if not tables:
         return datafile.keys_schema(meta).empty_table()
     return pa.concat_tables(tables).combine_chunks()
 
 
-def _upsert_rows(io: FileIO, meta: TableMetadata, path: str, parts: np.ndarray, firsts: pa.Array | None
-                 ) -> pa.Table:
-    """The upsert columns of data file ``path``'s rows of batches ``parts``; with ``firsts`` (values of the first
-    key column), at least those whose first key column holds one of them: on local Parquet files, Polars decodes
-    the other columns only at those rows (a restatement of a small batch reads a few rows of the later batches'
-    files)."""
+def _upsert_rows(io: FileIO, meta: TableMetadata, paths: list[str], parts: np.ndarray, firsts: pa.Array | None
+                 ) -> list[pa.Table]:
+    """The upsert columns of each of data files ``paths``' rows of batches ``parts``; with ``firsts`` (values of the
+    first key column), at least those whose first key column holds one of them: on local Parquet files, Polars
+    decodes the other columns only at those rows (a restatement of a small batch reads a few rows of the later
+    batches' files)."""
     columns = datafile.upsert_columns(meta)
     data = datafile.data_schema(meta)
     schema = pa.schema([data.field(c) for c in columns])
     first = meta.primary_key[0]
-    local = io.local_path(path) if firsts is not None and meta.file_format == "parquet" else None
-    if local is None or not prefiltered.matches_exactly(schema.field(first).type) or not prefiltered.readable(schema):
-        return datafile.read_data(io, path, meta, columns=columns, parts=parts)
-    return prefiltered.rows_in([local], schema, {first: firsts, rowid.PART_COLUMN: pa.array(parts, pa.int32())})[0]
+    prefilter = firsts is not None and meta.file_format == "parquet" and prefiltered.readable(schema) \
+        and prefiltered.matches_exactly(schema.field(first).type)
+    values = {first: firsts, rowid.PART_COLUMN: pa.array(parts, pa.int32())} if prefilter else {}
+    return _read_each(io, paths, prefilter, schema, values, None,
+                      lambda path: datafile.read_data(io, path, meta, columns=columns, parts=parts))
 
 
 def _empty(state: TableState, new: Landed | None) -> Restatement:
