@@ -10,6 +10,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -64,12 +65,17 @@ def _expected(path: str, t: bitlake.Table) -> dict:
     return out
 
 
+def _bounds(f: DataFile) -> dict:
+    """A file's bounds and null counts (its statistics without the dictionary hint)."""
+    return {k: dict(v) for k, v in f.stats.items() if k != "dictionary"}
+
+
 def test_every_added_file_carries_the_exact_bounds_and_null_counts_of_its_rows(table):
     files = table.state().data_files()
     assert len(files) == 5
     for f in files:
         assert f.stats is not None
-        assert {k: dict(v) for k, v in f.stats.items()} == _expected(f.path, table)
+        assert _bounds(f) == _expected(f.path, table)
 
 
 def test_files_a_vacuum_and_a_compaction_write_carry_them_too(tmp_path):
@@ -82,7 +88,7 @@ def test_files_a_vacuum_and_a_compaction_write_carry_them_too(tmp_path):
     files = t.state().data_files()
     assert files and all(f.offsets is not None for f in files)  # all rewritten by the compaction
     for f in files:
-        assert {k: dict(v) for k, v in f.stats.items()} == _expected(f.path, t)
+        assert _bounds(f) == _expected(f.path, t)
 
 
 @pytest.mark.parametrize("file_format", ["parquet", "orc"])
@@ -99,7 +105,7 @@ def test_parquet_bounds_from_footers_and_orc_bounds_from_values_agree(tmp_path, 
                        "v": [1, 1, 1]},
                       schema=schema))
     (f,) = t.state().data_files()
-    assert f.to_json()["stats"] == {"min": {"k": 1, "sec": 5 * 10**6, "ns": 7, "u": 0, "v": 1},
+    assert _bounds(f) == {"min": {"k": 1, "sec": 5 * 10**6, "ns": 7, "u": 0, "v": 1},
                                     "max": {"k": 3, "sec": 10**7, "ns": 10**6, "u": 2**63 - 1, "v": 1},
                                     "nulls": {"k": 0, "sec": 1, "ns": 0, "u": 0, "v": 0}}
     assert t.to_arrow(filter=pc.field("sec") > pa.scalar(20, pa.timestamp("s"))).num_rows == 0
@@ -166,7 +172,7 @@ def test_analyze_records_the_statistics_of_files_written_without_them(tmp_path, 
     r = t.analyze()
     assert (r.version, r.operation, r.counts["files"]) == (before + 1, "ANALYZE", 3)
     for f in t.state().data_files():
-        assert {k: dict(v) for k, v in f.stats.items()} == _expected(f.path, t)
+        assert _bounds(f) == _expected(f.path, t)
     assert [view(v) for v in range(before + 1)] == views and view(t.version) == views[-1]
     assert t.changes_to_arrow(starting_version=t.version).num_rows == 0
     assert main(["analyze", t.path]) == 0 and "nothing done" in capsys.readouterr().out
@@ -210,3 +216,51 @@ def test_a_filtered_read_is_the_whole_read_filtered(table, where):
     whole = table.to_arrow()
     got = table.to_arrow(filter=where)
     assert sorted(got.column("k").to_pylist()) == sorted(whole.filter(where).column("k").to_pylist())
+
+
+def test_string_columns_dictionary_encoded_throughout_are_hinted_from_the_footer(tmp_path):
+    """A chunk of fewer uncompressed bytes than the writers' 1 MB dictionary limit never fell back to plain values;
+    pyarrow's own writer, dictionaries on for every column: a few values are hinted, distinct ones (the dictionary
+    filled, the rest plain) are not, nor a column without a dictionary, nor numbers."""
+    n = 200_000
+    table = pa.table({"few": pa.array([f"mode-{i % 7}" for i in range(n)]),
+                      "distinct": pa.array([f"comment number {i:012d} of many" for i in range(n)]),
+                      "bare": pa.array([f"x{i % 3}" for i in range(n)]), "k": pa.array(range(n), pa.int64())})
+    path = tmp_path / "f.parquet"
+    pq.write_table(table, path, use_dictionary=["few", "distinct", "k"], row_group_size=n // 2)
+    metadata = pq.read_metadata(path)
+    assert metadata.row_group(0).column(1).has_dictionary_page  # tried, then dropped for plain values
+    collector = stats.Collector(table.schema, ["k"], footer=True)
+    collector.footer(metadata)
+    assert collector.to_json()["dictionary"] == {"few": True}
+
+
+def test_only_columns_every_file_holds_as_dictionaries_are_read_as_them_and_reads_give_the_tables_types(
+        tmp_path, monkeypatch):
+    schema = pa.schema([("k", pa.int64()), ("mode", pa.string()), ("note", pa.large_string()), ("v", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key="k", delta_column="v")
+    t.ingest(pa.table({"k": range(3000), "mode": [f"m{i % 4}" for i in range(3000)],
+                       "note": [f"n{i % 5}" for i in range(3000)], "v": [1] * 3000}, schema=schema))
+    # Distinct notes over 1 MB: this file's chunk of them is not wholly a dictionary.
+    t.ingest(pa.table({"k": range(2000, 60_000), "mode": [f"m{i % 4}" for i in range(2000, 60_000)],
+                       "note": [f"a note that says {i:020d}" for i in range(2000, 60_000)],
+                       "v": [2] * 58_000}, schema=schema))
+    files = t.state().data_files()
+    assert [dict(f.stats["dictionary"]) for f in files] == [{"mode": True, "note": True}, {"mode": True}]
+    assert stats.dictionary_columns(files, ["k", "mode", "note"]) == ["mode"]
+    assert stats.dictionary_columns(files[:1], ["note", "mode", "v"]) == ["note", "mode"]
+    assert stats.dictionary_columns([*files, DataFile("old", 1, 1, None, ())], ["mode"]) == []  # no statistics
+
+    asked = []
+    real = stats.dictionary_columns
+    monkeypatch.setattr(stats, "dictionary_columns", lambda f, c: asked.append(real(f, c)) or real(f, c))
+    hinted = t.to_arrow()
+    assert asked and all(a == ["mode"] for a in asked)
+    assert hinted.schema == t.schema
+    for where in (None, pc.field("mode") == "m1", pc.field("k") < 2500):
+        monkeypatch.setattr(stats, "dictionary_columns", lambda f, c: [])
+        plain = t.to_arrow(filter=where).sort_by("k")
+        monkeypatch.setattr(stats, "dictionary_columns", real)
+        got = t.to_arrow(filter=where).sort_by("k")
+        assert got.schema == t.schema and got.equals(plain)
+        assert got.num_rows == plain.num_rows > 0

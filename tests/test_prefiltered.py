@@ -154,8 +154,8 @@ def test_a_file_gone_or_damaged_raises_as_pyarrows_reader_does(tmp_path):
 def test_a_revert_reads_the_later_batches_records_of_its_keys_with_polars(tmp_path, monkeypatch):
     read = []
     real = prefiltered.rows_in
-    monkeypatch.setattr(prefiltered, "rows_in", lambda path, schema, values: read.append(sorted(values))
-                        or real(path, schema, values))
+    monkeypatch.setattr(prefiltered, "rows_in", lambda paths, schema, values, ranges=None: read.append(sorted(values))
+                        or real(paths, schema, values, ranges))
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key="k", delta_column="v")
     t.ingest(_batch(range(1000), 1), batch_id="one")
     t.ingest(_batch(range(0, 100), 2), batch_id="two")

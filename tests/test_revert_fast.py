@@ -108,12 +108,12 @@ def _check_keystore_read_for_some_keys(t: bitlake.Table, at: TableState, some: p
     wanted = keystore.with_buckets(some, at.metadata)
     buckets = sorted(set(wanted.column(keystore.BUCKET).to_pylist()))
     whole = metagen.scan_keystore(t.io, at, wanted, buckets)
-    held, few = keycache.CACHE, metagen._FEW_OF_FILE
-    keycache.CACHE, metagen._FEW_OF_FILE = keycache.KeyStoreCache(0), 0
+    held, few = keycache.CACHE, keycache.FEW_OF_FILE
+    keycache.CACHE, keycache.FEW_OF_FILE = keycache.KeyStoreCache(0), 0
     try:
         found, *values = metagen.scan_keystore(t.io, at, wanted, buckets, keep=False)
     finally:
-        keycache.CACHE, metagen._FEW_OF_FILE = held, few
+        keycache.CACHE, keycache.FEW_OF_FILE = held, few
     np.testing.assert_array_equal(found, whole[0])
     for got, want in zip(values, whole[1:], strict=True):
         np.testing.assert_array_equal(got[found], want[found])

@@ -30,6 +30,20 @@ def covered(t: pa.DataType) -> bool:
             or pa.types.is_timestamp(t))
 
 
+# A column chunk of fewer uncompressed bytes than this, dictionary page included, holds no value written after its
+# dictionary filled: Parquet writers (pyarrow's, parquet-java's) drop a dictionary for plain values once it reaches
+# their limit, 1 MB by default, so such a chunk is dictionary-encoded throughout.
+_WHOLLY_DICTIONARY_BYTES = 1 << 20
+
+
+def dictionary_columns(files: list, columns: list[str]) -> list[str]:
+    """Those of ``columns`` every one of ``files`` (``DataFile``s) holds dictionary-encoded throughout (their
+    statistics' ``dictionary``): a reader decodes them as dictionaries faster than as values."""
+    hinted = [set((f.stats or {}).get("dictionary", {})) for f in files]
+    every = set.intersection(*hinted) if hinted else set()
+    return [c for c in columns if c in every]
+
+
 _UNITS_PER_SECOND = {"s": 1, "ms": 1000, "us": 10**6, "ns": 10**9,
                      "milliseconds": 1000, "microseconds": 10**6, "nanoseconds": 10**9}
 
@@ -46,6 +60,10 @@ class Collector:
         self._max: dict[str, Any] = {}
         self._nulls = dict.fromkeys(columns, 0)
         self._unbounded: set[str] = set()  # NaN or an infinity seen, or a row group without bounds
+        # Top-level string and binary columns: those of the footer's chunks all dictionary-encoded throughout.
+        self._strings = {f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)
+                         or pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)} if footer else set()
+        self._dictionary: set[str] = set()
 
     def add(self, table: pa.Table) -> None:
         for name in self._fields:
@@ -58,12 +76,17 @@ class Collector:
                 self._bound(name, *_min_max(column))
 
     def footer(self, metadata: Any) -> None:
-        """Takes the bounds of the columns not taken from the values from a Parquet file's metadata."""
+        """Takes the bounds of the columns not taken from the values from a Parquet file's metadata, and the
+        string columns all of whose chunks are dictionary-encoded throughout (``_WHOLLY_DICTIONARY_BYTES``)."""
+        plain: set[str] = set()
         for i in range(metadata.num_row_groups):
             rg = metadata.row_group(i)
             for j in range(rg.num_columns):
                 chunk = rg.column(j)
                 name = chunk.path_in_schema
+                if name in self._strings and not (
+                        chunk.has_dictionary_page and chunk.total_uncompressed_size < _WHOLLY_DICTIONARY_BYTES):
+                    plain.add(name)
                 if name not in self._fields or name in self._from_values or name in self._unbounded:
                     continue
                 st = chunk.statistics
@@ -79,6 +102,8 @@ class Collector:
                     self._bound(name, st.min_raw // factor, st.max_raw // factor)
                 else:
                     self._bound(name, st.min, st.max)
+        if metadata.num_row_groups:
+            self._dictionary = self._strings - plain
 
     def _bound(self, name: str, lo: Any, hi: Any) -> None:
         if lo is None:
@@ -90,11 +115,15 @@ class Collector:
             self._max[name] = hi
 
     def to_json(self) -> dict:
-        """``{"min": {column: value}, "max": {...}, "nulls": {column: count}}`` (values as :func:`encode`)."""
+        """``{"min": {column: value}, "max": {...}, "nulls": {column: count}}`` (values as :func:`encode`), and
+        ``"dictionary": {column: true}`` for the string columns dictionary-encoded throughout, when there are."""
         bounded = [c for c in self._min if c not in self._unbounded]
-        return {"min": {c: encode(self._min[c], self._fields[c]) for c in bounded},
-                "max": {c: encode(self._max[c], self._fields[c]) for c in bounded},
-                "nulls": dict(self._nulls)}
+        out = {"min": {c: encode(self._min[c], self._fields[c]) for c in bounded},
+               "max": {c: encode(self._max[c], self._fields[c]) for c in bounded},
+               "nulls": dict(self._nulls)}
+        if self._dictionary:
+            out["dictionary"] = dict.fromkeys(sorted(self._dictionary), True)
+        return out
 
 
 def _min_max(column: pa.ChunkedArray) -> tuple[Any, Any]:

@@ -43,6 +43,10 @@ _MOST_BYTES_A_KEY = 34  # packed key, delta, row id, deleted, version, the searc
 # takes instead of reading the file again: a small commit merges many small files, and reading them back would be
 # much of its time (docs/benchmarks.md, "Design measurements", "Key cache").
 _KEEP_TABLE_ROWS = 65_536
+# A restatement's look-up (``scan_keystore(keep=False)``) reads a file it does not hold for the keys wanted in it
+# when it holds at least this many times their rows (:meth:`KeyStoreCache.entries_for`), else whole: see
+# docs/benchmarks.md, "Design measurements", "Spark MetaGen and restatement reads".
+FEW_OF_FILE = 16
 
 
 class Entries:

@@ -5,7 +5,9 @@ the table's FileIO, a chunk at a time; the rows a view drops are filtered out of
 their row ids); :func:`read` collects it. A
 condition ``where`` (a pyarrow compute expression) prunes files by their column statistics in the commit
 (:mod:`bitlake.format.stats`), row groups by their Parquet statistics (a partition column is in every file, so
-partitions prune the same way), and only the columns wanted and those the condition names are decoded.
+partitions prune the same way), and only the columns wanted and those the condition names are decoded. String
+columns every file scanned holds dictionary-encoded throughout (the statistics' ``dictionary`` hint) are decoded as
+dictionaries and cast to strings by the scanner.
 """
 
 from __future__ import annotations
@@ -270,7 +272,11 @@ def _scanner(io: FileIO, meta, files: list[DataFile], columns: list[str], where:
         stored = 4 * sum(f.bytes for f in files) / max(1, sum(f.rows for f in files))  # Arrow bytes a row
         per_row = stored * max(1, len(columns)) / len(data)
         batch_rows = int(min(datafile.ROW_GROUP_ROWS, max(65_536, CHUNK_BYTES / max(per_row, 1e-9))))
-    file_format = ds.ParquetFileFormat() if meta.file_format == "parquet" else ds.OrcFileFormat()
+    # Columns every file holds dictionary-encoded throughout are decoded as dictionaries, then cast to the
+    # table's type by the scanner: cheaper than decoding their values (docs/benchmarks.md, "Design measurements").
+    dictionary = stats.dictionary_columns(files, columns)
+    file_format = ds.ParquetFileFormat(read_options=ds.ParquetReadOptions(dictionary_columns=dictionary)) \
+        if meta.file_format == "parquet" else ds.OrcFileFormat()
     dataset = ds.FileSystemDataset.from_paths([f.path for f in files], schema=data, format=file_format,
                                               filesystem=io.arrow_filesystem())
     return dataset.scanner(columns=columns, filter=where, batch_size=batch_rows, batch_readahead=1,

@@ -227,10 +227,6 @@ CACHED_KEY_COST_IN_ROWS = 20
 # steps hold the GIL, so threads share little of the work and add their hand-offs; only large batches gain from a
 # second thread (docs/benchmarks.md, "Design measurements", same section).
 _FEW_KEYS = 262_144
-# scan_keystore(keep=False) reads a file for the keys wanted in it when it holds at least this many times their
-# rows: the 16 files of TPC-H SF 3's load, 16,000 keys, in 0.19 s by Polars against 0.30 s one file at a time and
-# 1.1 s decoded whole in a new process, most of it touching new memory (`/tmp` script, 2026-11-30).
-_FEW_OF_FILE = 16
 
 
 # The inline MetaGen folds at most this many records at once: larger commits are folded in groups, a key's
@@ -506,8 +502,8 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     the shared files: found, delta, row id, deleted, in ``distinct``'s order. Each bucket's files are matched with
     the keys wanted there on a thread of their own, then each shared file with all of them, from this process's
     memory (:mod:`bitlake.engine.keys.keycache`), which keeps those it reads as far as its budget allows.
-    ``keep=False``: the files this process does not hold, of at least ``_FEW_OF_FILE`` times the rows of the keys
-    wanted in them, are read for those keys only and not kept (a restatement's look-up at a past version)."""
+    ``keep=False``: the files this process does not hold, of at least ``keycache.FEW_OF_FILE`` times the rows of
+    the keys wanted in them, are read for those keys only and not kept (a restatement's look-up at a past version)."""
 
     pk = list(state.metadata.primary_key)
     n = distinct.num_rows
@@ -527,11 +523,11 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
 
     fixed = fixed_width(distinct, pk)
 
-    # keep=False: the files of at least _FEW_OF_FILE times the rows of the keys wanted in them, read in one query
-    # for the first key column values of all the keys (a few more rows than each file's keys).
+    # keep=False: the files of at least FEW_OF_FILE times the rows of the keys wanted in them, read at once for the
+    # first key column values of all the keys (a few more rows than each file's keys).
     wanted_in = {b: e - a for b, (a, e) in slices.items()} | {keystore.SHARED: n}
     few = [] if keep else [f.path for b in [*buckets, keystore.SHARED] for f in state.keystore.get(b, [])
-                           if wanted_in[b] * _FEW_OF_FILE <= f.rows]
+                           if wanted_in[b] * keycache.FEW_OF_FILE <= f.rows]
     read = keycache.CACHE.entries_for(io, few, state.metadata, pc.unique(distinct.column(pk[0]))) if few else {}
 
     def of_file(f: BucketFile) -> keycache.Entries:
