@@ -198,7 +198,8 @@ class KeyStoreCache:
 
 def _rows_for(io: FileIO, paths: list[str], meta: TableMetadata, firsts: pa.Array) -> list[pa.Table]:
     """The rows of each of key-store files ``paths`` whose first key column holds one of ``firsts``, in file order:
-    local files in one Polars query that decodes the other columns at those rows only, others read and filtered."""
+    local files by Polars queries run at once, which decode the other columns at those rows only, others read and
+    filtered."""
     pk = list(meta.primary_key)
     stored = keystore.file_schema(meta)
     schema = pa.schema([stored.field(c) for c in [*pk, *_VALUES]])
