@@ -106,8 +106,8 @@ def test_parquet_bounds_from_footers_and_orc_bounds_from_values_agree(tmp_path, 
                       schema=schema))
     (f,) = t.state().data_files()
     assert _bounds(f) == {"min": {"k": 1, "sec": 5 * 10**6, "ns": 7, "u": 0, "v": 1},
-                                    "max": {"k": 3, "sec": 10**7, "ns": 10**6, "u": 2**63 - 1, "v": 1},
-                                    "nulls": {"k": 0, "sec": 1, "ns": 0, "u": 0, "v": 0}}
+                          "max": {"k": 3, "sec": 10**7, "ns": 10**6, "u": 2**63 - 1, "v": 1},
+                          "nulls": {"k": 0, "sec": 1, "ns": 0, "u": 0, "v": 0}}
     assert t.to_arrow(filter=pc.field("sec") > pa.scalar(20, pa.timestamp("s"))).num_rows == 0
 
 
