@@ -203,17 +203,13 @@ def _rows_for(io: FileIO, paths: list[str], meta: TableMetadata, firsts: pa.Arra
     pk = list(meta.primary_key)
     stored = keystore.file_schema(meta)
     schema = pa.schema([stored.field(c) for c in [*pk, *_VALUES]])
-    local = {p: io.local_path(p) for p in paths}
-    if not (prefiltered.readable(schema) and prefiltered.matches_exactly(schema.field(pk[0]).type)):
-        local = dict.fromkeys(paths)
-    near = [p for p in paths if local[p] is not None]
-    read = dict(zip(near, prefiltered.rows_in([local[p] for p in near], schema, {pk[0]: firsts}), strict=True))
+    prefilter = prefiltered.readable(schema) and prefiltered.matches_exactly(schema.field(pk[0]).type)
 
     def filtered(path: str) -> pa.Table:
         table = keystore.read_file(io, path, meta, columns=schema.names)
         return table.filter(pc.is_in(table.column(pk[0]), firsts))
 
-    return [read[p] if p in read else filtered(p) for p in paths]
+    return prefiltered.rows_in_files(io, paths, schema, {pk[0]: firsts}, None, filtered, prefilter)
 
 
 def _budget() -> int:

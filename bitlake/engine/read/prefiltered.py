@@ -22,11 +22,14 @@ import dataclasses
 import datetime as dt
 import decimal
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from bitlake.fs import FileIO
+from bitlake.pool import thread_map
 
 _COMPARISONS = {"equal": "__eq__", "not_equal": "__ne__", "lt": "__lt__", "lte": "__le__", "gt": "__gt__",
                 "gte": "__ge__"}
@@ -214,17 +217,23 @@ def chunks(paths: list[str], schema: pa.Schema, wide: Any, batch_rows: int) -> I
     most ``batch_rows`` rows each; Polars' streaming engine reads a file at a time. A file that is gone raises
     ``FileNotFoundError``, one Polars cannot read ``pyarrow.ArrowInvalid`` naming it, as pyarrow's reader does."""
     pl, _ = _modules()
-    polars_schema = pl.from_arrow(schema.empty_table()).schema
-    for i, path in enumerate(paths):
-        frame = (pl.scan_parquet(path, schema=polars_schema, glob=False, hive_partitioning=False,
-                                 missing_columns="insert", extra_columns="ignore")
-                 .select(schema.names).filter(wide))
+    for i, (path, frame) in enumerate(zip(paths, _scans(paths, schema, wide), strict=True)):
         try:
             for df in frame.collect_batches(chunk_size=batch_rows, maintain_order=True):
                 if df.height:
                     yield i, _as(df.to_arrow(), schema)
         except pl.exceptions.PolarsError as e:
             raise pa.ArrowInvalid(f"could not read Parquet file {path}: {e}") from e
+
+
+def _scans(paths: list[str], schema: pa.Schema, wide: Any) -> list[Any]:
+    """Polars' lazy reads of local Parquet files ``paths`` as ``schema`` (a column a file lacks as nulls), of the
+    rows where Polars predicate ``wide`` holds."""
+    pl, _ = _modules()
+    polars_schema = pl.from_arrow(schema.empty_table()).schema
+    return [pl.scan_parquet(path, schema=polars_schema, glob=False, hive_partitioning=False,
+                            missing_columns="insert", extra_columns="ignore").select(schema.names).filter(wide)
+            for path in paths]
 
 
 def matches_exactly(t: pa.DataType) -> bool:
@@ -246,15 +255,24 @@ def rows_in(paths: list[str], schema: pa.Schema, values: dict[str, pa.Array],
         functools.reduce(lambda a, b: a | b, [(pl.col(c) >= lo) & (pl.col(c) < hi) for lo, hi in spans], pl.lit(False))
         for c, spans in (ranges or {}).items()]
     wide = functools.reduce(lambda a, b: a & b, conditions, pl.lit(True))
-    polars_schema = pl.from_arrow(schema.empty_table()).schema
-    frames = [pl.scan_parquet(path, schema=polars_schema, glob=False, hive_partitioning=False,
-                              missing_columns="insert", extra_columns="ignore").select(schema.names).filter(wide)
-              for path in paths]
     try:
-        read = pl.collect_all(frames)  # the files' queries run in parallel
+        read = pl.collect_all(_scans(paths, schema, wide))  # the files' queries run in parallel
     except pl.exceptions.PolarsError as e:
         raise pa.ArrowInvalid(f"could not read Parquet files {paths}: {e}") from e
     return [_as(df.to_arrow(), schema) if df.height else schema.empty_table() for df in read]
+
+
+def rows_in_files(io: FileIO, paths: list[str], schema: pa.Schema, values: dict[str, pa.Array],
+                  ranges: dict[str, list[tuple[int, int]]] | None, whole: Callable[[str], pa.Table],
+                  prefilter: bool = True) -> list[pa.Table]:
+    """The rows of each of ``paths`` (files of ``io``): of the local ones, when ``prefilter``, what :func:`rows_in`
+    keeps (one batch of Polars queries); of the others what ``whole`` reads of them, on threads."""
+    local = {p: io.local_path(p) if prefilter else None for p in paths}
+    near = [p for p in paths if local[p] is not None]
+    read = dict(zip(near, rows_in([local[p] for p in near], schema, values, ranges), strict=True)) if near else {}
+    far = [p for p in paths if local[p] is None]
+    read.update(zip(far, thread_map(whole, far), strict=True))
+    return [read[p] for p in paths]
 
 
 def _as(table: pa.Table, schema: pa.Schema) -> pa.Table:

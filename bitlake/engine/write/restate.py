@@ -318,20 +318,8 @@ def _keys_rows(io: FileIO, meta: TableMetadata, paths: list[str], firsts: pa.Arr
         rows = datafile.read_keys(io, path, meta)
         return _of_parts(rows, parts) if parts is not None else rows
 
-    return _read_each(io, paths, prefilter, schema, {first: firsts} if firsts is not None else {}, spans, whole)
-
-
-def _read_each(io: FileIO, paths: list[str], prefilter: bool, schema: pa.Schema, values: dict[str, pa.Array],
-               ranges: dict[str, list[tuple[int, int]]] | None, whole: Callable[[str], pa.Table]) -> list[pa.Table]:
-    """The rows of each of ``paths``: of the local ones, when ``prefilter``, those :func:`prefiltered.rows_in` keeps
-    (one batch of Polars queries); of the others what ``whole`` reads."""
-    local = {p: io.local_path(p) if prefilter else None for p in paths}
-    near = [p for p in paths if local[p] is not None]
-    read = dict(zip(near, prefiltered.rows_in([local[p] for p in near], schema, values, ranges), strict=True)) \
-        if near else {}
-    far = [p for p in paths if local[p] is None]
-    read.update(zip(far, thread_map(whole, far), strict=True))
-    return [read[p] for p in paths]
+    return prefiltered.rows_in_files(io, paths, schema, {first: firsts} if firsts is not None else {}, spans, whole,
+                                     prefilter)
 
 
 def _of_parts(records: pa.Table, parts: list[int]) -> pa.Table:
@@ -440,8 +428,9 @@ def _upsert_rows(io: FileIO, meta: TableMetadata, paths: list[str], parts: np.nd
     prefilter = firsts is not None and meta.file_format == "parquet" and prefiltered.readable(schema) \
         and prefiltered.matches_exactly(schema.field(first).type)
     values = {first: firsts, rowid.PART_COLUMN: pa.array(parts, pa.int32())} if prefilter else {}
-    return _read_each(io, paths, prefilter, schema, values, None,
-                      lambda path: datafile.read_data(io, path, meta, columns=columns, parts=parts))
+    return prefiltered.rows_in_files(io, paths, schema, values, None,
+                                     lambda path: datafile.read_data(io, path, meta, columns=columns, parts=parts),
+                                     prefilter)
 
 
 def _empty(state: TableState, new: Landed | None) -> Restatement:
