@@ -79,41 +79,44 @@ class SortedSearch:
     batch's keys repay (docs/benchmarks.md, "Design measurements", "Sorting and searching packed keys")."""
 
     def __init__(self, values: np.ndarray):
-        self.values = values
         n = len(values)
         self.low = int(values[0]) if n else 0
-        span = int(values[-1]) - self.low if n else 0
+        self.high = int(values[-1]) if n else -1
+        span = self.high - self.low if n else 0
         self.shift = max(span.bit_length() - max((n // 8).bit_length(), 1), 0)
         # Where each slot's values start: a search of the slots' lowest values, sorted (a pass over the array);
         # the last slot ends at the end (its bound could pass int64).
         bounds = (np.arange((span >> self.shift) + 1, dtype=np.int64) << self.shift) + self.low
         starts = np.append(np.searchsorted(values, bounds), n)
         self.starts = starts.astype(np.int32 if n < 2**31 else np.int64)
-        self.nbytes = self.starts.nbytes
+        # The values held as offsets from the lowest, in 4 bytes each when they fit: half the memory of a key
+        # cache's keys.
+        held = np.uint32 if span < 2**32 else np.int64
+        self.values = np.subtract(values, np.int64(self.low), dtype=held, casting="unsafe")
+        self.nbytes = self.starts.nbytes + self.values.nbytes
 
     def find(self, wanted: np.ndarray) -> np.ndarray:
         """Where each of ``wanted`` is in the values, or -1."""
         values, n = self.values, len(self.values)
-        if not n or not len(wanted):
-            return np.full(len(wanted), -1, np.int64)
-        if len(wanted) * DENSE_SEARCH > n or len(wanted) <= FEW_WANTED:  # dense, or too few to gain by bisecting
-            at = np.minimum(np.searchsorted(values, wanted), n - 1)
-            return np.where(values[at] == wanted, at, -1)
         out = np.full(len(wanted), -1, np.int64)
-        inside = np.flatnonzero((wanted >= self.low) & (wanted <= values[-1]))
-        q = wanted[inside]
-        if not len(q):
+        inside = np.flatnonzero((wanted >= self.low) & (wanted <= self.high))
+        if not len(inside):
             return out
-        slot = (q - self.low) >> self.shift
-        base = self.starts[slot].astype(np.int64)
-        length = self.starts[slot + 1] - base  # the first value >= q is in [base, base + length]
-        for _ in range(int(length.max()).bit_length()):
-            half = length >> 1
-            mid = base + half
-            right = (values[np.minimum(mid, n - 1)] < q) & (length > 0)
-            base += right * (half + 1)
-            length = np.where(right, length - half - 1, half)
-        at = np.minimum(base, n - 1)
+        # The wanted values as the values are held.
+        q = np.subtract(wanted[inside], np.int64(self.low), dtype=values.dtype, casting="unsafe")
+        if len(q) * DENSE_SEARCH > n or len(q) <= FEW_WANTED:  # dense, or too few to gain by bisecting
+            at = np.minimum(np.searchsorted(values, q), n - 1)
+        else:
+            slot = q >> self.shift
+            base = self.starts[slot].astype(np.int64)
+            length = self.starts[slot + 1] - base  # the first value >= q is in [base, base + length]
+            for _ in range(int(length.max()).bit_length()):
+                half = length >> 1
+                mid = base + half
+                right = (values[np.minimum(mid, n - 1)] < q) & (length > 0)
+                base += right * (half + 1)
+                length = np.where(right, length - half - 1, half)
+            at = np.minimum(base, n - 1)
         hit = values[at] == q
         out[inside[hit]] = at[hit]
         return out

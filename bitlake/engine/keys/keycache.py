@@ -12,11 +12,12 @@ recently used files go when the cache passes its budget: ``BITLAKE_KEYSTORE_CACH
 a quarter of the memory the process may use (the machine's, or its container's limit:
 :func:`bitlake.memory.usable_bytes`); ``0`` turns it off.
 
-Keys of integer-like columns (the key index's fixed width) are held packed into one int64 a row, in the file's
-key order, with the deltas, row ids, delete flags and versions beside them (a column of one value as a
-broadcast scalar: a load's deltas and versions cost nothing), and searched by :class:`SortedSearch`, whose
-table takes half a byte a key: 17-34 bytes a key. Other keys are held as the file's Arrow table and matched by a
-hash join.
+Keys of integer-like columns (the key index's fixed width) are held packed into one integer a row (4 bytes when
+a file's keys span less than 2**32 packed values, else 8), in the file's key order, with the deltas, row ids,
+delete flags and versions beside them (a column of one value as a broadcast scalar: a load's deltas and versions
+cost nothing; integers as offsets in the narrowest type that holds them: a file's row ids in 4 bytes), and
+searched by :class:`SortedSearch`, whose table takes half a byte a key: 8.5-34 bytes a key (a load's 9). Other keys
+are held as the file's Arrow table and matched by a hash join.
 """
 
 from __future__ import annotations
@@ -55,7 +56,6 @@ class Entries:
     def __init__(self, table: pa.Table, primary_key: list[str]):
 
         self.rows = table.num_rows
-        self.packed: np.ndarray | None = None
         self.search: SortedSearch | None = None
         self.spans: list[tuple[int, int]] = []
         self.highs: list[int] = []
@@ -66,17 +66,16 @@ class Entries:
             if spans is not None:
                 packed = pack(columns, spans)
                 if strictly_increasing(packed):  # writers keep a file in key order, one row a key
-                    self.packed, self.spans, self.highs = packed, spans, [int(c.max()) for c in columns]
+                    self.spans, self.highs = spans, [int(c.max()) for c in columns]
                     self.search = SortedSearch(packed)
-        if self.packed is None or self.rows <= _KEEP_TABLE_ROWS:
+        if self.search is None or self.rows <= _KEEP_TABLE_ROWS:
             self.table = table.select([*primary_key, *_VALUES])
         self.nbytes = self.table.nbytes if self.table is not None else 0
-        self.values: list[np.ndarray] = []
-        if self.packed is None:
+        self.values: list[_Held] = []
+        if self.search is None:
             return
-        self.values = [_compact(table.column(c).to_numpy(zero_copy_only=False)) for c in _VALUES]
-        assert self.search is not None
-        self.nbytes += self.packed.nbytes + self.search.nbytes + sum(v.nbytes for v in self.values if v.strides[0])
+        self.values = [_Held(table.column(c).to_numpy(zero_copy_only=False)) for c in _VALUES]
+        self.nbytes += self.search.nbytes + sum(v.nbytes for v in self.values)
 
     def match(self, keys: pa.Table, primary_key: list[str], columns: list[np.ndarray] | None = None
               ) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -100,14 +99,35 @@ class Entries:
         at = self.search.find(pack(columns, self.spans))
         hit = at >= 0
         at = at[hit]
-        return codes[hit], [v[at] for v in self.values]
+        return codes[hit], [v.take(at) for v in self.values]
 
 
-def _compact(values: np.ndarray) -> np.ndarray:
-    """``values``, or when they are all one value that value broadcast to their length (no memory)."""
-    if len(values) and (values == values[0]).all():
-        return np.broadcast_to(values[:1], values.shape)
-    return values
+class _Held:
+    """A column of a file's entries in as little memory as gives its values back (:meth:`take`): one value
+    broadcast to the column's length (no memory: a load's deltas and versions), integers as offsets from their
+    lowest in the narrowest unsigned type that holds them (a file's row ids in 4 bytes each), else as they are."""
+
+    def __init__(self, values: np.ndarray):
+        self.dtype, self.low, self.values = values.dtype, None, values
+        if len(values) and (values == values[0]).all():
+            # A copy of the one value: a view would keep the whole column alive.
+            self.values = np.broadcast_to(values[:1].copy(), values.shape)
+        elif len(values) and values.dtype.kind in "iu":
+            low = int(values.min())
+            narrow = _narrow(int(values.max()) - low)
+            if narrow is not None:
+                self.low = low
+                self.values = np.subtract(values, values.dtype.type(low), dtype=narrow, casting="unsafe")
+        self.nbytes = self.values.nbytes if self.values.strides[0] else 0
+
+    def take(self, at: np.ndarray) -> np.ndarray:
+        values = self.values[at]
+        return values if self.low is None else np.add(values, self.dtype.type(self.low), dtype=self.dtype)
+
+
+def _narrow(span: int) -> type | None:
+    """The narrowest unsigned integer type that holds ``span``, if narrower than 8 bytes."""
+    return next((t for t in (np.uint8, np.uint16, np.uint32) if span <= np.iinfo(t).max), None)
 
 
 class KeyStoreCache:
