@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyroaring import BitMap
 
+from bitlake import memory
 from bitlake.engine.keys import keycache
 from bitlake.engine.keys.keyencoding import fixed_width, int64_values, key_codes
 from bitlake.engine.keys.keyindex import stages
@@ -324,7 +325,10 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
 
     def fold_group(g: int) -> Folded | None:
         piece = parts.take(g)
-        return None if piece is None else fold_records(io, state, batches, piece, version, index)
+        folded = None if piece is None else fold_records(io, state, batches, piece, version, index)
+        del piece  # and the group's garbage given back before the next group's (docs/ingestion.md, "Memory")
+        memory.release_unused()
+        return folded
 
     # Groups fold on threads (each group's keys are its own; numpy and Arrow release the GIL), and a group's
     # key-store files are written on a thread of their own: one after the other, the steps took one of the
@@ -383,7 +387,6 @@ def fold_records(io: FileIO, state: TableState, batches: list[Landed], records: 
                  index) -> Folded:
     """Folds ``records`` (keys-file rows of whole keys) against the stored entries of their keys; returns the
     events, the row ids that become valid and the key-store rows they leave."""
-
     pk = list(state.metadata.primary_key)
     records = records.combine_chunks()  # a group at a time: the commit's records are never copied at once
     rids = records.column(keystore.ROW_ID).to_numpy()
@@ -504,7 +507,6 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     memory (:mod:`bitlake.engine.keys.keycache`), which keeps those it reads as far as its budget allows.
     ``keep=False``: the files this process does not hold, of at least ``keycache.FEW_OF_FILE`` times the rows of
     the keys wanted in them, are read for those keys only and not kept (a restatement's look-up at a past version)."""
-
     pk = list(state.metadata.primary_key)
     n = distinct.num_rows
     codes = pa.array(np.arange(n, dtype=np.int64))
@@ -520,9 +522,7 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     found = np.zeros(n, dtype=bool)
     delta, rid, deleted = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, dtype=bool)
     version = np.full(n, -1, np.int64)
-
     fixed = fixed_width(distinct, pk)
-
     # keep=False: the files of at least FEW_OF_FILE times the rows of the keys wanted in them, read at once for the
     # first key column values of all the keys (a few more rows than each file's keys).
     wanted_in = {b: e - a for b, (a, e) in slices.items()} | {keystore.SHARED: n}
