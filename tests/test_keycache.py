@@ -109,10 +109,10 @@ def test_the_cache_keeps_the_most_recently_used_files_within_its_budget(tmp_path
 
     n = keycache._KEEP_TABLE_ROWS + 1
     large = entries(n)
-    # Deltas and row ids as offsets in 4 bytes each, the search's packed keys (4 bytes) and table (about half a
-    # byte a key); the flags and versions, one value each: none.
-    assert large.table is None and large.search.values.nbytes == n * 4
-    assert large.nbytes == n * (4 + 4) + large.search.nbytes <= n * 13
+    # Deltas and row ids as offsets in 4 bytes each, the search's keys (their 3 bits below the slots', in a byte)
+    # and table (about half a byte a key); the flags and versions, one value each: none.
+    assert large.table is None and large.search.values.nbytes == n
+    assert large.nbytes == n * (4 + 4) + large.search.nbytes <= n * 10
     one = entries(100)  # a small file also keeps its Arrow rows, for merges; its deltas and row ids in a byte each
     assert one.table is not None and one.nbytes == 100 * (1 + 1) + one.search.nbytes + one.table.nbytes
     cache = keycache.KeyStoreCache(budget=3 * one.nbytes)

@@ -14,16 +14,18 @@ import time
 import numpy as np
 
 import bitlake
-from bitlake.engine.keys import keycache
-from bitlake.format import order
+from bitlake.engine.keys.keyencoding import int64_values
+from bitlake.format import keystore, order
 
 
 def main() -> None:
     t = bitlake.open_table(sys.argv[1])
     state = t.state()
     files = state.keystore[0]
-    values = keycache.CACHE.entries(t.io, files[0].path, state.metadata).packed
-    assert values is not None, "keys of fixed width only"
+    pk = list(state.metadata.primary_key)
+    rows = keystore.read_file(t.io, files[0].path, state.metadata, columns=pk)
+    columns = [int64_values(rows.column(c)) for c in pk]  # keys of fixed width only
+    values = order.pack(columns, order.key_spans(columns))
     t0 = time.perf_counter()
     search = order.SortedSearch(values)
     print(f"{len(values):,} keys; the search's table built in {time.perf_counter() - t0:.3f} s, "

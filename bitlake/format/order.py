@@ -71,29 +71,37 @@ def pack(columns: list[np.ndarray], spans: list[tuple[int, int]]) -> np.ndarray:
 
 class SortedSearch:
     """Finds values in a sorted array of distinct non-negative int64 (packed keys) faster than ``np.searchsorted``
-    when they are few against the array and it is far larger than the CPU's caches: a table of where each value
-    of its top bits starts (half a byte a value) narrows each wanted value to a window of about 8
-    values, then all of them are bisected at once, a numpy gather a step. numpy's binary search walks each
-    value's ~22 steps one after the other, each a cache (and TLB) miss in an array of millions; gathers let the
-    CPU have many misses in flight. The table costs one search of the array's slots, once a file, which a small
-    batch's keys repay (docs/benchmarks.md, "Design measurements", "Sorting and searching packed keys")."""
+    when the array is far larger than the CPU's caches, and holds them in a fraction of their bytes. A table of
+    where each value of its top bits (a slot) starts, half a byte to a byte a value, narrows each wanted value to
+    a window of about 8 values, then all of them are bisected at once, a numpy gather a step. numpy's binary
+    search walks each value's ~22 steps one after the other, each a cache (and TLB) miss in an array of millions;
+    gathers let the CPU have many misses in flight. Since a slot's values share their top bits, each value is
+    held as its bits below them only, in the narrowest unsigned type that holds them: 2 bytes a key for the
+    packed keys of TPC-H lineitem's buckets at SF 10 and 30, where they took 8. The table costs one search of
+    the array's slots, once a file, which a small batch's keys repay (docs/benchmarks.md, "Design measurements",
+    "Sorting and searching packed keys")."""
 
     def __init__(self, values: np.ndarray):
         n = len(values)
-        self.low = int(values[0]) if n else 0
-        self.high = int(values[-1]) if n else -1
-        span = self.high - self.low if n else 0
+        span = int(values[-1]) - int(values[0]) if n else 0
         self.shift = max(span.bit_length() - max((n // 8).bit_length(), 1), 0)
+        # Slots start at a multiple of 2**shift (at or below the lowest value), so that a value's bits below its
+        # slot's are its own lowest bits.
+        self.low = (int(values[0]) >> self.shift) << self.shift if n else 0
+        self.high = int(values[-1]) if n else -1
         # Where each slot's values start: a search of the slots' lowest values, sorted (a pass over the array);
         # the last slot ends at the end (its bound could pass int64).
-        bounds = (np.arange((span >> self.shift) + 1, dtype=np.int64) << self.shift) + self.low
+        bounds = (np.arange(((self.high - self.low) >> self.shift) + 1, dtype=np.int64) << self.shift) + self.low
         starts = np.append(np.searchsorted(values, bounds), n)
         self.starts = starts.astype(np.int32 if n < 2**31 else np.int64)
-        # The values held as offsets from the lowest, in 4 bytes each when they fit: half the memory of a key
-        # cache's keys.
-        held = np.uint32 if span < 2**32 else np.int64
-        self.values = np.subtract(values, np.int64(self.low), dtype=held, casting="unsafe")
+        self.mask = (1 << self.shift) - 1
+        self.held = next(t for t in (np.uint8, np.uint16, np.uint32, np.uint64) if self.shift <= np.iinfo(t).bits)
+        self.values = self._low_bits(values)
         self.nbytes = self.starts.nbytes + self.values.nbytes
+
+    def _low_bits(self, values: np.ndarray) -> np.ndarray:
+        """The bits of ``values`` below their slots', in the type they are held in (one pass: the cast keeps them)."""
+        return np.bitwise_and(values, self.mask, dtype=self.held, casting="unsafe")
 
     def find(self, wanted: np.ndarray) -> np.ndarray:
         """Where each of ``wanted`` is in the values, or -1."""
@@ -102,32 +110,22 @@ class SortedSearch:
         inside = np.flatnonzero((wanted >= self.low) & (wanted <= self.high))
         if not len(inside):
             return out
-        # The wanted values as the values are held.
-        q = np.subtract(wanted[inside], np.int64(self.low), dtype=values.dtype, casting="unsafe")
-        if len(q) * DENSE_SEARCH > n or len(q) <= FEW_WANTED:  # dense, or too few to gain by bisecting
-            at = np.minimum(np.searchsorted(values, q), n - 1)
-        else:
-            slot = q >> self.shift
-            base = self.starts[slot].astype(np.int64)
-            length = self.starts[slot + 1] - base  # the first value >= q is in [base, base + length]
-            for _ in range(int(length.max()).bit_length()):
-                half = length >> 1
-                mid = base + half
-                right = (values[np.minimum(mid, n - 1)] < q) & (length > 0)
-                base += right * (half + 1)
-                length = np.where(right, length - half - 1, half)
-            at = np.minimum(base, n - 1)
-        hit = values[at] == q
-        out[inside[hit]] = at[hit]
+        q = wanted[inside]
+        slot = (q - self.low) >> self.shift
+        q = self._low_bits(q)
+        base = self.starts[slot].astype(np.int64)
+        end = self.starts[slot + 1]
+        length = end - base  # the first value >= q is in [base, base + length]
+        for _ in range(int(length.max()).bit_length()):
+            half = length >> 1
+            mid = base + half
+            right = (values[np.minimum(mid, n - 1)] < q) & (length > 0)
+            base += right * (half + 1)
+            length = np.where(right, length - half - 1, half)
+        hit = base < end  # within the slot: past its end the low bits are another slot's
+        hit[hit] = values[base[hit]] == q[hit]
+        out[inside[hit]] = base[hit]
         return out
-
-
-# SortedSearch.find bisects wanted values at once when they are fewer than one in this many of the array's; denser
-# ones share the cache lines numpy's search walks, which is then as fast or faster (docs/benchmarks.md, "Design
-# measurements", "Sorting and searching packed keys").
-DENSE_SEARCH = 32
-# ... and when they are this few, numpy's search of each costs less than the steps of bisecting them at once.
-FEW_WANTED = 64
 
 
 def isin(values: np.ndarray, of: np.ndarray) -> np.ndarray:

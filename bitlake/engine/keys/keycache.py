@@ -12,12 +12,13 @@ recently used files go when the cache passes its budget: ``BITLAKE_KEYSTORE_CACH
 a quarter of the memory the process may use (the machine's, or its container's limit:
 :func:`bitlake.memory.usable_bytes`); ``0`` turns it off.
 
-Keys of integer-like columns (the key index's fixed width) are held packed into one integer a row (4 bytes when
-a file's keys span less than 2**32 packed values, else 8), in the file's key order, with the deltas, row ids,
-delete flags and versions beside them (a column of one value as a broadcast scalar: a load's deltas and versions
-cost nothing; integers as offsets in the narrowest type that holds them: a file's row ids in 4 bytes), and
-searched by :class:`SortedSearch`, whose table takes half a byte a key: 8.5-34 bytes a key (a load's 9). Other keys
-are held as the file's Arrow table and matched by a hash join.
+Keys of integer-like columns (the key index's fixed width) are held packed into one integer a row, in the file's
+key order, searched by :class:`SortedSearch` (which holds each packed key's bits below its top ones, 2 bytes a
+key for TPC-H lineitem, and a table of where each value of the top ones starts, half a byte to a byte a key), with
+the deltas, row ids, delete flags and versions beside them (a column of one value as a broadcast scalar: a load's
+deltas and versions cost nothing; integers as offsets in the narrowest type that holds them: a file's row ids in 4
+bytes): 6.5 bytes a key after a load, at most 34. Other keys are held as the file's Arrow table and matched by a
+hash join.
 """
 
 from __future__ import annotations
