@@ -260,7 +260,8 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
         if at_once:
             new, ordered = columns.slice(start, end - start), disorder[end - 1] == disorder[start]
         else:
-            taken = columns.take(pa.array(np.flatnonzero(of_row == bucket)))
+            rows_of = np.flatnonzero(of_row == bucket)
+            taken = columns if len(rows_of) == columns.num_rows else columns.take(pa.array(rows_of))
             new = pa.table({f.name: taken.column(f.name) if f.name in taken.column_names
                             else pa.repeat(constant[f.name], end - start) for f in schema}, schema=schema)
             ordered = False

@@ -535,7 +535,10 @@ def _index_order(table: pa.Table, primary_key: list[str], buckets: np.ndarray) -
     """The rows of ``table`` (of buckets ``buckets``) in the index's order: by bucket, then by key."""
     order = key_order(table, primary_key)
     order = np.arange(table.num_rows) if order is None else order
-    return order[np.argsort(buckets[order], kind="stable")]
+    in_key_order = buckets[order]
+    if np.all(in_key_order[1:] >= in_key_order[:-1]):  # one bucket (a group of a spilled MetaGen): no sort
+        return order
+    return order[np.argsort(in_key_order, kind="stable")]
 
 
 def write_sst(table: pa.Table, primary_key: list[str], path: str, bottom: bool) -> None:
