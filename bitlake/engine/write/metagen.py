@@ -324,9 +324,9 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
         replaced.extend(r)
 
     def fold_group(g: int) -> Folded | None:
-        piece = parts.take(g)
-        folded = None if piece is None else fold_records(io, state, batches, piece, version, index)
-        del piece  # and the group's garbage given back before the next group's (docs/ingestion.md, "Memory")
+        # The records go to the fold unnamed: it drops their mapped file once it has them in one piece. Its garbage
+        # is given back before the next group's (docs/ingestion.md, "Memory").
+        folded = fold_records(io, state, batches, parts.take(g), version, index) if parts.holds(g) else None
         memory.release_unused()
         return folded
 

@@ -47,9 +47,14 @@ class Spill:
                 self._writers[g] = ipc.new_file(self._sinks[g], table.schema)
             self._writers[g].write_table(part)
 
+    def holds(self, group: int) -> bool:
+        """Whether rows were added to ``group`` (and not taken)."""
+        return group in self._writers
+
     def take(self, group: int) -> pa.Table | None:
         """The rows added to ``group``, in the order added (None: none); its file goes once read (the table's
-        buffers map it: the pages are the file system's, which it can drop and read again)."""
+        buffers map it: the pages are the file system's, which it can drop and read again, but they count as the
+        process's while it maps them)."""
         if group not in self._writers:
             return None
         self._close(group)
