@@ -94,7 +94,7 @@ def test_key_store_entries_match_keys_as_a_hash_join_does(stored_keys, wanted_ke
     keys = pa.table({"a": pa.array([to(v) for v in wa], stored.schema.field("a").type),
                      "b": pa.array(wb, pa.int32()), "_code": pa.array(range(len(wa)), pa.int64())})
     entries = keycache.Entries(stored, ["a", "b"])
-    assert (entries.packed is not None) == (kind == "int" and n > 0 and stored_keys == sorted(stored_keys))
+    assert (entries.search is not None) == (kind == "int" and n > 0 and stored_keys == sorted(stored_keys))
     codes, (delta, rid, deleted, version) = entries.match(keys, ["a", "b"])
     want = stored.join(keys, keys=["a", "b"], join_type="inner")
     assert sorted(zip(codes.tolist(), delta.tolist(), rid.tolist(), deleted.tolist(), version.tolist(), strict=True)) \
