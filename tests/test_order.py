@@ -1,4 +1,5 @@
-"""bitlake.format.order: lexsort is np.lexsort, packed or not; SortedSearch finds what np.searchsorted finds;
+"""bitlake.format.order: lexsort is np.lexsort, packed or not; SortedSearch finds what np.searchsorted finds, its
+values searched among the wanted ones or the wanted among them;
 isin is np.isin."""
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ def test_sorted_search_finds_what_searchsorted_finds(data):
     wanted = np.array(data.draw(st.lists(st.one_of(present, st.integers(0, 2**63 - 1), raw), max_size=60)),
                       dtype=np.int64)
     assert SortedSearch(values).find(wanted).tolist() == _found(values, wanted).tolist()
+    ordered = np.unique(wanted)  # in order, each once: the values searched among them find the same pairs
+    mine, theirs = SortedSearch(values).find_sorted(ordered)
+    at = _found(values, ordered)
+    assert mine.tolist() == np.flatnonzero(at >= 0).tolist() and theirs.tolist() == at[at >= 0].tolist()
 
 
 def test_sorted_search_of_millions_of_packed_keys():
@@ -76,6 +81,8 @@ def test_sorted_search_of_millions_of_packed_keys():
         assert np.array_equal(search.find(few), _found(values, few))
     many = np.sort(rng.choice(values, 500_000, replace=False))  # dense
     assert np.array_equal(search.find(many), np.searchsorted(values, many))
+    mine, theirs = search.find_sorted(many)
+    assert np.array_equal(mine, np.arange(len(many))) and np.array_equal(theirs, np.searchsorted(values, many))
 
 
 DTYPES = st.sampled_from([np.int64, np.uint32, np.int32, np.uint64])

@@ -103,6 +103,17 @@ class SortedSearch:
         """The bits of ``values`` below their slots', in the type they are held in (one pass: the cast keeps them)."""
         return np.bitwise_and(values, self.mask, dtype=self.held, casting="unsafe")
 
+    def find_sorted(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For ``wanted`` strictly increasing: where in ``wanted`` each value found is, and where in the values. The
+        values are searched among the wanted, which costs less than :meth:`find` when the wanted outnumber them
+        (a large batch's keys matched with a small commit's file)."""
+        slots = np.repeat(np.arange(len(self.starts) - 1, dtype=np.int64), np.diff(self.starts))
+        values = (slots << self.shift) + self.low + self.values.astype(np.int64)  # each slot's base added back
+        at = np.searchsorted(wanted, values)
+        hit = at < len(wanted)
+        hit[hit] = wanted[at[hit]] == values[hit]
+        return at[hit], np.flatnonzero(hit)
+
     def find(self, wanted: np.ndarray) -> np.ndarray:
         """Where each of ``wanted`` is in the values, or -1."""
         values, n = self.values, len(self.values)
