@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bitlake.engine.keys import keycache
-from bitlake.engine.write.metagen import _segment_runs, fold
+from bitlake.engine.write.metagen import fold
+from bitlake.engine.write.segments import segment_runs
 from bitlake.format import keystore, rowid
 
 
@@ -66,7 +67,7 @@ def test_fold_matches_the_contract_loop(records, priors, scale):
                           st.sampled_from([0, 1, rowid.MAX_OFFSET])), max_size=30))
 def test_segment_runs_cut_sorted_row_ids_by_segment_up_to_the_last_one(ids):
     packed = np.unique(np.array([rowid.pack(*i) for i in ids], dtype=np.int64))
-    runs = _segment_runs(packed)
+    runs = segment_runs(packed)
     expected: dict[int, list[int]] = {}
     for p in packed.tolist():
         expected.setdefault(p >> rowid.OFFSET_BITS, []).append(p)

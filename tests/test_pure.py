@@ -1066,13 +1066,13 @@ def test_a_segment_log_file_has_one_row_group_per_event_kind(tmp_path):
 
 
 def test_metagen_writes_only_until_events_and_the_new_bitmaps(tmp_path):
-    from bitlake.engine.write import metagen
+    from bitlake.engine.write import segments
 
     io = LocalFileIO(str(tmp_path))
     n = 1000
-    kinds = np.where(np.arange(n) % 3 == 0, segmentlog.SET_VALID_UNTIL, metagen.BECOMES_VALID)
+    kinds = np.where(np.arange(n) % 3 == 0, segmentlog.SET_VALID_UNTIL, segments.BECOMES_VALID)
     events = _events(n, kinds)
-    rows = metagen.write_segments(io, {}, events)
+    rows = segments.write_segments(io, {}, events)
     [log] = [r for r in rows if r["kind"] == "log"]
     table = pq.read_table(tmp_path / log["path"])
     assert set(table.column("event").to_pylist()) == {segmentlog.SET_VALID_UNTIL}
@@ -1088,7 +1088,7 @@ def test_metagen_writes_only_until_events_and_the_new_bitmaps(tmp_path):
     seqs = events.column(rowid.SEQ_COLUMN).to_numpy()
     for (part, seq), r in states.items():
         valid = cache.valid(SegmentState(part, seq, n, n, r["path"], r["count"]))
-        expected = {int(o) for o, k, s in zip(offsets, kinds, seqs, strict=True) if s == seq and k == metagen.BECOMES_VALID}
+        expected = {int(o) for o, k, s in zip(offsets, kinds, seqs, strict=True) if s == seq and k == segments.BECOMES_VALID}
         assert set(valid) == expected
 
 

@@ -1,5 +1,6 @@
 """Probe: finding a batch's keys in a key-store file held in memory, numpy's binary search against
-bitlake.format.order.SortedSearch, on the packed keys of TABLE's bucket 0 base file: random keys of the file, new
+bitlake.format.order.SortedSearch (each wanted key bisected, ``find``, or the file's keys searched among the
+wanted, ``find_sorted``), on the packed keys of TABLE's bucket 0 base file: random keys of the file, new
 ones each run (so that no run finds the lines an earlier one left in the CPU's caches), medians of 7 runs.
 
     .venv/bin/python benchmarks/probes/keysearch.py TABLE
@@ -31,8 +32,9 @@ def main() -> None:
     print(f"{len(values):,} keys; the search's table built in {time.perf_counter() - t0:.3f} s, "
           f"{search.nbytes / len(values):.2f} bytes a key")
     rng = np.random.default_rng(7)
-    for k in (len(values) // 1000, len(values) // 100, len(values) // 10):
-        for name, find in (("np.searchsorted", lambda q: np.searchsorted(values, q)), ("SortedSearch", search.find)):
+    for k in (len(values) // 1000, len(values) // 100, len(values) // 10, len(values) // 2, len(values)):
+        for name, find in (("np.searchsorted", lambda q: np.searchsorted(values, q)), ("SortedSearch", search.find),
+                           ("SortedSearch.find_sorted", search.find_sorted)):
             runs = []
             for _ in range(7):
                 wanted = np.sort(values[rng.choice(len(values), k, replace=False)])

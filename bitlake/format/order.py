@@ -105,14 +105,20 @@ class SortedSearch:
 
     def find_sorted(self, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """For ``wanted`` strictly increasing: where in ``wanted`` each value found is, and where in the values. The
-        values are searched among the wanted, which costs less than :meth:`find` when the wanted outnumber them
-        (a large batch's keys matched with a small commit's file)."""
+        values are made whole (each slot's base added back), then the smaller side is searched in the larger one:
+        for more than a quarter as many wanted as values (a large batch's keys), less than :meth:`find` costs
+        (docs/benchmarks.md, "Design measurements", "Sorting and searching packed keys")."""
         slots = np.repeat(np.arange(len(self.starts) - 1, dtype=np.int64), np.diff(self.starts))
-        values = (slots << self.shift) + self.low + self.values.astype(np.int64)  # each slot's base added back
-        at = np.searchsorted(wanted, values)
-        hit = at < len(wanted)
-        hit[hit] = wanted[at[hit]] == values[hit]
-        return at[hit], np.flatnonzero(hit)
+        values = (slots << self.shift) + self.low + self.values.astype(np.int64)
+        if len(wanted) >= len(values):
+            at = np.searchsorted(wanted, values)
+            hit = at < len(wanted)
+            hit[hit] = wanted[at[hit]] == values[hit]
+            return at[hit], np.flatnonzero(hit)
+        at = np.searchsorted(values, wanted)
+        hit = at < len(values)
+        hit[hit] = values[at[hit]] == wanted[hit]
+        return np.flatnonzero(hit), at[hit]
 
     def find(self, wanted: np.ndarray) -> np.ndarray:
         """Where each of ``wanted`` is in the values, or -1."""

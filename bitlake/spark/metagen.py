@@ -19,7 +19,6 @@ import pyarrow as pa
 
 from bitlake.engine.keys import keycache
 from bitlake.engine.write.metagen import (
-    BECOMES_VALID,
     COUNTS,
     SEGMENT_ARROW,
     SEGMENT_DDL,
@@ -29,8 +28,8 @@ from bitlake.engine.write.metagen import (
     fold_records,
     new_segments,
     unkeyed_output,
-    write_segments,
 )
+from bitlake.engine.write.segments import BECOMES_VALID, write_segments
 from bitlake.format import datafile, keystore, rowid
 from bitlake.format.commit import BucketFile, SegmentState
 from bitlake.format.metadata import TableMetadata
@@ -153,7 +152,7 @@ class _FoldTask:
 
 @dataclasses.dataclass
 class _SegmentTask:
-    """A task's events, as one log file and one bitmap file (:func:`bitlake.engine.write.metagen.write_segments`)."""
+    """A task's events, as one log file and one bitmap file (:func:`bitlake.engine.write.segments.write_segments`)."""
 
     io: FileIO
     prior: object  # the segment states before the commit, as JSON, shared with the tasks (spark_files.shared)

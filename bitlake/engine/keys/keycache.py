@@ -98,9 +98,7 @@ class Entries:
         if not inside.all():
             columns, codes = [c[inside] for c in columns], codes[inside]
         packed = pack(columns, self.spans)
-        # Keys in order, at least half as many as the rows: the rows are searched among them, which costs less
-        # (docs/benchmarks.md, "Design measurements", "Sorting and searching packed keys").
-        if 2 * len(packed) >= self.rows and strictly_increasing(packed):
+        if 4 * len(packed) >= self.rows and strictly_increasing(packed):  # many keys, in key order
             mine, at = self.search.find_sorted(packed)
             return codes[mine], [v.take(at) for v in self.values]
         at = self.search.find(packed)

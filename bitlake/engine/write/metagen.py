@@ -11,15 +11,15 @@ events, new segment states (bitmaps) and key-store increments, and counts. Two i
   looks their keys up in the key index (:mod:`bitlake.engine.keys.keyindex`), or for large batches semi-joins
   them with the key store, and folds them in order with :func:`fold`.
 
-Both write their files with :func:`write_segments` and :func:`bitlake.format.keystore.write_bucket_files`,
-which the Spark MetaGen calls inside its tasks.
+Both write their files with :func:`bitlake.engine.write.segments.write_segments` and
+:func:`bitlake.format.keystore.write_bucket_files`, which the Spark MetaGen calls inside its tasks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -32,8 +32,9 @@ from bitlake.engine.keys import keycache
 from bitlake.engine.keys.keyencoding import fixed_width, int64_values, key_codes
 from bitlake.engine.keys.keyindex import stages
 from bitlake.engine.write.landing import Landed
+from bitlake.engine.write.segments import segment_runs, sorted_ids, write_segments
 from bitlake.engine.write.spill import Spill
-from bitlake.format import bitmap, datafile, keystore, layout, rowid, segmentlog
+from bitlake.format import bitmap, datafile, keystore, rowid, segmentlog
 from bitlake.format.commit import BucketFile, DataFile, LogFile, SegmentState
 from bitlake.format.order import latest, lexsort, strictly_increasing
 from bitlake.format.state import TableState
@@ -41,10 +42,6 @@ from bitlake.fs import FileIO
 from bitlake.pool import ordered_map, thread_map
 
 COUNTS = ("inserted", "updated", "deleted", "stale", "ignored_deletes")
-# Rows of MetaGen's event tables with this kind are the accepted upserts: they become valid, which the data
-# implies, so they are never written to a log (only SET_VALID_UNTIL events are).
-BECOMES_VALID = segmentlog.SET_VALID_FROM
-
 
 def pending_batches(state: TableState) -> list[Landed]:
     """The pending batches with their files (a pending batch's data files hold its segments only)."""
@@ -107,92 +104,6 @@ SEGMENT_ARROW = pa.schema([
     ("count", pa.int64()), ("bytes", pa.int64()), ("min_t", pa.int64()), ("max_t", pa.int64()),
 ])
 SEGMENT_DDL = "kind string, path string, part int, seq int, count long, bytes long, min_t long, max_t long"
-
-
-def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], events: pa.Table,
-                   valid: Sequence[np.ndarray] = (), deltas: str = "true",
-                   valid_offsets: dict[int, BitMap] | None = None) -> list[dict]:
-    """Writes the SET_VALID_UNTIL rows of ``events`` as one log file, and the new valid offsets of the
-    segments the events name as one bitmap file (segments whose valid offsets are a prefix need none).
-
-    ``events`` has the columns of :data:`segmentlog.FILE_SCHEMA`; its :data:`BECOMES_VALID` rows, and the
-    packed row ids in the arrays ``valid``, are the accepted upserts (the inline MetaGen passes them as row ids
-    alone, an array a group: a load's are every row). ``prior`` holds the segments' states before the commit.
-    ``deltas``: the table property ``bitmap.deltas`` (whether a segment's new bitmap may be a delta to its bitmap).
-    ``valid_offsets``: more accepted upserts, as the offsets of each segment (``part << SEQ_BITS | seq``) in a
-    bitmap (the spilled MetaGen's: 8 bytes a row id would grow with the commit). Returns rows of
-    :data:`SEGMENT_ARROW`: one ``log`` row, and a ``bitmap`` row per segment (path null: no bitmap file).
-    """
-    table = events.cast(segmentlog.FILE_SCHEMA)
-    rows = []
-    kinds = table.column("event").to_numpy()
-    until = table.filter(pa.array(kinds == segmentlog.SET_VALID_UNTIL))
-    if until.num_rows:
-        f = segmentlog.write_file(io, layout.log_path(), until)
-        rows.append({"kind": "log", "path": f.path, "part": None, "seq": None, "count": f.events,
-                     "bytes": f.bytes, "min_t": f.min_t, "max_t": f.max_t})
-
-    def packed(t: pa.Table) -> np.ndarray:
-        return rowid.pack_arrays(*(t.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
-
-    becomes = [ids for ids in (packed(table.filter(pa.array(kinds == BECOMES_VALID))), *valid) if len(ids)]
-    valid_runs = _segment_runs(_sorted(becomes[0] if len(becomes) == 1 else np.concatenate(becomes or [_NO_IDS])))
-    until_runs = _segment_runs(_sorted(packed(until)))
-    cache = bitmap.BitmapCache(io)
-    new = bitmap.NewBitmaps(cache, deltas)
-    offsets_of = valid_offsets or {}
-    for seg in sorted(valid_runs.keys() | until_runs.keys() | offsets_of.keys()):
-        part, seq = seg >> rowid.SEQ_BITS, seg & rowid.MAX_SEQ
-        before = prior.get((part, seq))
-        run, gone = valid_runs.get(seg, _NO_IDS), until_runs.get(seg, _NO_IDS)
-        more = offsets_of.get(seg)
-        if more is not None and len(run):
-            more = more | bitmap.of(run & rowid.MAX_OFFSET)
-        count = len(more) if more is not None else len(run)
-        top = (more.max() + 1 if count else 0) if more is not None else \
-            (int(run[-1] & rowid.MAX_OFFSET) + 1 if count else 0)  # run is sorted: its last offset is its largest
-        if before is None and count and top == count and not len(gone):
-            # A new segment whose rows are all valid (a load): a prefix, known without a bitmap.
-            new.add(None, part, seq, BitMap(), count, count)
-            continue
-        # The segment's holes in [0, universe) change, not its valid offsets: a commit costs what it changes.
-        holes, universe = cache.holes(before) if before is not None else (BitMap(), 0)
-        if count:
-            if top > universe:  # rows past the universe become valid: the ones between them are holes
-                holes.add_range(universe, top)
-                universe = top
-            holes.difference_update(more if more is not None else bitmap.of(run & rowid.MAX_OFFSET))
-        gone = gone & rowid.MAX_OFFSET
-        holes |= bitmap.of(gone[gone < universe])  # an offset past the universe is not valid already
-        new.add(before, part, seq, holes, universe, count + len(gone))
-    return rows + [_bitmap_row(*r) for r in new.write(layout.bitmap_path())]
-
-
-def _bitmap_row(kind: str, path: str | None, part: int, seq: int, count: int) -> dict:
-    """A row of :data:`SEGMENT_ARROW`: segment ``(part, seq)`` has ``count`` valid offsets, in the bitmap (kind
-    ``bitmap``; None: ``0 .. count - 1``) or in the delta to its bitmap (``delta``) of file ``path``."""
-    return {"kind": kind, "path": path, "part": part, "seq": seq, "count": count, "bytes": 0, "min_t": None,
-            "max_t": None}
-
-
-def _sorted(ids: np.ndarray) -> np.ndarray:
-    return ids if bool(np.all(ids[1:] >= ids[:-1])) else np.sort(ids)
-
-
-_NO_IDS = np.empty(0, np.int64)
-
-
-def _segment_runs(sorted_ids: np.ndarray) -> dict[int, np.ndarray]:
-    """The packed row ids ``sorted_ids`` cut by segment (``part << SEQ_BITS | seq``), by binary search: a
-    segment costs one, and the ids are never copied."""
-    runs: dict[int, np.ndarray] = {}
-    lo = 0
-    while lo < len(sorted_ids):
-        seg = int(sorted_ids[lo]) >> rowid.OFFSET_BITS
-        end = (seg + 1) << rowid.OFFSET_BITS  # the next segment's first id; past int64 after the last one
-        hi = len(sorted_ids) if end > np.iinfo(np.int64).max else int(np.searchsorted(sorted_ids, end))
-        runs[seg], lo = sorted_ids[lo:hi], hi
-    return runs
 
 
 def assemble(state: TableState, batches: list[Landed], seg_out: list[dict], added: list[BucketFile],
@@ -345,7 +256,7 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
                 continue
             counts += folded.counts
             until.append(folded.until)
-            for seg, run in _segment_runs(_sorted(folded.valid)).items():
+            for seg, run in segment_runs(sorted_ids(folded.valid)).items():
                 offsets = bitmap.of(run & rowid.MAX_OFFSET)
                 valid[seg] = valid[seg] | offsets if seg in valid else offsets
             if stage and folded.keystore_rows.num_rows:

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from bitlake.engine.keys.keyencoding import key_codes
 from bitlake.engine.read import prefiltered
-from bitlake.engine.write import metagen
+from bitlake.engine.write import metagen, segments
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.metagen import COUNTS, MetaGenOutput
 from bitlake.errors import VersionExpiredError
@@ -257,7 +257,7 @@ def _write_files(io: FileIO, state: TableState, new: Landed | None, version: int
         "event": np.full(len(target), segmentlog.SET_VALID_UNTIL, np.int8), "t": t, "cause": cause,
         "batch_index": np.zeros(len(target), np.int32),
     })
-    seg_out = metagen.write_segments(io, state.segments, until, [after[after != NO_ROW]],
+    seg_out = segments.write_segments(io, state.segments, until, [after[after != NO_ROW]],
                                      state.metadata.prop("bitmap.deltas"))
     ks_rows = distinct.select(pk).append_column(keystore.DELTA, pa.array(final.delta)).append_column(
         keystore.ROW_ID, pa.array(final.rid)).append_column(keystore.DELETED, pa.array(final.deleted)).append_column(
