@@ -24,13 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import core  # noqa: E402
 
 import bitlake  # noqa: E402
-from bitlake.engine import metagen  # noqa: E402
-from bitlake.engine.keys import indexsession, keyindex
-from bitlake.engine.write import landing
+from bitlake.engine.keys import indexsession, keyindex  # noqa: E402
+from bitlake.engine.write import landing, metagen  # noqa: E402
 from bitlake.format import keystore  # noqa: E402
 
-STEPS = [(landing, "land_local"), (metagen, "run_inline"), (metagen, "_groups"), (metagen, "_fold_records"),
-         (keyindex, "key_codes"), (metagen, "fold"), (keyindex.KeyIndex, "stage"),
+STEPS = [(landing, "land_local"), (metagen, "run_inline"), (metagen, "_groups"), (metagen, "_run_spilled"),
+         (metagen, "fold_records"), (metagen, "key_codes"), (metagen, "fold"), (keyindex.KeyIndex, "stage"),
          (keystore, "write_bucket_files"), (metagen, "write_segments"), (indexsession.IndexSession, "after_commit"),
          (keyindex.KeyIndex, "_ingest_sorted"), (keyindex, "key_order"), (keyindex._SstWriting, "start_processes"),
          (keyindex._SstWriting, "wait"), (keyindex.KeyIndex, "commit_staged")]

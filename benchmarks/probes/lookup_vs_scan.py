@@ -21,7 +21,7 @@ import core  # noqa: E402
 from upsert import batch  # noqa: E402 - the same sampled batch
 
 import bitlake  # noqa: E402
-from bitlake.engine import metagen  # noqa: E402
+from bitlake.engine.write import metagen  # noqa: E402
 
 
 def main() -> None:

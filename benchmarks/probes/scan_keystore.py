@@ -1,6 +1,7 @@
 """Probe: the inline MetaGen's key-store scan (``metagen.scan_keystore``) for the keys of a random FRACTION of
 lineitem's row groups, on the table benchmarks/probes/load_stream.py made (and upsert.py changed): the scan as
-it runs (binary search in each key-store file), then with hash joins instead, in one process; prints both wall
+it runs (binary search in each key-store file), then with hash joins instead, in one process, each from a cache
+of its own (the files read and decoded in both); prints both wall
 times and whether they found the same entries.
 
     .venv/bin/python benchmarks/probes/scan_keystore.py SF FRACTION SEED
@@ -21,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import core  # noqa: E402
 
 import bitlake  # noqa: E402
-from bitlake.engine import metagen  # noqa: E402
+from bitlake.engine.keys import keycache  # noqa: E402
+from bitlake.engine.write import metagen  # noqa: E402
 from bitlake.format import datafile, keystore  # noqa: E402
 
 
@@ -44,7 +46,9 @@ def main() -> None:
     t0 = time.perf_counter()
     searched = metagen.scan_keystore(t.io, state, distinct, buckets)
     t1 = time.perf_counter()
-    metagen._matches = lambda s, k, p: s.join(k, keys=p, join_type="inner", use_threads=False)
+    # Again from a cache of its own, each file held as its rows, which keycache.Entries matches by a hash join.
+    keycache.CACHE = keycache.KeyStoreCache(keycache.CACHE.budget)
+    keycache.fixed_width = lambda table, primary_key: False
     joined = metagen.scan_keystore(t.io, state, distinct, buckets)
     t2 = time.perf_counter()
     same = all(np.array_equal(a, b) for a, b in zip(searched, joined, strict=True))
