@@ -43,6 +43,7 @@ from bitlake.pool import ordered_map, thread_map
 
 COUNTS = ("inserted", "updated", "deleted", "stale", "ignored_deletes")
 
+
 def pending_batches(state: TableState) -> list[Landed]:
     """The pending batches with their files (a pending batch's data files hold its segments only)."""
     pending = state.pending

@@ -32,7 +32,8 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
     ``deltas``: the table property ``bitmap.deltas`` (whether a segment's new bitmap may be a delta to its bitmap).
     ``valid_offsets``: more accepted upserts, as the offsets of each segment (``part << SEQ_BITS | seq``) in a
     bitmap (the spilled MetaGen's: 8 bytes a row id would grow with the commit). Returns rows of
-    :data:`SEGMENT_ARROW`: one ``log`` row, and a ``bitmap`` row per segment (path null: no bitmap file).
+    :data:`bitlake.engine.write.metagen.SEGMENT_ARROW`: one ``log`` row, and a ``bitmap`` row per segment (path
+    null: no bitmap file).
     """
     table = events.cast(segmentlog.FILE_SCHEMA)
     kinds = table.column("event").to_numpy()
@@ -91,13 +92,15 @@ def _write_bitmaps(io: FileIO, prior: dict[tuple[int, int], SegmentState], valid
 
 
 def _bitmap_row(kind: str, path: str | None, part: int, seq: int, count: int) -> dict:
-    """A row of :data:`SEGMENT_ARROW`: segment ``(part, seq)`` has ``count`` valid offsets, in the bitmap (kind
-    ``bitmap``; None: ``0 .. count - 1``) or in the delta to its bitmap (``delta``) of file ``path``."""
+    """A row of :data:`bitlake.engine.write.metagen.SEGMENT_ARROW`: segment ``(part, seq)`` has ``count`` valid
+    offsets, in the bitmap (kind ``bitmap``; None: ``0 .. count - 1``) or in the delta to its bitmap (``delta``) of
+    file ``path``."""
     return {"kind": kind, "path": path, "part": part, "seq": seq, "count": count, "bytes": 0, "min_t": None,
             "max_t": None}
 
 
 def sorted_ids(ids: np.ndarray) -> np.ndarray:
+    """``ids`` sorted (themselves when they are already)."""
     return ids if bool(np.all(ids[1:] >= ids[:-1])) else np.sort(ids)
 
 
