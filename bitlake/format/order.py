@@ -39,6 +39,11 @@ def strictly_increasing(values: np.ndarray) -> bool:
     return bool(np.all(values[1:] > values[:-1]))
 
 
+def non_decreasing(values: np.ndarray) -> bool:
+    """Whether no value is less than the one before (sorted, ties allowed)."""
+    return bool(np.all(values[1:] >= values[:-1]))
+
+
 def latest(ids: np.ndarray, versions: np.ndarray) -> np.ndarray:
     """Indices of each id's row of the highest version (the first of a tie), in id order."""
     order = lexsort((-versions, ids))

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from bitlake.format import rowid
 from bitlake.format.commit import LogFile
-from bitlake.format.order import latest, lexsort
+from bitlake.format.order import latest, lexsort, non_decreasing
 from bitlake.format.rowid import OFFSET_COLUMN, PART_COLUMN, SEQ_COLUMN
 from bitlake.fs import FileIO
 
@@ -67,7 +67,7 @@ def write_file(io: FileIO, path: str, events: pa.Table) -> LogFile:
     not_until = table.column("event").to_numpy() != SET_VALID_UNTIL
     if schema is VERSIONED_SCHEMA:
         table = table.take(pa.array(lexsort((table.column(VERSION).to_numpy(), rid, not_until))))
-    elif not_until.any() or not bool(np.all(rid[1:] >= rid[:-1])):
+    elif not_until.any() or not non_decreasing(rid):
         table = table.take(pa.array(lexsort((rid, not_until))))
     kinds = table.column("event").to_numpy()
     with io.open_output(path) as out, pq.ParquetWriter(out, schema, **_PARQUET_OPTIONS) as writer:

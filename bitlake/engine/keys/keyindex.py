@@ -42,6 +42,7 @@ from bitlake.engine.keys.keyencoding import decode_values, encodable, encode_key
 from bitlake.errors import IndexUnavailableError
 from bitlake.format import bucket, commitlog, keystore, layout
 from bitlake.format.metadata import TableMetadata
+from bitlake.format.order import non_decreasing
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.pool import thread_map, threads
@@ -536,7 +537,7 @@ def _index_order(table: pa.Table, primary_key: list[str], buckets: np.ndarray) -
     order = key_order(table, primary_key)
     order = np.arange(table.num_rows) if order is None else order
     in_key_order = buckets[order]
-    if np.all(in_key_order[1:] >= in_key_order[:-1]):  # one bucket (a group of a spilled MetaGen): no sort
+    if non_decreasing(in_key_order):  # one bucket (a group of a spilled MetaGen): no sort
         return order
     return order[np.argsort(in_key_order, kind="stable")]
 

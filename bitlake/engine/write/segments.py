@@ -13,6 +13,7 @@ from pyroaring import BitMap
 
 from bitlake.format import bitmap, layout, rowid, segmentlog
 from bitlake.format.commit import SegmentState
+from bitlake.format.order import non_decreasing
 from bitlake.fs import FileIO
 
 # Rows of MetaGen's event tables with this kind are the accepted upserts: they become valid, which the data
@@ -45,7 +46,7 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
     # Sorted once, for the log file and the bitmaps (a spilled MetaGen's groups come in sorted runs, which a stable
     # sort merges), and the log file written while the bitmaps are made.
     until_ids = packed(until)
-    if not bool(np.all(until_ids[1:] >= until_ids[:-1])):
+    if not non_decreasing(until_ids):
         order = np.argsort(until_ids, kind="stable")
         until, until_ids = until.take(order), until_ids[order]
     becomes = [ids for ids in (packed(table.filter(pa.array(kinds == BECOMES_VALID))), *valid) if len(ids)]
@@ -101,7 +102,7 @@ def _bitmap_row(kind: str, path: str | None, part: int, seq: int, count: int) ->
 
 def sorted_ids(ids: np.ndarray) -> np.ndarray:
     """``ids`` sorted (themselves when they are already)."""
-    return ids if bool(np.all(ids[1:] >= ids[:-1])) else np.sort(ids)
+    return ids if non_decreasing(ids) else np.sort(ids)
 
 
 _NO_IDS = np.empty(0, np.int64)
