@@ -113,3 +113,50 @@ def test_a_spilled_load_goes_into_the_key_index_as_one_run_at_the_bottom(tmp_pat
     r = t.ingest(_batch(range(300, 320), 1), op_column="op")  # ties with the load's delta: accepted
     assert r.counts["updated"] == 20
     indexsession.close_idle()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_load_too_large_for_its_buckets_folds_by_key_ranges(tmp_path, monkeypatch, stream):
+    """A load whose buckets each hold more records than a group folds each bucket by ranges of its first key column
+    (metagen._key_ranges): a key-store base file a range, index entries staged range after range, and the same
+    views, counts, change feed and key store as the fold of the whole commit at once."""
+    from bitlake.engine.keys import indexsession, keyindex
+
+    def load(t: bitlake.Table) -> None:
+        keys = [k - 200 for k in range(400)] + [5, -7, 150]  # negative keys, and three keys twice
+        batch = _batch(keys, 1)
+        t.ingest(pa.RecordBatchReader.from_batches(SCHEMA, batch.to_batches(max_chunksize=64)) if stream else batch,
+                 op_column="op")
+
+    whole = bitlake.create_table(str(tmp_path / "whole"), SCHEMA.remove(3), primary_key="k", delta_column="v",
+                                 num_buckets=4)
+    load(whole)
+    _workload(whole)
+    cuts = []
+    real = metagen._key_ranges
+    monkeypatch.setattr(metagen, "_key_ranges", lambda *a: cuts.append(real(*a)) or cuts[-1])
+    monkeypatch.setattr(metagen, "SPILL_RECORDS", 0)
+    monkeypatch.setattr(metagen, "SPILL_GROUP_RECORDS", 40)  # 403 records > 4 buckets x 40: ranges of ~20 records
+    monkeypatch.setattr(keyindex, "_PROCESS_SST_ROWS", 1)  # every range stages its entries as SST files
+    ranged = bitlake.create_table(str(tmp_path / "ranged"), SCHEMA.remove(3), primary_key="k", delta_column="v",
+                                  num_buckets=4)
+    load(ranged)
+    assert cuts[0] is not None and len(cuts[0]) == 5  # 6 ranges of the keys -200 .. 199
+    assert all(len(files) == 6 and all(f.base for f in files) for files in ranged.state().keystore.values())
+    indexsession.flush_idle()
+    index = indexsession._kept[keyindex.location(ranged.io, ranged.metadata)[0]].index
+    levels = [index.db.property_int_value(f"rocksdb.num-files-at-level{i}") for i in range(7)]
+    assert levels[0] <= 1 and levels[1:6] == [0] * 5 and levels[6] >= 24, levels  # ranges never overlap
+    _workload(ranged)
+    assert all(c is None for c in cuts[1:])  # later commits: the table has key-store files
+    names = SCHEMA.remove(3).names
+    assert [h["counts"] for h in ranged.history()] == [h["counts"] for h in whole.history()]
+    for v in range(whole.version + 1):
+        assert rows_key(ranged.to_arrow(version=v).to_pylist(), names) == \
+            rows_key(whole.to_arrow(version=v).to_pylist(), names), v
+    assert rows_key(spec_reader.read_view(ranged.path), names) == rows_key(ranged.to_arrow().to_pylist(), names)
+    changes = [c for c in ranged.changes_to_arrow(starting_version=1).column_names if c != "_commit_timestamp"]
+    assert rows_key(ranged.changes_to_arrow(starting_version=1).select(changes).to_pylist(), changes) == \
+        rows_key(whole.changes_to_arrow(starting_version=1).select(changes).to_pylist(), changes)
+    assert _keystore(ranged) == _keystore(whole)
+    indexsession.close_idle()

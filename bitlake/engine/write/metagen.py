@@ -153,6 +153,11 @@ GROUP_RECORDS = 20_000_000
 SPILL_RECORDS = 16_000_000
 SPILL_GROUP_RECORDS = 4_000_000
 _FOLDS_AT_ONCE = 2
+# A load whose buckets each hold more than SPILL_GROUP_RECORDS is folded by ranges of keys of about half that
+# many records, one at a time: the key cache has grown to most of its size by the last ranges (TPC-H SF 30, 180 M
+# records in 16 buckets: 6 ranges a bucket, peak 1.75 GB and 97 s, against 2.74 GB and 108 s for a bucket at a
+# time; 3 ranges a bucket, 2.18 GB; two ranges of 2 M at once, 2.02 GB and 86 s; docs/ingestion.md, "Memory").
+_RANGES_A_GROUP = 2
 
 
 def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: int, index=None) -> MetaGenOutput:
@@ -207,15 +212,27 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
 
 def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: int, index, reads: list
                  ) -> MetaGenOutput:
-    """:func:`run_inline` of a large commit in bounded memory. One pass parts its records by sets of buckets into
-    local scratch files (:class:`~bitlake.engine.write.spill.Spill`), reading two of its files at a time; then each
-    group is folded alone and its buckets' key-store files are written, which hold all of those buckets' rows:
+    """:func:`run_inline` of a large commit in bounded memory. One pass parts its records by sets of buckets (a
+    load whose buckets are too large for a group: by bucket and range of keys, :func:`_key_ranges`) into local
+    scratch files (:class:`~bitlake.engine.write.spill.Spill`), reading two of its files at a time; then each
+    group is folded alone and its key-store files are written, which hold all of its keys' rows:
     only the offsets that become valid (a bitmap a segment) and the events of every group are kept until the
     segments are written."""
     meta = state.metadata
     records = sum(b.records for b in batches)
-    groups = min(-(-records // SPILL_GROUP_RECORDS), meta.num_buckets)
-    group_of_bucket = np.arange(meta.num_buckets) * groups // meta.num_buckets
+    buckets_groups = min(-(-records // SPILL_GROUP_RECORDS), meta.num_buckets)
+    group_of_bucket = np.arange(meta.num_buckets) * buckets_groups // meta.num_buckets
+    edges = _key_ranges(state, batches, records)
+    ranges = len(edges) + 1 if edges is not None else 1
+    groups = buckets_groups * ranges
+
+    def group_of(table: pa.Table) -> np.ndarray:
+        of_bucket = group_of_bucket[table.column(keystore.BUCKET).to_numpy()]
+        if edges is None:
+            return of_bucket
+        first = int64_values(table.column(meta.primary_key[0]))
+        return of_bucket * ranges + np.searchsorted(edges, first, side="right")
+
     sources = [lambda b=b: b.rows for b in batches if b.rows is not None]
     sources += [lambda r=r: r[0](io, r[1], meta) for r in reads]
     # Each group stages its key-index entries while the next one folds, as in run_inline: runs of buckets, whose
@@ -247,10 +264,11 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
     # machine's cores (docs/benchmarks.md, "Design measurements", "MetaGen").
     with Spill(groups) as parts, ThreadPoolExecutor(1, thread_name_prefix="bitlake-keystore") as writer:
         for table in ordered_map(lambda source: source(), sources, ahead=2):
-            parts.add(table, group_of_bucket[table.column(keystore.BUCKET).to_numpy()])
+            parts.add(table, group_of(table))
         # Groups of the planned size fold two at a time and a group's files are written while the next ones fold;
-        # groups larger than planned (the buckets too few for it) one after the other, in the memory of one.
-        at_once = _FOLDS_AT_ONCE if records <= groups * SPILL_GROUP_RECORDS else 1
+        # groups larger than planned (the buckets too few for it) one after the other, in the memory of one, as
+        # are a load's ranges of keys.
+        at_once = _FOLDS_AT_ONCE if records <= groups * SPILL_GROUP_RECORDS and edges is None else 1
         writes: deque[Future] = deque()
         for folded in ordered_map(fold_group, range(groups), ahead=at_once):
             if folded is None:
@@ -273,6 +291,37 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
     keycache.CACHE.forget(io, replaced)
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
     return assemble(state, batches, seg_out, added, replaced, batch_counts)
+
+
+def _key_ranges(state: TableState, batches: list[Landed], records: int) -> np.ndarray | None:
+    """Where a spilled load cuts each bucket's keys into ranges of about half a group, when a bucket alone
+    holds more records than a group should (more than ``num_buckets`` groups of :data:`SPILL_GROUP_RECORDS`): the
+    values of the first key column that start the second range, the third, and so on, cutting the span of its
+    values in the data files' statistics into equal parts. None: no cut (a commit of fewer records, a table with
+    key-store files, whose buckets' files a commit may merge with its rows only once, a first key column that is
+    not an integer, or files without statistics).
+
+    A key's records all fall in one range, and a range holds keys above the range before it, in the key index's
+    order as in the key store's: each range folds alone, in less memory than its bucket, writes a key-store file of
+    its own, a base file of its bucket beside the other ranges', and stages its index entries after those of the
+    range before it (docs/ingestion.md, "Memory")."""
+    meta = state.metadata
+    first = meta.schema.field(meta.primary_key[0])
+    if records <= meta.num_buckets * SPILL_GROUP_RECORDS or any(state.keystore.values()) \
+            or not pa.types.is_integer(first.type):
+        return None
+    spans = []
+    for b in batches:
+        if b.rows is not None:  # the records kept by the landing
+            spans.extend(pc.min_max(b.rows.column(first.name)).values())
+        else:
+            spans.extend((f.stats or {}).get(side, {}).get(first.name) for f in b.data_files for side in ("min", "max"))
+    values = [v.as_py() if isinstance(v, pa.Scalar) else v for v in spans]
+    ranges = -(-records // (meta.num_buckets * SPILL_GROUP_RECORDS // _RANGES_A_GROUP))
+    if not values or not all(isinstance(v, int) for v in values) or ranges < 2:
+        return None
+    low, high = min(values), max(values)
+    return np.array(sorted({low + (high - low + 1) * i // ranges for i in range(1, ranges)}), dtype=np.int64)
 
 
 def _groups(records: pa.Table, meta) -> Iterable[pa.Table]:
