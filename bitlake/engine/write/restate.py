@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bitlake.engine.keys.keyencoding import key_codes
+from bitlake.engine.keys.keyencoding import fixed_width, int64_values, key_codes
 from bitlake.engine.read import prefiltered
 from bitlake.engine.write import metagen, segments
 from bitlake.engine.write.landing import Landed
@@ -334,6 +334,11 @@ def _of_keys(rows: pa.Table, of_keys: pa.Table | None) -> pa.Table:
     if of_keys is None or not rows.num_rows:
         return rows
     pk = of_keys.schema.names
+    if fixed_width(rows, pk) and fixed_width(of_keys, pk):  # integer-like keys: packed into one int64 and searched
+        mine, theirs = ([int64_values(t.column(c)) for c in pk] for t in (rows, of_keys))
+        spans = order.key_spans(mine, theirs)
+        if spans is not None:
+            return rows.filter(pa.array(order.isin(order.pack(mine, spans), order.pack(theirs, spans))))
     places = rows.select(pk).append_column("_place", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
     kept = places.join(of_keys, keys=pk, join_type="left semi").column("_place").to_numpy()
     return rows.take(pa.array(np.sort(kept)))
