@@ -299,7 +299,7 @@ def _key_ranges(state: TableState, batches: list[Landed], records: int) -> np.nd
     values of the first key column that start the second range, the third, and so on, cutting the span of its
     values in the data files' statistics into equal parts. None: no cut (a commit of fewer records, a table with
     key-store files, whose buckets' files a commit may merge with its rows only once, a first key column that is
-    not an integer, or files without statistics).
+    not a signed integer, or files without statistics).
 
     A key's records all fall in one range, and a range holds keys above the range before it, in the key index's
     order as in the key store's: each range folds alone, in less memory than its bucket, writes a key-store file of
@@ -308,7 +308,7 @@ def _key_ranges(state: TableState, batches: list[Landed], records: int) -> np.nd
     meta = state.metadata
     first = meta.schema.field(meta.primary_key[0])
     if records <= meta.num_buckets * SPILL_GROUP_RECORDS or any(state.keystore.values()) \
-            or not pa.types.is_integer(first.type):
+            or not pa.types.is_signed_integer(first.type):  # (unsigned 64-bit keys order as their bits in the index)
         return None
     spans = []
     for b in batches:
