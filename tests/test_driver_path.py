@@ -357,3 +357,38 @@ def test_a_landing_write_that_fails_after_metagen_leaves_nothing(tmp_path, monke
     assert t.state().version == version
     after = [f for f in files_under(tmp_path / "t") if not f.startswith("_bitlake/parts/")]
     assert after == [f for f in before if not f.startswith("_bitlake/parts/")]
+
+
+def test_a_delete_batch_takes_its_row_ids_in_key_order(tmp_path):
+    """Deletes alone are numbered in key order (stable), so their files hold sorted runs; two deletes of one key
+    keep their order of arrival, and of a tie the later arrival is the key's entry (docs/FORMAT.md, "Row ids")."""
+    from bitlake.format import datafile, keystore, rowid
+
+    schema = pa.schema([("a", pa.int64()), ("b", pa.string()), ("v", pa.int64())])
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["a", "b"], delta_column="v", num_buckets=2)
+    t.ingest(pa.table({"a": [1, 2, 3, 3, 9], "b": ["x", "x", "y", "x", "x"], "v": [0] * 5}, schema=schema))
+    deletes = pa.table({"a": [9, 3, 2, 3, 3, 2], "b": ["x", "y", "x", "x", "y", "x"], "v": [1, 2, 1, 1, 2, 3],
+                        "op": ["delete"] * 6})
+    assert t.ingest(deletes, op_column="op").counts["deleted"] == 4
+    state = t.state()
+    [keys_file] = [k for b in state.parts.values() if b.batch_id != state.parts[min(state.parts)].batch_id
+                   for k in b.keys_files]
+    rows = datafile.read_keys(t.io, keys_file.path, state.metadata)
+    offsets = rows.column(keystore.ROW_ID).to_numpy() & rowid.MAX_OFFSET
+    by_offset = rows.take(pa.array(offsets.argsort()))
+    # Key order, the two deletes of (2, x) and of (3, y) in their order of arrival (their deltas tell them apart).
+    assert list(zip(by_offset.column("a").to_pylist(), by_offset.column("b").to_pylist(),
+                    by_offset.column(keystore.DELTA).to_pylist(), strict=True)) == \
+        [(2, "x", 1), (2, "x", 3), (3, "x", 1), (3, "y", 2), (3, "y", 2), (9, "x", 1)]
+    entries = pa.concat_tables(keystore.read_file(t.io, f.path, state.metadata)
+                               for fs in state.keystore.values() for f in fs)
+    latest = {}
+    for r in entries.to_pylist():
+        key = (r["a"], r["b"])
+        if key not in latest or r[keystore.VERSION] >= latest[key][keystore.VERSION]:
+            latest[key] = r
+    # The tie of (3, y) at delta 2: the later of its two deletes is the entry.
+    tied = [int(r) for a, b, r in zip(rows.column("a").to_pylist(), rows.column("b").to_pylist(),
+                                       rows.column(keystore.ROW_ID).to_pylist(), strict=True) if (a, b) == (3, "y")]
+    assert latest[(3, "y")][keystore.ROW_ID] == max(tied) and latest[(3, "y")][keystore.DELETED]
+    assert t.to_arrow().column("a").to_pylist() == [1]
