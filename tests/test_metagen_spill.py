@@ -49,6 +49,30 @@ def _keystore(t: bitlake.Table) -> list[tuple]:
     return sorted((k, r[keystore.DELTA], r[keystore.DELETED]) for k, r in latest.items())
 
 
+def _assert_same_commits(folded: bitlake.Table, whole: bitlake.Table) -> None:
+    """``folded`` committed what ``whole`` (the same batches, each commit folded at once) did: the counts, the view
+    at every version (also as the format's spec reads it), the change feed and the key store."""
+    names = SCHEMA.remove(3).names
+    assert [h["counts"] for h in folded.history()] == [h["counts"] for h in whole.history()]
+    for v in range(whole.version + 1):
+        assert rows_key(folded.to_arrow(version=v).to_pylist(), names) == \
+            rows_key(whole.to_arrow(version=v).to_pylist(), names), v
+    assert rows_key(spec_reader.read_view(folded.path), names) == rows_key(folded.to_arrow().to_pylist(), names)
+    changes = [c for c in folded.changes_to_arrow(starting_version=1).column_names if c != "_commit_timestamp"]
+    assert rows_key(folded.changes_to_arrow(starting_version=1).select(changes).to_pylist(), changes) == \
+        rows_key(whole.changes_to_arrow(starting_version=1).select(changes).to_pylist(), changes)
+    assert _keystore(folded) == _keystore(whole)
+
+
+def _index_levels(t: bitlake.Table) -> list[int]:
+    """The files at each level of ``t``'s key index (open in this process), once it has flushed."""
+    from bitlake.engine.keys import indexsession, keyindex
+
+    indexsession.flush_idle()
+    index = indexsession._kept[keyindex.location(t.io, t.metadata)[0]].index
+    return [index.db.property_int_value(f"rocksdb.num-files-at-level{i}") for i in range(7)]
+
+
 def test_a_spilled_metagen_commits_what_the_whole_fold_commits(tmp_path, monkeypatch):
     whole = bitlake.create_table(str(tmp_path / "whole"), SCHEMA.remove(3), primary_key="k", delta_column="v",
                                  num_buckets=8)
@@ -62,16 +86,7 @@ def test_a_spilled_metagen_commits_what_the_whole_fold_commits(tmp_path, monkeyp
                                    num_buckets=8)
     _workload(spilled)
     assert len(groups) == 5 and min(groups) > 1  # every MetaGen spilled (5 of them), in several groups
-    names = SCHEMA.remove(3).names
-    assert [h["counts"] for h in spilled.history()] == [h["counts"] for h in whole.history()]
-    for v in range(whole.version + 1):
-        assert rows_key(spilled.to_arrow(version=v).to_pylist(), names) == \
-            rows_key(whole.to_arrow(version=v).to_pylist(), names), v
-    assert rows_key(spec_reader.read_view(spilled.path), names) == rows_key(spilled.to_arrow().to_pylist(), names)
-    changes = [c for c in spilled.changes_to_arrow(starting_version=1).column_names if c != "_commit_timestamp"]
-    assert rows_key(spilled.changes_to_arrow(starting_version=1).select(changes).to_pylist(), changes) == \
-        rows_key(whole.changes_to_arrow(starting_version=1).select(changes).to_pylist(), changes)
-    assert _keystore(spilled) == _keystore(whole)
+    _assert_same_commits(spilled, whole)
     assert not [d for d in os.listdir(os.environ.get("TMPDIR", "/tmp")) if d.startswith("bitlake-metagen-")]
 
 
@@ -103,9 +118,7 @@ def test_a_spilled_load_goes_into_the_key_index_as_one_run_at_the_bottom(tmp_pat
     t = bitlake.create_table(str(tmp_path / "t"), SCHEMA.remove(3), primary_key="k", delta_column="v",
                              num_buckets=8)
     t.ingest(_batch(range(400), 1), op_column="op")
-    indexsession.flush_idle()
-    index = indexsession._kept[keyindex.location(t.io, t.metadata)[0]].index
-    levels = [index.db.property_int_value(f"rocksdb.num-files-at-level{i}") for i in range(7)]
+    levels = _index_levels(t)
     # 5 groups' files, all at the bottom; the first level holds the flush of the index's version entries alone
     assert levels[0] <= 1 and levels[1:6] == [0] * 5 and levels[6] >= 5, levels
     r = t.ingest(_batch(range(350, 450), 2), op_column="op")
@@ -143,20 +156,9 @@ def test_a_load_too_large_for_its_buckets_folds_by_key_ranges(tmp_path, monkeypa
     load(ranged)
     assert cuts[0] is not None and len(cuts[0]) == 5  # 6 ranges of the keys -200 .. 199
     assert all(len(files) == 6 and all(f.base for f in files) for files in ranged.state().keystore.values())
-    indexsession.flush_idle()
-    index = indexsession._kept[keyindex.location(ranged.io, ranged.metadata)[0]].index
-    levels = [index.db.property_int_value(f"rocksdb.num-files-at-level{i}") for i in range(7)]
+    levels = _index_levels(ranged)
     assert levels[0] <= 1 and levels[1:6] == [0] * 5 and levels[6] >= 24, levels  # ranges never overlap
     _workload(ranged)
     assert all(c is None for c in cuts[1:])  # later commits: the table has key-store files
-    names = SCHEMA.remove(3).names
-    assert [h["counts"] for h in ranged.history()] == [h["counts"] for h in whole.history()]
-    for v in range(whole.version + 1):
-        assert rows_key(ranged.to_arrow(version=v).to_pylist(), names) == \
-            rows_key(whole.to_arrow(version=v).to_pylist(), names), v
-    assert rows_key(spec_reader.read_view(ranged.path), names) == rows_key(ranged.to_arrow().to_pylist(), names)
-    changes = [c for c in ranged.changes_to_arrow(starting_version=1).column_names if c != "_commit_timestamp"]
-    assert rows_key(ranged.changes_to_arrow(starting_version=1).select(changes).to_pylist(), changes) == \
-        rows_key(whole.changes_to_arrow(starting_version=1).select(changes).to_pylist(), changes)
-    assert _keystore(ranged) == _keystore(whole)
+    _assert_same_commits(ranged, whole)
     indexsession.close_idle()
