@@ -85,6 +85,16 @@ def test_sorted_search_of_millions_of_packed_keys():
     assert np.array_equal(mine, np.arange(len(many))) and np.array_equal(theirs, np.searchsorted(values, many))
 
 
+def test_sorted_search_of_every_value_around_sparse_values():
+    """Every value from below the lowest to past the highest, among values whose slots are mostly empty: a value in
+    an empty slot is not found, though its probes read the slot before, whose low bits may equal its own."""
+    rng = np.random.default_rng(5)
+    for size in (1, 2, 7, 40, 300):
+        values = np.unique(rng.integers(0, 1 << 14, size))
+        wanted = np.arange(-3, (1 << 14) + 3, dtype=np.int64)
+        assert SortedSearch(values).find(wanted).tolist() == _found(values, wanted).tolist()
+
+
 DTYPES = st.sampled_from([np.int64, np.uint32, np.int32, np.uint64])
 
 
