@@ -162,3 +162,56 @@ def test_a_load_too_large_for_its_buckets_folds_by_key_ranges(tmp_path, monkeypa
     assert all(c is None for c in cuts[1:])  # later commits: the table has key-store files
     _assert_same_commits(ranged, whole)
     indexsession.close_idle()
+
+
+def test_a_load_keyed_by_a_date_then_a_string_folds_by_ranges_of_the_date(tmp_path, monkeypatch):
+    """The key ranges of a load cut any first key column of fixed width (here a date, before a string column):
+    a key's encoding starts with that column's 8 bytes, so its ranges follow the key index's order too."""
+    import datetime as dt
+
+    schema = pa.schema([("day", pa.date32()), ("name", pa.string()), ("v", pa.int64()), ("op", pa.string())])
+    names = schema.remove(3).names
+    start = dt.date(2019, 12, 1)
+
+    def batch(numbers, v, op="upsert") -> pa.Table:
+        numbers = list(numbers)
+        return pa.table({"day": [start + dt.timedelta(days=n // 3) for n in numbers],
+                         "name": [f"n{n % 3}" for n in numbers], "v": [v] * len(numbers),
+                         "op": [op] * len(numbers)}, schema=schema)
+
+    def load(t: bitlake.Table) -> None:
+        t.ingest(pa.concat_tables([batch(range(450), 1), batch([7, 8, 300], 1)]), op_column="op")  # 3 keys twice
+
+    def workload(t: bitlake.Table) -> None:
+        t.ingest(batch(range(400, 520), 2), op_column="op")  # updates and inserts
+        t.ingest(batch(range(0, 450, 9), 3, "delete"), op_column="op")
+
+    def create(name: str) -> bitlake.Table:
+        return bitlake.create_table(str(tmp_path / name), schema.remove(3), primary_key=["day", "name"],
+                                    delta_column="v", num_buckets=4)
+
+    from bitlake.engine.keys import indexsession, keyindex
+
+    whole = create("whole")
+    load(whole)
+    workload(whole)
+    cuts = []
+    real = metagen._key_ranges
+    monkeypatch.setattr(metagen, "_key_ranges", lambda *a: cuts.append(real(*a)) or cuts[-1])
+    monkeypatch.setattr(metagen, "SPILL_RECORDS", 0)
+    monkeypatch.setattr(metagen, "SPILL_GROUP_RECORDS", 40)  # 453 records > 4 buckets x 40: 6 ranges of the days
+    monkeypatch.setattr(keyindex, "_PROCESS_SST_ROWS", 1)  # every range stages its entries as SST files
+    ranged = create("ranged")
+    load(ranged)
+    assert cuts[0] is not None and len(cuts[0]) == 5
+    assert all(len(files) == 6 and all(f.base for f in files) for files in ranged.state().keystore.values())
+    levels = _index_levels(ranged)
+    assert levels[0] <= 1 and levels[1:6] == [0] * 5 and levels[6] >= 24, levels  # ranges never overlap
+    workload(ranged)
+    assert all(c is None for c in cuts[1:])
+    assert [h["counts"] for h in ranged.history()] == [h["counts"] for h in whole.history()]
+    for v in range(whole.version + 1):
+        assert rows_key(ranged.to_arrow(version=v).to_pylist(), names) == \
+            rows_key(whole.to_arrow(version=v).to_pylist(), names), v
+    assert ranged.to_arrow().num_rows == 520 - 50
+    indexsession.close_idle()

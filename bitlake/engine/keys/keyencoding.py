@@ -23,10 +23,11 @@ _SIGN = np.uint64(1 << 63)
 def encodable(t: pa.DataType) -> bool:
     """Whether a key column of type ``t`` has a fixed-width or length-prefixed encoding (what the key index
     takes)."""
-    return _fixed(t) or _variable(t)
+    return fixed_type(t) or _variable(t)
 
 
-def _fixed(t: pa.DataType) -> bool:
+def fixed_type(t: pa.DataType) -> bool:
+    """Whether a key column of type ``t`` encodes to 8 bytes, ordered as :func:`int64_values` gives its values."""
     return pa.types.is_integer(t) or pa.types.is_date(t) or pa.types.is_timestamp(t) or pa.types.is_boolean(t)
 
 
@@ -43,11 +44,11 @@ def encode_keys(table: pa.Table, primary_key: list[str], buckets: np.ndarray | N
     is its text with exactly its scale's digits (as the bucket hash takes it). ``buckets``: each row's bucket,
     put as two big-endian bytes after the first, so that keys order by bucket, then by key (the key index's)."""
     columns = [table.column(c) for c in primary_key]
-    if all(_fixed(c.type) for c in columns):
+    if all(fixed_type(c.type) for c in columns):
         return fixed_key_array(buckets, [int64_values(c) for c in columns]).tolist()
     parts = [[int(b).to_bytes(2, "big") for b in buckets.tolist()]] if buckets is not None else []
     for c in columns:
-        if _fixed(c.type):
+        if fixed_type(c.type):
             parts.append([(x + 2**63).to_bytes(8, "big") for x in int64_values(c).tolist()])
         else:
             values = (bucket.decimal_text(c) if pa.types.is_decimal(c.type) else c).to_pylist()
@@ -84,7 +85,7 @@ def fixed_key_array(buckets: np.ndarray | None, columns: list[np.ndarray]) -> np
 
 def fixed_width(table: pa.Table, primary_key: list[str]) -> bool:
     """Whether every key column encodes to 8 bytes (so keys sort and compare as integer columns)."""
-    return all(_fixed(table.schema.field(c).type) for c in primary_key)
+    return all(fixed_type(table.schema.field(c).type) for c in primary_key)
 
 
 def key_order(table: pa.Table, primary_key: list[str]) -> np.ndarray | None:

@@ -29,12 +29,12 @@ from pyroaring import BitMap
 
 from bitlake import memory
 from bitlake.engine.keys import keycache
-from bitlake.engine.keys.keyencoding import fixed_width, int64_values, key_codes
+from bitlake.engine.keys.keyencoding import fixed_type, fixed_width, int64_values, key_codes
 from bitlake.engine.keys.keyindex import stages
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.segments import segment_runs, sorted_ids, write_segments
 from bitlake.engine.write.spill import Spill
-from bitlake.format import bitmap, datafile, keystore, rowid, segmentlog
+from bitlake.format import bitmap, datafile, keystore, rowid, segmentlog, stats
 from bitlake.format.commit import BucketFile, DataFile, LogFile, SegmentState
 from bitlake.format.order import latest, lexsort, strictly_increasing
 from bitlake.format.state import TableState
@@ -296,31 +296,33 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
 def _key_ranges(state: TableState, batches: list[Landed], records: int) -> np.ndarray | None:
     """Where a spilled load cuts each bucket's keys into ranges of about half a group, when a bucket alone
     holds more records than a group should (more than ``num_buckets`` groups of :data:`SPILL_GROUP_RECORDS`): the
-    values of the first key column that start the second range, the third, and so on, cutting the span of its
-    values in the data files' statistics into equal parts. None: no cut (a commit of fewer records, a table with
-    key-store files, whose buckets' files a commit may merge with its rows only once, a first key column that is
-    not a signed integer, or files without statistics).
+    values of the first key column (as :func:`~bitlake.engine.keys.keyencoding.int64_values` gives them) that
+    start the second range, the third, and so on, cutting the span of its values in the data files' statistics
+    into equal parts. None: no cut (a commit of fewer records, a table with key-store files, whose buckets' files a
+    commit may merge with its rows only once, a first key column not of fixed width, or files without statistics).
 
     A key's records all fall in one range, and a range holds keys above the range before it, in the key index's
-    order as in the key store's: each range folds alone, in less memory than its bucket, writes a key-store file of
-    its own, a base file of its bucket beside the other ranges', and stages its index entries after those of the
-    range before it (docs/ingestion.md, "Memory")."""
+    order as in the key store's (a key's encoding starts with its first column's 8 bytes, ordered as these values):
+    each range folds alone, in less memory than its bucket, writes a key-store file of its own, a base file of its
+    bucket beside the other ranges', and stages its index entries after those of the range before it
+    (docs/ingestion.md, "Memory")."""
     meta = state.metadata
     first = meta.schema.field(meta.primary_key[0])
     if records <= meta.num_buckets * SPILL_GROUP_RECORDS or any(state.keystore.values()) \
-            or not pa.types.is_signed_integer(first.type):  # (unsigned 64-bit keys order as their bits in the index)
+            or not fixed_type(first.type):
         return None
-    spans = []
+    bounds: list[pa.Scalar | None] = []
     for b in batches:
         if b.rows is not None:  # the records kept by the landing
-            spans.extend(pc.min_max(b.rows.column(first.name)).values())
+            bounds.extend(pc.min_max(b.rows.column(first.name)).values())
         else:
-            spans.extend((f.stats or {}).get(side, {}).get(first.name) for f in b.data_files for side in ("min", "max"))
-    values = [v.as_py() if isinstance(v, pa.Scalar) else v for v in spans]
+            sides = ((f.stats or {}).get(side, {}).get(first.name) for f in b.data_files for side in ("min", "max"))
+            bounds.extend(None if v is None else stats.decode(v, first.type) for v in sides)
     ranges = -(-records // (meta.num_buckets * SPILL_GROUP_RECORDS // _RANGES_A_GROUP))
-    if not values or not all(isinstance(v, int) for v in values) or ranges < 2:
+    if not bounds or any(v is None or not v.is_valid for v in bounds) or ranges < 2:
         return None
-    low, high = min(values), max(values)
+    values = int64_values(pa.array([v.as_py() for v in bounds], first.type))
+    low, high = int(values.min()), int(values.max())
     return np.array(sorted({low + (high - low + 1) * i // ranges for i in range(1, ranges)}), dtype=np.int64)
 
 
