@@ -164,9 +164,11 @@ def test_a_load_too_large_for_its_buckets_folds_by_key_ranges(tmp_path, monkeypa
     indexsession.close_idle()
 
 
-def test_a_load_keyed_by_a_date_then_a_string_folds_by_ranges_of_the_date(tmp_path, monkeypatch):
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_load_keyed_by_a_date_then_a_string_folds_by_ranges_of_the_date(tmp_path, monkeypatch, stream):
     """The key ranges of a load cut any first key column of fixed width (here a date, before a string column):
-    a key's encoding starts with that column's 8 bytes, so its ranges follow the key index's order too."""
+    a key's encoding starts with that column's 8 bytes, so its ranges follow the key index's order too. Their
+    bounds come from the records the landing kept, or from a stream's data files' statistics."""
     import datetime as dt
 
     schema = pa.schema([("day", pa.date32()), ("name", pa.string()), ("v", pa.int64()), ("op", pa.string())])
@@ -180,7 +182,9 @@ def test_a_load_keyed_by_a_date_then_a_string_folds_by_ranges_of_the_date(tmp_pa
                          "op": [op] * len(numbers)}, schema=schema)
 
     def load(t: bitlake.Table) -> None:
-        t.ingest(pa.concat_tables([batch(range(450), 1), batch([7, 8, 300], 1)]), op_column="op")  # 3 keys twice
+        records = pa.concat_tables([batch(range(450), 1), batch([7, 8, 300], 1)])  # 3 keys twice
+        t.ingest(pa.RecordBatchReader.from_batches(schema, records.to_batches(max_chunksize=64)) if stream
+                 else records, op_column="op")
 
     def workload(t: bitlake.Table) -> None:
         t.ingest(batch(range(400, 520), 2), op_column="op")  # updates and inserts

@@ -321,7 +321,7 @@ def _key_ranges(state: TableState, batches: list[Landed], records: int) -> np.nd
     ranges = -(-records // (meta.num_buckets * SPILL_GROUP_RECORDS // _RANGES_A_GROUP))
     if not bounds or any(v is None or not v.is_valid for v in bounds) or ranges < 2:
         return None
-    values = int64_values(pa.array([v.as_py() for v in bounds], first.type))
+    values = int64_values(pa.array(bounds, first.type))
     low, high = int(values.min()), int(values.max())
     return np.array(sorted({low + (high - low + 1) * i // ranges for i in range(1, ranges)}), dtype=np.int64)
 
