@@ -126,11 +126,6 @@ class _Cutter:
         """Writes the deletes among ``chunk``'s records (at ``offsets``) to the keys file, and its upserts, if they
         pass the checks, to data files: a delete takes an offset of the segment too, though no data file holds it."""
         is_delete = self._delete_mask(chunk) if self.task.has_op else None
-        if is_delete is not None and self.meta.keyed and pc.all(is_delete).as_py():
-            # Deletes alone (a delete batch) take their offsets in key order: the keys file, the key-store rows and
-            # the log's causes then compress as sorted runs, near half the bytes of random order. The sort is
-            # stable, so a key's deletes keep their order of arrival (ties: the later arrival wins).
-            chunk = chunk.take(pc.sort_indices(chunk, [(k, "ascending") for k in self.meta.primary_key]))
         chunk = self._with_row_ids(chunk, offsets)
         if self.meta.keyed:
             deltas = deltas_as_int(chunk.column(self.meta.delta_column), self.meta.delta_type)
