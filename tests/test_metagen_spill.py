@@ -73,6 +73,28 @@ def _index_levels(t: bitlake.Table) -> list[int]:
     return [index.db.property_int_value(f"rocksdb.num-files-at-level{i}") for i in range(7)]
 
 
+def _ranged_load(monkeypatch, create, load) -> tuple[bitlake.Table, list]:
+    """A table ``create()`` makes, loaded by ``load`` with spill groups of 40 records into its 4 buckets, so that the
+    load folds by 6 ranges of its first key column: checks that it cut 6 ranges a bucket, each a key-store base file,
+    whose index entries went in as SST files all at the bottom (the ranges never overlap). Returns the table and the
+    cuts of every commit (``_key_ranges``'s answers)."""
+    from bitlake.engine.keys import keyindex
+
+    cuts = []
+    real = metagen._key_ranges
+    monkeypatch.setattr(metagen, "_key_ranges", lambda *a: cuts.append(real(*a)) or cuts[-1])
+    monkeypatch.setattr(metagen, "SPILL_RECORDS", 0)
+    monkeypatch.setattr(metagen, "SPILL_GROUP_RECORDS", 40)  # > 4 buckets x 40 records: ranges of ~20 records
+    monkeypatch.setattr(keyindex, "_PROCESS_SST_ROWS", 1)  # every range stages its entries as SST files
+    ranged = create()
+    load(ranged)
+    assert cuts[0] is not None and len(cuts[0]) == 5  # 6 ranges
+    assert all(len(files) == 6 and all(f.base for f in files) for files in ranged.state().keystore.values())
+    levels = _index_levels(ranged)
+    assert levels[0] <= 1 and levels[1:6] == [0] * 5 and levels[6] >= 24, levels  # ranges never overlap
+    return ranged, cuts
+
+
 def test_a_spilled_metagen_commits_what_the_whole_fold_commits(tmp_path, monkeypatch):
     whole = bitlake.create_table(str(tmp_path / "whole"), SCHEMA.remove(3), primary_key="k", delta_column="v",
                                  num_buckets=8)
@@ -133,7 +155,7 @@ def test_a_load_too_large_for_its_buckets_folds_by_key_ranges(tmp_path, monkeypa
     """A load whose buckets each hold more records than a group folds each bucket by ranges of its first key column
     (metagen._key_ranges): a key-store base file a range, index entries staged range after range, and the same
     views, counts, change feed and key store as the fold of the whole commit at once."""
-    from bitlake.engine.keys import indexsession, keyindex
+    from bitlake.engine.keys import indexsession
 
     def load(t: bitlake.Table) -> None:
         keys = [k - 200 for k in range(400)] + [5, -7, 150]  # negative keys, and three keys twice
@@ -145,19 +167,8 @@ def test_a_load_too_large_for_its_buckets_folds_by_key_ranges(tmp_path, monkeypa
                                  num_buckets=4)
     load(whole)
     _workload(whole)
-    cuts = []
-    real = metagen._key_ranges
-    monkeypatch.setattr(metagen, "_key_ranges", lambda *a: cuts.append(real(*a)) or cuts[-1])
-    monkeypatch.setattr(metagen, "SPILL_RECORDS", 0)
-    monkeypatch.setattr(metagen, "SPILL_GROUP_RECORDS", 40)  # 403 records > 4 buckets x 40: ranges of ~20 records
-    monkeypatch.setattr(keyindex, "_PROCESS_SST_ROWS", 1)  # every range stages its entries as SST files
-    ranged = bitlake.create_table(str(tmp_path / "ranged"), SCHEMA.remove(3), primary_key="k", delta_column="v",
-                                  num_buckets=4)
-    load(ranged)
-    assert cuts[0] is not None and len(cuts[0]) == 5  # 6 ranges of the keys -200 .. 199
-    assert all(len(files) == 6 and all(f.base for f in files) for files in ranged.state().keystore.values())
-    levels = _index_levels(ranged)
-    assert levels[0] <= 1 and levels[1:6] == [0] * 5 and levels[6] >= 24, levels  # ranges never overlap
+    ranged, cuts = _ranged_load(monkeypatch, lambda: bitlake.create_table(  # 403 records: 6 ranges of -200 .. 199
+        str(tmp_path / "ranged"), SCHEMA.remove(3), primary_key="k", delta_column="v", num_buckets=4), load)
     _workload(ranged)
     assert all(c is None for c in cuts[1:])  # later commits: the table has key-store files
     _assert_same_commits(ranged, whole)
@@ -194,23 +205,12 @@ def test_a_load_keyed_by_a_date_then_a_string_folds_by_ranges_of_the_date(tmp_pa
         return bitlake.create_table(str(tmp_path / name), schema.remove(3), primary_key=["day", "name"],
                                     delta_column="v", num_buckets=4)
 
-    from bitlake.engine.keys import indexsession, keyindex
+    from bitlake.engine.keys import indexsession
 
     whole = create("whole")
     load(whole)
     workload(whole)
-    cuts = []
-    real = metagen._key_ranges
-    monkeypatch.setattr(metagen, "_key_ranges", lambda *a: cuts.append(real(*a)) or cuts[-1])
-    monkeypatch.setattr(metagen, "SPILL_RECORDS", 0)
-    monkeypatch.setattr(metagen, "SPILL_GROUP_RECORDS", 40)  # 453 records > 4 buckets x 40: 6 ranges of the days
-    monkeypatch.setattr(keyindex, "_PROCESS_SST_ROWS", 1)  # every range stages its entries as SST files
-    ranged = create("ranged")
-    load(ranged)
-    assert cuts[0] is not None and len(cuts[0]) == 5
-    assert all(len(files) == 6 and all(f.base for f in files) for files in ranged.state().keystore.values())
-    levels = _index_levels(ranged)
-    assert levels[0] <= 1 and levels[1:6] == [0] * 5 and levels[6] >= 24, levels  # ranges never overlap
+    ranged, cuts = _ranged_load(monkeypatch, lambda: create("ranged"), load)  # 453 records: 6 ranges of the days
     workload(ranged)
     assert all(c is None for c in cuts[1:])
     assert [h["counts"] for h in ranged.history()] == [h["counts"] for h in whole.history()]
