@@ -22,7 +22,7 @@ SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.int64())])
 @pytest.mark.parametrize("remembered", [True, False], ids=["from-the-writer's-memory", "from-the-files"])
 def test_a_delta_flips_offsets_of_its_bitmap_and_may_grow_the_universe(tmp_path, monkeypatch, remembered):
     if not remembered:
-        monkeypatch.setattr(bitmap, "_WRITTEN", bitmap._Recent(0))
+        monkeypatch.setattr(bitmap, "_HELD", bitmap._Recent(0))
     io = LocalFileIO(str(tmp_path))
     holes = BitMap(range(0, 100_000, 10))  # 10,000 holes in [0, 100,000)
     bitmap.write_holes(io, "base.parquet", [(1, 0, holes, 100_000)])
@@ -104,7 +104,7 @@ def test_small_commits_after_churn_write_deltas_and_every_version_reads_right(tm
 
     check_every_version()
     # Read by a process that wrote none of the files, after a cleanup of unreferenced ones.
-    monkeypatch.setattr(bitmap, "_WRITTEN", bitmap._Recent(0))
+    monkeypatch.setattr(bitmap, "_HELD", bitmap._Recent(0))
     t.cleanup(min_age_seconds=0)
     check_every_version()
     # And the writer goes on from the files alone.
@@ -125,6 +125,21 @@ def test_a_writer_keeps_the_bitmaps_it_used_last_up_to_its_bytes():
     assert recent.get(("io", "b")) is None and recent.get(("io", "a")) and recent.get(("io", "c"))
     recent.put(("io", "d"), stored(500))  # more than the bound: not kept, and the others stay
     assert recent.get(("io", "d")) is None and recent.get(("io", "a")) and recent.get(("io", "c"))
+
+
+def test_a_process_reads_a_bitmap_file_once(tmp_path, monkeypatch):
+    """A writer that did not write a segment's bitmap (another process did, or a compaction) reads the file for its
+    first commit to the segment, and keeps it for the next ones: files never change."""
+    io = LocalFileIO(str(tmp_path))
+    bitmap.write_holes(io, "b.parquet", [(1, 0, BitMap(range(0, 100_000, 10)), 100_000)])
+    monkeypatch.setattr(bitmap, "_HELD", bitmap._Recent(64 << 20))  # a process that holds none
+    first = bitmap.read_stored(io, "b.parquet")
+    assert first[(1, 0)].complement_of == 100_000 and len(first[(1, 0)].bitmap) == 10_000
+    io.delete("b.parquet")
+    assert bitmap.read_stored(io, "b.parquet") is first
+    monkeypatch.setattr(bitmap, "_HELD", bitmap._Recent(0))  # nothing held: the file is read (and gone)
+    with pytest.raises(FileNotFoundError):
+        bitmap.read_stored(io, "b.parquet")
 
 
 def test_an_unkeyed_tables_deletes_write_deltas_too(tmp_path):

@@ -136,7 +136,7 @@ def test_bitmaps_written_as_holes_read_back_as_valid_offsets_and_as_holes(tmp_pa
     the valid offsets; readers get the valid offsets either way, and a later commit the holes again (in the process
     that wrote the file, from what it wrote, which the caller may change afterwards)."""
     if not remembered:
-        monkeypatch.setattr(bitmap, "_WRITTEN", bitmap._Recent(0))
+        monkeypatch.setattr(bitmap, "_HELD", bitmap._Recent(0))
     io = LocalFileIO(str(tmp_path))
     few, many = BitMap([3, 70_000, 99_999]), BitMap(range(0, 99_990))
     given = [BitMap(few), BitMap(many)]
@@ -1063,6 +1063,23 @@ def test_a_segment_log_file_has_one_row_group_per_event_kind(tmp_path):
     until = segmentlog.read_until(io, f.path)
     assert set(until.column("event").to_pylist()) == {segmentlog.SET_VALID_UNTIL} and until.num_rows == groups[0].num_rows
     assert min(segmentlog.read_until(io, f.path, after=500).column("t").to_pylist()) > 500
+
+
+def test_a_segment_log_written_in_a_given_order_a_row_group_at_a_time(tmp_path, monkeypatch):
+    """The inline MetaGen hands its UNTIL events unsorted with the permutation that sorts them: the file holds
+    them in that order, a row group of _ROW_GROUP_ROWS at a time, as if they had been sorted first."""
+    monkeypatch.setattr(segmentlog, "_ROW_GROUP_ROWS", 64)
+    io = LocalFileIO(str(tmp_path))
+    n = 1000
+    events = _events(n, np.full(n, segmentlog.SET_VALID_UNTIL), t=np.arange(n))
+    order = np.lexsort((events.column(rowid.OFFSET_COLUMN).to_numpy(), events.column(rowid.SEQ_COLUMN).to_numpy()))
+    given = segmentlog.write_file(io, "_bitlake/logs/given.parquet", events, order)
+    sorted_here = segmentlog.write_file(io, "_bitlake/logs/sorted.parquet", events)
+    assert (given.events, given.min_t, given.max_t) == (n, 0, n - 1)
+    file = pq.ParquetFile(tmp_path / given.path)
+    assert [file.metadata.row_group(g).num_rows for g in range(file.metadata.num_row_groups)] == [64] * 15 + [40]
+    assert file.read().equals(pq.read_table(tmp_path / sorted_here.path))
+    assert file.read().column("cause").to_pylist() == events.column("cause").take(pa.array(order)).to_pylist()
 
 
 def test_metagen_writes_only_until_events_and_the_new_bitmaps(tmp_path):

@@ -130,7 +130,7 @@ def write_holes(io: FileIO, path: str, rows: list[tuple[int, int, BitMap, int]],
     blobs = [serialize(st.bitmap) for st in kept.values()]
     kept = {seg: st._replace(nbytes=len(b)) for (seg, st), b in zip(kept.items(), blobs, strict=True)}
     size = _write(io, path, list(kept), blobs, cardinalities, [st.complement_of for st in kept.values()])
-    _WRITTEN.put((io.uri(), path), kept)
+    _HELD.put((io.uri(), path), kept)
     return size
 
 
@@ -161,11 +161,11 @@ def _write(io: FileIO, path: str, segments: list[tuple[int, int]], blobs: list[b
 
 
 class _Recent:
-    """The bitmaps of the files this process wrote, as :func:`read_stored` gives them (shared: never changed), up
-    to ``max_bytes`` of serialized bitmaps, the least recently used dropped first: a writer's next commit starts
-    from the holes, and the bitmaps its deltas are to, that it wrote, which after churn are megabytes to read back
-    each commit (docs/benchmarks.md, "Design measurements", "Bitmaps"). Files never change, so they stay right for as
-    long as they are kept."""
+    """The bitmaps of the files this process wrote or read, as :func:`read_stored` gives them (shared: never
+    changed), up to ``max_bytes`` of serialized bitmaps, the least recently used dropped first: a writer's next
+    commit starts from the holes, and the bitmaps its deltas are to, that it wrote or read for the commit before,
+    which after churn are megabytes to read back each commit (docs/benchmarks.md, "Design measurements", "Bitmaps").
+    Files never change, so they stay right for as long as they are kept."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
@@ -194,21 +194,24 @@ class _Recent:
             return held[0]
 
 
-_WRITTEN = _Recent(64 << 20)
+_HELD = _Recent(64 << 20)
 
 
 def read_stored(io: FileIO, path: str) -> dict[tuple[int, int], Stored]:
     """The rows of a bitmap file as stored, by segment (shared with other callers: do not change them)."""
-    written = _WRITTEN.get((io.uri(), path))
-    if written is not None:
-        return written
+    held = _HELD.get((io.uri(), path))
+    if held is not None:
+        return held
     table = pq.read_table(io.open_input(path))
     parts = table.column(PART_COLUMN).to_pylist()
     seqs = table.column(SEQ_COLUMN).to_pylist()
     blobs = table.column("bitmap").to_pylist()
     universes = table.column("complement_of").to_pylist() if "complement_of" in table.column_names else [None] * len(
         blobs)
-    return {(p, s): Stored(deserialize(b), n, len(b)) for p, s, b, n in zip(parts, seqs, blobs, universes, strict=True)}
+    stored = {(p, s): Stored(deserialize(b), n, len(b)) for p, s, b, n in zip(parts, seqs, blobs, universes,
+                                                                              strict=True)}
+    _HELD.put((io.uri(), path), stored)
+    return stored
 
 
 def features(segments) -> tuple[str, ...]:

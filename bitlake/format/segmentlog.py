@@ -56,25 +56,32 @@ _PARQUET_OPTIONS = {
 }
 
 
-def write_file(io: FileIO, path: str, events: pa.Table) -> LogFile:
+# Rows a row group of a log file (pyarrow's default), each taken in order as it is written.
+_ROW_GROUP_ROWS = 1 << 20
+
+
+def write_file(io: FileIO, path: str, events: pa.Table, order: np.ndarray | None = None) -> LogFile:
     """Writes ``events`` (columns of :data:`FILE_SCHEMA`, or :data:`VERSIONED_SCHEMA` for a regrouped file)
-    sorted by row id (then version); returns the file's entry."""
+    sorted by row id (then version); returns the file's entry. ``order``: the permutation of ``events``, all
+    SET_VALID_UNTIL, that sorts them, when the caller has it. The rows are taken in that order a row group at a
+    time as they are written, not copied whole (the 5.7 M events of a 10 % upsert of TPC-H SF 10: 245 MB)."""
     schema = VERSIONED_SCHEMA if VERSION in events.column_names else FILE_SCHEMA
     table = events.select(schema.names).cast(schema)
     # UNTIL events first, each kind by row id (then version); events in that order already (a batch of updates
     # of a table loaded in key order) are not sorted again.
-    rid = row_ids(table)
-    not_until = table.column("event").to_numpy() != SET_VALID_UNTIL
-    if schema is VERSIONED_SCHEMA:
-        table = table.take(pa.array(lexsort((table.column(VERSION).to_numpy(), rid, not_until))))
-    elif not_until.any() or not non_decreasing(rid):
-        table = table.take(pa.array(lexsort((rid, not_until))))
-    kinds = table.column("event").to_numpy()
+    if order is None:
+        rid = row_ids(table)
+        not_until = table.column("event").to_numpy() != SET_VALID_UNTIL
+        if schema is VERSIONED_SCHEMA:
+            order = lexsort((table.column(VERSION).to_numpy(), rid, not_until))
+        elif not_until.any() or not non_decreasing(rid):
+            order = lexsort((rid, not_until))
+    until = int(np.count_nonzero(table.column("event").to_numpy() == SET_VALID_UNTIL))
     with io.open_output(path) as out, pq.ParquetWriter(out, schema, **_PARQUET_OPTIONS) as writer:
-        until = int(np.count_nonzero(kinds == SET_VALID_UNTIL))
-        for of_kind in (table.slice(0, until), table.slice(until)):
-            if of_kind.num_rows:
-                writer.write_table(of_kind)
+        for start, end in ((0, until), (until, table.num_rows)):  # a kind's rows never share a row group
+            for at in range(start, end, _ROW_GROUP_ROWS):
+                n = min(_ROW_GROUP_ROWS, end - at)
+                writer.write_table(table.slice(at, n) if order is None else table.take(order[at:at + n]))
     t = table.column("t")
     versions = None
     if schema is VERSIONED_SCHEMA:

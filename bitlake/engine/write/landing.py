@@ -311,7 +311,12 @@ def land_local(io: FileIO, meta: TableMetadata, part: int, has_op: bool, batches
         raise
     if task.keep:
         kept = [t for seq in sorted(task.kept) for t in task.kept[seq]]
-        landing.rows = pa.concat_tables(kept) if kept else datafile.keys_schema(meta).empty_table()
+        # In one chunk, and the pieces let go: the inline MetaGen takes the rows as they are, where a copy of its
+        # own would hold them twice (193 MB for a 6 M-record batch; docs/ingestion.md, "Memory").
+        landing.rows = pa.concat_tables(kept).combine_chunks() if kept else datafile.keys_schema(meta).empty_table()
+        for pieces in task.kept.values():
+            pieces.clear()
+        task.kept.clear()
     return landing
 
 

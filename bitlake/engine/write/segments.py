@@ -38,7 +38,8 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
     """
     table = events.cast(segmentlog.FILE_SCHEMA)
     kinds = table.column("event").to_numpy()
-    until = table.filter(pa.array(kinds == segmentlog.SET_VALID_UNTIL))
+    is_until = kinds == segmentlog.SET_VALID_UNTIL
+    until = table if is_until.all() else table.filter(pa.array(is_until))  # the inline MetaGen's are all UNTIL
 
     def packed(t: pa.Table) -> np.ndarray:
         return rowid.pack_arrays(*(t.column(c).to_numpy() for c in rowid.ROW_ID_COLUMNS))
@@ -46,13 +47,14 @@ def write_segments(io: FileIO, prior: dict[tuple[int, int], SegmentState], event
     # Sorted once, for the log file and the bitmaps (a spilled MetaGen's groups come in sorted runs, which a stable
     # sort merges), and the log file written while the bitmaps are made.
     until_ids = packed(until)
+    order = None
     if not non_decreasing(until_ids):
         order = np.argsort(until_ids, kind="stable")
-        until, until_ids = until.take(order), until_ids[order]
+        until_ids = until_ids[order]
     becomes = [ids for ids in (packed(table.filter(pa.array(kinds == BECOMES_VALID))), *valid) if len(ids)]
     valid_runs = segment_runs(sorted_ids(becomes[0] if len(becomes) == 1 else np.concatenate(becomes or [_NO_IDS])))
     with ThreadPoolExecutor(1, thread_name_prefix="bitlake-log") as writer:
-        log = writer.submit(segmentlog.write_file, io, layout.log_path(), until) if until.num_rows else None
+        log = writer.submit(segmentlog.write_file, io, layout.log_path(), until, order) if until.num_rows else None
         bitmaps = _write_bitmaps(io, prior, valid_runs, segment_runs(until_ids), valid_offsets or {}, deltas)
     f = log.result() if log is not None else None
     return ([{"kind": "log", "path": f.path, "part": None, "seq": None, "count": f.events, "bytes": f.bytes,
