@@ -78,13 +78,13 @@ class Entries:
         self.values = [_Held(table.column(c).to_numpy(zero_copy_only=False)) for c in _VALUES]
         self.nbytes += self.search.nbytes + sum(v.nbytes for v in self.values)
 
-    def match(self, keys: pa.Table, primary_key: list[str], columns: list[np.ndarray] | None = None
-              ) -> tuple[np.ndarray, list[np.ndarray]]:
+    def match(self, keys: pa.Table, primary_key: list[str], columns: list[np.ndarray] | None = None,
+              codes: np.ndarray | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
         """The rows of ``keys`` (key columns and ``_code``) found here: their codes, and the delta, row id,
-        deleted and version of each. ``columns``: the key columns as
-        :func:`~bitlake.engine.keys.keyencoding.int64_values` gives them, when the caller has them (a bucket's keys
-        are matched against each of its files)."""
-        codes = keys.column("_code").to_numpy()
+        deleted and version of each. ``columns`` and ``codes``: the key columns as
+        :func:`~bitlake.engine.keys.keyencoding.int64_values` gives them and the ``_code`` column as numpy, when
+        the caller has them (a bucket's keys are matched against each of its files)."""
+        codes = keys.column("_code").to_numpy() if codes is None else codes
         if self.search is None:
             assert self.table is not None
             m = self.table.join(keys, keys=primary_key, join_type="inner", use_threads=False)

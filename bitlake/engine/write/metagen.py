@@ -496,14 +496,18 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     def of_file(f: BucketFile) -> keycache.Entries:
         return read[f.path] if f.path in read else keycache.CACHE.entries(io, f.path, state.metadata)
 
+    # Fixed-width keys as int64 and their codes, converted once: a bucket's are a slice of them.
+    wanted_columns = [int64_values(wanted.column(c)) for c in pk] if fixed else None
+    wanted_codes = by_bucket  # codes number distinct's rows: the code of wanted's row i is by_bucket[i]
+
     def entries(bucket: int) -> None:
         files = state.keystore.get(bucket, [])
         if not files:
             return
         a, e = slices[bucket]
         keys = wanted.slice(a, e - a)
-        columns = [int64_values(keys.column(c)) for c in pk] if fixed else None
-        matches = [of_file(f).match(keys, pk, columns) for f in files]
+        columns = [c[a:e] for c in wanted_columns] if wanted_columns is not None else None
+        matches = [of_file(f).match(keys, pk, columns, wanted_codes[a:e]) for f in files]
         code = np.concatenate([c for c, _ in matches])
         values = [np.concatenate(v) for v in zip(*(v for _, v in matches), strict=True)]
         if len(files) > 1:  # a key may have a row in several of the bucket's files: its highest _ks_version
@@ -524,7 +528,7 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
         keys = distinct.select(pk).append_column("_code", codes)
         columns = [int64_values(keys.column(c)) for c in pk] if fixed else None
         for f in shared:
-            code, values = of_file(f).match(keys, pk, columns)
+            code, values = of_file(f).match(keys, pk, columns, np.arange(n))
             newer = values[3] > version[code]
             code = code[newer]
             found[code] = True
