@@ -49,6 +49,38 @@ def test_a_delta_flips_offsets_of_its_bitmap_and_may_grow_the_universe(tmp_path,
     assert state.with_bitmap(None, 3) == SegmentState(1, 0, 100_010, 100_010, None, 3)
 
 
+@pytest.mark.parametrize("form", ["holes", "valid"])
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_rows_ended_alone_give_the_delta_the_holes_give(tmp_path, form, with_delta):
+    """A commit that only ends rows of a segment works out its delta from the ended offsets and the segment's
+    delta (BitmapCache.ended), and gets what the holes of the whole segment give (BitmapCache.holes, then delta):
+    offsets already invalid, past the bitmap's universe or made valid by the delta included."""
+    rng = np.random.default_rng(len(form) + with_delta)
+    io = LocalFileIO(str(tmp_path))
+    universe = 50_000
+    invalid = BitMap(rng.choice(universe, 30_000 if form == "valid" else 5_000, replace=False).tolist())
+    bitmap.write_holes(io, "base.parquet", [(1, 0, invalid, universe)])
+    assert (bitmap.read_stored(io, "base.parquet")[(1, 0)].complement_of is None) == (form == "valid")
+    cache = bitmap.BitmapCache(io)
+    base_valid = cache.file("base.parquet")[(1, 0)]
+    state = SegmentState(1, 0, universe + 100, universe + 100, "base.parquet", len(base_valid))
+    flips = BitMap()
+    if with_delta:  # holes made valid again, valid offsets ended, offsets past the universe made valid
+        flips = BitMap(rng.choice(universe, 400, replace=False).tolist()) | BitMap(range(universe, universe + 60))
+        bitmap.write_holes(io, "delta.parquet", [], [(1, 0, flips)])
+        state = state.with_delta("delta.parquet", len(base_valid ^ flips))
+    valid = cache.valid(state)
+    assert len(valid) == state.cardinality
+    # Ended: valid offsets or not, offsets the delta flipped, offsets past the universe (valid by the delta or not).
+    gone = BitMap(rng.choice(universe, 300, replace=False).tolist()) | BitMap(list(flips)[::20]) | \
+        BitMap(range(universe + 50, universe + 70))
+    ended, count = cache.ended(state, gone)
+    assert base_valid ^ ended == valid - gone and count == len(valid - gone)
+    holes, top = cache.holes(state)
+    holes |= BitMap([o for o in gone if o < top])
+    assert cache.delta(state, holes, top, changed=len(gone), always=True) == ended
+
+
 def _batch(ids, v, deleted=()) -> pa.Table:
     ids = [int(i) for i in ids]
     ops = ["delete" if i in set(deleted) else "upsert" for i in ids]

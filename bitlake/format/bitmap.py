@@ -277,12 +277,32 @@ class BitmapCache:
             flips.flip_inplace(min(top, universe), max(top, universe))
         if not len(flips):  # valid as in its bitmap again: that bitmap is written again, as no delta names it
             return None
-        if always:
+        if always or self.worth(s, flips, changed):
             return flips
+        return None
+
+    def worth(self, s: SegmentState, flips: BitMap, changed: int) -> bool:
+        """Whether a delta of ``flips`` to segment state ``s``'s bitmap costs less than the bitmap written again,
+        for a commit that changed the validity of at most ``changed`` offsets (the rule of :meth:`delta`)."""
+        nbytes = self.stored(s.bitmap)[s.segment].nbytes
         size = len(serialize(flips))
-        if size * 2 > base.nbytes or size * size > 2 * _OFFSET_BYTES * max(changed, 1) * base.nbytes:
-            return None
-        return flips
+        return size * 2 <= nbytes and size * size <= 2 * _OFFSET_BYTES * max(changed, 1) * nbytes
+
+    def ended(self, s: SegmentState, gone: BitMap) -> tuple[BitMap, int]:
+        """For a commit that only ends rows of segment state ``s`` (which has a bitmap), at offsets ``gone``: the
+        offsets whose validity then differs from ``s``'s bitmap, and how many are valid. Worked out from the delta
+        and ``gone`` alone, where :meth:`holes` copies and changes the segment's every hole (after churn, hundreds
+        of thousands for a commit's few): an offset of ``gone`` that is valid before flips."""
+        base = self.stored(s.bitmap)[s.segment]
+        before = self._flips(s) if s.delta is not None else BitMap()
+        if base.complement_of is None:
+            in_bitmap = gone & base.bitmap
+        else:  # the bitmap holds the holes of [0, complement_of)
+            in_bitmap = gone - base.bitmap
+            if len(in_bitmap) and in_bitmap.max() >= base.complement_of:
+                in_bitmap.remove_range(base.complement_of, in_bitmap.max() + 1)
+        valid = in_bitmap ^ (gone & before)  # valid in the bitmap, or made valid by the delta (not both)
+        return before ^ valid, s.cardinality - len(valid)
 
     def _flips(self, s: SegmentState) -> BitMap:
         """The offsets segment state ``s``'s delta flips (shared: do not change them)."""
@@ -307,8 +327,9 @@ class BitmapCache:
 
 
 class NewBitmaps:
-    """A commit's new segment bitmaps, given by each segment's holes, written into one file: none for a segment
-    whose valid offsets are a prefix, a delta to its bitmap when :meth:`BitmapCache.delta` says it is worth it
+    """A commit's new segment bitmaps, given by each segment's holes (or, for a segment that only loses rows, by
+    the offsets it loses: :meth:`add_ended`), written into one file: none for a segment whose valid offsets are a
+    prefix, a delta to its bitmap when :meth:`BitmapCache.delta` says it is worth it
     (``deltas``, the table property ``bitmap.deltas``: ``true``, ``false`` or ``always``), else its whole bitmap."""
 
     def __init__(self, cache: BitmapCache, deltas: str):
@@ -329,6 +350,18 @@ class NewBitmaps:
             self._flips.append((part, seq, flips, count))
         else:
             self._whole.append((part, seq, holes, universe))
+
+    def add_ended(self, before: SegmentState, part: int, seq: int, gone: BitMap) -> bool:
+        """Segment ``(part, seq)``, whose state ``before`` has a bitmap, loses the rows at offsets ``gone`` and
+        gains none: its delta, if one is worth writing (:meth:`BitmapCache.ended`); False when the caller is to
+        give its holes to :meth:`add` instead (a whole bitmap is due)."""
+        if self.deltas == "false":
+            return False
+        flips, count = self.cache.ended(before, gone)
+        if not len(flips) or not (self.deltas == "always" or self.cache.worth(before, flips, len(gone))):
+            return False
+        self._flips.append((part, seq, flips, count))
+        return True
 
     def write(self, path: str) -> list[tuple[str, str | None, int, int, int]]:
         """Writes the bitmaps and deltas into ``path`` (when there are any); returns each segment's new state as

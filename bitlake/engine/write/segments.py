@@ -81,6 +81,10 @@ def _write_bitmaps(io: FileIO, prior: dict[tuple[int, int], SegmentState], valid
             # A new segment whose rows are all valid (a load): a prefix, known without a bitmap.
             new.add(None, part, seq, BitMap(), count, count)
             continue
+        gone = gone & rowid.MAX_OFFSET
+        if not count and before is not None and before.bitmap is not None and len(gone) and \
+                new.add_ended(before, part, seq, bitmap.of(gone)):
+            continue  # rows ended, none added: a delta from the commit's offsets alone
         # The segment's holes in [0, universe) change, not its valid offsets: a commit costs what it changes.
         holes, universe = cache.holes(before) if before is not None else (BitMap(), 0)
         if count:
@@ -88,7 +92,6 @@ def _write_bitmaps(io: FileIO, prior: dict[tuple[int, int], SegmentState], valid
                 holes.add_range(universe, top)
                 universe = top
             holes.difference_update(more if more is not None else bitmap.of(run & rowid.MAX_OFFSET))
-        gone = gone & rowid.MAX_OFFSET
         holes |= bitmap.of(gone[gone < universe])  # an offset past the universe is not valid already
         new.add(before, part, seq, holes, universe, count + len(gone))
     return [_bitmap_row(*r) for r in new.write(layout.bitmap_path())]
