@@ -69,14 +69,14 @@ def write_file(io: FileIO, path: str, events: pa.Table, order: np.ndarray | None
     table = events.select(schema.names).cast(schema)
     # UNTIL events first, each kind by row id (then version); events in that order already (a batch of updates
     # of a table loaded in key order) are not sorted again.
+    not_until = table.column("event").to_numpy() != SET_VALID_UNTIL
     if order is None:
         rid = row_ids(table)
-        not_until = table.column("event").to_numpy() != SET_VALID_UNTIL
         if schema is VERSIONED_SCHEMA:
             order = lexsort((table.column(VERSION).to_numpy(), rid, not_until))
         elif not_until.any() or not non_decreasing(rid):
             order = lexsort((rid, not_until))
-    until = int(np.count_nonzero(table.column("event").to_numpy() == SET_VALID_UNTIL))
+    until = table.num_rows - int(np.count_nonzero(not_until))
     with io.open_output(path) as out, pq.ParquetWriter(out, schema, **_PARQUET_OPTIONS) as writer:
         for start, end in ((0, until), (until, table.num_rows)):  # a kind's rows never share a row group
             for at in range(start, end, _ROW_GROUP_ROWS):

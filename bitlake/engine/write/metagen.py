@@ -472,11 +472,12 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     the keys wanted in them, are read for those keys only and not kept (a restatement's look-up at a past version)."""
     pk = list(state.metadata.primary_key)
     n = distinct.num_rows
-    codes = pa.array(np.arange(n, dtype=np.int64))
+    codes = np.arange(n, dtype=np.int64)
+    keys = distinct.select(pk).append_column("_code", pa.array(codes))
     # The keys grouped by bucket with one stable sort (a bucket's keys keep their order), each bucket a slice.
     of_key = distinct.column(keystore.BUCKET).to_numpy()
     by_bucket = np.argsort(of_key.astype(np.uint16), kind="stable")
-    wanted = distinct.select(pk).append_column("_code", codes).take(pa.array(by_bucket))
+    wanted = keys.take(pa.array(by_bucket))
     sorted_buckets = of_key[by_bucket]
     starts = np.searchsorted(sorted_buckets, buckets, side="left")
     ends = np.searchsorted(sorted_buckets, buckets, side="right")
@@ -496,18 +497,18 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     def of_file(f: BucketFile) -> keycache.Entries:
         return read[f.path] if f.path in read else keycache.CACHE.entries(io, f.path, state.metadata)
 
-    # Fixed-width keys as int64 and their codes, converted once: a bucket's are a slice of them.
-    wanted_columns = [int64_values(wanted.column(c)) for c in pk] if fixed else None
-    wanted_codes = by_bucket  # codes number distinct's rows: the code of wanted's row i is by_bucket[i]
+    # Fixed-width keys as int64, converted once: the shared files take them all, a bucket a slice of them in bucket
+    # order, whose codes are by_bucket's (codes number distinct's rows).
+    columns = [int64_values(distinct.column(c)) for c in pk] if fixed else None
+    wanted_columns = [c[by_bucket] for c in columns] if columns is not None else None
 
     def entries(bucket: int) -> None:
         files = state.keystore.get(bucket, [])
         if not files:
             return
         a, e = slices[bucket]
-        keys = wanted.slice(a, e - a)
-        columns = [c[a:e] for c in wanted_columns] if wanted_columns is not None else None
-        matches = [of_file(f).match(keys, pk, columns, wanted_codes[a:e]) for f in files]
+        of_bucket = [c[a:e] for c in wanted_columns] if wanted_columns is not None else None
+        matches = [of_file(f).match(wanted.slice(a, e - a), pk, of_bucket, by_bucket[a:e]) for f in files]
         code = np.concatenate([c for c, _ in matches])
         values = [np.concatenate(v) for v in zip(*(v for _, v in matches), strict=True)]
         if len(files) > 1:  # a key may have a row in several of the bucket's files: its highest _ks_version
@@ -525,10 +526,8 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     else:
         thread_map(entries, buckets)
     if shared:  # rows of every bucket: all the keys at once, a row taken where its version is higher
-        keys = distinct.select(pk).append_column("_code", codes)
-        columns = [int64_values(keys.column(c)) for c in pk] if fixed else None
         for f in shared:
-            code, values = of_file(f).match(keys, pk, columns, np.arange(n))
+            code, values = of_file(f).match(keys, pk, columns, codes)
             newer = values[3] > version[code]
             code = code[newer]
             found[code] = True
