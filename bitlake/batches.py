@@ -23,7 +23,7 @@ from bitlake.errors import BatchIdReusedError, InvalidInputError
 from bitlake.format import changefile, commitlog
 from bitlake.format.commit import INGEST, LAND, LIVE, METAGEN, PENDING, BatchRecord, Commit, DataFile, KeysFile
 from bitlake.format.metadata import TableMetadata
-from bitlake.format.protocol import RESTATEMENTS
+from bitlake.format.protocol import DELETE_POSITIONS, RESTATEMENTS
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.transaction import Attempt, Finished, Replan, Transaction
@@ -191,7 +191,8 @@ def output_commit(io: FileIO, state: TableState, operation: str, output: MetaGen
         records.append(BatchRecord(new.batch_id, new.part, LIVE, new.records, new.keys_files, new.digest))
     return Commit(
         version, operation, timestamp_ms, parameters=parameters,
-        protocol=state.protocol.needing(*features, *output.features()), batches=tuple(records),
+        protocol=state.protocol.needing(*features, *output.features(), *_landing_features(new)),
+        batches=tuple(records),
         add_files=new.data_files if new is not None else (), segments=tuple(output.segments),
         logs=tuple(output.logs), keystore_add=tuple(output.keystore_add),
         keystore_remove=tuple(output.keystore_remove), change_files=change_files, counts=counts,
@@ -209,13 +210,19 @@ def _check_not_taken(io: FileIO, state: TableState, batch: Landed | None) -> Non
         raise Finished(done)
 
 
+def _landing_features(batch: Landed | None) -> tuple[str, ...]:
+    """The protocol features a commit that lands ``batch`` needs: its keys files have delete positions."""
+    return (DELETE_POSITIONS,) if batch is not None and batch.keys_files else ()
+
+
 def commit_landing(tx: Transaction, batch: Landed) -> IngestResult:
     """The ``LAND`` commit of a batch landed pending (MetaGen makes it visible later)."""
     def plan(state: TableState) -> Attempt:
         _check_not_taken(tx.io, state, batch)
         record = BatchRecord(batch.batch_id, batch.part, PENDING, batch.records, batch.keys_files, batch.digest)
         return Attempt(Commit(state.version + 1, LAND, commitlog.now_ms(state.timestamp_ms),
-                              parameters={"batch_id": batch.batch_id}, batches=(record,), add_files=batch.data_files))
+                              parameters={"batch_id": batch.batch_id}, protocol=state.protocol.needing(
+                                  *_landing_features(batch)), batches=(record,), add_files=batch.data_files))
 
     try:
         c = tx.commit(plan)

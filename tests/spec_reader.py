@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 from pyroaring import BitMap
 
 READER_VERSION = 2                          # "Protocol and features": R
-READER_FEATURES = {"v1History", "tombstones", "restatements", "bitmapDeltas"}  # "Protocol and features": F
+READER_FEATURES = {"v1History", "tombstones", "restatements", "bitmapDeltas", "deletePositions"}  # "Protocol and features": F
 INFINITY = 2**63 - 1                        # "Delta values": the largest int64 means +infinity
 SET_VALID_UNTIL = 2                         # "Segment logs": event = 2
 ROW_ID_COLUMNS = ("_segment_part", "_segment_seq", "_segment_offset")

@@ -359,28 +359,34 @@ def test_a_landing_write_that_fails_after_metagen_leaves_nothing(tmp_path, monke
     assert after == [f for f in before if not f.startswith("_bitlake/parts/")]
 
 
-def test_a_delete_batch_keeps_its_input_order(tmp_path):
-    """Deletes alone are numbered in input order like any records: the change feed lists a commit's rows in
-    acceptance order, which follows the row ids (numbering them in key order once reordered it, which the oracle
-    fuzz test found; docs/ingestion.md), and of two deletes of one key at one delta value the later arrival is the
-    key's entry."""
-    from bitlake.format import datafile, keystore, rowid
+def test_a_delete_batch_is_numbered_in_key_order_and_keeps_its_input_order(tmp_path):
+    """Deletes alone take their row ids in key order (a stable sort: a key's deletes keep their order of arrival),
+    and the keys file's ``_position`` keeps each one's offset in input order, which the change feed lists them in
+    (acceptance order); of two deletes of one key at one delta value the later arrival is the key's entry."""
+    from bitlake.format import datafile, keystore, protocol, rowid
 
     schema = pa.schema([("a", pa.int64()), ("b", pa.string()), ("v", pa.int64())])
     t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=["a", "b"], delta_column="v", num_buckets=2)
     t.ingest(pa.table({"a": [1, 2, 3, 3, 9], "b": ["x", "x", "y", "x", "x"], "v": [0] * 5}, schema=schema))
+    assert protocol.DELETE_POSITIONS not in t.state().protocol.reader_features
     deletes = pa.table({"a": [9, 3, 2, 3, 3, 2], "b": ["x", "y", "x", "x", "y", "x"], "v": [1, 2, 1, 1, 2, 3],
                         "op": ["delete"] * 6})
     assert t.ingest(deletes, op_column="op").counts["deleted"] == 4
     state = t.state()
+    assert protocol.DELETE_POSITIONS in state.protocol.reader_features
     [keys_file] = [k for b in state.parts.values() if b.batch_id != state.parts[min(state.parts)].batch_id
                    for k in b.keys_files]
-    rows = datafile.read_keys(t.io, keys_file.path, state.metadata)
+    rows = pq.read_table(t.io.local_path(keys_file.path))
     offsets = rows.column(keystore.ROW_ID).to_numpy() & rowid.MAX_OFFSET
-    by_offset = rows.take(pa.array(offsets.argsort()))
-    assert list(zip(by_offset.column("a").to_pylist(), by_offset.column("b").to_pylist(),
-                    by_offset.column(keystore.DELTA).to_pylist(), strict=True)) == \
-        [(9, "x", 1), (3, "y", 2), (2, "x", 1), (3, "x", 1), (3, "y", 2), (2, "x", 3)]
+    assert offsets.tolist() == list(range(6))  # the file in offset order, the offsets in key order
+    assert list(zip(rows.column("a").to_pylist(), rows.column("b").to_pylist(), rows.column(keystore.DELTA).to_pylist(),
+                    rows.column(datafile.POSITION).to_pylist(), strict=True)) == \
+        [(2, "x", 1, 2), (2, "x", 3, 5), (3, "x", 1, 3), (3, "y", 2, 1), (3, "y", 2, 4), (9, "x", 1, 0)]
+    # The feed in input order: (9, x), then (3, y) at delta 2 and (2, x) at delta 1 ... by delta value first.
+    feed = t.changes_to_arrow(starting_version=state.version, ending_version=state.version)
+    assert list(zip(feed.column("a").to_pylist(), feed.column("_change_type").to_pylist(), strict=True)) == \
+        [(9, "delete"), (2, "delete"), (3, "delete"), (3, "delete")]
+    assert feed.column("b").to_pylist() == ["x", "x", "x", "y"]
     entries = pa.concat_tables(keystore.read_file(t.io, f.path, state.metadata)
                                for fs in state.keystore.values() for f in fs)
     latest = {}

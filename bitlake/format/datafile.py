@@ -256,9 +256,28 @@ def data_writer(io: FileIO, path: str, meta: TableMetadata, background: bool = F
     return FileWriter(io, path, schema, meta.file_format, options, columns, background)
 
 
+# A keys file's column of each record's offset in input order (docs/FORMAT.md, "Keys files"): a writer that numbers
+# deletes in key order keeps their order of arrival here, for the change feed.
+POSITION = "_position"
+
+
 def keys_writer(io: FileIO, path: str, meta: TableMetadata) -> FileWriter:
-    schema = keys_schema(meta)
+    """A writer of a landing's keys file: :func:`keys_schema` and :data:`POSITION`."""
+    schema = keys_schema(meta).append(pa.field(POSITION, pa.int32(), False))
     return FileWriter(io, path, schema, "parquet", keystore.parquet_options(schema))
+
+
+def delete_positions(io: FileIO, path: str, meta: TableMetadata) -> tuple[np.ndarray, np.ndarray]:
+    """A keys file's delete records: their packed row ids, and the packed row ids of their places in input order
+    (the same when the file has no :data:`POSITION` column)."""
+    f = pq.ParquetFile(io.open_input(path))
+    has_position = POSITION in f.schema_arrow.names
+    rows = f.read(columns=[keystore.ROW_ID, keystore.DELETED, *([POSITION] if has_position else [])])
+    rows = rows.filter(rows.column(keystore.DELETED))
+    rids = rows.column(keystore.ROW_ID).to_numpy()
+    if not has_position:
+        return rids, rids
+    return rids, (rids & ~np.int64(rowid.MAX_OFFSET)) | rows.column(POSITION).to_numpy().astype(np.int64)
 
 
 def read_data(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | None = None,

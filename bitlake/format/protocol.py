@@ -22,7 +22,9 @@ RESTATEMENTS = "restatements"  # commits may revert or replace batches (docs/FOR
 SHARED_KEYSTORE_FILES = "sharedKeystoreFiles"
 # a segment's valid offsets may be a bitmap and a delta to it (docs/FORMAT.md, "Bitmaps")
 BITMAP_DELTAS = "bitmapDeltas"
-READER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES, RESTATEMENTS, BITMAP_DELTAS})
+# keys files may hold a `_position` column: deletes numbered out of input order (docs/FORMAT.md, "Keys files")
+DELETE_POSITIONS = "deletePositions"
+READER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES, RESTATEMENTS, BITMAP_DELTAS, DELETE_POSITIONS})
 WRITER_FEATURES = READER_FEATURES | {SHARED_KEYSTORE_FILES}
 _WRITER_ONLY = WRITER_FEATURES - READER_FEATURES
 

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from bitlake.engine.read.plan import ReadPlan
-from bitlake.format import bitmap, changefile, datafile, keystore, order, rowid, segmentlog
+from bitlake.format import bitmap, changefile, datafile, order, rowid, segmentlog
 from bitlake.format.commit import Commit, DataFile
 from bitlake.format.metadata import deltas_as_int
 from bitlake.format.state import BatchState, TableState
@@ -187,13 +187,23 @@ def _own_segments(state: TableState, commits: dict[int, Commit], live: dict, seg
 
 def _preimages(io: FileIO, state: TableState, live: dict, events: pa.Table) -> pa.Table:
     """The events' targets as change rows: a delete when the event's cause is a delete record (in the keys
-    files of the batches the range made live, a few bytes a record), else an update's preimage."""
+    files of the batches the range made live, a few bytes a record), else an update's preimage. A delete's
+    ``cause`` is its place in input order (the keys file's positions): the feed's order, acceptance order, when
+    the deletes were numbered in key order."""
     meta = state.metadata
-    deletes = [datafile.read_keys(io, f.path, meta).filter(pc.field(keystore.DELETED)).column(keystore.ROW_ID)
-               for b in live.values() for f in b.keys_files]
-    is_delete = order.isin(events.column("cause").to_numpy(), np.concatenate([d.to_numpy() for d in deletes])
-                        if deletes else np.empty(0, np.int64))
+    found = thread_map(lambda path: datafile.delete_positions(io, path, meta),
+                       [f.path for b in live.values() for f in b.keys_files])
+    rids = np.concatenate([r for r, _ in found]) if found else np.empty(0, np.int64)
+    positions = np.concatenate([p for _, p in found]) if found else np.empty(0, np.int64)
+    by_rid = np.argsort(rids)
+    rids, positions = rids[by_rid], positions[by_rid]
+    causes = events.column("cause").to_numpy().copy()
+    at = np.searchsorted(rids, causes)
+    is_delete = at < len(rids)
+    is_delete[is_delete] = rids[at[is_delete]] == causes[is_delete]
+    causes[is_delete] = positions[at[is_delete]]
     kinds = pa.array(np.where(is_delete, "delete", "update_preimage"), pa.string())
+    events = events.set_column(events.schema.get_field_index("cause"), "cause", pa.array(causes, pa.int64()))
     return events.append_column("_change_type", kinds).select(WANTED_SCHEMA.names).cast(WANTED_SCHEMA)
 
 
