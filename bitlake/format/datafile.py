@@ -267,7 +267,7 @@ def keys_writer(io: FileIO, path: str, meta: TableMetadata) -> FileWriter:
     return FileWriter(io, path, schema, "parquet", keystore.parquet_options(schema))
 
 
-def delete_positions(io: FileIO, path: str, meta: TableMetadata) -> tuple[np.ndarray, np.ndarray]:
+def delete_positions(io: FileIO, path: str) -> tuple[np.ndarray, np.ndarray]:
     """A keys file's delete records: their packed row ids, and the packed row ids of their places in input order
     (the same when the file has no :data:`POSITION` column)."""
     f = pq.ParquetFile(io.open_input(path))
@@ -277,7 +277,8 @@ def delete_positions(io: FileIO, path: str, meta: TableMetadata) -> tuple[np.nda
     rids = rows.column(keystore.ROW_ID).to_numpy()
     if not has_position:
         return rids, rids
-    return rids, (rids & ~np.int64(rowid.MAX_OFFSET)) | rows.column(POSITION).to_numpy().astype(np.int64)
+    parts, seqs, _ = rowid.unpack_arrays(rids)
+    return rids, rowid.pack_arrays(parts, seqs, rows.column(POSITION).to_numpy())
 
 
 def read_data(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | None = None,

@@ -110,7 +110,7 @@ def plan(io: FileIO, state: TableState, start: int, end: int, commits: dict[int,
         if new_files:
             stale = _stale(io, state, commits, live, new_files, events)
         if events.num_rows and {"update_preimage", "delete"} & set(types):
-            wanted.append(_preimages(io, state, live, events))
+            wanted.append(_preimages(io, live, events))
     more, carried = _restated(io, state, commits, restated)
     wanted += more
     rows = pa.concat_tables(wanted)
@@ -185,13 +185,12 @@ def _own_segments(state: TableState, commits: dict[int, Commit], live: dict, seg
     return {k: out.get(k) or state.segments[k] for k in segments if k in out or k in state.segments}
 
 
-def _preimages(io: FileIO, state: TableState, live: dict, events: pa.Table) -> pa.Table:
+def _preimages(io: FileIO, live: dict, events: pa.Table) -> pa.Table:
     """The events' targets as change rows: a delete when the event's cause is a delete record (in the keys
     files of the batches the range made live, a few bytes a record), else an update's preimage. A delete's
     ``cause`` is its place in input order (the keys file's positions): the feed's order, acceptance order, when
     the deletes were numbered in key order."""
-    meta = state.metadata
-    found = thread_map(lambda path: datafile.delete_positions(io, path, meta),
+    found = thread_map(lambda path: datafile.delete_positions(io, path),
                        [f.path for b in live.values() for f in b.keys_files])
     rids = np.concatenate([r for r, _ in found]) if found else np.empty(0, np.int64)
     positions = np.concatenate([p for _, p in found]) if found else np.empty(0, np.int64)
