@@ -195,7 +195,8 @@ def output_commit(io: FileIO, state: TableState, operation: str, output: MetaGen
         batches=tuple(records),
         add_files=new.data_files if new is not None else (), segments=tuple(output.segments),
         logs=tuple(output.logs), keystore_add=tuple(output.keystore_add),
-        keystore_remove=tuple(output.keystore_remove), change_files=change_files, counts=counts,
+        keystore_remove=tuple(output.keystore_remove), prior_entries=tuple(output.prior_entries),
+        change_files=change_files, counts=counts,
         batch_counts=batch_counts, events=tuple(events),
     )
 

@@ -52,6 +52,7 @@ def referenced(io: FileIO, latest: TableState, start: int | None = None) -> set[
         out.update(f.path for f in c.logs)
         out.update(p for s in c.segments for p in (s.bitmap, s.delta) if p)
         out.update(f.path for f in c.keystore_add)
+        out.update(f.path for f in c.prior_entries)
         out.update(t.path for t in c.tombstones)
         out.update(f.path for f in c.change_files)
         out.update(f.path for f in c.purged)

@@ -23,7 +23,7 @@ import bitlake
 from bitlake.engine.keys import keycache
 from bitlake.engine.keys.keyencoding import key_codes
 from bitlake.engine.write import metagen, restate
-from bitlake.format import datafile, keystore, rowid
+from bitlake.format import commitlog, datafile, keystore, prior, rowid
 from bitlake.format import state as state_mod
 from bitlake.format.commit import LIVE
 from bitlake.format.state import TableState
@@ -89,6 +89,7 @@ def _check_filtered_reads(t: bitlake.Table, name: str, rnd: np.random.Generator)
         want = everything.join(some, keys=pk, join_type="left semi")
         assert got.sort_by(keystore.ROW_ID).to_pylist() == want.sort_by(keystore.ROW_ID).to_pylist()
         _check_keystore_read_for_some_keys(t, state_mod.load(t.io, b.live_version - 1), some)
+        _check_prior_entries(t, state, b.live_version)
         # A keys file read for some keys (Polars decodes only the rows that may match) or some batches' rows
         # holds the unfiltered read's rows of those.
         firsts = pc.unique(some.column(pk[0]))
@@ -100,6 +101,28 @@ def _check_filtered_reads(t: bitlake.Table, name: str, rnd: np.random.Generator)
             assert got.to_pylist() == whole.join(some, keys=pk, join_type="left semi").sort_by(
                 keystore.ROW_ID).to_pylist() == got.sort_by(keystore.ROW_ID).to_pylist()
             assert restate._keys_rows(t.io, meta, [f.path], parts=parts)[0].to_pylist() == of_parts.to_pylist()
+
+
+def _check_prior_entries(t: bitlake.Table, state: TableState, version: int) -> None:
+    """The entries the prior-entries files of the commit ``version`` give (with its log) for the keys of each batch it
+    made live are those a search of the key store of the version before it finds, for every key of the batch."""
+    c = commitlog.read(t.io, version)
+    if not c.prior_entries:
+        return
+    meta = state.metadata
+    for part in [b.part for b in c.batches if b.status == LIVE]:
+        gone = restate._records(t.io, meta, *restate._files_of(state, [state.parts[part]]), [part])
+        if not gone.num_rows:
+            continue
+        keys = restate._touched_keys(t.io, state, gone, gone, datafile.keys_schema(meta).empty_table(), [], [])
+        n = keys.distinct.num_rows
+        got = (np.zeros(n, bool), np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool))
+        assert restate._prior_entries(t.io, c, part, keys, got).all()
+        want = metagen.scan_keystore(t.io, state_mod.load(t.io, version - 1), keys.distinct,
+                                     sorted(set(keys.distinct.column(keystore.BUCKET).to_pylist())))
+        np.testing.assert_array_equal(got[0], want[0])
+        for g, w in zip(got[1:], want[1:], strict=True):
+            np.testing.assert_array_equal(g[want[0]], w[want[0]])
 
 
 def _check_keystore_read_for_some_keys(t: bitlake.Table, at: TableState, some: pa.Table) -> None:
@@ -120,7 +143,9 @@ def _check_keystore_read_for_some_keys(t: bitlake.Table, at: TableState, some: p
 
 
 @pytest.mark.parametrize("name", list(SCHEMAS))
-def test_reverts_of_histories_with_later_batches_match_the_model(name):
+def test_reverts_of_histories_with_later_batches_match_the_model(name, monkeypatch):
+    # Every commit on a key store with rows writes its prior entries, which most reverts then start from.
+    monkeypatch.setattr(metagen, "PRIOR_SHARE", 0)
     schema, pk = SCHEMAS[name]
     columns = COLUMNS[name]
 
@@ -221,3 +246,47 @@ def test_a_batchs_records_are_read_from_the_row_groups_holding_it(tmp_path, monk
     assert {r["a"]: r["value"] for r in t.to_arrow().to_pylist()} == want
     t.revert_batch("b2")
     assert {r["a"]: r["value"] for r in t.to_arrow().to_pylist()} == {k: k for k in [*range(100), *range(300, 400)]}
+
+
+def test_a_small_batchs_revert_starts_from_the_prior_entries_its_commit_wrote(tmp_path, monkeypatch):
+    """A batch of few records against the key store (a PRIOR_SHARE-th of its rows at most) writes its keys' entries
+    before it (those that had one: an update's row, a delete marker); its revert starts from them and searches the
+    key store of the version before it only for the keys they cannot answer (a replacement's new ones). A load writes
+    none; cleanup keeps them while their version may be restated; only writers that know them may write."""
+    schema, pk = SCHEMAS["int key"]
+    t = bitlake.create_table(str(tmp_path / "t"), schema, primary_key=pk, delta_column="mod")
+    t.ingest(_arrow("int key", [(k, 1, "upsert", k) for k in range(200)]), batch_id="load", op_column="op")
+    assert not commitlog.read(t.io, 1).prior_entries  # no key had an entry
+    t.ingest(_arrow("int key", [(5, 2, "delete", 0)]), batch_id="gone5", op_column="op")
+    small = [(3, 3, "upsert", -3), (5, 3, "upsert", -5), (5, 4, "upsert", -50), (900, 3, "upsert", 9),
+             (4, 0, "upsert", 1)]
+    t.ingest(_arrow("int key", small), batch_id="small", op_column="op")
+    c = commitlog.read(t.io, t.version)
+    assert len(c.prior_entries) == 1 and "priorEntries" in t.state().protocol.writer_features
+    assert "priorEntries" not in t.state().protocol.reader_features
+    # A row a record, in row-id order (the batch's order here): the load's row of 3, ended by this commit (its row
+    # id left to the log); the marker of 5 (twice: two records); nothing for 900; the load's row of 4, which the
+    # stale record did not end.
+    rows = prior.read(t.io, c.prior_entries[0], c.batches[0].part).to_pydict()
+    load_part = t.state().parts[min(t.state().parts)].part
+    marker = rowid.pack(t.state().parts[load_part + 1].part, 0, 0)
+    assert rows[prior.DELTA] == [1, 2, 2, None, 1]
+    assert rows[prior.PRIOR_ROW_ID] == [None, marker, marker, None, rowid.pack(load_part, 0, 4)]
+    assert rows[prior.DELETED] == [False, True, True, False, False]
+    t.ingest(_arrow("int key", [(3, 5, "upsert", 33), (900, 2, "upsert", 0)]), batch_id="later", op_column="op")
+    removed = t.cleanup(min_age_seconds=0)
+    assert removed and not [p for p in removed if p.startswith("_bitlake/keystore")]  # part claims, no more
+
+    searched = []
+    scan = metagen.scan_keystore
+    monkeypatch.setattr(metagen, "scan_keystore", lambda io, at, keys, *a, **k: searched.append(
+        keys.column("a").to_pylist()) or scan(io, at, keys, *a, **k))
+    # The replaced batch's keys (3, 900) come from its commit's file; the replacement's new key 7 is searched for.
+    t.replace_batch("later", _arrow("int key", [(3, 6, "upsert", 36), (7, 6, "upsert", 70)]), op_column="op")
+    assert searched == [[7]]
+    base = {k: k for k in range(200) if k != 5}
+    assert {r["a"]: r["value"] for r in t.to_arrow().to_pylist()} == base | {3: 36, 5: -50, 7: 70, 900: 9}
+    t.revert_batch("small")
+    assert searched == [[7]]
+    # 4: the load's row (the small batch's record was stale); 5: deleted again; 900: no record left
+    assert {r["a"]: r["value"] for r in t.to_arrow().to_pylist()} == base | {3: 36, 7: 70}

@@ -311,6 +311,23 @@ class PurgedFile:
 
 
 @dataclasses.dataclass(frozen=True)
+class PriorFile:
+    """What the records of a MetaGen commit found in the key store, ``rows`` of them (:mod:`bitlake.format.prior`;
+    docs/FORMAT.md, "Prior entries"). A revert of a batch that commit made live starts from them, not from a search
+    of the key store of the version before it."""
+
+    path: str
+    rows: int
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> PriorFile:
+        return cls(**d)
+
+
+@dataclasses.dataclass(frozen=True)
 class Window:
     """The retention window a major compaction set: every version from ``version`` on, and every event time
     from ``watermark`` on (the largest delta value committed by that version). Reads outside it are refused."""
@@ -345,6 +362,7 @@ class Commit:
     window: Window | None = None
     keystore_add: tuple[BucketFile, ...] = ()
     keystore_remove: tuple[str, ...] = ()
+    prior_entries: tuple[PriorFile, ...] = ()  # a MetaGen's: its keys' entries before it
     tombstones: tuple[Tombstone, ...] = ()
     change_files: tuple[ChangeFile, ...] = ()  # a restatement's change rows
     rewrites: tuple[Rewrite, ...] = ()  # a vacuum's
@@ -385,6 +403,7 @@ class Commit:
             "window": self.window.to_json() if self.window else None,
             "keystore_add": [f.to_json() for f in self.keystore_add],
             "keystore_remove": list(self.keystore_remove),
+            "prior_entries": [f.to_json() for f in self.prior_entries],
             "tombstones": [t.to_json() for t in self.tombstones],
             "change_files": [f.to_json() for f in self.change_files],
             "rewrites": [r.to_json() for r in self.rewrites],
@@ -417,6 +436,7 @@ class Commit:
             window=Window.from_json(d["window"]) if d.get("window") else None,
             keystore_add=tuple(BucketFile.from_json(f) for f in d.get("keystore_add", ())),
             keystore_remove=tuple(d.get("keystore_remove", ())),
+            prior_entries=tuple(PriorFile.from_json(f) for f in d.get("prior_entries", ())),
             tombstones=tuple(Tombstone.from_json(t) for t in d.get("tombstones", ())),
             change_files=tuple(ChangeFile.from_json(f) for f in d.get("change_files", ())),
             rewrites=tuple(Rewrite.from_json(r) for r in d.get("rewrites", ())),

@@ -93,6 +93,11 @@ def keystore_path(bucket: int) -> str:
     return f"{folder}/{uuid.uuid4().hex}.parquet"
 
 
+def prior_path() -> str:
+    """A new prior-entries file (:class:`bitlake.format.commit.PriorFile`)."""
+    return f"{KEYSTORE_DIR}/prior/{uuid.uuid4().hex}.parquet"
+
+
 def escape(text: str) -> str:
     """Percent-encodes every UTF-8 byte outside ``A-Z a-z 0-9 _ . - ~`` and space, as ``%XX`` (upper case)."""
     return "".join(chr(b) if b in _UNESCAPED else f"%{b:02X}" for b in text.encode())

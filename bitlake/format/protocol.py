@@ -24,8 +24,11 @@ SHARED_KEYSTORE_FILES = "sharedKeystoreFiles"
 BITMAP_DELTAS = "bitmapDeltas"
 # keys files may hold a `_position` column: deletes numbered out of input order (docs/FORMAT.md, "Keys files")
 DELETE_POSITIONS = "deletePositions"
+# commits may name prior-entries files (docs/FORMAT.md, "Prior entries"): writers only, which must keep them as they
+# keep the key-store files
+PRIOR_ENTRIES = "priorEntries"
 READER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES, RESTATEMENTS, BITMAP_DELTAS, DELETE_POSITIONS})
-WRITER_FEATURES = READER_FEATURES | {SHARED_KEYSTORE_FILES}
+WRITER_FEATURES = READER_FEATURES | {SHARED_KEYSTORE_FILES, PRIOR_ENTRIES}
 _WRITER_ONLY = WRITER_FEATURES - READER_FEATURES
 
 

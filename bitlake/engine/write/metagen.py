@@ -34,9 +34,10 @@ from bitlake.engine.keys.keyindex import stages
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.segments import segment_runs, sorted_ids, write_segments
 from bitlake.engine.write.spill import Spill
-from bitlake.format import bitmap, datafile, keystore, rowid, segmentlog, stats
-from bitlake.format.commit import BucketFile, DataFile, LogFile, SegmentState
+from bitlake.format import bitmap, datafile, keystore, prior, rowid, segmentlog, stats
+from bitlake.format.commit import BucketFile, DataFile, LogFile, PriorFile, SegmentState
 from bitlake.format.order import latest, lexsort, strictly_increasing
+from bitlake.format.protocol import PRIOR_ENTRIES
 from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.pool import ordered_map, thread_map
@@ -64,16 +65,18 @@ class MetaGenOutput:
     # The key-store rows this commit writes, when MetaGen ran on the driver: the key index takes them from
     # here after the commit instead of reading them back.
     keystore_rows: pa.Table | None = None
+    prior_entries: list[PriorFile] = dataclasses.field(default_factory=list)  # its keys' entries before it
 
     def counts(self) -> dict[str, int]:
         return {k: sum(c[k] for c in self.batch_counts.values()) for k in COUNTS}
 
     def features(self) -> tuple[str, ...]:
         """The protocol features a commit of this output needs."""
-        return (*keystore.features(self.keystore_add), *bitmap.features(self.segments))
+        return (*keystore.features(self.keystore_add), *bitmap.features(self.segments),
+                *((PRIOR_ENTRIES,) if self.prior_entries else ()))
 
     def written(self) -> list[str]:
-        paths = [f.path for f in self.logs] + [f.path for f in self.keystore_add]
+        paths = [f.path for f in self.logs] + [f.path for f in self.keystore_add] + [f.path for f in self.prior_entries]
         # A segment state with a delta names the bitmap of an earlier commit, and the delta this one wrote.
         return paths + sorted({s.delta or s.bitmap for s in self.segments if s.bitmap})
 
@@ -142,6 +145,11 @@ CACHED_KEY_COST_IN_ROWS = 20
 _FEW_KEYS = 262_144
 
 
+# A commit of at most a PRIOR_SHARE-th of the key store's rows in records writes what they found in it (a revert of
+# its batch starts from that instead of searching the key store of the version before it). A larger commit's revert
+# searches it at about the cost of the commit's own MetaGen, which the file's sort by row id would only add to.
+PRIOR_SHARE = 16
+
 # The inline MetaGen folds at most this many records at once: larger commits are folded in groups, a key's
 # records all in one group, so its memory is bounded by a group, not by the commit (the key-store rows it keeps,
 # far fewer bytes a record than the fold's, are written once at the end; docs/benchmarks.md, "Design measurements").
@@ -175,14 +183,19 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     if records is None or records.num_rows == 0:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
     counts = np.zeros((len(batches), len(COUNTS)), dtype=np.int64)
-    until, valid, rows = [], [], []
+    until, valid, rows, priors = [], [], [], []
+    with_prior = records.num_rows * PRIOR_SHARE <= sum(f.rows for files in state.keystore.values() for f in files)
     for piece in _groups(records, meta):
-        g = fold_records(io, state, batches, piece, version, index)
+        g = fold_records(io, state, batches, piece, version, index, with_prior)
         counts += g.counts
         until.append(g.until)
         valid.append(g.valid)
         rows.append(g.keystore_rows)
+        if g.prior is not None:
+            priors.append(g.prior)
     keystore_rows = pa.concat_tables(rows)
+    # Each group's rows are in row-id order; several groups' are sorted again.
+    prior_rows = pa.concat_tables(priors).sort_by(prior.ROW_ID) if len(priors) > 1 else priors[0] if priors else None
     events = pa.concat_tables(until)
 
     def stage() -> None:
@@ -200,14 +213,15 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
                                             lambda path: keycache.CACHE.rows(io, path, meta), shared=True)
         if keystore_rows.num_rows else ([], []),
         lambda: write_segments(io, state.segments, events, valid, meta.prop("bitmap.deltas")),
+        lambda: [prior.write(io, prior_rows)] if prior_rows is not None and prior_rows.num_rows else [],
     ]
     if index is not None and stages(records.num_rows):
         writes.insert(0, stage)
-    *_, (added, replaced), seg_out = thread_map(lambda write: write(), writes)
+    *_, (added, replaced), seg_out, prior_entries = thread_map(lambda write: write(), writes)
     keycache.CACHE.forget(io, replaced)
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
     out = assemble(state, batches, seg_out, added, replaced, batch_counts)
-    return dataclasses.replace(out, keystore_rows=keystore_rows)
+    return dataclasses.replace(out, keystore_rows=keystore_rows, prior_entries=prior_entries)
 
 
 def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: int, index, reads: list
@@ -344,12 +358,13 @@ class Folded:
     until: pa.Table  # SET_VALID_UNTIL events
     valid: np.ndarray  # the row ids that become valid
     keystore_rows: pa.Table  # in key order when the key has a fixed width
+    prior: pa.Table | None  # with_prior: what each record found in the key store (bitlake.format.prior)
 
 
 def fold_records(io: FileIO, state: TableState, batches: list[Landed], records: pa.Table, version: int,
-                 index) -> Folded:
+                 index, with_prior: bool = False) -> Folded:
     """Folds ``records`` (keys-file rows of whole keys) against the stored entries of their keys; returns the
-    events, the row ids that become valid and the key-store rows they leave."""
+    events, the row ids that become valid and the key-store rows they leave (and ``with_prior``, the entries)."""
     pk = list(state.metadata.primary_key)
     records = records.combine_chunks()  # a group at a time: the commit's records are never copied at once
     rids = records.column(keystore.ROW_ID).to_numpy()
@@ -364,7 +379,20 @@ def fold_records(io: FileIO, state: TableState, batches: list[Landed], records: 
     counts = _fold_counts(f, accepted_upsert, len(batches))
     until = _until_events(f)
     ks_rows = _keystore_rows(records, pk, codes, first, distinct, f, version)
-    return Folded(counts, until, f.rid if accepted_upsert.all() else f.rid[accepted_upsert], ks_rows)
+    return Folded(counts, until, f.rid if accepted_upsert.all() else f.rid[accepted_upsert], ks_rows,
+                  _prior(f, codes, found, prior_d, prior_rid, prior_deleted) if with_prior else None)
+
+
+def _prior(f: Fold, codes: np.ndarray, found: np.ndarray, delta: np.ndarray, rid: np.ndarray, deleted: np.ndarray
+           ) -> pa.Table:
+    """Each record's row of a prior-entries file: its key's stored entry, and whether the commit's log holds the
+    entry's row id (a visible row that a record of the key and of the same batch ended)."""
+    c = codes[f.order]
+    visible = found & ~deleted
+    ends = f.until & visible[c] & (f.last_rid == rid[c])  # the record that ended its key's stored row
+    ender = np.full(len(found), -1, np.int64)
+    ender[c[ends]] = f.batch[ends]
+    return prior.table(f.rid, found[c], delta[c], rid[c], deleted[c], visible[c] & (ender[c] == f.batch))
 
 
 def _stored_entries(io: FileIO, state: TableState, records: pa.Table, first: np.ndarray, index):

@@ -30,9 +30,9 @@ from bitlake.engine.write import metagen, segments
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.metagen import COUNTS, MetaGenOutput
 from bitlake.errors import VersionExpiredError
-from bitlake.format import bitmap, changefile, commitlog, datafile, keystore, layout, order, rowid, segmentlog
+from bitlake.format import bitmap, changefile, commitlog, datafile, keystore, layout, order, prior, rowid, segmentlog
 from bitlake.format import state as state_mod
-from bitlake.format.commit import LIVE, REPLACED, REVERTED, VACUUM, DataFile, KeysFile, PurgedFile
+from bitlake.format.commit import LIVE, REPLACED, REVERTED, VACUUM, Commit, DataFile, KeysFile, PurgedFile
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.protocol import TOMBSTONES
 from bitlake.format.state import BatchState, TableState
@@ -96,9 +96,7 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
     # Each key's entry just before the fold start.
     prior = _known(keys.distinct, stored, meta) if stored is not None and removed is None and not later else None
     if prior is None:
-        at = state if start - 1 == state.version else state_mod.load(io, start - 1)
-        buckets = np.unique(keys.distinct.column(keystore.BUCKET).to_numpy()).tolist()
-        prior = metagen.scan_keystore(io, at, keys.distinct, buckets, keep=False)
+        prior = _entries_before(io, state, keys, removed, start)
     final, events = _refold(keys, prior, later, new)
     # A key whose last record a vacuum purged has no row: its entry is a delete marker at that record's delta
     # value, as the vacuum itself records for the keys whose current row it purges.
@@ -115,16 +113,90 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
 def _known(distinct: pa.Table, stored: pa.Table, meta) -> tuple | None:
     """The entries of ``distinct``'s keys (found, delta, row id, deleted, in its order) from ``stored`` (key
     columns, ``_delta``, ``_row_id``: rows valid now, one a key); None when a key is not there."""
+    n = distinct.num_rows
+    rows = stored.select([*meta.primary_key, keystore.DELTA, keystore.ROW_ID])
+    at, delta, rid, _ = _entries_in(distinct, rows.append_column(keystore.DELETED, pa.repeat(False, rows.num_rows)),
+                                    meta)
+    if len(at) != n:
+        return None
+    by_key = np.argsort(at)
+    return np.ones(n, bool), delta[by_key], rid[by_key], np.zeros(n, bool)
+
+
+def _entries_in(distinct: pa.Table, rows: pa.Table, meta) -> tuple[np.ndarray, ...]:
+    """The entries ``rows`` (key columns, ``_delta``, ``_row_id``, ``_deleted``: one a key) hold of ``distinct``'s
+    keys: the places in ``distinct`` of the keys found, and their delta, row id and deleted, in one order."""
     pk = list(meta.primary_key)
     at = pa.array(np.arange(distinct.num_rows, dtype=np.int64))
     joined = distinct.select(pk).append_column("_at", at).join(
-        stored.select([*pk, keystore.DELTA, keystore.ROW_ID]), pk, join_type="inner")
-    if joined.num_rows != distinct.num_rows:
-        return None
-    by_key = np.argsort(joined.column("_at").to_numpy())
+        rows.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED]), pk, join_type="inner")
+    return (joined.column("_at").to_numpy(), joined.column(keystore.DELTA).to_numpy(),
+            joined.column(keystore.ROW_ID).to_numpy(), joined.column(keystore.DELETED).to_numpy(zero_copy_only=False))
+
+
+def _entries_before(io: FileIO, state: TableState, keys: _Keys, removed: int | None, start: int) -> tuple:
+    """Each key's entry at the version before the fold start ``start`` (found, delta, row id, deleted, in
+    ``keys.distinct``'s order). When ``start`` made the removed batch live, the prior-entries files of that commit
+    give the entries of the batch's keys (:func:`_prior_entries`); the other keys (a replacement's new ones, or every
+    key when the commit wrote no such file) are searched for in the key store of that version."""
+    distinct = keys.distinct
     n = distinct.num_rows
-    return (np.ones(n, bool), joined.column(keystore.DELTA).to_numpy()[by_key],
-            joined.column(keystore.ROW_ID).to_numpy()[by_key], np.zeros(n, bool))
+    found, delta, rid, deleted = np.zeros(n, bool), np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, bool)
+    known = np.zeros(n, bool)
+    if removed is not None and start == state.parts[removed].live_version:
+        known = _prior_entries(io, commitlog.read(io, start), removed, keys, (found, delta, rid, deleted))
+    if not known.all():
+        at = state if start - 1 == state.version else state_mod.load(io, start - 1)
+        wanted = np.flatnonzero(~known)
+        search = distinct if len(wanted) == n else distinct.take(pa.array(wanted))
+        buckets = np.unique(search.column(keystore.BUCKET).to_numpy()).tolist()
+        found[wanted], delta[wanted], rid[wanted], deleted[wanted] = metagen.scan_keystore(
+            io, at, search, buckets, keep=False)
+    return found, delta, rid, deleted
+
+
+def _prior_entries(io: FileIO, c: Commit, part: int, keys: _Keys, out: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Fills ``out`` (found, delta, row id, deleted by key) with the entries that the records of the batch of ``part``,
+    made live by ``c``, found in the key store (``c``'s prior-entries files); returns which keys it filled. A row id
+    the files leave to the log is the target of the SET_VALID_UNTIL event of ``c`` that a record of the key in the
+    batch caused, whose row is not of a batch ``c`` made live."""
+    n = keys.distinct.num_rows
+    known = np.zeros(n, bool)
+    if not c.prior_entries:
+        return known
+    found, delta, rid, deleted = out
+    gone_rids = rids_of(keys.gone)
+    if not len(gone_rids):
+        return known
+    rows = pa.concat_tables(thread_map(lambda f: prior.read(io, f, part), list(c.prior_entries)))
+    by_rid = np.argsort(gone_rids)
+    at = np.minimum(np.searchsorted(gone_rids[by_rid], rows.column(prior.ROW_ID).to_numpy()), len(gone_rids) - 1)
+    mine = gone_rids[by_rid][at] == rows.column(prior.ROW_ID).to_numpy()
+    code = keys.gone_codes[by_rid][at][mine]
+    rows = rows.filter(pa.array(mine))
+    has_entry = rows.column(prior.DELTA).is_valid().to_numpy(zero_copy_only=False)
+    in_log = has_entry & rows.column(prior.PRIOR_ROW_ID).is_null().to_numpy(zero_copy_only=False)
+    known[code] = True
+    found[code] = has_entry
+    delta[code] = rows.column(prior.DELTA).fill_null(0).to_numpy()
+    rid[code] = rows.column(prior.PRIOR_ROW_ID).fill_null(NO_ROW).to_numpy()
+    deleted[code] = rows.column(prior.DELETED).to_numpy(zero_copy_only=False)
+    if in_log.any():
+        live = np.array(sorted(b.part for b in c.batches if b.status == LIVE), dtype=np.int64)
+        columns = [*rowid.ROW_ID_COLUMNS, "cause"]
+        events = pa.concat_tables(thread_map(lambda f: segmentlog.read_until(io, f.path, columns=columns),
+                                             list(c.logs)))
+        target, cause = segmentlog.row_ids(events), events.column("cause").to_numpy()
+        ended = ((cause >> rowid.PART_SHIFT) == part) & ~order.isin(target >> rowid.PART_SHIFT, live)
+        target, cause = target[ended], cause[ended]
+        at = np.minimum(np.searchsorted(gone_rids[by_rid], cause), len(gone_rids) - 1)
+        caused = gone_rids[by_rid][at] == cause
+        ended_rid = np.full(n, NO_ROW, np.int64)
+        ended_rid[keys.gone_codes[by_rid][at][caused]] = target[caused]
+        wanted = np.unique(code[in_log])
+        rid[wanted] = ended_rid[wanted]
+        known[wanted[ended_rid[wanted] == NO_ROW]] = False  # not in the log after all: searched for
+    return known
 
 
 def _refuse_outside_window(state: TableState, removed: int | None, start: int, version: int) -> None:
