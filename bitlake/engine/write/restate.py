@@ -30,7 +30,8 @@ from bitlake.engine.write import metagen, segments
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.metagen import COUNTS, MetaGenOutput
 from bitlake.errors import VersionExpiredError
-from bitlake.format import bitmap, changefile, commitlog, datafile, keystore, layout, order, prior, rowid, segmentlog
+from bitlake.format import bitmap, changefile, commitlog, datafile, keystore, layout, order, rowid, segmentlog
+from bitlake.format import prior as prior_file
 from bitlake.format import state as state_mod
 from bitlake.format.commit import LIVE, REPLACED, REVERTED, VACUUM, Commit, DataFile, KeysFile, PurgedFile
 from bitlake.format.metadata import TableMetadata
@@ -168,19 +169,19 @@ def _prior_entries(io: FileIO, c: Commit, part: int, keys: _Keys, out: tuple[np.
     gone_rids = rids_of(keys.gone)
     if not len(gone_rids):
         return known
-    rows = pa.concat_tables(thread_map(lambda f: prior.read(io, f, part), list(c.prior_entries)))
+    rows = pa.concat_tables(thread_map(lambda f: prior_file.read(io, f, part), list(c.prior_entries)))
     by_rid = np.argsort(gone_rids)
-    at = np.minimum(np.searchsorted(gone_rids[by_rid], rows.column(prior.ROW_ID).to_numpy()), len(gone_rids) - 1)
-    mine = gone_rids[by_rid][at] == rows.column(prior.ROW_ID).to_numpy()
+    at = np.minimum(np.searchsorted(gone_rids[by_rid], rows.column(prior_file.ROW_ID).to_numpy()), len(gone_rids) - 1)
+    mine = gone_rids[by_rid][at] == rows.column(prior_file.ROW_ID).to_numpy()
     code = keys.gone_codes[by_rid][at][mine]
     rows = rows.filter(pa.array(mine))
-    has_entry = rows.column(prior.DELTA).is_valid().to_numpy(zero_copy_only=False)
-    in_log = has_entry & rows.column(prior.PRIOR_ROW_ID).is_null().to_numpy(zero_copy_only=False)
+    has_entry = rows.column(prior_file.DELTA).is_valid().to_numpy(zero_copy_only=False)
+    in_log = has_entry & rows.column(prior_file.PRIOR_ROW_ID).is_null().to_numpy(zero_copy_only=False)
     known[code] = True
     found[code] = has_entry
-    delta[code] = rows.column(prior.DELTA).fill_null(0).to_numpy()
-    rid[code] = rows.column(prior.PRIOR_ROW_ID).fill_null(NO_ROW).to_numpy()
-    deleted[code] = rows.column(prior.DELETED).to_numpy(zero_copy_only=False)
+    delta[code] = rows.column(prior_file.DELTA).fill_null(0).to_numpy()
+    rid[code] = rows.column(prior_file.PRIOR_ROW_ID).fill_null(NO_ROW).to_numpy()
+    deleted[code] = rows.column(prior_file.DELETED).to_numpy(zero_copy_only=False)
     if in_log.any():
         live = np.array(sorted(b.part for b in c.batches if b.status == LIVE), dtype=np.int64)
         columns = [*rowid.ROW_ID_COLUMNS, "cause"]
