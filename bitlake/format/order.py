@@ -167,6 +167,13 @@ class SortedSearch:
 _SHORT_STEP = 16
 
 
+def places(ordered: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each of ``values``, its place in ``ordered`` (sorted, not empty) and whether it is there: where a value
+    is not, its place is where it would go, at most the last."""
+    at = np.minimum(np.searchsorted(ordered, values), len(ordered) - 1)
+    return at, ordered[at] == values
+
+
 def isin(values: np.ndarray, of: np.ndarray) -> np.ndarray:
     """``np.isin(values, of)`` for integer arrays of one dtype, by sorting the smaller side and searching it:
     numpy 2.4's ``isin`` hashes both sides, which took 0.41 s for 6,000 row ids against 600,000 where a sort and a
@@ -177,11 +184,7 @@ def isin(values: np.ndarray, of: np.ndarray) -> np.ndarray:
     if not len(values) or not len(of):
         return np.zeros(len(values), dtype=bool)
     if len(of) > len(values):  # keep of's members that are values, then search those (fewer) among the values
-        ordered = np.sort(values)
-        at = np.minimum(np.searchsorted(ordered, of), len(ordered) - 1)
-        of = of[ordered[at] == of]
+        of = of[places(np.sort(values), of)[1]]
         if not len(of):
             return np.zeros(len(values), dtype=bool)
-    ordered = np.sort(of)
-    at = np.minimum(np.searchsorted(ordered, values), len(ordered) - 1)
-    return ordered[at] == values
+    return places(np.sort(of), values)[1]

@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from bitlake.engine.keys.keyencoding import fixed_key_array, fixed_key_width, int64_values
 from bitlake.format import keystore
+from bitlake.format.order import places
 
 BLOCK_ENTRIES = 64
 BLOCK_PREFIX = b"\x02"
@@ -125,8 +126,7 @@ class Blocks:
         # The blocks' keys, end to end, are in order: one search finds each wanted key's place.
         entries = np.ascontiguousarray(planes[:, :width].transpose(0, 2, 1)).view(f"S{width}").ravel()
         at = order[np.searchsorted(ordered, chunk[0]):np.searchsorted(ordered, chunk[-1], side="right")]
-        pos = np.minimum(np.searchsorted(entries, keys[at]), len(entries) - 1)
-        hit = entries[pos] == keys[at]
+        pos, hit = places(entries, keys[at])
         at, pos = at[hit], pos[hit]
         picked = np.ascontiguousarray(planes[pos // BLOCK_ENTRIES, width:, pos % BLOCK_ENTRIES])  # (key, byte)
         columns = picked.view("<i8").reshape(len(pos), _VALUE_COLUMNS)

@@ -117,8 +117,7 @@ class Purge:
             return ~valid & old & ~self._valid_at_start(ids)
         if not len(self.rid):
             return ~valid & old
-        pos = np.minimum(np.searchsorted(self.rid, ids), len(self.rid) - 1)
-        has = self.rid[pos] == ids
+        pos, has = order.places(self.rid, ids)
         mark = NO_WATERMARK if self.watermark is None else self.watermark
         late = (self.version[pos] > self.start) | (self.t[pos] > mark)
         return ~valid & ~(has & late) & old

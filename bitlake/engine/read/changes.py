@@ -171,8 +171,8 @@ def _of_own_commit(events: pa.Table, live: dict) -> np.ndarray:
     parts = np.array(sorted(live), dtype=np.int64)
     versions = np.array([live[p].live_version for p in parts.tolist()], dtype=np.int64)
     target_part = events.column("_target").to_numpy() >> rowid.PART_SHIFT
-    pos = np.minimum(np.searchsorted(parts, target_part), len(parts) - 1)
-    return (parts[pos] == target_part) & (versions[pos] == events.column("_commit_version").to_numpy())
+    pos, hit = order.places(parts, target_part)
+    return hit & (versions[pos] == events.column("_commit_version").to_numpy())
 
 
 def _own_segments(state: TableState, commits: dict[int, Commit], live: dict, segments: set) -> dict:

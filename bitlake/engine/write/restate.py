@@ -114,25 +114,16 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
 def _known(distinct: pa.Table, stored: pa.Table, meta) -> tuple | None:
     """The entries of ``distinct``'s keys (found, delta, row id, deleted, in its order) from ``stored`` (key
     columns, ``_delta``, ``_row_id``: rows valid now, one a key); None when a key is not there."""
-    n = distinct.num_rows
-    rows = stored.select([*meta.primary_key, keystore.DELTA, keystore.ROW_ID])
-    at, delta, rid, _ = _entries_in(distinct, rows.append_column(keystore.DELETED, pa.repeat(False, rows.num_rows)),
-                                    meta)
-    if len(at) != n:
-        return None
-    by_key = np.argsort(at)
-    return np.ones(n, bool), delta[by_key], rid[by_key], np.zeros(n, bool)
-
-
-def _entries_in(distinct: pa.Table, rows: pa.Table, meta) -> tuple[np.ndarray, ...]:
-    """The entries ``rows`` (key columns, ``_delta``, ``_row_id``, ``_deleted``: one a key) hold of ``distinct``'s
-    keys: the places in ``distinct`` of the keys found, and their delta, row id and deleted, in one order."""
     pk = list(meta.primary_key)
     at = pa.array(np.arange(distinct.num_rows, dtype=np.int64))
     joined = distinct.select(pk).append_column("_at", at).join(
-        rows.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED]), pk, join_type="inner")
-    return (joined.column("_at").to_numpy(), joined.column(keystore.DELTA).to_numpy(),
-            joined.column(keystore.ROW_ID).to_numpy(), joined.column(keystore.DELETED).to_numpy(zero_copy_only=False))
+        stored.select([*pk, keystore.DELTA, keystore.ROW_ID]), pk, join_type="inner")
+    if joined.num_rows != distinct.num_rows:
+        return None
+    by_key = np.argsort(joined.column("_at").to_numpy())
+    n = distinct.num_rows
+    return (np.ones(n, bool), joined.column(keystore.DELTA).to_numpy()[by_key],
+            joined.column(keystore.ROW_ID).to_numpy()[by_key], np.zeros(n, bool))
 
 
 def _entries_before(io: FileIO, state: TableState, keys: _Keys, removed: int | None, start: int) -> tuple:
@@ -171,9 +162,9 @@ def _prior_entries(io: FileIO, c: Commit, part: int, keys: _Keys, out: tuple[np.
         return known
     rows = pa.concat_tables(thread_map(lambda f: prior_file.read(io, f, part), list(c.prior_entries)))
     by_rid = np.argsort(gone_rids)
-    at = np.minimum(np.searchsorted(gone_rids[by_rid], rows.column(prior_file.ROW_ID).to_numpy()), len(gone_rids) - 1)
-    mine = gone_rids[by_rid][at] == rows.column(prior_file.ROW_ID).to_numpy()
-    code = keys.gone_codes[by_rid][at][mine]
+    gone_rids, gone_codes = gone_rids[by_rid], keys.gone_codes[by_rid]  # the removed batch's records, by row id
+    at, mine = order.places(gone_rids, rows.column(prior_file.ROW_ID).to_numpy())
+    code = gone_codes[at[mine]]
     rows = rows.filter(pa.array(mine))
     has_entry = rows.column(prior_file.DELTA).is_valid().to_numpy(zero_copy_only=False)
     in_log = has_entry & rows.column(prior_file.PRIOR_ROW_ID).is_null().to_numpy(zero_copy_only=False)
@@ -190,10 +181,9 @@ def _prior_entries(io: FileIO, c: Commit, part: int, keys: _Keys, out: tuple[np.
         target, cause = segmentlog.row_ids(events), events.column("cause").to_numpy()
         ended = ((cause >> rowid.PART_SHIFT) == part) & ~order.isin(target >> rowid.PART_SHIFT, live)
         target, cause = target[ended], cause[ended]
-        at = np.minimum(np.searchsorted(gone_rids[by_rid], cause), len(gone_rids) - 1)
-        caused = gone_rids[by_rid][at] == cause
+        at, caused = order.places(gone_rids, cause)
         ended_rid = np.full(n, NO_ROW, np.int64)
-        ended_rid[keys.gone_codes[by_rid][at][caused]] = target[caused]
+        ended_rid[gone_codes[at[caused]]] = target[caused]
         wanted = np.unique(code[in_log])
         rid[wanted] = ended_rid[wanted]
         known[wanted[ended_rid[wanted] == NO_ROW]] = False  # not in the log after all: searched for
