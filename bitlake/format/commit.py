@@ -9,7 +9,7 @@ the commits in version order gives a version's state (:mod:`bitlake.format.state
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Self
 
 from bitlake.format.frozen import FrozenDict
 from bitlake.format.protocol import Protocol
@@ -32,6 +32,17 @@ ANALYZE = "ANALYZE"  # column statistics of data files written without them; no 
 
 PENDING, LIVE, REVERTED, REPLACED = "pending", "live", "reverted", "replaced"
 BATCH_STATUSES = (PENDING, LIVE, REVERTED, REPLACED)
+
+
+class _AsFields:
+    """An entry whose JSON object is its fields, as they are."""
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> Self:
+        return cls(**d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +95,7 @@ class DataFile:
 
 
 @dataclasses.dataclass(frozen=True)
-class KeysFile:
+class KeysFile(_AsFields):
     """A keys file of a batch: key, delta value, row id, delete flag and bucket of each record that landed in
     segment ``(part of the batch, seq)``."""
 
@@ -92,13 +103,6 @@ class KeysFile:
     seq: int
     rows: int
     bytes: int
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> KeysFile:
-        return cls(**d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +215,7 @@ class LogFile:
 
 
 @dataclasses.dataclass(frozen=True)
-class BucketFile:
+class BucketFile(_AsFields):
     """A key-store file of one bucket: a base (the bucket's first file, or a merge of all of them) or a delta."""
 
     bucket: int
@@ -220,29 +224,15 @@ class BucketFile:
     bytes: int
     base: bool
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> BucketFile:
-        return cls(**d)
-
 
 @dataclasses.dataclass(frozen=True)
-class Tombstone:
+class Tombstone(_AsFields):
     """Rows committed before this commit whose ``column`` holds one of the values in the one-column Parquet
     file ``path`` are hidden from every view at this version and later."""
 
     column: str
     path: str
     count: int
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> Tombstone:
-        return cls(**d)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,23 +268,16 @@ class FileStats:
 
 
 @dataclasses.dataclass(frozen=True)
-class ChangeFile:
+class ChangeFile(_AsFields):
     """The change rows of a restatement commit: a Parquet file of ``rows`` row ids, each with its change type
     and its place among them (docs/FORMAT.md, "Change feed")."""
 
     path: str
     rows: int
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> ChangeFile:
-        return cls(**d)
-
 
 @dataclasses.dataclass(frozen=True)
-class PurgedFile:
+class PurgedFile(_AsFields):
     """The records of the rows a vacuum purged: a keys file (key columns, delta value, row id, delete flag false,
     bucket) of ``rows`` records of earlier batches, without their values, which a later revert or replace folds
     again (docs/FORMAT.md, "Vacuum")."""
@@ -302,29 +285,15 @@ class PurgedFile:
     path: str
     rows: int
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> PurgedFile:
-        return cls(**d)
-
 
 @dataclasses.dataclass(frozen=True)
-class PriorFile:
+class PriorFile(_AsFields):
     """What the records of a MetaGen commit found in the key store, ``rows`` of them (:mod:`bitlake.format.prior`;
     docs/FORMAT.md, "Prior entries"). A revert of a batch that commit made live starts from them, not from a search
     of the key store of the version before it."""
 
     path: str
     rows: int
-
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> PriorFile:
-        return cls(**d)
 
 
 @dataclasses.dataclass(frozen=True)
