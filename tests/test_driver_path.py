@@ -387,7 +387,7 @@ def test_a_delete_batch_is_numbered_in_key_order_and_keeps_its_input_order(tmp_p
     assert list(zip(feed.column("a").to_pylist(), feed.column("_change_type").to_pylist(), strict=True)) == \
         [(9, "delete"), (2, "delete"), (3, "delete"), (3, "delete")]
     assert feed.column("b").to_pylist() == ["x", "x", "x", "y"]
-    entries = pa.concat_tables(keystore.read_file(t.io, f.path, state.metadata)
+    entries = pa.concat_tables(keystore.read_file(t.io, f, state.metadata)
                                for fs in state.keystore.values() for f in fs)
     latest = {}
     for r in entries.to_pylist():

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bitlake.engine.keys import keycache
-from bitlake.engine.write.metagen import fold
+from bitlake.engine.write.fold import fold
 from bitlake.engine.write.segments import segment_runs
 from bitlake.format import keystore, rowid
 

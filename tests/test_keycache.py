@@ -33,9 +33,9 @@ def reads(monkeypatch):
     counted = {"files": 0, "lookups": 0}
     entries, lookup = keycache.KeyStoreCache.entries, keyindex.KeyIndex.lookup
 
-    def counting_entries(self, io, path, meta):
-        counted["files"] += not self.holds(io, path)
-        return entries(self, io, path, meta)
+    def counting_entries(self, io, f, meta):
+        counted["files"] += not self.holds(io, f.path)
+        return entries(self, io, f, meta)
 
     def counting_lookup(self, keys, *args, **kwargs):
         counted["lookups"] += len(keys)
@@ -68,7 +68,7 @@ def test_merges_of_small_increments_take_their_rows_from_memory(tmp_path, monkey
     t.ingest(_rows(range(1000), 1))
     read = []
     real = keystore.read_file
-    monkeypatch.setattr(keystore, "read_file", lambda io, path, *a, **k: read.append(path) or real(io, path, *a, **k))
+    monkeypatch.setattr(keystore, "read_file", lambda io, f, *a, **k: read.append(f.path) or real(io, f, *a, **k))
     for mod in range(2, 12):
         t.ingest(_rows(range(mod, 1000, 97), mod))
     state = t.state()

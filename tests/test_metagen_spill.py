@@ -41,7 +41,7 @@ def _workload(t: bitlake.Table) -> None:
 
 def _keystore(t: bitlake.Table) -> list[tuple]:
     """Each key's latest key-store row (key, delta, deleted), from the latest state's files."""
-    rows = [keystore.read_file(t.io, f.path, t.state().metadata) for fs in t.state().keystore.values() for f in fs]
+    rows = [keystore.read_file(t.io, f, t.state().metadata) for fs in t.state().keystore.values() for f in fs]
     latest: dict = {}
     for r in pa.concat_tables(rows).to_pylist():
         if r["k"] not in latest or r[keystore.VERSION] > latest[r["k"]][keystore.VERSION]:

@@ -24,7 +24,7 @@ def main() -> None:
     state = t.state()
     files = state.keystore[0]
     pk = list(state.metadata.primary_key)
-    rows = keystore.read_file(t.io, files[0].path, state.metadata, columns=pk)
+    rows = keystore.read_file(t.io, files[0], state.metadata, columns=pk)
     columns = [int64_values(rows.column(c)) for c in pk]  # keys of fixed width only
     values = order.pack(columns, order.key_spans(columns))
     t0 = time.perf_counter()

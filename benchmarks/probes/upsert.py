@@ -87,7 +87,7 @@ def main() -> None:
         state = t.state()
         files = [f for fs in state.keystore.values() for f in fs]
         t0 = time.perf_counter()
-        thread_map(lambda f: keycache.CACHE.entries(t.io, f.path, state.metadata), files)
+        thread_map(lambda f: keycache.CACHE.entries(t.io, f, state.metadata), files)
         print("warm:", len(files), "key-store files,", sum(f.rows for f in files), "rows,",
               keycache.CACHE.held >> 20, "MB held, in", round(time.perf_counter() - t0, 2), "s", flush=True)
     profile = cProfile.Profile()

@@ -24,7 +24,7 @@ def warm_copy(source: str) -> Iterator[bitlake.Table]:
         shutil.copytree(source, path)
         t = bitlake.open_table(path)
         state = t.state()
-        thread_map(lambda f: keycache.CACHE.entries(t.io, f.path, state.metadata),
+        thread_map(lambda f: keycache.CACHE.entries(t.io, f, state.metadata),
                    [f for fs in state.keystore.values() for f in fs])
         try:
             yield t

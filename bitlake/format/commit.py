@@ -216,13 +216,22 @@ class LogFile:
 
 @dataclasses.dataclass(frozen=True)
 class BucketFile(_AsFields):
-    """A key-store file of one bucket: a base (the bucket's first file, or a merge of all of them) or a delta."""
+    """A key-store file of one bucket: a base (the bucket's first file, or a merge of all of them) or a delta.
+    ``version`` not None: the file is a batch's keys file, every row of which is a key-store row of that
+    ``_ks_version`` (a shared file, feature ``keysFileEntries``)."""
 
     bucket: int
     path: str
     rows: int
     bytes: int
     base: bool
+    version: int | None = None
+
+    def to_json(self) -> dict:
+        d = dataclasses.asdict(self)
+        if self.version is None:
+            del d["version"]
+        return d
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,7 +36,7 @@ from bitlake.format import bucket, layout
 from bitlake.format.commit import BucketFile
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.order import key_spans, pack, strictly_increasing
-from bitlake.format.protocol import SHARED_KEYSTORE_FILES
+from bitlake.format.protocol import KEYS_FILE_ENTRIES, SHARED_KEYSTORE_FILES
 from bitlake.fs import FileIO
 from bitlake.pool import thread_map
 
@@ -81,9 +81,20 @@ def parquet_options(schema: pa.Schema) -> dict:
     }
 
 
-def read_file(io: FileIO, path: str, meta: TableMetadata, columns: list[str] | None = None,
+def read_file(io: FileIO, f: BucketFile, meta: TableMetadata, columns: list[str] | None = None,
               filters=None) -> pa.Table:
-    return pq.read_table(io.open_input(path), schema=file_schema(meta), columns=columns, filters=filters)
+    """The rows of key-store file ``f`` (``columns`` of them, those that pass ``filters``), as :func:`file_schema`
+    has them: a keys file listed as one (``f.version``) gives its records' key columns, delta values, row ids and
+    delete flags, each at that version."""
+    schema = file_schema(meta)
+    if f.version is None:
+        return pq.read_table(io.open_input(f.path), schema=schema, columns=columns, filters=filters)
+    stored = pa.schema([schema.field(n) for n in schema.names if n != VERSION])
+    rows = pq.read_table(io.open_input(f.path), columns=stored.names).cast(stored)
+    rows = rows.append_column(schema.field(VERSION), pa.array(np.full(rows.num_rows, f.version, np.int64)))
+    if filters is not None:
+        rows = rows.filter(pq.filters_to_expression(filters))
+    return rows.select(columns) if columns is not None else rows
 
 
 def _constant_columns(table: pa.Table, names: list[str]) -> tuple[pa.Table, dict[str, pa.Scalar]]:
@@ -133,13 +144,13 @@ def _ascending_pairs(table: pa.Table, primary_key: list[str]) -> np.ndarray:
 def read_bucket(io: FileIO, files: list[BucketFile], meta: TableMetadata, more: tuple[pa.Table, ...] = ()
                 ) -> pa.Table:
     """A bucket's entries: the latest row of each key across its files (and the rows ``more``)."""
-    rows = [read_file(io, f.path, meta) for f in files] + [t for t in more if t.num_rows]
+    rows = [read_file(io, f, meta) for f in files] + [t for t in more if t.num_rows]
     return latest_per_key(pa.concat_tables(rows) if rows else file_schema(meta).empty_table(), list(meta.primary_key))
 
 
 def read_entries(io: FileIO, bucket_files: dict[int, list[BucketFile]], meta: TableMetadata) -> list[pa.Table]:
     """Every key's entry, a table a bucket: each bucket's files with its rows of the shared files."""
-    shared = [read_file(io, f.path, meta) for f in bucket_files.get(SHARED, [])]
+    shared = [read_file(io, f, meta) for f in bucket_files.get(SHARED, [])]
     rows = with_buckets(pa.concat_tables(shared), meta) if shared else None
     of_row = rows.column(BUCKET).to_numpy() if rows is not None else np.zeros(0, np.int32)
     out = []
@@ -200,7 +211,8 @@ def merge_due(bucket: int, version: int, max_increments: int) -> bool:
 
 def features(added: list[BucketFile] | tuple[BucketFile, ...]) -> tuple[str, ...]:
     """The protocol features a commit adding the key-store files ``added`` uses."""
-    return (SHARED_KEYSTORE_FILES,) if any(f.bucket == SHARED for f in added) else ()
+    return (*((SHARED_KEYSTORE_FILES,) if any(f.bucket == SHARED for f in added) else ()),
+            *((KEYS_FILE_ENTRIES,) if any(f.version is not None for f in added) else ()))
 
 
 def with_buckets(table: pa.Table, meta: TableMetadata) -> pa.Table:
@@ -208,9 +220,15 @@ def with_buckets(table: pa.Table, meta: TableMetadata) -> pa.Table:
     return table.append_column(BUCKET, pa.array(bucket.buckets(table, list(meta.primary_key), meta.num_buckets)))
 
 
+def shares(bucket_files: dict[int, list[BucketFile]], rows: int, meta: TableMetadata) -> bool:
+    """Whether :func:`write_bucket_files` with ``shared`` writes a commit's ``rows`` key-store rows as one new shared
+    file: a small commit while fewer than ``keystore.max_increments`` are listed."""
+    return 0 < rows <= _AT_ONCE_ROWS and len(bucket_files.get(SHARED, [])) < meta.int_prop("keystore.max_increments")
+
+
 def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, list[BucketFile]],
                         rows: pa.Table, written: Callable[[str, pa.Table], None] | None = None,
-                        read: Callable[[str], pa.Table] | None = None, shared: bool = False
+                        read: Callable[[BucketFile], pa.Table] | None = None, shared: bool = False
                         ) -> tuple[list[BucketFile], list[str]]:
     """Writes the key-store rows ``rows`` of one commit (key-store columns plus ``_bucket``): one file per bucket in
     them, merged with older files of the bucket when its plan says so; or, when ``shared`` and the commit is small,
@@ -226,12 +244,12 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
     version = int(pc.max(rows.column(VERSION)).as_py() or 0) if rows.num_rows else 0  # this commit's version
     pending = bucket_files.get(SHARED, []) if shared else []
     if shared and 0 < rows.num_rows <= _AT_ONCE_ROWS:
-        if len(pending) < max_increments:
+        if shares(bucket_files, rows.num_rows, meta):
             new = latest_per_key(rows.select(schema.names).cast(schema), pk)
             return [_write_file(io, SHARED, new, False, written)], []
         # The shared files' rows join the commit's, a key's row of the highest version kept: then sorted by bucket
         # and key, each bucket's rows are a slice in key order, as a small commit's.
-        stored = [with_buckets(read(f.path) if read else read_file(io, f.path, meta), meta) for f in pending]
+        stored = [with_buckets(read(f) if read else read_file(io, f, meta), meta) for f in pending]
         rows = _latest_by_bucket(pa.concat_tables([*(t.select(rows.column_names).cast(rows.schema) for t in stored),
                                                    rows]), pk)
         replaced.extend(f.path for f in pending)
@@ -269,7 +287,7 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
         merge = merge_plan(files, new.num_rows, max_increments, float(meta.prop("keystore.base_merge_ratio")),
                            due=merge_due(bucket, version, max_increments))
         if merge:
-            new = pa.concat_tables([read(f.path) if read else read_file(io, f.path, meta) for f in merge] + [new])
+            new = pa.concat_tables([read(f) if read else read_file(io, f, meta) for f in merge] + [new])
         if merge or not ordered:
             new = latest_per_key(new, pk)
         # A bucket's first file, and a merge of all its files, is its new base.

@@ -27,8 +27,11 @@ DELETE_POSITIONS = "deletePositions"
 # commits may name prior-entries files (docs/FORMAT.md, "Prior entries"): writers only, which must keep them as they
 # keep the key-store files
 PRIOR_ENTRIES = "priorEntries"
+# the key store may list a keys file as a shared file whose rows all have one `_ks_version` (docs/FORMAT.md, "Key
+# store"): writers only
+KEYS_FILE_ENTRIES = "keysFileEntries"
 READER_FEATURES = frozenset({V1_HISTORY, TOMBSTONES, RESTATEMENTS, BITMAP_DELTAS, DELETE_POSITIONS})
-WRITER_FEATURES = READER_FEATURES | {SHARED_KEYSTORE_FILES, PRIOR_ENTRIES}
+WRITER_FEATURES = READER_FEATURES | {SHARED_KEYSTORE_FILES, PRIOR_ENTRIES, KEYS_FILE_ENTRIES}
 _WRITER_ONLY = WRITER_FEATURES - READER_FEATURES
 
 

@@ -1,6 +1,6 @@
 """The Spark MetaGen: the second of Opal's two steps as Spark jobs, for commits too large for the driver.
 
-It folds the batches' records with the inline MetaGen's own code (:func:`bitlake.engine.write.metagen.fold`),
+It folds the batches' records with the inline MetaGen's own code (:func:`bitlake.engine.write.fold.fold`),
 a set of buckets per task: the records (key, delta, row id, delete flag, bucket: derived from the data files'
 columns for upserts, from the keys files for deletes) are partitioned by bucket, so that every record of a key
 is in one task, and each task reads its buckets' key-store files, folds its keys against their entries as the

@@ -35,6 +35,7 @@ from bitlake import memory
 from bitlake.engine.keys.keyencoding import fixed_width, int64_values
 from bitlake.engine.read import prefiltered
 from bitlake.format import keystore
+from bitlake.format.commit import BucketFile
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.order import SortedSearch, key_spans, pack, strictly_increasing
 from bitlake.fs import FileIO
@@ -188,32 +189,32 @@ class KeyStoreCache:
                 if gone is not None:
                     self.held -= gone.nbytes
 
-    def entries(self, io: FileIO, path: str, meta: TableMetadata) -> Entries:
+    def entries(self, io: FileIO, f: BucketFile, meta: TableMetadata) -> Entries:
         """The file's entries, read and kept when this process holds none."""
-        entries = self.get(io, path)
+        entries = self.get(io, f.path)
         if entries is None:
-            table = keystore.read_file(io, path, meta, columns=[*meta.primary_key, *_VALUES])
+            table = keystore.read_file(io, f, meta, columns=[*meta.primary_key, *_VALUES])
             entries = Entries(table, list(meta.primary_key))
-            self.put(io, path, entries)
+            self.put(io, f.path, entries)
         return entries
 
-    def entries_for(self, io: FileIO, paths: list[str], meta: TableMetadata, firsts: pa.Array
+    def entries_for(self, io: FileIO, files: list[BucketFile], meta: TableMetadata, firsts: pa.Array
                     ) -> dict[str, Entries]:
         """Each file's entries of at least the keys whose first key column holds one of ``firsts``: all of them for
         a file this process holds, else those read, and not kept (a few keys looked up in files this process has
         not read: a restatement's at a past version, where decoding the files whole costs several times more, most
         of it in memory touched for the first time)."""
-        held = {p: e for p in paths if (e := self.get(io, p)) is not None}
-        rest = [p for p in paths if p not in held]
-        return {**held, **{p: Entries(rows, list(meta.primary_key))
-                           for p, rows in zip(rest, _rows_for(io, rest, meta, firsts), strict=True)}}
+        held = {f.path: e for f in files if (e := self.get(io, f.path)) is not None}
+        rest = [f for f in files if f.path not in held]
+        return {**held, **{f.path: Entries(rows, list(meta.primary_key))
+                           for f, rows in zip(rest, _rows_for(io, rest, meta, firsts), strict=True)}}
 
-    def rows(self, io: FileIO, path: str, meta: TableMetadata) -> pa.Table:
+    def rows(self, io: FileIO, f: BucketFile, meta: TableMetadata) -> pa.Table:
         """The file's rows (:func:`bitlake.format.keystore.read_file`), from memory when this process holds them."""
-        entries = self.get(io, path)
+        entries = self.get(io, f.path)
         if entries is not None and entries.table is not None:
             return entries.table
-        return keystore.read_file(io, path, meta)
+        return keystore.read_file(io, f, meta)
 
     def written(self, io: FileIO, path: str, table: pa.Table, meta: TableMetadata) -> None:
         """Keeps a file this process has just written (``table``: its rows)."""
@@ -221,20 +222,24 @@ class KeyStoreCache:
             self.put(io, path, Entries(table, list(meta.primary_key)))
 
 
-def _rows_for(io: FileIO, paths: list[str], meta: TableMetadata, firsts: pa.Array) -> list[pa.Table]:
-    """The rows of each of key-store files ``paths`` whose first key column holds one of ``firsts``, in file order:
-    local files by Polars queries run at once, which decode the other columns at those rows only, others read and
-    filtered."""
+def _rows_for(io: FileIO, files: list[BucketFile], meta: TableMetadata, firsts: pa.Array) -> list[pa.Table]:
+    """The rows of each of key-store ``files`` whose first key column holds one of ``firsts``, in file order:
+    local files by Polars queries run at once, which decode the other columns at those rows only, others (and keys
+    files listed as key-store files, whose columns are not the key store's) read and filtered."""
     pk = list(meta.primary_key)
     stored = keystore.file_schema(meta)
     schema = pa.schema([stored.field(c) for c in [*pk, *_VALUES]])
     prefilter = prefiltered.readable(schema) and prefiltered.matches_exactly(schema.field(pk[0]).type)
+    by_path = {f.path: f for f in files}
 
     def filtered(path: str) -> pa.Table:
-        table = keystore.read_file(io, path, meta, columns=schema.names)
+        table = keystore.read_file(io, by_path[path], meta, columns=schema.names)
         return table.filter(pc.is_in(table.column(pk[0]), firsts))
 
-    return prefiltered.rows_in_files(io, paths, schema, {pk[0]: firsts}, None, filtered, prefilter)
+    plain = [f.path for f in files if f.version is None]
+    read = dict(zip(plain, prefiltered.rows_in_files(io, plain, schema, {pk[0]: firsts}, None, filtered, prefilter),
+                    strict=True))
+    return [read[f.path] if f.version is None else filtered(f.path) for f in files]
 
 
 def _budget() -> int:

@@ -272,7 +272,7 @@ class KeyIndex:
             for v in range(have + 1, state.version + 1):
                 commit = commitlog.read(self.io, v)
                 # A merged file also repeats older rows; only rows this commit wrote are new to the index.
-                tables = (keystore.read_file(self.io, f.path, self.meta, filters=[(keystore.VERSION, "=", v)])
+                tables = (keystore.read_file(self.io, f, self.meta, filters=[(keystore.VERSION, "=", v)])
                           for f in commit.keystore_add)
                 self.put(tables, v, rows=sum(f.rows for f in commit.keystore_add))
         except FileNotFoundError:  # commits before the retention window, or their key-store files, gone with cleanup

@@ -31,6 +31,7 @@ from bitlake import memory
 from bitlake.engine.keys import keycache
 from bitlake.engine.keys.keyencoding import fixed_type, fixed_width, int64_values, key_codes
 from bitlake.engine.keys.keyindex import stages
+from bitlake.engine.write.fold import Fold, fold
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.segments import segment_runs, sorted_ids, write_segments
 from bitlake.engine.write.spill import Spill
@@ -76,7 +77,9 @@ class MetaGenOutput:
                 *((PRIOR_ENTRIES,) if self.prior_entries else ()))
 
     def written(self) -> list[str]:
-        paths = [f.path for f in self.logs] + [f.path for f in self.keystore_add] + [f.path for f in self.prior_entries]
+        # A keys file listed as a key-store file (``version``) is the landing's, not this output's.
+        paths = [f.path for f in self.logs] + [f.path for f in self.keystore_add if f.version is None]
+        paths += [f.path for f in self.prior_entries]
         # A segment state with a delta names the bitmap of an earlier commit, and the delta this one wrote.
         return paths + sorted({s.delta or s.bitmap for s in self.segments if s.bitmap})
 
@@ -205,13 +208,23 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
             if group_rows.num_rows:
                 index.stage(group_rows, version)
 
+    listed = _listed_keys_file(state, batches, records, keystore_rows)
+
+    def keystore_files() -> tuple[list[BucketFile], list[str]]:
+        if listed is not None:  # the batch's keys file is the commit's shared key-store file
+            keys_file = (listed.writing()[1] if listed.writing is not None else listed.keys_files)[0]
+            keycache.CACHE.written(io, keys_file.path, keystore_rows, meta)
+            return [BucketFile(keystore.SHARED, keys_file.path, keys_file.rows, keys_file.bytes, False, version)], []
+        if not keystore_rows.num_rows:
+            return [], []
+        return keystore.write_bucket_files(io, meta, state.keystore, keystore_rows,
+                                           lambda path, rows: keycache.CACHE.written(io, path, rows, meta),
+                                           lambda f: keycache.CACHE.rows(io, f, meta), shared=True)
+
     # The key-store files, the segment log with its bitmaps and the key index's staged files are independent:
     # written at once, on threads (a load's blocks took as long as its key-store files).
     writes = [
-        lambda: keystore.write_bucket_files(io, meta, state.keystore, keystore_rows,
-                                            lambda path, rows: keycache.CACHE.written(io, path, rows, meta),
-                                            lambda path: keycache.CACHE.rows(io, path, meta), shared=True)
-        if keystore_rows.num_rows else ([], []),
+        keystore_files,
         lambda: write_segments(io, state.segments, events, valid, meta.prop("bitmap.deltas")),
         lambda: [prior.write(io, prior_rows)] if prior_rows is not None and prior_rows.num_rows else [],
     ]
@@ -222,6 +235,24 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     batch_counts = {i: dict(zip(COUNTS, map(int, counts[i]), strict=True)) for i in range(len(batches))}
     out = assemble(state, batches, seg_out, added, replaced, batch_counts)
     return dataclasses.replace(out, keystore_rows=keystore_rows, prior_entries=prior_entries)
+
+
+def _listed_keys_file(state: TableState, batches: list[Landed], records: pa.Table, keystore_rows: pa.Table
+                      ) -> Landed | None:
+    """The batch whose keys file holds exactly the commit's key-store rows, when one does: a batch of deletes alone
+    in one keys file, in key order, one a key, each accepted, of few enough rows for a shared file. That file is
+    then listed in the key store (at the commit's version) instead of a copy of its rows, near half a small delete's
+    bytes (docs/FORMAT.md, "Key store", "Keys files as entries")."""
+    batch = batches[0]
+    if len(batches) != 1 or batch.data_files or len(batch.keys_files) != 1:
+        return None
+    n = keystore_rows.num_rows
+    if n != records.num_rows or n != batch.keys_files[0].rows or not keystore.shares(state.keystore, n, state.metadata):
+        return None
+    # The rows are the records themselves (every record its key's one, accepted), in the order the file has them
+    # (the landing kept them, or they were read from it).
+    same = np.array_equal(keystore_rows.column(keystore.ROW_ID).to_numpy(), records.column(keystore.ROW_ID).to_numpy())
+    return batch if same and keystore.in_key_order(keystore_rows, list(state.metadata.primary_key)) else None
 
 
 def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: int, index, reads: list
@@ -259,7 +290,7 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
     def write(rows: pa.Table) -> tuple[list, list]:
         return keystore.write_bucket_files(io, meta, state.keystore, rows,
                                            lambda path, rows: keycache.CACHE.written(io, path, rows, meta),
-                                           lambda path: keycache.CACHE.rows(io, path, meta))
+                                           lambda f: keycache.CACHE.rows(io, f, meta))
 
     def take_written(write_done: Future) -> None:
         a, r = write_done.result()
@@ -518,12 +549,12 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
     # keep=False: the files of at least FEW_OF_FILE times the rows of the keys wanted in them, read at once for the
     # first key column values of all the keys (a few more rows than each file's keys).
     wanted_in = {b: e - a for b, (a, e) in slices.items()} | {keystore.SHARED: n}
-    few = [] if keep else [f.path for b in [*buckets, keystore.SHARED] for f in state.keystore.get(b, [])
+    few = [] if keep else [f for b in [*buckets, keystore.SHARED] for f in state.keystore.get(b, [])
                            if wanted_in[b] * keycache.FEW_OF_FILE <= f.rows]
     read = keycache.CACHE.entries_for(io, few, state.metadata, pc.unique(distinct.column(pk[0]))) if few else {}
 
     def of_file(f: BucketFile) -> keycache.Entries:
-        return read[f.path] if f.path in read else keycache.CACHE.entries(io, f.path, state.metadata)
+        return read[f.path] if f.path in read else keycache.CACHE.entries(io, f, state.metadata)
 
     # Fixed-width keys as int64, converted once: the shared files take them all, a bucket a slice of them in bucket
     # order, whose codes are by_bucket's (codes number distinct's rows).
@@ -561,83 +592,3 @@ def scan_keystore(io: FileIO, state: TableState, distinct: pa.Table, buckets: li
             found[code] = True
             delta[code], rid[code], deleted[code], version[code] = (v[newer] for v in values)
     return found, delta, rid, deleted
-
-
-@dataclasses.dataclass
-class Fold:
-    """The contract applied to a commit's records, in contract order (``order`` maps to input rows).
-
-    Per record: its delta, row id, delete flag and batch; ``accepted``; ``until`` (it supersedes a
-    visible row, whose row id is ``last_rid``). ``final``: the input rows that are their key's last
-    accepted record, which become the key-store entries.
-    """
-
-    order: np.ndarray
-    delta: np.ndarray
-    rid: np.ndarray
-    deleted: np.ndarray
-    batch: np.ndarray
-    accepted: np.ndarray
-    until: np.ndarray
-    last_rid: np.ndarray
-    final: np.ndarray
-
-
-def fold(codes, deltas, rids, deleted, batch, found, prior_d, prior_rid, prior_deleted) -> Fold:
-    """Applies the semantics contract to records of keys ``codes`` (0..k-1, each present), given each
-    key's stored entry (``found[code]``, its delta, row id and delete flag), without a Python loop.
-
-    Records are put in contract order, (key, batch, delta, row id), and each key's stored entry is
-    placed before its records as a slot. A record is accepted iff its delta is at least the maximum
-    delta before it in its key (accepted deltas never decrease, so that is the last accepted one's);
-    group-wise running maxima come from one cumulative maximum over ``key * M + delta rank``, which
-    no earlier key can reach. The previous accepted record (or the slot) is a forward fill of
-    positions; it is a visible row iff it is an upsert (a missing entry counts as not visible).
-    """
-    if len(codes) == len(found):
-        return _fold_one_record_a_key(codes, deltas, rids, deleted, batch, found, prior_d, prior_rid, prior_deleted)
-    order = lexsort((rids, deltas, batch, codes))
-    c, d, r, dl, b = codes[order], deltas[order], rids[order], deleted[order], batch[order]
-    n, k = len(c), len(found)
-    pos = np.arange(n) + c + 1  # record i's place, after the slots of keys 0..c
-    slot = np.searchsorted(c, np.arange(k)) + np.arange(k)  # key g's slot, before its first record
-    size = n + k
-    is_slot = np.zeros(size, dtype=bool)
-    is_slot[slot] = True
-    all_d = np.empty(size, dtype=np.int64)
-    all_d[pos], all_d[slot] = d, prior_d
-    ranks = np.unique(all_d, return_inverse=True)[1].reshape(-1) + 1
-    ranks[slot[~found]] = 0  # no stored entry: nothing to be older than
-    m = int(ranks.max()) + 1
-    key_of = np.empty(size, dtype=np.int64)
-    key_of[pos], key_of[slot] = c, np.arange(k)
-    running = np.maximum.accumulate(key_of * m + ranks)
-    accepted = ranks[pos] + c * m >= running[pos - 1]
-    marks = np.where(is_slot, np.arange(size), -1)
-    marks[pos[accepted]] = pos[accepted]
-    last = np.maximum.accumulate(marks)
-    all_rid = np.empty(size, dtype=np.int64)
-    all_rid[pos], all_rid[slot] = r, prior_rid
-    invisible = np.empty(size, dtype=bool)
-    invisible[pos], invisible[slot] = dl, prior_deleted | ~found
-    before = last[pos - 1]
-    until = accepted & ~invisible[before]
-    ends = np.append(slot[1:] - 1, size - 1)  # each key's last place
-    final_place = last[ends]
-    final_place = final_place[~is_slot[final_place]]
-    record_of_place = final_place - key_of[final_place] - 1
-    return Fold(order, d, r, dl, b, accepted, until, all_rid[before], order[record_of_place])
-
-
-def _fold_one_record_a_key(codes, deltas, rids, deleted, batch, found, prior_d, prior_rid, prior_deleted) -> Fold:
-    """:func:`fold` when every key has one record (a load, most batches): no ordering among records is
-    needed, each is compared with its key's stored entry alone."""
-    order = np.arange(len(codes))
-    if not found.any():  # a load: every record is accepted and supersedes nothing
-        return Fold(order, deltas, rids, deleted, batch, np.ones(len(codes), bool), np.zeros(len(codes), bool),
-                    np.zeros(len(codes), np.int64), order)
-    stored = prior_d[codes]
-    accepted = ~found[codes] | (deltas >= stored)
-    visible_before = found[codes] & ~prior_deleted[codes]
-    return Fold(order, deltas, rids, deleted, batch, accepted, accepted & visible_before, prior_rid[codes],
-                order[accepted])

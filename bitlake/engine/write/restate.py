@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 from bitlake.engine.keys.keyencoding import fixed_width, int64_values, key_codes
 from bitlake.engine.read import prefiltered
 from bitlake.engine.write import metagen, segments
+from bitlake.engine.write.fold import fold
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.metagen import COUNTS, MetaGenOutput
 from bitlake.errors import VersionExpiredError
@@ -278,7 +279,7 @@ def _refold(keys: _Keys, prior: tuple, later: list[BatchState], new: Landed | No
         batch = np.array([order_of[p] for p in known.tolist()], dtype=np.int64)[np.searchsorted(known, parts)]
         deltas = records.column(keystore.DELTA).to_numpy()
         deleted = records.column(keystore.DELETED).to_numpy(zero_copy_only=False)
-        f = metagen.fold(sub.reshape(-1), deltas, rids, deleted, batch, found[present], prior_d[present],
+        f = fold(sub.reshape(-1), deltas, rids, deleted, batch, found[present], prior_d[present],
                          prior_rid[present], prior_deleted[present])
         events.append((f.last_rid[f.until], f.delta[f.until], f.rid[f.until]))
         last = f.final
