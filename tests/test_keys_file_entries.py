@@ -143,6 +143,10 @@ def test_listed_keys_files_merge_into_the_buckets_and_stay_while_their_batch_nam
     assert reverted.committed
     view = {row["id"]: row["mod"] for row in t.to_arrow().to_pylist()}
     assert view[2] == 1 and view[1] == 3 and 3 not in view and 4 not in view
+    # Once no version inside the retention window reads their batches' records and the key store lists them no
+    # more, they go.
+    t.compact(major=True, look_back=t.version)
+    assert set(listed) <= set(t.cleanup(min_age_seconds=0))
 
 
 def test_the_spark_metagen_takes_the_markers_of_a_listed_keys_file(tmp_path, spark):
