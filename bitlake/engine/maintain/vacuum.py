@@ -143,14 +143,20 @@ def _purged(rows: pa.Table, ids: np.ndarray, meta) -> pa.Table:
         ROW_ID, pa.array(ids, pa.int64()))
 
 
+# A purged file's rows are in row-id order, so a batch's rows are a range of them: in row groups this small, a
+# restatement of a small batch reads a few (docs/FORMAT.md, "Vacuum").
+PURGED_ROW_GROUP_ROWS = 1 << 14
+
+
 def write_purged(io: FileIO, meta, purged: pa.Table) -> PurgedFile | None:
-    """The purged records of a keyed table as a keys file (None: none), for restatements to fold again."""
+    """The purged records of a keyed table (in row-id order) as a keys file (None: none), for restatements to fold
+    again."""
     if not meta.keyed or not purged.num_rows:
         return None
     rows = datafile.keys_rows(purged, meta, purged.column(DELTA).to_numpy(), purged.column(ROW_ID).to_numpy(), False)
     path = layout.keys_file_path(f"purged-{uuid.uuid4().hex}")
     with io.open_output(path) as out:
-        pq.write_table(rows, out, compression="zstd")
+        pq.write_table(rows, out, row_group_size=PURGED_ROW_GROUP_ROWS, **keystore.parquet_options(rows.schema))
     return PurgedFile(path, rows.num_rows)
 
 

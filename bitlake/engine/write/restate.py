@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from bitlake.engine.keys.keyencoding import fixed_width, int64_values, key_codes
 from bitlake.engine.read import prefiltered
@@ -40,6 +42,8 @@ from bitlake.format.protocol import TOMBSTONES
 from bitlake.format.state import BatchState, TableState
 from bitlake.fs import FileIO
 from bitlake.pool import thread_map
+
+T = TypeVar("T")
 
 # The key-store entry of a key that no batch holds any more: a delete older than any record, so that every
 # later record of the key is accepted and none sees a visible row before it.
@@ -102,7 +106,7 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
     final, events = _refold(keys, prior, later, new)
     # A key whose last record a vacuum purged has no row: its entry is a delete marker at that record's delta
     # value, as the vacuum itself records for the keys whose current row it purges.
-    final.deleted |= order.isin(final.rid, rids_of(keys.purged))
+    final.deleted |= _purged_rows(io, meta, purged, later, keys.purged, final.rid)
     gone_upserts = ~gone.column(keystore.DELETED).to_numpy(zero_copy_only=False)
     gone_rids = gone.column(keystore.ROW_ID).to_numpy()[gone_upserts]
     events.append((gone_rids, gone.column(keystore.DELTA).to_numpy()[gone_upserts], gone_rids))  # never valid
@@ -214,7 +218,7 @@ class _Keys:
     codes: np.ndarray  # the key of each of ``records``
     gone: pa.Table  # the removed batch's records
     gone_codes: np.ndarray  # the key of each of ``gone``
-    purged: pa.Table  # the records of these keys' rows the vacuums from the fold start on erased
+    purged: pa.Table  # the records of these keys' rows of the batches since the fold start that vacuums erased
 
 
 @dataclasses.dataclass
@@ -235,9 +239,9 @@ def _touched_keys(io: FileIO, state: TableState, touched: pa.Table, gone: pa.Tab
     pk = list(meta.primary_key)
     distinct = touched.take(pa.array(key_codes(touched, pk)[1]))
     parts = [b.part for b in later]
-    erased, records_later = _both(lambda: _purged(io, meta, purged, of_keys=distinct.select(pk)),
+    erased, records_later = _both(lambda: _purged(io, meta, purged, parts, distinct.select(pk)),
                                   lambda: _records(io, meta, *_files_of(state, later), parts, distinct.select(pk)))
-    history = pa.concat_tables([records_later, _of_parts(erased, parts)])
+    history = pa.concat_tables([records_later, erased])
     schema = datafile.keys_schema(meta)
     history = history.select(schema.names).cast(schema)  # a join's output may not say which columns have no nulls
     records = pa.concat_tables([history, added]).combine_chunks()
@@ -251,8 +255,8 @@ def _touched_keys(io: FileIO, state: TableState, touched: pa.Table, gone: pa.Tab
                  erased)
 
 
-def _both(first: Callable[[], pa.Table], second: Callable[[], pa.Table]) -> list[pa.Table]:
-    """The tables two reads give, read at once."""
+def _both(first: Callable[[], T], second: Callable[[], T]) -> list[T]:
+    """What two reads give, read at once."""
     return thread_map(lambda read: read(), [first, second])
 
 
@@ -354,14 +358,34 @@ def _refuse_after_vacuum(io: FileIO, state: TableState, start: int) -> None:
             "live before it can no longer be restated")
 
 
-def _purged(io: FileIO, meta: TableMetadata, files: list[PurgedFile], parts: list[int] | None = None,
+def _purged(io: FileIO, meta: TableMetadata, files: list[PurgedFile], parts: list[int],
             of_keys: pa.Table | None = None) -> pa.Table:
-    """The records (keys-file rows) in the vacuums' purged ``files`` of the rows of batches ``parts``, or of the
-    keys ``of_keys`` (key columns): the fold's records, and its key-store entries from before its start (the vacuum
-    at the start itself, when its own batch of deletes is the one restated)."""
+    """The records (keys-file rows) in the vacuums' purged ``files`` of the rows of batches ``parts``, of the keys
+    ``of_keys`` (key columns; None: of every key): the fold's records. A purged file is in row-id order, a batch's
+    rows a few of its row groups, the only ones read."""
     firsts = pc.unique(of_keys.column(meta.primary_key[0])) if of_keys is not None else None
     tables = [_of_keys(t, of_keys) for t in _keys_rows(io, meta, [f.path for f in files], firsts, parts)]
     return pa.concat_tables(tables) if tables else datafile.keys_schema(meta).empty_table()
+
+
+def _purged_rows(io: FileIO, meta: TableMetadata, files: list[PurgedFile], later: list[BatchState],
+                 purged: pa.Table, rids: np.ndarray) -> np.ndarray:
+    """A mask of the rows ``rids`` (packed; ``NO_ROW``: none) that the vacuums' purged ``files`` hold: those of the
+    batches ``later`` (made live since the fold start) from their records ``purged`` there, the others (rows of
+    entries from before the fold start) looked up by row id in the files."""
+    out = order.isin(rids, rids_of(purged))
+    parts = np.array(sorted(b.part for b in later), dtype=np.int64)
+    older = np.unique(rids[(rids != NO_ROW) & ~order.isin(rids >> rowid.PART_SHIFT, parts)])
+    if not files or not len(older):
+        return out
+
+    def held(f: PurgedFile) -> np.ndarray:  # which of ``older`` the file holds: its row ids are in order
+        ids = pq.read_table(io.open_input(f.path), columns=[keystore.ROW_ID]).column(0).to_numpy()
+        return order.places(ids if order.non_decreasing(ids) else np.sort(ids), older)[1] if len(ids) else \
+            np.zeros(len(older), bool)
+
+    gone = older[np.logical_or.reduce(thread_map(held, files))]
+    return out | order.isin(rids, gone)
 
 
 def _keys_rows(io: FileIO, meta: TableMetadata, paths: list[str], firsts: pa.Array | None = None,
@@ -474,8 +498,8 @@ def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files:
     few keys)."""
     wanted = np.unique(np.array(parts, dtype=np.int64))
     firsts = pc.unique(of_keys.column(meta.primary_key[0])) if of_keys is not None else None
-    upserts = _upsert_rows(io, meta, [f.path for f in files], wanted, firsts)
-    deletes = _keys_rows(io, meta, [k.path for k in keys_files], firsts)
+    upserts, deletes = _both(lambda: _upsert_rows(io, meta, [f.path for f in files], wanted, firsts),
+                             lambda: _keys_rows(io, meta, [k.path for k in keys_files], firsts))
     tables = thread_map(lambda finish: finish(),
                         [lambda t=t: datafile.keys_of(_of_keys(t, of_keys), meta) for t in upserts]
                         + [lambda t=t: _of_keys(datafile.deletes_of(t), of_keys) for t in deletes])
