@@ -290,3 +290,9 @@ def test_a_small_batchs_revert_starts_from_the_prior_entries_its_commit_wrote(tm
     assert searched == [[7]]
     # 4: the load's row (the small batch's record was stale); 5: deleted again; 900: no record left
     assert {r["a"]: r["value"] for r in t.to_arrow().to_pylist()} == base | {3: 36, 7: 70}
+
+
+def test_the_rows_of_consecutive_batches_are_one_range_of_row_ids():
+    s = rowid.PART_SHIFT
+    assert restate._part_ranges([9, 4, 3, 5, 4]) == [(3 << s, 6 << s), (9 << s, 10 << s)]
+    assert restate._part_ranges([]) == []

@@ -399,8 +399,7 @@ def _keys_rows(io: FileIO, meta: TableMetadata, paths: list[str], firsts: pa.Arr
     prefilter = (firsts is not None or parts is not None) and prefiltered.readable(schema) and (
         firsts is None or prefiltered.matches_exactly(schema.field(first).type))
     # A batch's row ids are one range (its part in their top bits): the read keeps exactly its rows.
-    spans = {keystore.ROW_ID: [(p << rowid.PART_SHIFT, (p + 1) << rowid.PART_SHIFT) for p in parts]} \
-        if parts is not None else None
+    spans = {keystore.ROW_ID: _part_ranges(parts)} if parts is not None else None
 
     def whole(path: str) -> pa.Table:
         rows = datafile.read_keys(io, path, meta)
@@ -408,6 +407,19 @@ def _keys_rows(io: FileIO, meta: TableMetadata, paths: list[str], firsts: pa.Arr
 
     return prefiltered.rows_in_files(io, paths, schema, {first: firsts} if firsts is not None else {}, spans, whole,
                                      prefilter)
+
+
+def _part_ranges(parts: list[int]) -> list[tuple[int, int]]:
+    """The half-open row-id ranges of the rows of batches ``parts``, consecutive parts' rows as one range (the
+    batches since a fold start are mostly consecutive parts: one condition of a read, not one a batch)."""
+    ranges: list[tuple[int, int]] = []
+    for p in sorted(set(parts)):
+        lo, hi = p << rowid.PART_SHIFT, (p + 1) << rowid.PART_SHIFT
+        if ranges and ranges[-1][1] == lo:
+            ranges[-1] = (ranges[-1][0], hi)
+        else:
+            ranges.append((lo, hi))
+    return ranges
 
 
 def _of_parts(records: pa.Table, parts: list[int]) -> pa.Table:
