@@ -19,14 +19,14 @@ Only the new records (or bitmaps) and their metadata are written: no data file i
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from bitlake import batches, read, sql
+from bitlake import batches, read
 from bitlake.batches import IngestResult
 from bitlake.engine.read import plan, reader
 from bitlake.engine.write import conform
@@ -40,6 +40,9 @@ from bitlake.format.state import TableState
 from bitlake.fs import FileIO
 from bitlake.spark.schema import spark_schema
 from bitlake.transaction import Finished, Transaction
+
+if TYPE_CHECKING:
+    from bitlake import sql
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +153,8 @@ def _matched(io: FileIO, state: TableState, where: Any, assignments: dict[str, A
         if assignments and not all(isinstance(e, str) for e in assignments.values()):
             raise InvalidInputError("update: with spark=, set the columns to Spark SQL expressions (strings)")
         return _spark_matched(io, state, where, assignments, spark, columns)
+    from bitlake import sql  # sqlglot loads on the first SQL string, not with bitlake
+
     condition = condition_of(where, sql.Scope.of(meta.schema), "where")
     try:
         rows = reader.read(io, plan.plan(io, state), include_row_ids=True, where=condition, columns=columns)
@@ -168,6 +173,8 @@ def condition_of(where: Any, scope: sql.Scope, what: str) -> pc.Expression | Non
     if where is None:
         return None
     if isinstance(where, str):
+        from bitlake import sql
+
         return sql.to_expression(where, scope)
     if not isinstance(where, pc.Expression):
         raise InvalidInputError(f"{what} must be a SQL condition (a string such as \"id = 3\") or a pyarrow compute "
@@ -179,6 +186,8 @@ def value_of(value: Any, scope: sql.Scope, to: pa.DataType) -> pc.Expression:
     """A value given as a SQL expression (a string: ``"amount * 2"``, ``"'fixed'"``), a pyarrow expression or a
     constant, cast to the column's type ``to`` (a decimal of more places rounded half up to the column's, as Spark
     stores it)."""
+    from bitlake import sql
+
     if isinstance(value, str):
         value = sql.to_expression(value, scope, what="value")
     elif not isinstance(value, pc.Expression):
@@ -391,6 +400,8 @@ class Merge:
         return self._rewrite(state, pieces, matched, not_matched)
 
     def _scope(self, source: pa.Schema, target: pa.Schema) -> sql.Scope:
+        from bitlake import sql
+
         fields = {self.s: {c: f"{self.s}.{c}" for c in source.names},
                   self.t: {c: f"{self.t}.{c}" for c in target.names}}
         schema = pa.schema([*(f.with_name(f"{self.s}.{f.name}") for f in source),
@@ -401,6 +412,8 @@ class Merge:
     def _join(self, meta, source: pa.Table, scope: sql.Scope) -> tuple[list[tuple[str, str]], pc.Expression | None]:
         """The equalities a source row and a target row match by (source column, target column), and the rest of
         the predicate over the pair."""
+        from bitlake import sql
+
         if self.predicate is None:
             if not meta.keyed and not self.on:
                 raise InvalidInputError("merge into an append-only table needs predicate= (such as "

@@ -9,7 +9,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from bitlake import sql
 from bitlake.engine.read import changes as changes_mod
 from bitlake.engine.read import plan, reader, timetravel
 from bitlake.errors import InvalidInputError, VersionExpiredError
@@ -190,6 +189,8 @@ for _cls in (View, TableDataset):
 def _expression(where: Any, schema: pa.Schema) -> pc.Expression | None:
     """A filter as a checked pyarrow expression: a SQL condition is compiled, an expression kept."""
     if isinstance(where, str):
+        from bitlake import sql  # sqlglot loads on the first SQL string, not with bitlake
+
         where = sql.to_expression(where, schema)
     elif where is not None and not isinstance(where, pc.Expression):
         raise InvalidInputError(f"filter must be a SQL condition (\"bal > 2\") or a pyarrow compute expression "
