@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 import bitlake
-from bitlake.engine.keys import keyblocks, keyindex
+from bitlake.engine.keys import keyblocks, keyindex, sstwrite
 from bitlake.engine.keys.keyencoding import encode_keys, fixed_key_array, int64_values
 from bitlake.format import keystore
 from tests.test_keyindex import opened
@@ -88,7 +88,7 @@ def test_blocks_compress_keys_in_order(tmp_path):
                      keystore.DELETED: np.zeros(n, bool)})
     first, values = keyblocks.encode(rows, KEY, np.zeros(n, np.uint16), np.arange(n))
     path = str(tmp_path / "blocks.sst")
-    keyindex.write_blocks(first, values, path)
+    sstwrite.write_blocks([(first, values)], path)
     assert (tmp_path / "blocks.sst").stat().st_size < 5 * n
 
 
@@ -133,7 +133,7 @@ def test_a_load_goes_into_the_index_as_blocks_that_later_commits_shadow(tmp_path
     with opened(t) as index:
         index.catch_up(t.state())
         kinds = [f["start_key"][:1] for f in index.db.live_files() if f["start_key"] >= b"\x01"]
-        assert kinds == [keyblocks.BLOCK_PREFIX] * 4
+        assert set(kinds) == {keyblocks.BLOCK_PREFIX} and len(kinds) >= 4  # a file or more a run (one a thread)
         known = index._directory[0].directory  # the runs' blocks, kept as they went in
         check(index)
         index._directory = None
@@ -157,7 +157,8 @@ def test_runs_of_a_put_whose_key_ranges_overlap_go_in_as_blocks_then_as_entries(
     with opened(t) as index:
         index.put(runs, 0)
         kinds = sorted(f["start_key"][:1] for f in index.db.live_files() if f["start_key"] >= b"\x01")
-        assert kinds == [b"\x01", keyblocks.BLOCK_PREFIX, keyblocks.BLOCK_PREFIX]
+        assert kinds[0] == b"\x01" and set(kinds[1:]) == {keyblocks.BLOCK_PREFIX}  # entries, then blocks of two runs
+        assert len(kinds) >= 3
         found, delta, rid, deleted = index.lookup(pa.table({"id": pa.array(range(-1, 1201), pa.int64())}))
     ids = np.arange(-1, 1201)
     assert found.tolist() == (((ids >= 0) & (ids < 400)) | ((ids >= 1000) & (ids < 1200))).tolist()

@@ -15,13 +15,14 @@ row ids close together) make runs, which the SST file's LZ4 compression shrinks.
 of the blocks it reads, searches them, and reads the 24 other bytes of each key it finds (docs/benchmarks.md,
 "Design measurements", "Key index blocks").
 
-The directory: the first keys of the blocks of each SST file, end to end in one entry (``\\x00bitlake:blocks:`` and
-the file's first key). The block that may hold a key is the last whose first key is at most the key.
+The directory: the first keys of the blocks of each run taken in at once (its SST files, a range of the run each),
+end to end in one entry (``\\x00bitlake:blocks:`` and the run's first key). The block that may hold a key is the
+last whose first key is at most the key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -35,31 +36,34 @@ BLOCK_PREFIX = b"\x02"
 DIRECTORY_PREFIX = b"\x00bitlake:blocks:"
 _VALUE_COLUMNS = 3  # row id, delta, deleted
 # Blocks read from RocksDB at once by a lookup (under 3 KB each for a key of two columns), on threads: bounds its
-# memory; and searched at once, in arrays the allocator reuses (see encode).
+# memory; and searched at once, in arrays the allocator reuses (see chunks).
 _BLOCKS_READ_AT_ONCE = 16_384
 _BLOCKS_AT_ONCE = 2_048
-_ENCODE_BLOCKS = 1_024  # blocks encoded at once (see encode)
+_ENCODE_BLOCKS = 1_024  # blocks encoded at once (see chunks)
 
 
 def encode(table: pa.Table, primary_key: list[str], buckets: np.ndarray, order: np.ndarray
            ) -> tuple[np.ndarray, list[bytes]]:
     """The blocks of key-store rows ``table`` (one a key) of buckets ``buckets``, its rows taken in the index's
-    order ``order``: the blocks' first keys (an array of encoded keys) and their values."""
+    order ``order``: the blocks' first keys (an array of encoded keys) and their values, all at once (see chunks)."""
+    pieces = list(chunks(table, primary_key, buckets, order))
+    return np.concatenate([first for first, _ in pieces]), [v for _, values in pieces for v in values]
+
+
+def chunks(table: pa.Table, primary_key: list[str], buckets: np.ndarray, order: np.ndarray
+           ) -> Iterator[tuple[np.ndarray, list[bytes]]]:
+    """:func:`encode`'s blocks, a few at a time: arrays of a few megabytes, which the allocator reuses, where arrays of
+    the whole run took fresh pages each, and in a process whose writes fill the page cache, huge pages cost a
+    compaction to fault in; a writer that takes each chunk before the next holds a few blocks' values, not the run's
+    (docs/benchmarks.md, "Design measurements", "Key index blocks")."""
     keys = [int64_values(table.column(c)) for c in primary_key]
     values = [table.column(keystore.ROW_ID).to_numpy(), table.column(keystore.DELTA).to_numpy(zero_copy_only=False),
               table.column(keystore.DELETED).to_numpy(zero_copy_only=False)]
-    starts = order[::BLOCK_ENTRIES]
-    first = fixed_key_array(buckets[starts], [k[starts] for k in keys])
-    # A few blocks at a time: arrays of a few megabytes, which the allocator reuses, where arrays of the whole
-    # run took fresh pages each, and in a process whose writes fill the page cache, huge pages cost a compaction
-    # to fault in (docs/benchmarks.md, "Design measurements", "Key index blocks").
-    step = _ENCODE_BLOCKS * BLOCK_ENTRIES
-    out: list[bytes] = []
+    step = _ENCODE_BLOCKS * BLOCK_ENTRIES  # whole blocks: a chunk's first key is its first block's
     for start in range(0, len(order), step):
         rows = order[start:start + step]
         encoded = fixed_key_array(buckets[rows], [k[rows] for k in keys])
-        out.extend(_encode_blocks(encoded, [c[rows] for c in values]))
-    return first, out
+        yield encoded[::BLOCK_ENTRIES], _encode_blocks(encoded, [c[rows] for c in values])
 
 
 def _encode_blocks(keys: np.ndarray, values: list[np.ndarray]) -> list[bytes]:

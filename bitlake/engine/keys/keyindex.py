@@ -28,8 +28,6 @@ import fcntl
 import hashlib
 import os
 import shutil
-import threading
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -39,6 +37,7 @@ import pyarrow as pa
 from bitlake import faults
 from bitlake.engine.keys import keyblocks
 from bitlake.engine.keys.keyencoding import decode_values, encodable, encode_keys, encode_values, fixed_width, key_order
+from bitlake.engine.keys.sstwrite import PUT_CHUNK, put_each, write_blocks, write_sst
 from bitlake.errors import IndexUnavailableError
 from bitlake.format import bucket, commitlog, keystore, layout
 from bitlake.format.metadata import TableMetadata
@@ -53,8 +52,6 @@ _TABLE_KEY = b"\x00bitlake:table_id"
 # The encoding of the keys and values (encode_keys, encode_values): an index written in another is rebuilt.
 _FORMAT_KEY = b"\x00bitlake:format"
 _FORMAT = b"4"  # 3: the bucket before the key; 4: the bottom run of fixed-width keys in blocks
-_PUT_CHUNK = 200_000
-_YIELD_EVERY = 1024  # entries written between two releases of the GIL (_put_each)
 # At least this many entries go in as SST files rather than as puts; from _PROCESS_SST_ROWS entries, the SST
 # files are written by one process per core (fewer entries cost less than a process's start-up), and a commit of
 # that many records stages its entries, written by those processes while it commits (KeyIndex.stage).
@@ -307,14 +304,14 @@ class KeyIndex:
                 after = self._ingest_sorted(run, bottom, after)
             tables = []
         for table in tables:
-            for start in range(0, table.num_rows, _PUT_CHUNK):
-                chunk = table.slice(start, _PUT_CHUNK)
+            for start in range(0, table.num_rows, PUT_CHUNK):
+                chunk = table.slice(start, PUT_CHUNK)
                 buckets = self._buckets(chunk)
                 if fixed_width(chunk, pk):  # RocksDB takes entries in its order 5x as fast as in random order
                     order = _index_order(chunk, pk, buckets)
                     chunk, buckets = chunk.take(pa.array(order)), buckets[order]
                 batch = WriteBatch(raw_mode=True)
-                _put_each(batch.put, encode_keys(chunk, pk, buckets), encode_values(chunk))
+                put_each(batch.put, encode_keys(chunk, pk, buckets), encode_values(chunk))
                 self.db.write(batch)
         self._put_version(version)
 
@@ -427,7 +424,7 @@ class KeyIndex:
         return self._directory[0]
 
     def _add_to_directory(self, blocks: list[np.ndarray]) -> None:
-        """Writes the directory entries of blocks just taken in: each SST file's blocks' first keys."""
+        """Writes the directory entries of blocks just taken in: each run's blocks' first keys (all its SST files')."""
         from rocksdict import WriteBatch
 
         batch = WriteBatch(raw_mode=True)
@@ -459,14 +456,23 @@ class KeyIndex:
                 return encode_keys(table.slice(row, 1), pk, buckets[row:row + 1])[0]
 
             if after is None or key_at(0) > after:
-                first, values = keyblocks.encode(table, pk, buckets, order)
-                writing = _SstWriting([os.path.join(self.path, f"{name}-0.sst")])
+                # Ranges of the order, whole blocks each, encoded and written on threads as an SST file each: a load's
+                # blocks took a core alone while its key-store files took the other. NumPy's gathers and copies let go
+                # of the GIL, the puts into rocksdict do not (docs/benchmarks.md, "Design measurements", "Key index
+                # blocks").
+                step = -(-len(order) // (threads() * keyblocks.BLOCK_ENTRIES)) * keyblocks.BLOCK_ENTRIES
+                pieces = [order[start:start + step] for start in range(0, len(order), step)]
+                writing = _SstWriting([os.path.join(self.path, f"{name}-{i}.sst") for i in range(len(pieces))])
+
+                def write(i: int) -> np.ndarray:
+                    return write_blocks(keyblocks.chunks(table, pk, buckets, pieces[i]), writing.paths[i])
+
                 try:
-                    write_blocks(first, values, writing.paths[0])
+                    writing.blocks = np.concatenate(thread_map(write, range(len(pieces))))
                 except BaseException:
                     writing.remove()
                     raise
-                writing.blocks, writing.last = first, key_at(-1)
+                writing.last = key_at(-1)
                 return writing
         table = table.take(pa.array(order))
         large = table.num_rows >= _PROCESS_SST_ROWS
@@ -533,53 +539,15 @@ class KeyIndex:
 
 
 def _index_order(table: pa.Table, primary_key: list[str], buckets: np.ndarray) -> np.ndarray:
-    """The rows of ``table`` (of buckets ``buckets``) in the index's order: by bucket, then by key."""
+    """The rows of ``table`` (of buckets ``buckets``, as 16-bit values: numpy sorts them by radix) in the index's
+    order: by bucket, then by key."""
     order = key_order(table, primary_key)
-    order = np.arange(table.num_rows) if order is None else order
+    if order is None:  # in key order already (a load of a dump in key order, rows MetaGen sorted)
+        return np.arange(table.num_rows) if non_decreasing(buckets) else np.argsort(buckets, kind="stable")
     in_key_order = buckets[order]
     if non_decreasing(in_key_order):  # one bucket (a group of a spilled MetaGen): no sort
         return order
     return order[np.argsort(in_key_order, kind="stable")]
-
-
-def write_sst(table: pa.Table, primary_key: list[str], path: str, bottom: bool) -> None:
-    """Writes the key-store rows ``table`` (with ``_bucket``), in the index's order, as an SST file of index entries
-    (``bottom``: of the bottom run, see _BOTTOM_BLOCK_BYTES)."""
-    from rocksdict import SstFileWriter
-
-    writer = SstFileWriter(options=KeyIndex._options("bottom" if bottom else "upper"))
-    writer.open(path)
-    for start in range(0, table.num_rows, _PUT_CHUNK):
-        chunk = table.slice(start, _PUT_CHUNK)
-        buckets = chunk.column(keystore.BUCKET).to_numpy().astype(np.uint16)
-        _put_each(writer.__setitem__, encode_keys(chunk, primary_key, buckets), encode_values(chunk))
-    writer.finish()
-
-
-def write_blocks(first: np.ndarray, values: list[bytes], path: str) -> None:
-    """Writes blocks (:func:`keyblocks.encode`) as an SST file of the bottom run."""
-    from rocksdict import SstFileWriter
-
-    writer = SstFileWriter(options=KeyIndex._options("bottom"))
-    writer.open(path)
-    for key, value in zip(first.tolist(), values, strict=True):
-        writer[keyblocks.BLOCK_PREFIX + key] = value
-    writer.finish()
-
-
-def _put_each(put, keys: list[bytes], values: list[bytes]) -> None:
-    """``put(key, value)`` for each entry, letting other threads take the GIL every _YIELD_EVERY entries.
-    rocksdict holds the GIL for each call, so a thread that needs it back after each call of its own (pyarrow,
-    numpy) would wait up to a switch interval (5 ms by default) every time, and a commit's key-store files, written
-    beside a thread putting its entries, would take several times as long; the pauses cost the entries nothing
-    (docs/benchmarks.md, "Design measurements", "Key index: staging and the GIL")."""
-    alone = threading.active_count() == 1  # no thread to let in (a process of its own, sstwrite): no pauses
-    step = max(len(keys), 1) if alone else _YIELD_EVERY
-    for start in range(0, len(keys), step):
-        for k, v in zip(keys[start:start + step], values[start:start + step], strict=True):
-            put(k, v)
-        if not alone:
-            time.sleep(0)  # releases the GIL: a thread waiting for it takes it now
 
 
 class _SstWriting:
