@@ -35,6 +35,11 @@ def _rows(rng: np.random.Generator, n: int) -> pa.Table:
     return table.take(pa.array(first))
 
 
+def _encode(table: pa.Table, primary_key: list[str], buckets: np.ndarray, order: np.ndarray):
+    """Every block of ``keyblocks.chunks`` at once: their first keys and their values."""
+    pieces = list(keyblocks.chunks(table, primary_key, buckets, order))
+    return np.concatenate([first for first, _ in pieces]), [v for _, values in pieces for v in values]
+
 @pytest.mark.parametrize("n", [1, 63, 64, 65, 1000])
 def test_blocks_answer_every_key_they_hold_and_no_other(n):
     rng = np.random.default_rng(n)
@@ -45,7 +50,7 @@ def test_blocks_answer_every_key_they_hold_and_no_other(n):
     stored, pieces = {}, []
     for part, part_buckets in ((rows.slice(0, cut), buckets[:cut]), (rows.slice(cut), buckets[cut:])):
         if part.num_rows:
-            first, values = keyblocks.encode(part, KEY, part_buckets, np.arange(part.num_rows))
+            first, values = _encode(part, KEY, part_buckets, np.arange(part.num_rows))
             assert len(values) == -(-part.num_rows // keyblocks.BLOCK_ENTRIES) == len(first)
             stored.update(zip((keyblocks.BLOCK_PREFIX + k for k in first.tolist()), values, strict=True))
             pieces.append(first.tobytes())
@@ -66,7 +71,7 @@ def test_blocks_answer_every_key_they_hold_and_no_other(n):
 
 def test_a_block_of_another_encoding_or_missing_is_refused():
     rows = _rows(np.random.default_rng(7), 100)
-    first, values = keyblocks.encode(rows, KEY, rows.column(keystore.BUCKET).to_numpy().astype(np.uint16),
+    first, values = _encode(rows, KEY, rows.column(keystore.BUCKET).to_numpy().astype(np.uint16),
                                      np.arange(rows.num_rows))
     blocks = keyblocks.Blocks.of([first.tobytes()], len(KEY))
     keys = first[:1]
@@ -86,7 +91,7 @@ def test_blocks_compress_keys_in_order(tmp_path):
                      "c": pa.array(np.zeros(n, np.int32)).cast(pa.date32()),
                      keystore.DELTA: np.zeros(n, np.int64), keystore.ROW_ID: np.arange(n, dtype=np.int64) * 3,
                      keystore.DELETED: np.zeros(n, bool)})
-    first, values = keyblocks.encode(rows, KEY, np.zeros(n, np.uint16), np.arange(n))
+    first, values = _encode(rows, KEY, np.zeros(n, np.uint16), np.arange(n))
     path = str(tmp_path / "blocks.sst")
     sstwrite.write_blocks([(first, values)], path)
     assert (tmp_path / "blocks.sst").stat().st_size < 5 * n

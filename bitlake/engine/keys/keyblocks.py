@@ -42,20 +42,14 @@ _BLOCKS_AT_ONCE = 2_048
 _ENCODE_BLOCKS = 1_024  # blocks encoded at once (see chunks)
 
 
-def encode(table: pa.Table, primary_key: list[str], buckets: np.ndarray, order: np.ndarray
-           ) -> tuple[np.ndarray, list[bytes]]:
-    """The blocks of key-store rows ``table`` (one a key) of buckets ``buckets``, its rows taken in the index's
-    order ``order``: the blocks' first keys (an array of encoded keys) and their values, all at once (see chunks)."""
-    pieces = list(chunks(table, primary_key, buckets, order))
-    return np.concatenate([first for first, _ in pieces]), [v for _, values in pieces for v in values]
-
-
 def chunks(table: pa.Table, primary_key: list[str], buckets: np.ndarray, order: np.ndarray
            ) -> Iterator[tuple[np.ndarray, list[bytes]]]:
-    """:func:`encode`'s blocks, a few at a time: arrays of a few megabytes, which the allocator reuses, where arrays of
-    the whole run took fresh pages each, and in a process whose writes fill the page cache, huge pages cost a
-    compaction to fault in; a writer that takes each chunk before the next holds a few blocks' values, not the run's
-    (docs/benchmarks.md, "Design measurements", "Key index blocks")."""
+    """The blocks of key-store rows ``table`` (one a key) of buckets ``buckets``, its rows taken in the index's order
+    ``order``, a chunk at a time: each chunk's blocks' first keys (an array of encoded keys) and their values. Arrays
+    of a few megabytes, which the allocator reuses, where arrays of the whole run took fresh pages each, and in a
+    process whose writes fill the page cache, huge pages cost a compaction to fault in; a writer that takes each chunk
+    before the next holds a few blocks' values, not the run's (docs/benchmarks.md, "Design measurements", "Key index
+    blocks")."""
     keys = [int64_values(table.column(c)) for c in primary_key]
     values = [table.column(keystore.ROW_ID).to_numpy(), table.column(keystore.DELTA).to_numpy(zero_copy_only=False),
               table.column(keystore.DELETED).to_numpy(zero_copy_only=False)]
