@@ -474,6 +474,29 @@ def test_a_writer_killed_with_entries_in_memory_leaves_an_index_the_next_writer_
 
 
 @pytest.mark.spark
+def test_a_process_that_exits_right_after_a_commit_lets_the_index_rebuild_finish(tmp_path):
+    """A commit that finds no index rebuilds it on a thread after the commit; a process that exits at once waits
+    for it (the rebuild writes its blocks on a pool of threads, which would refuse work once concurrent.futures'
+    exit hook ran): nothing is logged, and the next process finds the index at the table's version."""
+    path = str(tmp_path / "t")
+    t = bitlake.create_table(path, SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2)
+    n = 300_000  # enough entries for the rebuild to write its blocks on threads
+    t.ingest(pa.table({"id": pa.array(range(n), pa.int64()), "name": pa.array(["a"] * n),
+                       "mod": pa.array([1] * n, pa.int64())}), batch_id="load")
+    t.ingest(batch([1, 2], ["b", "b"], [2, 2]), batch_id="small")
+    close_idle()
+    shutil.rmtree(tmp_path / "t" / "_bitlake" / "index")
+    child = f"import bitlake; bitlake.open_table({path!r}).revert_batch('small')\n"  # uses no index: rebuilt after
+    run = subprocess.run([sys.executable, "-c", child], cwd=Path(__file__).parent.parent, capture_output=True,
+                         text=True)
+    assert run.returncode == 0 and "failed" not in run.stderr, run.stderr
+    t = bitlake.open_table(path)
+    with opened(t) as index:
+        assert index.version == t.version == 3
+        found, delta, _, _ = index.lookup(pa.table({"id": pa.array([1, 2, n - 1, n], pa.int64())}))
+    assert found.tolist() == [True, True, True, False] and delta[:3].tolist() == [1, 1, 1]
+
+
 def test_a_table_restored_at_its_path_keeps_its_own_index(tmp_path, spark, monkeypatch):
     """The process keeps the index of its last commit open while the table's folder is replaced by a backup of an
     earlier version: closing the stale database must not write into the restored index, which then serves the next

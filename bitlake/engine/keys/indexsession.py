@@ -27,6 +27,7 @@ store (the index is a cache).
 from __future__ import annotations
 
 import atexit
+import concurrent.futures.thread  # noqa: F401 - its exit hook registered before this module's (below)
 import logging
 import os
 import threading
@@ -177,6 +178,11 @@ def _after_fork_in_child() -> None:
     _kept.clear()
 
 
+# At exit, the updates after a commit finish before concurrent.futures stops taking work: an update (a rebuild, a
+# catch-up) reads and writes on pools of threads, which refuse new work once its exit hook ran (the index would be
+# left behind, with a traceback on the way out). threading runs these hooks in the reverse order of their
+# registration, so this one, registered after concurrent.futures' own, runs first; atexit's run after both.
+threading._register_atexit(join_updates)
 atexit.register(close_idle)
 os.register_at_fork(before=close_idle, after_in_child=_after_fork_in_child)
 
