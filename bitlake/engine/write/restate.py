@@ -105,8 +105,10 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
         prior = _entries_before(io, state, keys, removed, start)
     final, events = _refold(keys, prior, later, new)
     # A key whose last record a vacuum purged has no row: its entry is a delete marker at that record's delta
-    # value, as the vacuum itself records for the keys whose current row it purges.
-    final.deleted |= _purged_rows(io, meta, purged, later, keys.purged, final.rid)
+    # value, as the vacuum itself records for the keys whose current row it purges. Only the keys whose entry is
+    # not a delete already are looked up (none of a vacuum's own, whose records delete every key they hold).
+    live = np.flatnonzero(~final.deleted)
+    final.deleted[live] = _purged_rows(io, meta, purged, later, keys.purged, final.rid[live])
     gone_upserts = ~gone.column(keystore.DELETED).to_numpy(zero_copy_only=False)
     gone_rids = gone.column(keystore.ROW_ID).to_numpy()[gone_upserts]
     events.append((gone_rids, gone.column(keystore.DELTA).to_numpy()[gone_upserts], gone_rids))  # never valid
