@@ -92,8 +92,7 @@ def restate(io: FileIO, state: TableState, removed: int | None, new: Landed | No
     gone = pa.concat_tables(_both(lambda: _records(io, meta, *_files_of(state, [state.parts[removed]]), [removed]),
                                   lambda: _purged(io, meta, purged, parts=[removed]))) \
         if removed is not None else datafile.keys_schema(meta).empty_table()
-    added = _records(io, meta, list(new.data_files), list(new.keys_files), [new.part]) if new is not None \
-        else datafile.keys_schema(meta).empty_table()
+    added = _added(io, meta, new)
     touched = pa.concat_tables([gone, added])
     if touched.num_rows == 0:
         return _empty(state, new)
@@ -365,6 +364,8 @@ def _purged(io: FileIO, meta: TableMetadata, files: list[PurgedFile], parts: lis
     """The records (keys-file rows) in the vacuums' purged ``files`` of the rows of batches ``parts``, of the keys
     ``of_keys`` (key columns; None: of every key): the fold's records. A purged file is in row-id order, a batch's
     rows a few of its row groups, the only ones read."""
+    if not files:
+        return datafile.keys_schema(meta).empty_table()
     firsts = pc.unique(of_keys.column(meta.primary_key[0])) if of_keys is not None else None
     tables = [_of_keys(t, of_keys) for t in _keys_rows(io, meta, [f.path for f in files], firsts, parts)]
     return pa.concat_tables(tables) if tables else datafile.keys_schema(meta).empty_table()
@@ -504,12 +505,25 @@ def _files_of(state: TableState, batches: list[BatchState]) -> tuple[list[DataFi
     return files, [k for b in batches for k in b.keys_files]
 
 
+def _added(io: FileIO, meta: TableMetadata, new: Landed | None) -> pa.Table:
+    """The records of the batch ``new`` makes live (keys-file rows): those its landing kept (a vacuum's deletes,
+    a replacement of known size), else read from its files."""
+    schema = datafile.keys_schema(meta)
+    if new is None:
+        return schema.empty_table()
+    if new.rows is not None:
+        return new.rows.select(schema.names).cast(schema)
+    return _records(io, meta, list(new.data_files), list(new.keys_files), [new.part])
+
+
 def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files: list[KeysFile],
              parts: list[int], of_keys: pa.Table | None = None) -> pa.Table:
     """The records of the batches of ``parts`` (keys-file rows): upserts from the data files holding them, deletes
     from their keys files. ``of_keys`` (key columns): only the records of those keys; the upserts of other keys are
     left out before they are made keys-file rows (their delta values and buckets cost more than a join against a
     few keys)."""
+    if not files and not keys_files:  # no batch made live since the fold start (a vacuum's own deletes)
+        return datafile.keys_schema(meta).empty_table()
     wanted = np.unique(np.array(parts, dtype=np.int64))
     firsts = pc.unique(of_keys.column(meta.primary_key[0])) if of_keys is not None else None
     upserts, deletes = _both(lambda: _upsert_rows(io, meta, [f.path for f in files], wanted, firsts),
