@@ -181,8 +181,9 @@ def _after_fork_in_child() -> None:
 # At exit, the updates after a commit finish before concurrent.futures stops taking work: an update (a rebuild, a
 # catch-up) reads and writes on pools of threads, which refuse new work once its exit hook ran (the index would be
 # left behind, with a traceback on the way out). threading runs these hooks in the reverse order of their
-# registration, so this one, registered after concurrent.futures' own, runs first; atexit's run after both.
-threading._register_atexit(join_updates)
+# registration, so this one, registered after concurrent.futures' own, runs first; atexit's run after both. (A
+# Python without the hook, private to threading since 3.9, leaves the updates to close_idle as before.)
+getattr(threading, "_register_atexit", lambda hook: None)(join_updates)
 atexit.register(close_idle)
 os.register_at_fork(before=close_idle, after_in_child=_after_fork_in_child)
 
