@@ -473,7 +473,6 @@ def test_a_writer_killed_with_entries_in_memory_leaves_an_index_the_next_writer_
     assert delta[:6].tolist() == [2, 4, 2, 1, 3, 3]
 
 
-@pytest.mark.spark
 def test_a_process_that_exits_right_after_a_commit_lets_the_index_rebuild_finish(tmp_path):
     """A commit that finds no index rebuilds it on a thread after the commit; a process that exits at once waits
     for it (the rebuild writes its blocks on a pool of threads, which would refuse work once concurrent.futures'
@@ -497,6 +496,7 @@ def test_a_process_that_exits_right_after_a_commit_lets_the_index_rebuild_finish
     assert found.tolist() == [True, True, True, False] and delta[:3].tolist() == [1, 1, 1]
 
 
+@pytest.mark.spark
 def test_a_table_restored_at_its_path_keeps_its_own_index(tmp_path, spark, monkeypatch):
     """The process keeps the index of its last commit open while the table's folder is replaced by a backup of an
     earlier version: closing the stale database must not write into the restored index, which then serves the next
