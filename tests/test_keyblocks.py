@@ -40,6 +40,7 @@ def _encode(table: pa.Table, primary_key: list[str], buckets: np.ndarray, order:
     pieces = list(keyblocks.chunks(table, primary_key, buckets, order))
     return np.concatenate([first for first, _ in pieces]), [v for _, values in pieces for v in values]
 
+
 @pytest.mark.parametrize("n", [1, 63, 64, 65, 1000])
 def test_blocks_answer_every_key_they_hold_and_no_other(n):
     rng = np.random.default_rng(n)
@@ -72,7 +73,7 @@ def test_blocks_answer_every_key_they_hold_and_no_other(n):
 def test_a_block_of_another_encoding_or_missing_is_refused():
     rows = _rows(np.random.default_rng(7), 100)
     first, values = _encode(rows, KEY, rows.column(keystore.BUCKET).to_numpy().astype(np.uint16),
-                                     np.arange(rows.num_rows))
+                            np.arange(rows.num_rows))
     blocks = keyblocks.Blocks.of([first.tobytes()], len(KEY))
     keys = first[:1]
     with pytest.raises(ValueError, match="another encoding"):

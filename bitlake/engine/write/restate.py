@@ -368,7 +368,7 @@ def _purged(io: FileIO, meta: TableMetadata, files: list[PurgedFile], parts: lis
         return datafile.keys_schema(meta).empty_table()
     firsts = pc.unique(of_keys.column(meta.primary_key[0])) if of_keys is not None else None
     tables = [_of_keys(t, of_keys) for t in _keys_rows(io, meta, [f.path for f in files], firsts, parts)]
-    return pa.concat_tables(tables) if tables else datafile.keys_schema(meta).empty_table()
+    return pa.concat_tables(tables)  # a table a file: there is one
 
 
 def _purged_rows(io: FileIO, meta: TableMetadata, files: list[PurgedFile], later: list[BatchState],
@@ -531,9 +531,7 @@ def _records(io: FileIO, meta: TableMetadata, files: list[DataFile], keys_files:
     tables = thread_map(lambda finish: finish(),
                         [lambda t=t: datafile.keys_of(_of_keys(t, of_keys), meta) for t in upserts]
                         + [lambda t=t: _of_keys(datafile.deletes_of(t), of_keys) for t in deletes])
-    if not tables:
-        return datafile.keys_schema(meta).empty_table()
-    return pa.concat_tables(tables).combine_chunks()
+    return pa.concat_tables(tables).combine_chunks()  # a table a file: there is one
 
 
 def _upsert_rows(io: FileIO, meta: TableMetadata, paths: list[str], parts: np.ndarray, firsts: pa.Array | None
