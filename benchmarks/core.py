@@ -551,6 +551,18 @@ def machine() -> dict:
     }
 
 
+def compile_bitlake() -> None:
+    """Writes bitlake's bytecode into its ``__pycache__`` folders, as installing a wheel does. An editable install
+    run with ``PYTHONDONTWRITEBYTECODE`` set (this machine's environment) has none, so each process compiled every
+    module it imported again: 0.1-0.15 s of the first operation of a system's process, where the peers' packages
+    come compiled (docs/benchmarks.md, "Design measurements", "Import")."""
+    import compileall
+
+    import bitlake
+
+    compileall.compile_dir(str(Path(bitlake.__file__).parent), quiet=1)
+
+
 def code_version() -> dict:
     """Which bitlake ran: the imported package's folder, the repository's HEAD and whether it was dirty."""
     import bitlake

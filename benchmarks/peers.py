@@ -1942,6 +1942,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"unknown systems {sorted(unknown)}; known: {SYSTEMS}")
         systems = [s for s in SYSTEMS if s in wanted]
+    core.compile_bitlake()
     date = dt.datetime.now(dt.UTC)
     given = sys.argv[1:] if argv is None else argv
     run = {"command": shlex.join([".venv/bin/python", "benchmarks/peers.py", *given]),

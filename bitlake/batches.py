@@ -19,6 +19,7 @@ from bitlake.engine.write import metagen as engine_metagen
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.metagen import COUNTS, MetaGenOutput
 from bitlake.engine.write.restate import Restatement
+from bitlake.engine.write.spill import KeptRows
 from bitlake.errors import BatchIdReusedError, InvalidInputError
 from bitlake.format import changefile, commitlog
 from bitlake.format.commit import INGEST, LAND, LIVE, METAGEN, PENDING, BatchRecord, Commit, DataFile, KeysFile
@@ -50,15 +51,16 @@ class IngestResult:
 
 
 class LandedFiles(NamedTuple):
-    """What a landing wrote: the data files and keys files, the records' keys-file rows when the landing kept them,
-    while the last files are still being written, what waits for them (:attr:`Landed.writing`), and the digest
-    of what takes the records' digest when they came as Arrow input."""
+    """What a landing wrote: the data files and keys files, the records' keys-file rows when the landing kept them
+    in memory, while the last files are still being written, what waits for them (:attr:`Landed.writing`), what
+    takes the records' digest when they came as Arrow input, and the rows it spilled to scratch files instead."""
 
     data: list[DataFile]
     keys: list[KeysFile]
     rows: pa.Table | None = None
     writing: Callable[[], tuple[list[DataFile], list[KeysFile]]] | None = None
     digesting: Callable[[], str] | None = None  # what waits for the records' digest and returns it
+    spilled: KeptRows | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,15 +145,18 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
     records = None if _is_spark_dataframe(data) else digest.Digest()
     if records is not None:
         batches = records.over(batches)
-    # A batch the inline MetaGen will take keeps its records' keys-file rows for it: one of known size up to its
-    # limit; a stream until it passes the records the MetaGen folds in memory (beyond, it reads them from the files).
-    limit = meta.int_prop("metagen.inline_max_rows") if meta.keyed else 0
-    keep = (limit if rows <= limit else 0) if rows is not None else min(limit, engine_metagen.SPILL_RECORDS)
+    # A batch the inline MetaGen will take keeps its records' keys-file rows for it, up to its limit (past that,
+    # a MetaGen on Spark or one reading the files takes it): in memory up to the records the MetaGen folds at once,
+    # beyond in scratch files, by the groups it folds then.
+    limit = meta.int_prop("metagen.inline_max_rows")
 
     def land_here(io: FileIO, part: int) -> LandedFiles:
-        landed = landing.land_local(io, meta, part, op_column is not None, batches, rows, keep=keep)
+        kept = KeptRows(min(limit, engine_metagen.SPILL_RECORDS), limit, meta.num_buckets,
+                         meta.primary_key[0]) \
+            if meta.keyed and (rows is None or rows <= limit) else None
+        landed = landing.land_local(io, meta, part, op_column is not None, batches, rows, kept=kept)
         return LandedFiles(landed.data, landed.keys, landed.rows, landed.files,
-                           records.hexdigest if records is not None else None)
+                           records.hexdigest if records is not None else None, landed.spilled)
 
     return land_here
 
@@ -168,8 +173,8 @@ def land(tx: Transaction, state: TableState, land_fn, batch_id: str, settle: boo
     files = land_fn(tx.io, part)
     faults.point("after_landing")
     records = sum(f.rows for f in files.data) + sum(f.rows for f in files.keys)
-    batch = Landed(batch_id, part, records, tuple(files.data), tuple(files.keys), files.rows, files.writing,
-                   digesting=files.digesting)
+    batch = Landed(batch_id, part, records, tuple(files.data), tuple(files.keys), files.rows, files.spilled,
+                   files.writing, digesting=files.digesting)
     return batch.settled() if settle else batch
 
 
@@ -290,7 +295,7 @@ def _run(tx: Transaction, spark, state: TableState, batches: list[Landed], versi
         batches = [b.settled() for b in batches]  # Spark reads their files
         return spark_metagen.run(spark or spark_session(), tx.io, state, batches, version)
     # The inline MetaGen reads the files of a batch whose records' rows the landing did not keep.
-    batches = [b if b.rows is not None else b.settled() for b in batches]
+    batches = [b if b.rows is not None or b.spilled is not None else b.settled() for b in batches]
     return engine_metagen.run_inline(tx.io, state, batches, version, tx.index.at(state))
 
 
@@ -331,6 +336,9 @@ def commit_landed(tx: Transaction, batch: Landed, *, metagen: bool, inline: bool
             except Exception:  # noqa: BLE001 - the first failure is the one to raise
                 pass
         raise
+    finally:
+        if batch.spilled is not None:
+            batch.spilled.remove()
 
 
 def commit_changes(tx: Transaction, operation: str, new: Landed | None, plan, more=None) -> Commit:

@@ -22,6 +22,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q -e ".[test,bench]"
+# bitlake's bytecode, as a wheel's install writes it: an editable install under PYTHONDONTWRITEBYTECODE has none, and
+# each process (a CLI call, an Airflow task, a test's child process) would compile every module it imports.
+.venv/bin/python -m compileall -q bitlake >/dev/null
 # Azurite, the Azure Blob Storage emulator of the az:// tests (tests/emulators.py): an npm package in .node/, with
 # Debian's Node.js. (fake-gcs-server, the GCS one, comes with the test extra, from PyPI.)
 AZURITE_VERSION=3.35.0

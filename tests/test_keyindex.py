@@ -15,7 +15,7 @@ import bitlake
 from bitlake.engine.keys import keyencoding, keyindex
 from bitlake.engine.keys.indexsession import close_idle
 from bitlake.engine.keys.keyencoding import encode_keys
-from bitlake.engine.write import metagen
+from bitlake.engine.write import metagen, spill
 from bitlake.format import keystore, layout
 from tests.test_table import SCHEMA, batch, view
 
@@ -288,6 +288,7 @@ def test_a_spilled_commit_and_a_rebuild_reach_the_index_in_runs_that_answer_ever
 def test_a_spilled_commit_of_many_records_stages_each_groups_entries(tmp_path, monkeypatch):
     monkeypatch.setattr(metagen, "SPILL_RECORDS", 0)
     monkeypatch.setattr(metagen, "SPILL_GROUP_RECORDS", 300)
+    monkeypatch.setattr(spill, "MAX_GROUPS", 4)
     monkeypatch.setattr(metagen, "stages", lambda records: True)  # as a commit of millions of records
     monkeypatch.setattr(keyindex, "_SST_MIN_ROWS", 1)
     monkeypatch.setattr(keyindex, "threads", lambda: 1)  # one file a group

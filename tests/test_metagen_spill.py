@@ -99,15 +99,20 @@ def test_a_spilled_metagen_commits_what_the_whole_fold_commits(tmp_path, monkeyp
     whole = bitlake.create_table(str(tmp_path / "whole"), SCHEMA.remove(3), primary_key="k", delta_column="v",
                                  num_buckets=8)
     _workload(whole)
-    groups = []
-    real = spill.Spill.__init__
-    monkeypatch.setattr(spill.Spill, "__init__", lambda self, n: groups.append(n) or real(self, n))
-    monkeypatch.setattr(metagen, "SPILL_RECORDS", 0)
-    monkeypatch.setattr(metagen, "SPILL_GROUP_RECORDS", 90)  # groups of a few buckets each
+    runs, groups = [], []
+    real_run, real_init = metagen._run_spilled, spill.Spill.__init__
+    monkeypatch.setattr(metagen, "_run_spilled", lambda *a: runs.append([b.spilled is not None for b in a[2]]) or
+                        real_run(*a))
+    monkeypatch.setattr(spill.Spill, "__init__", lambda self, n: groups.append(n) or real_init(self, n))
+    monkeypatch.setattr(metagen, "SPILL_RECORDS", 0)  # every landing keeps its records' keys in scratch files
+    monkeypatch.setattr(spill, "MAX_GROUPS", 3)  # groups of a few buckets each
     spilled = bitlake.create_table(str(tmp_path / "spilled"), SCHEMA.remove(3), primary_key="k", delta_column="v",
                                    num_buckets=8)
     _workload(spilled)
-    assert len(groups) == 5 and min(groups) > 1  # every MetaGen spilled (5 of them), in several groups
+    # Every MetaGen spilled (5 of them): the landings' own records from their scratch files, the two pending
+    # batches' from their files.
+    assert runs == [[True], [True], [True], [False, False], [True]]
+    assert set(groups) == {3}
     _assert_same_commits(spilled, whole)
     assert not [d for d in os.listdir(os.environ.get("TMPDIR", "/tmp")) if d.startswith("bitlake-metagen-")]
 
@@ -127,6 +132,45 @@ def test_the_spill_parts_rows_in_order_and_removes_its_files():
         folder = parts._folder
         raise RuntimeError("a failed MetaGen")
     assert not os.path.exists(folder)
+
+
+def _keys_rows(keys, bucket_count: int) -> pa.Table:
+    keys = list(keys)
+    return pa.table({"k": pa.array(keys, pa.int64()), keystore.BUCKET: pa.array([k % bucket_count for k in keys],
+                                                                               pa.int32())})
+
+
+def test_kept_rows_stay_in_memory_then_spill_by_group_in_segment_order_then_go():
+    kept = spill.KeptRows(in_memory=10, at_most=100, num_buckets=4, first_key="k")
+    kept.add(1, _keys_rows(range(100, 104), 4))
+    kept.add(0, _keys_rows(range(4), 4))
+    assert not kept.spilled and kept.complete
+    assert kept.table(pa.schema([])).column("k").to_pylist() == [0, 1, 2, 3, 100, 101, 102, 103]  # segment order
+
+    kept = spill.KeptRows(in_memory=10, at_most=100, num_buckets=4, first_key="k")
+    kept.add(1, _keys_rows(range(100, 108), 4))
+    kept.end(1)
+    kept.add(0, _keys_rows(range(8), 4))  # past 10 records: what was held goes to the spill, segment 1's ended
+    kept.add(0, _keys_rows(range(8, 12), 4))
+    kept.end(0)
+    assert kept.spilled and kept.complete and kept.table(pa.schema([])) is None
+    assert [t.column("k").to_pylist() for t in kept.group(1)] == [[1, 5, 9], [101, 105]]
+    assert [t.column("k").to_pylist() for t in kept.group(1)] == [[1, 5, 9], [101, 105]]  # read again: kept
+    assert sorted(v.as_py() for v in kept.bounds)[::len(kept.bounds) - 1] == [0, 107]
+    folders = [s._folder for s in kept._spills.values()]
+    assert all(os.path.exists(f) for f in folders)
+    kept.remove()
+    assert not any(os.path.exists(f) for f in folders)
+
+    kept = spill.KeptRows(in_memory=4, at_most=6, num_buckets=4, first_key="k")
+    kept.add(0, _keys_rows(range(5), 4))
+    folders = [s._folder for s in kept._spills.values()]
+    kept.add(1, _keys_rows(range(5, 10), 4))  # past at_most: nothing is kept, the spilled files go
+    assert not kept.complete and not kept.spilled and kept.table(pa.schema([])) is None
+    assert folders and not any(os.path.exists(f) for f in folders)
+    one = spill.KeptRows(in_memory=4, at_most=100, num_buckets=1, first_key="k")
+    one.add(0, _keys_rows(range(5), 1))  # one bucket: nothing to part by, so nothing is spilled
+    assert not one.complete and not one.spilled
 
 
 def test_a_spilled_load_goes_into_the_key_index_as_one_run_at_the_bottom(tmp_path, monkeypatch):

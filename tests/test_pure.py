@@ -331,7 +331,7 @@ def test_a_commits_rows_land_in_their_buckets_files_in_key_order(tmp_path, monke
     """Small commits sort their rows by bucket at once, large ones find each bucket's rows on its thread and
     repeat a column of one value instead of gathering it: the same files either way."""
     if not at_once:
-        monkeypatch.setattr(keystore, "_AT_ONCE_ROWS", 0)
+        monkeypatch.setattr(keystore, "AT_ONCE_ROWS", 0)
     io = LocalFileIO(str(tmp_path))
     m = meta()
     ids = np.random.default_rng(7).permutation(200)

@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from bitlake.format import bucket, layout
 from bitlake.format.commit import BucketFile
 from bitlake.format.metadata import TableMetadata
-from bitlake.format.order import key_spans, pack, strictly_increasing
+from bitlake.format.order import key_spans, non_decreasing, pack, strictly_increasing
 from bitlake.format.protocol import KEYS_FILE_ENTRIES, SHARED_KEYSTORE_FILES
 from bitlake.fs import FileIO
 from bitlake.pool import thread_map
@@ -47,7 +47,7 @@ VERSION = "_ks_version"
 BUCKET = "_bucket"
 SHARED = -1  # the "bucket" under which the key store lists its shared files
 _TIER_RATIO = 2  # merge_plan: an increment joins the new rows while it holds at most this many times the rows gathered
-_AT_ONCE_ROWS = 65_536  # write_bucket_files: a commit of at most this many rows prepares its buckets' rows at once
+AT_ONCE_ROWS = 65_536  # write_bucket_files: a commit of at most this many rows prepares its buckets' rows at once
 
 
 def file_schema(meta: TableMetadata) -> pa.Schema:
@@ -223,7 +223,7 @@ def with_buckets(table: pa.Table, meta: TableMetadata) -> pa.Table:
 def shares(bucket_files: dict[int, list[BucketFile]], rows: int, meta: TableMetadata) -> bool:
     """Whether :func:`write_bucket_files` with ``shared`` writes a commit's ``rows`` key-store rows as one new shared
     file: a small commit while fewer than ``keystore.max_increments`` are listed."""
-    return 0 < rows <= _AT_ONCE_ROWS and len(bucket_files.get(SHARED, [])) < meta.int_prop("keystore.max_increments")
+    return 0 < rows <= AT_ONCE_ROWS and len(bucket_files.get(SHARED, [])) < meta.int_prop("keystore.max_increments")
 
 
 def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, list[BucketFile]],
@@ -243,7 +243,7 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
     max_increments = meta.int_prop("keystore.max_increments")
     version = int(pc.max(rows.column(VERSION)).as_py() or 0) if rows.num_rows else 0  # this commit's version
     pending = bucket_files.get(SHARED, []) if shared else []
-    if shared and 0 < rows.num_rows <= _AT_ONCE_ROWS:
+    if shared and 0 < rows.num_rows <= AT_ONCE_ROWS:
         if shares(bucket_files, rows.num_rows, meta):
             new = latest_per_key(rows.select(schema.names).cast(schema), pk)
             return [_write_file(io, SHARED, new, False, written)], []
@@ -257,14 +257,15 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
     # sorts by radix), taken, cast and checked for key order at once, each bucket a slice: per bucket those steps
     # cost more than the rows (a 100-row commit wrote 16 files). A large commit's buckets find and take their rows
     # on their threads, in parallel, each what it needs in memory: one sort of a load's rows would run alone, and in
-    # a process growing to its peak it pays for every new page (docs/benchmarks.md, "Design measurements").
+    # a process growing to its peak it pays for every new page (docs/benchmarks.md, "Design measurements"); rows
+    # already by bucket (a large MetaGen's: it takes them in the key index's order) are a slice a bucket.
     of_row = rows.column(BUCKET).to_numpy().astype(np.uint16)
     counts = np.bincount(of_row)
     buckets = np.flatnonzero(counts)
     ends = np.cumsum(counts)[buckets]
     starts = ends - counts[buckets]
     columns = rows.select(schema.names)
-    at_once = rows.num_rows <= _AT_ONCE_ROWS or bool(replaced)
+    at_once = rows.num_rows <= AT_ONCE_ROWS or bool(replaced)
     if at_once:
         by_bucket = np.argsort(of_row, kind="stable")
         columns = (columns if strictly_increasing(by_bucket) else columns.take(pa.array(by_bucket))).cast(schema)
@@ -272,14 +273,18 @@ def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, 
         disorder = np.r_[0, np.cumsum(~_ascending_pairs(columns, pk))]
     else:
         columns, constant = _constant_columns(columns.cast(schema), [DELTA, DELETED, VERSION])
+    sliced = not at_once and non_decreasing(of_row)
 
     def write(span: tuple[int, int, int]) -> tuple[BucketFile, list[str]]:
         bucket, start, end = span
         if at_once:
             new, ordered = columns.slice(start, end - start), disorder[end - 1] == disorder[start]
         else:
-            rows_of = np.flatnonzero(of_row == bucket)
-            taken = columns if len(rows_of) == columns.num_rows else columns.take(pa.array(rows_of))
+            if sliced:
+                taken = columns.slice(start, end - start)
+            else:
+                rows_of = np.flatnonzero(of_row == bucket)
+                taken = columns if len(rows_of) == columns.num_rows else columns.take(pa.array(rows_of))
             new = pa.table({f.name: taken.column(f.name) if f.name in taken.column_names
                             else pa.repeat(constant[f.name], end - start) for f in schema}, schema=schema)
             ordered = False

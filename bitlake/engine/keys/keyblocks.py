@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from bitlake.engine.keys.keyencoding import fixed_key_array, fixed_key_width, int64_values
+from bitlake.engine.keys.keyencoding import SIGN_BIT, fixed_key_array, fixed_key_width, int64_values
 from bitlake.format import keystore
-from bitlake.format.order import places
+from bitlake.format.order import places, strictly_increasing
 
 BLOCK_ENTRIES = 64
 BLOCK_PREFIX = b"\x02"
@@ -56,21 +56,33 @@ def chunks(table: pa.Table, primary_key: list[str], buckets: np.ndarray, order: 
     step = _ENCODE_BLOCKS * BLOCK_ENTRIES  # whole blocks: a chunk's first key is its first block's
     for start in range(0, len(order), step):
         rows = order[start:start + step]
-        encoded = fixed_key_array(buckets[rows], [k[rows] for k in keys])
-        yield encoded[::BLOCK_ENTRIES], _encode_blocks(encoded, [c[rows] for c in values])
+        firsts = rows[::BLOCK_ENTRIES]
+        yield fixed_key_array(buckets[firsts], [k[firsts] for k in keys]), _encode_blocks(rows, buckets, keys, values)
 
 
-def _encode_blocks(keys: np.ndarray, values: list[np.ndarray]) -> list[bytes]:
-    n, width = len(keys), keys.dtype.itemsize
-    blocks = -(-n // BLOCK_ENTRIES)
-    entries = np.empty(blocks * BLOCK_ENTRIES, dtype=[("key", f"S{width}"), ("values", "<i8", (_VALUE_COLUMNS,))])
-    entries["key"][:n] = keys
-    for i, c in enumerate(values):
-        entries["values"][:n, i] = c
-    entries[n:] = entries[n - 1]  # the last block filled up with its last entry
-    planes = entries.view(np.uint8).reshape(blocks, BLOCK_ENTRIES, -1).transpose(0, 2, 1)  # (block, byte, entry)
-    row = planes.shape[1] * BLOCK_ENTRIES
-    return np.ascontiguousarray(planes).reshape(blocks, row).view(np.dtype((np.void, row))).ravel().tolist()
+def _encode_blocks(rows: np.ndarray, buckets: np.ndarray, keys: list[np.ndarray], values: list[np.ndarray]
+                   ) -> list[bytes]:
+    """The values of the blocks of entries ``rows`` (the last block filled up with its last entry): each field's
+    bytes, as the encoded key and the entry's values have them, go straight into their planes, a field at a time,
+    where the entries were built first, then transposed (docs/benchmarks.md, "Design measurements", "Key index
+    blocks")."""
+    blocks = -(-len(rows) // BLOCK_ENTRIES)
+    if blocks * BLOCK_ENTRIES > len(rows):
+        rows = np.concatenate([rows, np.full(blocks * BLOCK_ENTRIES - len(rows), rows[-1])])
+    elif rows[-1] - rows[0] == len(rows) - 1 and strictly_increasing(rows):
+        rows = slice(int(rows[0]), int(rows[-1]) + 1)  # a run of the table's rows (in the index's order): no gathers
+    one = np.ones((blocks * BLOCK_ENTRIES, 1), np.uint8)
+    fields = [one, buckets[rows].astype(">u2").view(np.uint8).reshape(-1, 2)]  # the encoded key: fixed_key_array's
+    fields += [(k[rows].view(np.uint64) ^ SIGN_BIT).astype(">u8").view(np.uint8).reshape(-1, 8) for k in keys]
+    fields += [one] + [v[rows].astype("<i8").view(np.uint8).reshape(-1, 8) for v in values]
+    width = sum(f.shape[1] for f in fields)
+    planes = np.empty((blocks, width, BLOCK_ENTRIES), np.uint8)  # (block, byte of an entry, entry)
+    at = 0
+    for f in fields:
+        planes[:, at:at + f.shape[1], :] = f.reshape(blocks, BLOCK_ENTRIES, f.shape[1]).transpose(0, 2, 1)
+        at += f.shape[1]
+    row = width * BLOCK_ENTRIES
+    return planes.reshape(blocks, row).view(np.dtype((np.void, row))).ravel().tolist()
 
 
 class Blocks:

@@ -17,7 +17,8 @@ from bitlake.errors import IndexUnavailableError
 from bitlake.format import bucket, keystore
 from bitlake.format.order import lexsort, strictly_increasing
 
-_SIGN = np.uint64(1 << 63)
+# Flipped in a fixed-width key column's int64 value: its big-endian bytes then compare as the signed values do.
+SIGN_BIT = np.uint64(1 << 63)
 
 
 def encodable(t: pa.DataType) -> bool:
@@ -78,7 +79,7 @@ def fixed_key_array(buckets: np.ndarray | None, columns: list[np.ndarray]) -> np
     if buckets is not None:
         rec["bucket"] = buckets
     for i, c in enumerate(columns):
-        rec[f"k{i}"] = c.view(np.uint64) ^ _SIGN
+        rec[f"k{i}"] = c.view(np.uint64) ^ SIGN_BIT
     rec["end"] = 1
     return rec.view(f"S{rec.dtype.itemsize}")
 

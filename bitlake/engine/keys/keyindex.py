@@ -36,7 +36,16 @@ import pyarrow as pa
 
 from bitlake import faults
 from bitlake.engine.keys import keyblocks
-from bitlake.engine.keys.keyencoding import decode_values, encodable, encode_keys, encode_values, fixed_width, key_order
+from bitlake.engine.keys.keyencoding import (
+    ascending,
+    decode_values,
+    encodable,
+    encode_keys,
+    encode_values,
+    fixed_width,
+    int64_values,
+    key_order,
+)
 from bitlake.engine.keys.sstwrite import PUT_CHUNK, put_each, write_blocks, write_sst
 from bitlake.errors import IndexUnavailableError
 from bitlake.format import bucket, commitlog, keystore, layout
@@ -308,7 +317,7 @@ class KeyIndex:
                 chunk = table.slice(start, PUT_CHUNK)
                 buckets = self._buckets(chunk)
                 if fixed_width(chunk, pk):  # RocksDB takes entries in its order 5x as fast as in random order
-                    order = _index_order(chunk, pk, buckets)
+                    order = index_order(chunk, pk, buckets)
                     chunk, buckets = chunk.take(pa.array(order)), buckets[order]
                 batch = WriteBatch(raw_mode=True)
                 put_each(batch.put, encode_keys(chunk, pk, buckets), encode_values(chunk))
@@ -447,7 +456,7 @@ class KeyIndex:
         buckets = self._buckets(table)
         table = table.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED]).append_column(
             keystore.BUCKET, pa.array(buckets.astype(np.int32)))
-        order = _index_order(table, pk, buckets)
+        order = index_order(table, pk, buckets)
         bottom = self._empty() if bottom is None else bottom  # the files will be the bottom run: below nothing
         if bottom and table.num_rows and fixed_width(table, pk):
 
@@ -538,9 +547,12 @@ class KeyIndex:
                 for v in run]
 
 
-def _index_order(table: pa.Table, primary_key: list[str], buckets: np.ndarray) -> np.ndarray:
+def index_order(table: pa.Table, primary_key: list[str], buckets: np.ndarray) -> np.ndarray:
     """The rows of ``table`` (of buckets ``buckets``, as 16-bit values: numpy sorts them by radix) in the index's
     order: by bucket, then by key."""
+    if fixed_width(table, primary_key) and non_decreasing(buckets) and ascending(
+            [buckets.astype(np.int64), *(int64_values(table.column(c)) for c in primary_key)]):
+        return np.arange(table.num_rows)  # in it already (a large commit's key-store rows: MetaGen takes them in it)
     order = key_order(table, primary_key)
     if order is None:  # in key order already (a load of a dump in key order, rows MetaGen sorted)
         return np.arange(table.num_rows) if non_decreasing(buckets) else np.argsort(buckets, kind="stable")

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from bitlake.engine.write.spill import KeptRows
 from bitlake.errors import InvalidInputError, NullValueError, UnknownOperationError
 from bitlake.format import datafile, layout, rowid
 from bitlake.format.commit import DataFile, KeysFile, SegmentRows
@@ -54,10 +55,9 @@ class LandTask:
     part: int
     num_tasks: int
     has_op: bool
-    # On the driver, each task also keeps its records' keys-file rows (the upserts' and the deletes') in
-    # ``kept[task]``, so that the inline MetaGen need not read them back from the files.
-    keep: bool = False
-    kept: dict = dataclasses.field(default_factory=dict)
+    # On the driver, each task also keeps its records' keys-file rows (the upserts' and the deletes'), so that the
+    # inline MetaGen need not read them back from the files.
+    kept: KeptRows | None = None
 
     def run(self, task: int, batches: Iterable[pa.RecordBatch]) -> list[dict]:
         """Lands ``batches`` (the table's columns, conformed, and the op column when ``has_op``) as task
@@ -71,8 +71,8 @@ class LandTask:
         for rb in batches:
             cutter.take(pa.Table.from_batches([rb]))
             cutter.flush_if_full()
-        if self.keep:
-            self.kept[task] = cutter.kept
+        if self.kept is not None:
+            self.kept.end(task)
         return cutter.result()
 
 
@@ -91,7 +91,6 @@ class _Cutter:
         self.bad_values: str | None = None
         self.writers: dict[tuple, tuple[datafile.FileWriter, dict | None, int]] = {}
         self.seq, self.offset = number, 0
-        self.kept: list[pa.Table] = []
 
     def take(self, table: pa.Table) -> None:
         """Lands ``table``'s records in order, each slice of them as many as the current segment has room for."""
@@ -144,12 +143,16 @@ class _Cutter:
                                    self.meta)
                 self._writer("keys", None).write(deletes.append_column(
                     pa.field(datafile.POSITION, pa.int32(), False), pa.array(positions[mask], pa.int32())))
-                self.kept.append(deletes)
+                self._keep(deletes)
         if is_delete is not None:
             chunk = chunk.filter(pc.invert(is_delete))
         upserts = self._stored_rows(chunk)
         if upserts is not None and upserts.num_rows:
             self._write_upserts(upserts)
+
+    def _keep(self, rows: pa.Table) -> None:
+        if self.task.kept is not None:
+            self.task.kept.add(self.number, rows)
 
     def _delete_mask(self, chunk: pa.Table) -> pa.ChunkedArray:
         """Which of ``chunk``'s records are deletes, by its op column; counts the values that are no operation."""
@@ -181,8 +184,8 @@ class _Cutter:
     def _write_upserts(self, chunk: pa.Table) -> None:
         """Writes stored rows ``chunk`` to data files, one per partition its rows fall in, and keeps their keys-file
         rows (``keep``)."""
-        if self.task.keep and self.meta.keyed:
-            self.kept.append(datafile.keys_of(chunk.select(datafile.upsert_columns(self.meta)), self.meta))
+        if self.task.kept is not None and self.task.kept.complete:
+            self._keep(datafile.keys_of(chunk.select(datafile.upsert_columns(self.meta)), self.meta))
         if not self.meta.partition_by:
             self._writer("data", None).write(chunk)
             return
@@ -262,8 +265,10 @@ class Landed:
     records: int
     data_files: tuple[DataFile, ...]
     keys_files: tuple[KeysFile, ...]
-    # The records' keys-file rows when the landing kept them (else MetaGen reads them from the files).
+    # The records' keys-file rows when the landing kept them in memory, or spilled them (else MetaGen reads them
+    # from the files).
     rows: pa.Table | None = dataclasses.field(default=None, compare=False, repr=False)
+    spilled: KeptRows | None = dataclasses.field(default=None, compare=False, repr=False)
     # While the landing still writes the files (their sizes 0 here until then): what waits for them and returns
     # them written, as (data files, keys files).
     writing: Callable[[], tuple[list[DataFile], list[KeysFile]]] | None = dataclasses.field(
@@ -284,24 +289,23 @@ class Landed:
 
 
 def land_local(io: FileIO, meta: TableMetadata, part: int, has_op: bool, batches: Iterable[pa.RecordBatch],
-               rows: int | None = None, threads: int | None = None, keep: int = 0) -> LocalLanding:
+               rows: int | None = None, threads: int | None = None, kept: KeptRows | None = None) -> LocalLanding:
     """Lands conformed ``batches`` on this machine, without Spark: the input is cut, in order, into segments
     that a pool of threads writes at once (Parquet encoding releases the GIL), each task taking its segment's
     batches as they are read (:class:`_Feed`), so a stream lands in bounded memory. ``rows`` (the input's size,
     when known) picks the segment size that gives every thread work. Same files and checks as the Spark landing.
     Returns once every segment has been taken in and checked: the files of the last ones are still being written then
-    (:class:`LocalLanding`), while the caller goes on, with the records' keys-file rows when there are at most
-    ``keep`` records."""
+    (:class:`LocalLanding`), while the caller goes on, with the records' keys-file rows that ``kept`` kept."""
     threads = threads or pool_threads()
     if rows is None:
         per_task, max_bytes = STREAM_TASK_ROWS, STREAM_TASK_BYTES
     else:  # a table already in memory: its segments are slices of it
         per_task, max_bytes = min(max(-(-rows // threads), MIN_TASK_ROWS), rowid.MAX_OFFSET + 1), None
     # Each task is one segment, never more: a task's seq is its place in the input, so row ids follow it.
-    task = LandTask(io, meta.to_json(), part, 1, has_op, keep > 0)
+    task = LandTask(io, meta.to_json(), part, 1, has_op, kept)
     workers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="bitlake-land")
     landing = LocalLanding(io, meta, part, workers)
-    fed, started = 0, -1
+    started = -1
     try:
         for seq, piece in _pieces(batches, per_task, max_bytes):
             if seq > rowid.MAX_SEQ:
@@ -310,22 +314,17 @@ def land_local(io: FileIO, meta: TableMetadata, part: int, has_op: bool, batches
                 landing.start(task, seq, threads)
                 started = seq
             landing.feed(piece)
-            fed += piece.num_rows
-            if task.keep and fed > keep:  # past what is kept: the tasks keep no more, and what they kept goes
-                task.keep = False
-                task.kept.clear()
         landing.taken_in()
     except BaseException:
         landing.abandon()
+        if kept is not None:
+            kept.remove()
         raise
-    if task.keep:
-        kept = [t for seq in sorted(task.kept) for t in task.kept[seq]]
-        # In one chunk, and the pieces let go: the inline MetaGen takes the rows as they are, where a copy of its
-        # own would hold them twice (193 MB for a 6 M-record batch; docs/ingestion.md, "Memory").
-        landing.rows = pa.concat_tables(kept).combine_chunks() if kept else datafile.keys_schema(meta).empty_table()
-        for pieces in task.kept.values():
-            pieces.clear()
-        task.kept.clear()
+    if kept is not None and kept.complete:
+        # In memory, in one chunk, and the pieces let go: the inline MetaGen takes the rows as they are, where a copy
+        # of its own would hold them twice (193 MB for a 6 M-record batch; docs/ingestion.md, "Memory").
+        landing.rows = kept.table(datafile.keys_schema(meta))
+        landing.spilled = kept if kept.spilled else None
     return landing
 
 
@@ -399,6 +398,7 @@ class LocalLanding:
         self.data: list[DataFile] = []
         self.keys: list[KeysFile] = []
         self.rows: pa.Table | None = None
+        self.spilled: KeptRows | None = None
         self._running: list[tuple[Future, Future]] = []  # per segment under way: its cut, its whole run
         self._feed: _Feed | None = None  # the input of the segment started last, until it has all of it
         self._reports: list[dict] = []  # of the segments that have ended

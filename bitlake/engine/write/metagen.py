@@ -30,7 +30,8 @@ from pyroaring import BitMap
 from bitlake import memory
 from bitlake.engine.keys import keycache
 from bitlake.engine.keys.keyencoding import fixed_type, fixed_width, int64_values, key_codes
-from bitlake.engine.keys.keyindex import stages
+from bitlake.engine.keys.keyindex import index_order, stages
+from bitlake.engine.write import spill
 from bitlake.engine.write.fold import Fold, fold
 from bitlake.engine.write.landing import Landed
 from bitlake.engine.write.segments import segment_runs, sorted_ids, write_segments
@@ -176,12 +177,13 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     answers the batch's keys by point lookups when they are few against the key-store rows of their
     buckets; otherwise, or without an index, the driver semi-joins them with those buckets' files."""
     meta = state.metadata
-    unread = [b for b in batches if b.rows is None]
+    unread = [b for b in batches if b.rows is None and b.spilled is None]
     reads = [(datafile.read_upserts, f.path) for b in unread for f in b.data_files]
     reads += [(datafile.read_deletes, f.path) for b in unread for f in b.keys_files]
     if sum(b.records for b in batches) > SPILL_RECORDS and meta.num_buckets > 1:
         return _run_spilled(io, state, batches, version, index, reads)
     tables = [b.rows for b in batches if b.rows is not None] + thread_map(lambda r: r[0](io, r[1], meta), reads)
+    tables += [t for b in batches if b.spilled is not None for g in range(spill.MAX_GROUPS) for t in b.spilled.group(g)]
     records = pa.concat_tables(tables) if tables else None
     if records is None or records.num_rows == 0:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
@@ -265,18 +267,29 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
     segments are written."""
     meta = state.metadata
     records = sum(b.records for b in batches)
-    buckets_groups = min(-(-records // SPILL_GROUP_RECORDS), meta.num_buckets)
-    group_of_bucket = np.arange(meta.num_buckets) * buckets_groups // meta.num_buckets
-    edges = _key_ranges(state, batches, records)
+    group_of_bucket = spill.group_of_bucket(meta.num_buckets)
+    buckets_groups = int(group_of_bucket[-1]) + 1
+    edges = _key_ranges(state, batches, records, buckets_groups)
     ranges = len(edges) + 1 if edges is not None else 1
     groups = buckets_groups * ranges
 
+    def key_range(table: pa.Table) -> np.ndarray:
+        return np.searchsorted(edges, int64_values(table.column(meta.primary_key[0])), side="right")
+
     def group_of(table: pa.Table) -> np.ndarray:
         of_bucket = group_of_bucket[table.column(keystore.BUCKET).to_numpy()]
-        if edges is None:
-            return of_bucket
-        first = int64_values(table.column(meta.primary_key[0]))
-        return of_bucket * ranges + np.searchsorted(edges, first, side="right")
+        return of_bucket if edges is None else of_bucket * ranges + key_range(table)
+
+    spilled = [b.spilled for b in batches if b.spilled is not None]
+
+    def group_rows(g: int) -> pa.Table | None:
+        """The records of group ``g``: those the spill below parted, then those the landings spilled (a group of
+        buckets, each file read for each of its ranges)."""
+        tables = [parts.take(g)] if parts.holds(g) else []
+        for kept in spilled:
+            for t in kept.group(g // ranges):
+                tables.append(t if edges is None else t.filter(pa.array(key_range(t) == g % ranges)))
+        return pa.concat_tables(tables) if tables else None
 
     sources = [lambda b=b: b.rows for b in batches if b.rows is not None]
     sources += [lambda r=r: r[0](io, r[1], meta) for r in reads]
@@ -298,9 +311,10 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
         replaced.extend(r)
 
     def fold_group(g: int) -> Folded | None:
-        # The records go to the fold unnamed: it drops their mapped file once it has them in one piece. Its garbage
-        # is given back before the next group's (docs/ingestion.md, "Memory").
-        folded = fold_records(io, state, batches, parts.take(g), version, index) if parts.holds(g) else None
+        # The records go to the fold unnamed (handed over from a list): it drops their mapped files once it has them in
+        # one piece. Its garbage is given back before the next group's (docs/ingestion.md, "Memory").
+        rows = [group_rows(g)]
+        folded = fold_records(io, state, batches, rows.pop(), version, index) if rows[0] is not None else None
         memory.release_unused()
         return folded
 
@@ -338,9 +352,9 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
     return assemble(state, batches, seg_out, added, replaced, batch_counts)
 
 
-def _key_ranges(state: TableState, batches: list[Landed], records: int) -> np.ndarray | None:
-    """Where a spilled load cuts each bucket's keys into ranges of about half a group, when a bucket alone
-    holds more records than a group should (more than ``num_buckets`` groups of :data:`SPILL_GROUP_RECORDS`): the
+def _key_ranges(state: TableState, batches: list[Landed], records: int, groups: int) -> np.ndarray | None:
+    """Where a spilled load cuts the keys of each of its ``groups`` of buckets into ranges of about half a group,
+    when they hold more records than a group should (more than ``groups`` of :data:`SPILL_GROUP_RECORDS`): the
     values of the first key column (as :func:`~bitlake.engine.keys.keyencoding.int64_values` gives them) that
     start the second range, the third, and so on, cutting the span of its values in the data files' statistics
     into equal parts. None: no cut (a commit of fewer records, a table with key-store files, whose buckets' files a
@@ -353,17 +367,19 @@ def _key_ranges(state: TableState, batches: list[Landed], records: int) -> np.nd
     (docs/ingestion.md, "Memory")."""
     meta = state.metadata
     first = meta.schema.field(meta.primary_key[0])
-    if records <= meta.num_buckets * SPILL_GROUP_RECORDS or any(state.keystore.values()) \
+    if records <= groups * SPILL_GROUP_RECORDS or any(state.keystore.values()) \
             or not fixed_type(first.type):
         return None
     bounds: list[pa.Scalar | None] = []
     for b in batches:
         if b.rows is not None:  # the records kept by the landing
             bounds.extend(pc.min_max(b.rows.column(first.name)).values())
+        elif b.spilled is not None:
+            bounds.extend(b.spilled.bounds)
         else:
             sides = ((f.stats or {}).get(side, {}).get(first.name) for f in b.data_files for side in ("min", "max"))
             bounds.extend(None if v is None else stats.decode(v, first.type) for v in sides)
-    ranges = -(-records // (meta.num_buckets * SPILL_GROUP_RECORDS // _RANGES_A_GROUP))
+    ranges = -(-records // (groups * SPILL_GROUP_RECORDS // _RANGES_A_GROUP))
     if not bounds or any(v is None or not v.is_valid for v in bounds) or ranges < 2:
         return None
     values = int64_values(pa.array(bounds, first.type))
@@ -409,7 +425,7 @@ def fold_records(io: FileIO, state: TableState, batches: list[Landed], records: 
     accepted_upsert = f.accepted & ~f.deleted
     counts = _fold_counts(f, accepted_upsert, len(batches))
     until = _until_events(f)
-    ks_rows = _keystore_rows(records, pk, codes, first, distinct, f, version)
+    ks_rows = _in_index_order(_keystore_rows(records, pk, codes, first, distinct, f, version), pk)
     return Folded(counts, until, f.rid if accepted_upsert.all() else f.rid[accepted_upsert], ks_rows,
                   _prior(f, codes, found, prior_d, prior_rid, prior_deleted) if with_prior else None)
 
@@ -511,6 +527,19 @@ def _keystore_rows(records: pa.Table, pk: list[str], codes: np.ndarray, first: n
     return latest.select([*pk, keystore.DELTA, keystore.ROW_ID, keystore.DELETED, keystore.BUCKET]).append_column(
         keystore.VERSION, pa.repeat(pa.scalar(version, pa.int64()), latest.num_rows)
     )
+
+
+def _in_index_order(rows: pa.Table, pk: list[str]) -> pa.Table:
+    """Many key-store rows in the key index's order, by bucket, then by key: the index's entries and each bucket's
+    key-store file are then runs of them, where both took their rows from across the commit's, each as many gathers
+    a column (docs/benchmarks.md, "Design measurements", "Key store"). The columns are taken on threads."""
+    if rows.num_rows <= keystore.AT_ONCE_ROWS:  # a small commit: its files take its rows by bucket at once
+        return rows
+    order = index_order(rows, pk, rows.column(keystore.BUCKET).to_numpy().astype(np.uint16))
+    if strictly_increasing(order):
+        return rows
+    taken = pa.array(order)
+    return pa.table(thread_map(lambda column: column.take(taken), rows.columns), schema=rows.schema)
 
 
 def _batch_indices(batches: list[Landed], rids: np.ndarray) -> np.ndarray:
