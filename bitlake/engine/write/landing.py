@@ -183,7 +183,7 @@ class _Cutter:
 
     def _write_upserts(self, chunk: pa.Table) -> None:
         """Writes stored rows ``chunk`` to data files, one per partition its rows fall in, and keeps their keys-file
-        rows (``keep``)."""
+        rows (``kept``)."""
         if self.task.kept is not None and self.task.kept.complete:
             self._keep(datafile.keys_of(chunk.select(datafile.upsert_columns(self.meta)), self.meta))
         if not self.meta.partition_by:
