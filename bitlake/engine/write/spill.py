@@ -1,7 +1,7 @@
-"""Scratch files of the inline MetaGen of a large commit: its records parted by group on local disk, so that a
-group at a time is in memory (docs/ingestion.md, "Memory"). They hold no table bytes: they live in the system's
-temporary folder (``TMPDIR``), outside the table's storage, and are removed when the MetaGen ends, also when
-it fails."""
+"""Scratch files of the inline MetaGen of a large commit: its records parted by group on local disk (by the landing
+that kept them for it, or by the MetaGen from the batches' files), so that a group at a time is in memory
+(docs/ingestion.md, "Memory"). They hold no table bytes: they live in the system's temporary folder (``TMPDIR``),
+outside the table's storage, and are removed when the commit ends, also when it fails."""
 
 from __future__ import annotations
 
@@ -111,8 +111,8 @@ class KeptRows:
     than one bucket, in a :class:`Spill` a segment, by group of buckets (:func:`group_of_bucket`), which a MetaGen
     folding a group at a time reads in segment order (so that rows in key order stay in it); none once they are more
     than ``at_most`` (a MetaGen on Spark, or one that reads the files). The landing's tasks add rows on threads of
-    their own, each its segment's, in order; the lowest and highest value of the first key column ``first_key`` of
-    those spilled are in :attr:`bounds`."""
+    their own, each its segment's, in order; :attr:`bounds` holds the lowest and highest value of the first key
+    column ``first_key`` of each table added (a spilled load's ranges of keys are cut by them)."""
 
     def __init__(self, in_memory: int, at_most: int, num_buckets: int, first_key: str):
         self._lock = threading.Lock()
@@ -162,7 +162,7 @@ class KeptRows:
 
     def _spill(self, seq: int, table: pa.Table) -> None:
         if seq not in self._spills:
-            self._spills[seq] = Spill(len(np.unique(self._group_of_bucket)))
+            self._spills[seq] = Spill(int(self._group_of_bucket.max()) + 1)
         self._spills[seq].add(table, self._group_of_bucket[table.column(keystore.BUCKET).to_numpy()])
 
     def _drop(self) -> None:
