@@ -104,7 +104,7 @@ def prepare(io: FileIO, state: TableState, dry_run: bool = False) -> Prepared:
                 mask = gone_in(table)
                 ids = row_ids(table)
                 if mask.any():
-                    found.append(_purged(table.filter(pa.array(mask)), ids[mask], meta))
+                    found.append(_purged(table, mask, ids, meta))
                     table, ids = table.filter(pa.array(~mask)), ids[~mask]
                 out.write(table, ids, f.bytes / max(1, f.rows))
             out.close()
@@ -120,7 +120,7 @@ def prepare(io: FileIO, state: TableState, dry_run: bool = False) -> Prepared:
     written = [p for _, paths, _ in done for p in paths]
     found = [t for _, _, t in done if t is not None]
     purged = pa.concat_tables(found) if found else _purged(datafile.data_schema(meta).empty_table(),
-                                                             np.empty(0, np.int64), meta)
+                                                             np.empty(0, bool), np.empty(0, np.int64), meta)
     ids = purged.column(ROW_ID).to_numpy()
     purged = purged.take(pa.array(np.unique(ids, return_index=True)[1]))  # a row may be in several files
     return Prepared(state.version, rewrites, written, [t.path for _, t in state.tombstones], len(files),
@@ -131,14 +131,17 @@ ROW_ID = keystore.ROW_ID  # the purged rows' columns are named as the key store 
 DELTA = keystore.DELTA
 
 
-def _purged(rows: pa.Table, ids: np.ndarray, meta) -> pa.Table:
-    """The purged rows' columns a delete record needs (key, delta, those that take no null), the delta value as
-    int64 and the packed row id (the row id alone on an unkeyed table)."""
+def _purged(rows: pa.Table, mask: np.ndarray, ids: np.ndarray, meta) -> pa.Table:
+    """Of ``rows`` (with packed row ids ``ids``), those ``mask`` purges: the columns a delete record needs (key,
+    delta, those that take no null), taken before the rows are, the delta value as int64 and the packed row id (the
+    row id alone on an unkeyed table)."""
+    ids = ids[mask]
     if not meta.keyed:
         return pa.table({ROW_ID: pa.array(ids, pa.int64())})
     needed = [f.name for f in meta.schema if f.name in meta.primary_key or f.name == meta.delta_column
               or not f.nullable]
-    return rows.select(needed).append_column(
+    rows = rows.select(needed).filter(pa.array(mask))
+    return rows.append_column(
         DELTA, pa.array(deltas_as_int(rows.column(meta.delta_column), meta.delta_type))).append_column(
         ROW_ID, pa.array(ids, pa.int64()))
 
