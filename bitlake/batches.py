@@ -123,10 +123,11 @@ def already_committed(io: FileIO, state: TableState, batch_id: str) -> IngestRes
     return IngestResult(batch_id, version, False, b.status != PENDING, c.batch_counts.get(batch_id, {}), c.made_live)
 
 
-def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
+def landing_of(data: Any, meta: TableMetadata, op_column: str | None, keep: bool = True):
     """How ``data`` lands: Arrow input (anything exporting the Arrow PyCapsule interface) and pandas input (and a
     Spark DataFrame small enough for the driver) on this machine without Spark, any other Spark DataFrame by a
-    Spark job (:func:`bitlake.spark.landing.landing`).
+    Spark job (:func:`bitlake.spark.landing.landing`). Unless ``keep`` is False (no inline MetaGen takes the batch
+    with its landing), a landing on this machine keeps its records' keys for the MetaGen.
     Returns ``land(io, part) -> LandedFiles``. Checks the input before anything is written."""
     reader = conform.arrow_input(data)
     rows = conform.row_count(data)
@@ -153,7 +154,7 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None):
     def land_here(io: FileIO, part: int) -> LandedFiles:
         kept = KeptRows(min(limit, engine_metagen.SPILL_RECORDS), limit, meta.num_buckets,
                          meta.primary_key[0]) \
-            if meta.keyed and (rows is None or rows <= limit) else None
+            if keep and meta.keyed and (rows is None or rows <= limit) else None
         landed = landing.land_local(io, meta, part, op_column is not None, batches, rows, kept=kept)
         return LandedFiles(landed.data, landed.keys, landed.rows, landed.files,
                            records.hexdigest if records is not None else None, landed.spilled)
@@ -314,7 +315,8 @@ def write(tx: Transaction, data: Any, *, op_column: str | None, batch_id: str | 
         if b is not None and b.digest is not None and not _is_spark_dataframe(data):
             check_same_records(state, batch_id, input_digest(data, meta, op_column, digest.algorithm_of(b.digest)))
         return done
-    land_fn = landing_of(data, meta, op_column)  # checks the input before anything is written
+    # checks the input before anything is written
+    land_fn = landing_of(data, meta, op_column, keep=metagen and inline is not False)
     # The batch's MetaGen needs its records' keys, not its files: it runs while the files are written.
     batch = land(tx, state, land_fn, batch_id, settle=False)
     if spark is None and _is_spark_dataframe(data):

@@ -173,6 +173,19 @@ def test_kept_rows_stay_in_memory_then_spill_by_group_in_segment_order_then_go()
     assert not one.complete and not one.spilled
 
 
+def test_a_landing_no_inline_metagen_takes_keeps_nothing(tmp_path, monkeypatch):
+    """A batch only landed (``metagen=False``) keeps none of its records' keys: its MetaGen reads its files later."""
+    made = []
+    real_init = spill.Spill.__init__
+    monkeypatch.setattr(spill.Spill, "__init__", lambda self, n: made.append(n) or real_init(self, n))
+    monkeypatch.setattr(metagen, "SPILL_RECORDS", 0)  # any kept rows would go to scratch files
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA.remove(3), primary_key="k", delta_column="v", num_buckets=4)
+    t.ingest(_batch(range(100), 1), op_column="op", metagen=False)
+    assert made == []
+    r = t.metagen()  # folded from a spill of the batch's files
+    assert r.counts["inserted"] == 100 and made and t.to_arrow().num_rows == 100
+
+
 def test_a_spilled_load_goes_into_the_key_index_as_one_run_at_the_bottom(tmp_path, monkeypatch):
     """The index's keys start with the bucket: the groups of a spilled MetaGen (runs of buckets) stage SST files
     that overlap no other group's, which RocksDB puts at its bottom level, leaving nothing to compact."""
