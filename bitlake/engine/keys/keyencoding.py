@@ -94,13 +94,13 @@ def key_order(table: pa.Table, primary_key: list[str]) -> np.ndarray | None:
     when the rows are in that order already."""
     if fixed_width(table, primary_key):
         # Encoded with the sign bit flipped, the values compare bytewise as they do as signed integers.
-        return _order([int64_values(table.column(c)) for c in primary_key])
+        return int64_order([int64_values(table.column(c)) for c in primary_key])
     keys = encode_keys(table, primary_key)
     order = np.array(sorted(range(len(keys)), key=keys.__getitem__), dtype=np.int64)
     return None if strictly_increasing(order) else order
 
 
-def _order(columns: list[np.ndarray]) -> np.ndarray | None:
+def int64_order(columns: list[np.ndarray]) -> np.ndarray | None:
     """The rows of int64 key ``columns`` in key order, ties in row order; None when they are in it already
     (a dump in key order, or rows a sort put in it): an O(n) check spares the sort."""
     return None if ascending(columns) else lexsort(columns[::-1])
@@ -123,7 +123,7 @@ def key_codes(table: pa.Table, primary_key: list[str]) -> tuple[np.ndarray, np.n
     n = table.num_rows
     if n and fixed_width(table, primary_key):
         columns = [int64_values(table.column(c)) for c in primary_key]
-        order = _order(columns)
+        order = int64_order(columns)
         values = columns if order is None else [c[order] for c in columns]
         starts = np.ones(n, dtype=bool)
         starts[1:] = np.logical_or.reduce([v[1:] != v[:-1] for v in values])

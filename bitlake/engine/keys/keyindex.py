@@ -43,6 +43,7 @@ from bitlake.engine.keys.keyencoding import (
     encode_keys,
     encode_values,
     fixed_width,
+    int64_order,
     int64_values,
     key_order,
 )
@@ -550,10 +551,13 @@ class KeyIndex:
 def index_order(table: pa.Table, primary_key: list[str], buckets: np.ndarray) -> np.ndarray:
     """The rows of ``table`` (of buckets ``buckets``, as 16-bit values: numpy sorts them by radix) in the index's
     order: by bucket, then by key."""
-    if fixed_width(table, primary_key) and non_decreasing(buckets) and ascending(
-            [buckets.astype(np.int64), *(int64_values(table.column(c)) for c in primary_key)]):
-        return np.arange(table.num_rows)  # in it already (a large commit's key-store rows: MetaGen takes them in it)
-    order = key_order(table, primary_key)
+    if fixed_width(table, primary_key):
+        columns = [int64_values(table.column(c)) for c in primary_key]
+        if ascending([buckets.astype(np.int64), *columns]):  # in it already (a large commit's key-store rows)
+            return np.arange(table.num_rows)
+        order = int64_order(columns)
+    else:
+        order = key_order(table, primary_key)
     if order is None:  # in key order already (a load of a dump in key order, rows MetaGen sorted)
         return np.arange(table.num_rows) if non_decreasing(buckets) else np.argsort(buckets, kind="stable")
     in_key_order = buckets[order]

@@ -180,10 +180,11 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
     unread = [b for b in batches if b.rows is None and b.spilled is None]
     reads = [(datafile.read_upserts, f.path) for b in unread for f in b.data_files]
     reads += [(datafile.read_deletes, f.path) for b in unread for f in b.keys_files]
-    if sum(b.records for b in batches) > SPILL_RECORDS and meta.num_buckets > 1:
+    # A batch the landing spilled (of more than SPILL_RECORDS records, in several buckets) folds from its spill.
+    spilled = any(b.spilled is not None for b in batches)
+    if meta.num_buckets > 1 and (sum(b.records for b in batches) > SPILL_RECORDS or spilled):
         return _run_spilled(io, state, batches, version, index, reads)
     tables = [b.rows for b in batches if b.rows is not None] + thread_map(lambda r: r[0](io, r[1], meta), reads)
-    tables += [t for b in batches if b.spilled is not None for g in range(spill.MAX_GROUPS) for t in b.spilled.group(g)]
     records = pa.concat_tables(tables) if tables else None
     if records is None or records.num_rows == 0:
         return MetaGenOutput(list(new_segments(batches).values()), [], [], [], {})
@@ -268,7 +269,7 @@ def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: 
     meta = state.metadata
     records = sum(b.records for b in batches)
     group_of_bucket = spill.group_of_bucket(meta.num_buckets)
-    buckets_groups = int(group_of_bucket[-1]) + 1
+    buckets_groups = spill.groups(meta.num_buckets)
     edges = _key_ranges(state, batches, records, buckets_groups)
     ranges = len(edges) + 1 if edges is not None else 1
     groups = buckets_groups * ranges

@@ -23,11 +23,15 @@ from bitlake.format import keystore
 MAX_GROUPS = 16
 
 
+def groups(num_buckets: int) -> int:
+    """How many groups of buckets a table of ``num_buckets`` buckets is folded in (:func:`group_of_bucket`)."""
+    return min(num_buckets, MAX_GROUPS)
+
+
 def group_of_bucket(num_buckets: int) -> np.ndarray:
     """Each bucket's group: :data:`MAX_GROUPS` runs of buckets at most, so that a group's keys are a range of the key
     index's order (its keys start with the bucket)."""
-    groups = min(num_buckets, MAX_GROUPS)
-    return np.arange(num_buckets) * groups // num_buckets
+    return np.arange(num_buckets) * groups(num_buckets) // num_buckets
 
 
 class Spill:
@@ -117,6 +121,7 @@ class KeptRows:
     def __init__(self, in_memory: int, at_most: int, num_buckets: int, first_key: str):
         self._lock = threading.Lock()
         self._in_memory, self._at_most = in_memory, at_most
+        self._groups = groups(num_buckets)
         self._group_of_bucket = group_of_bucket(num_buckets) if num_buckets > 1 else None
         self._held: dict[int, list[pa.Table]] = {}
         self._spills: dict[int, Spill] = {}
@@ -162,7 +167,7 @@ class KeptRows:
 
     def _spill(self, seq: int, table: pa.Table) -> None:
         if seq not in self._spills:
-            self._spills[seq] = Spill(int(self._group_of_bucket.max()) + 1)
+            self._spills[seq] = Spill(self._groups)
         self._spills[seq].add(table, self._group_of_bucket[table.column(keystore.BUCKET).to_numpy()])
 
     def _drop(self) -> None:
