@@ -8,7 +8,7 @@ SFS ?= 0.1,1,3
 SYSTEMS ?= all
 TIMEOUT ?= 600
 
-.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-maintenance bench-restatement bench-clustering bench-lake bench-memory bench-reads bench-mirror bench-triggers bench-fsync clean
+.PHONY: help setup setup-airflow setup-paimon demo test test-airflow test-fast lint bench bench-timetravel bench-peers bench-maintenance bench-restatement bench-clustering bench-lake bench-memory bench-cold bench-reads bench-mirror bench-triggers bench-fsync clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -80,6 +80,9 @@ bench-lake: setup  ## bitlake on an S3 API (moto) against local disk and delta-r
 
 bench-memory: setup  ## peak memory of a base load from an Arrow stream, by phase (landing, MetaGen) (SF=1)
 	$(PY) benchmarks/memory.py --scale-factor $(SF) --output
+
+bench-cold: setup  ## small batches (deletes of 0.1 % of the keys) each from a new process against the writer that loaded the table (SF=1)
+	$(PY) benchmarks/cold_writer.py --scale-factor $(SF)
 
 bench-cluster: setup  ## a standalone Spark cluster (a master, two 1-core workers): the load from a Spark DataFrame and a 10 % batch's Spark MetaGen, with executor memory (SF=1; SF=10 is the issue's)
 	$(PY) benchmarks/cluster.py --scale-factor $(SF)

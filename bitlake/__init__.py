@@ -24,8 +24,7 @@ from bitlake.errors import (
     VersionExpiredError,
     VersionNotFoundError,
 )
-
-__version__ = "0.1.0"
+from bitlake.version import __version__ as __version__
 
 # The table API is imported on first use (PEP 562), so a process that needs one module of the package (a key
 # index's SST writer, a Spark worker) does not pay for pandas, pyarrow.dataset and the rest.

@@ -12,7 +12,8 @@ import pytest
 ROOT = pathlib.Path(__file__).parent.parent / "bitlake"
 # Every module, by the unit it belongs to: a package below bitlake, or a top-level module.
 LAYERS = [
-    ("core", {"bitlake.errors", "bitlake.sql", "bitlake.fs", "bitlake.faults", "bitlake.pool", "bitlake.memory"}),
+    ("core", {"bitlake.errors", "bitlake.sql", "bitlake.fs", "bitlake.faults", "bitlake.pool", "bitlake.memory",
+              "bitlake.version"}),
     ("format", {"bitlake.format"}),
     ("engine", {"bitlake.engine", "bitlake.spark"}),
     ("operations", {"bitlake.transaction", "bitlake.changeevent", "bitlake.batches", "bitlake.ingest",

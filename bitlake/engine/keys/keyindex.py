@@ -542,8 +542,9 @@ class KeyIndex:
         return found, delta, rid, deleted
 
     def _get_many(self, keys: list[bytes]) -> list[bytes | None]:
-        """The values of ``keys``, read on threads (RocksDB reads without the GIL)."""
-        step = max(_LOOKUP_CHUNK, -(-len(keys) // threads()))
+        """The values of ``keys``, read on threads (RocksDB reads without the GIL), in runs of equal length: 6,000 keys
+        as runs of 4,096 and 1,904 took as long as the longer run."""
+        step = len(keys) if len(keys) < _LOOKUP_CHUNK else -(-len(keys) // threads())
         return [v for run in thread_map(lambda start: self.db[keys[start:start + step]], range(0, len(keys), step))
                 for v in run]
 
