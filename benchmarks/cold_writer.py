@@ -23,7 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -31,8 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import core  # noqa: E402  (benchmarks/ is not a package)
 import peers  # noqa: E402
-
-KEY = ["l_orderkey", "l_linenumber"]
 
 
 def one(table: str, batch: str) -> None:
@@ -53,17 +50,14 @@ def one(table: str, batch: str) -> None:
 
 
 def delete_batches(base_file: str, count: int, folder: Path) -> list[str]:
-    """``count`` batches of 0.1 % random keys of the base, as delete records of a delta above every upsert's."""
-    keys = pq.read_table(base_file, columns=KEY)
-    rng = np.random.default_rng(20261202)
-    n = max(1, int(keys.num_rows * peers.DELETE_FRACTION))
+    """``count`` batches of 0.1 % random keys of the base (the peers' delete batch, ``peers.PeerChanges.delete``), as
+    delete records of a delta above every upsert's."""
+    maker = peers.PeerChanges(peers.BaseFile(Path(base_file)), seed=20261202)
     paths = []
     for i in range(count):
-        batch = keys.take(np.sort(rng.choice(keys.num_rows, n, replace=False)))
-        batch = batch.append_column("l_delta", pa.array(np.full(n, 100 + i, np.int32)))
-        batch = batch.append_column("op", pa.array(["delete"] * n, pa.string()))
+        keys, _ = maker.delete(100 + i, peers.DELETE_FRACTION)
         path = folder / f"delete-{i}.parquet"
-        pq.write_table(batch, path)
+        pq.write_table(keys.append_column("op", pa.array(["delete"] * keys.num_rows, pa.string())), path)
         paths.append(str(path))
     return paths
 
@@ -77,17 +71,18 @@ def measure(sf: float, count: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bitlake-cold-", dir=parent))
     try:
         spec = peers.prepare(sf, work, quick=False)
-        files = {op["operation"] + str(op["batch_fraction"]): op["file"] for op in spec["ops"]}
-        schema = pq.read_schema(files["loadNone"])
+        base = next(op["file"] for op in spec["ops"] if op["operation"] == "load")
         table = str(work / "table")
-        t = bitlake.create_table(table, schema, primary_key=KEY, delta_column="l_delta", num_buckets=16)
-        t.ingest(peers.file_stream(files["loadNone"]))
-        for fraction in peers.UPSERT_FRACTIONS:
-            t.ingest(pq.read_table(files[f"upsert{fraction}"]))
+        t = bitlake.create_table(table, pq.read_schema(base), primary_key=peers.PRIMARY_KEY, delta_column=peers.DELTA,
+                                 num_buckets=16)
+        t.ingest(peers.file_stream(base))
+        for op in spec["ops"]:
+            if op["operation"] == "upsert":
+                t.ingest(pq.read_table(op["file"]))
         flush_idle()  # the index's entries still in memory written, so that the copy's index is whole
         copy = str(work / "copy")
         shutil.copytree(table, copy)
-        batches = delete_batches(files["loadNone"], count, work)
+        batches = delete_batches(base, count, work)
         warm, cold = [], []
         for path in batches:
             keys = pq.read_table(path)
