@@ -18,8 +18,9 @@ bitlake works without Airflow; the classes above are imported on first use.
 from __future__ import annotations
 
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
+
+from bitlake.version import __version__
 
 _LAZY = {
     "BitlakeTriggersHook": "bitlake.airflow.hooks",
@@ -30,13 +31,6 @@ _LAZY = {
 }
 
 __all__ = [*_LAZY, "get_provider_info"]
-
-
-def _version() -> str:
-    try:
-        return version("bitlake")
-    except PackageNotFoundError:  # running from a source tree that was never installed
-        return "0.0.0"
 
 
 #: How Airflow's connection form shows a ``bitlake_triggers`` connection (host = URL, password = token).
@@ -56,7 +50,7 @@ def get_provider_info() -> dict[str, Any]:
         "name": "bitlake",
         "description": "Data Change Events of bitlake's trigger service: partition and snapshot triggers, "
                        "a deferrable sensor, an operator returning the events, flow acknowledgement.",
-        "versions": [_version()],
+        "versions": [__version__],
         "integrations": [{"integration-name": integration, "tags": ["software"]}],
         "hooks": [{"integration-name": integration, "python-modules": ["bitlake.airflow.hooks"]}],
         "operators": [{"integration-name": integration, "python-modules": ["bitlake.airflow.operators"]}],
