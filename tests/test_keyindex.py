@@ -662,3 +662,35 @@ def test_an_index_behind_a_new_retention_window_catches_up_from_the_commits_clea
         index.catch_up(t.state())
         assert rebuilds == [1, 1] and index.version == state.version
         assert index.lookup(pa.table({"id": [200, 55]}))[0].tolist() == [True, True]
+
+
+def test_an_idle_index_stays_open_while_rocksdb_compacts_it(tmp_path, monkeypatch):
+    """Closing an index stops its compaction midway, and the next opening starts it again: the idle timer waits
+    while RocksDB compacts (here: says it does, three times), then closes it; join_compactions returns once a real
+    compaction of many first-level files has ended."""
+    import time
+
+    from bitlake.engine.keys import indexsession
+
+    t = bitlake.create_table(str(tmp_path / "t"), SCHEMA, primary_key=["id"], delta_column="mod", num_buckets=2,
+                             properties={"keystore.index_idle_seconds": "0.05"})
+    t.ingest(batch([1, 2], ["a", "b"], [1, 1]))
+    kept = keyindex.location(t.io, t.metadata)[0]
+    db = indexsession._kept[kept].index.db
+    indexsession.join_updates()
+    for i in range(12):  # more first-level files than RocksDB's trigger (8): a compaction merges them
+        db.put(b"\x00test:%d" % i, b"x")
+        db.flush()
+    indexsession.join_compactions(kept)
+    assert not indexsession._compacting(db)
+    assert db.property_int_value("rocksdb.num-files-at-level0") < 12
+
+    asked = []
+    real = indexsession._compacting
+    monkeypatch.setattr(indexsession, "_compacting", lambda db: len(asked) < 3 and not asked.append(1) or real(db))
+    t.ingest(batch([3], ["c"], [1]))
+    deadline = time.monotonic() + 10
+    while kept in indexsession._kept and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert kept not in indexsession._kept and len(asked) == 3  # asked three times, closed after the third
+    assert view(t) == [(1, "a", 1), (2, "b", 1), (3, "c", 1)]
