@@ -241,6 +241,17 @@ def test_merge_plan_merges_into_the_base_when_increments_are_large():
     assert keystore.merge_plan(files, 10, max_increments=3, base_ratio=0.25) == files
 
 
+def test_merge_plan_weighs_increments_against_a_base_of_several_files():
+    """A spilled load writes a bucket's base as a file a range of keys: increments of a quarter of one of them are a
+    twenty-fourth of the base, merged among themselves (against the first file alone, a TPC-H SF 30 update of one day
+    rewrote two whole buckets, 111 MB)."""
+    base = [_bf(1000, base=True) for _ in range(6)]
+    files = [*base, _bf(100), _bf(100), _bf(100)]
+    assert keystore.merge_plan(files, 10, max_increments=3, base_ratio=0.25) == files[6:]
+    files = [*base, _bf(600), _bf(600), _bf(600)]
+    assert keystore.merge_plan(files, 10, max_increments=3, base_ratio=0.25) == files
+
+
 def test_merge_plan_leaves_an_increment_larger_than_the_new_rows_gather():
     """Size tiers: the new rows take the newest increments while each holds at most twice what they gathered."""
     files = [_bf(10_000, base=True), _bf(2000), _bf(10), _bf(10)]

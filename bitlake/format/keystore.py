@@ -180,7 +180,8 @@ def merge_plan(files: list[BucketFile], new_rows: int, max_increments: int, base
         return []
     base = [f for f in files if f.base]
     increment_rows = sum(f.rows for f in increments) + new_rows
-    if not base or increment_rows >= base_ratio * base[0].rows:
+    # A bucket's base may be several files (a spilled load writes one a range of keys): their rows together.
+    if not base or increment_rows >= base_ratio * sum(f.rows for f in base):
         return list(files)
     take, gathered = 0, new_rows
     for f in reversed(increments):
