@@ -109,14 +109,38 @@ def test_a_pending_batch_of_deletes_made_live_alone_lists_its_keys_file_read_bac
     (lambda: _rows([3, 3], 2, "delete"), "a key twice"),
     (lambda: pa.concat_tables([_rows([3], 0, "delete"), _rows([10], 2, "delete")]), "a stale delete"),
     (lambda: pa.concat_tables([_rows([3], 2, "delete"), _rows([4], 2)]), "upserts too"),
-    (lambda: _rows(range(70_000, 140_000), 2, "delete"), "too many rows for a shared file"),
+    (lambda: _rows(range(70_000, 140_000), 2, "delete"), "more rows than keystore.LISTED_ROWS (made 65,536 here)"),
 ])
-def test_other_batches_write_key_store_files_of_their_own(tmp_path, records, why):
+def test_other_batches_write_key_store_files_of_their_own(tmp_path, monkeypatch, records, why):
+    monkeypatch.setattr(keystore, "LISTED_ROWS", 65_536)
     t = _table(tmp_path)
     t.ingest(_rows(range(100), 1), op_column="op")
     r = t.ingest(records(), op_column="op")
     added = commitlog.read(t.io, r.version).keystore_add
     assert added and all(f.version is None and f.path.startswith("_bitlake/keystore/") for f in added), why
+
+
+def test_a_batch_of_deletes_larger_than_a_shared_file_lists_its_keys_file_too(tmp_path):
+    """Past the rows a commit writes as one shared file (65,536), a batch of deletes alone still lists its keys file,
+    where it would write a key-store file per bucket; a later small commit folds its rows into the buckets."""
+    t = _table(tmp_path, **{"keystore.max_increments": "2"})
+    t.ingest(_rows(range(100_000), 1), op_column="op")
+    before = _keystore_files(t)
+    r = t.ingest(_rows(range(0, 100_000, 2), 2, "delete"), op_column="op")
+    assert r.counts["deleted"] == 50_000
+    r = t.ingest(_rows(range(1, 140_000, 2), 2, "delete"), op_column="op")
+    assert (r.counts["deleted"], r.counts["ignored_deletes"]) == (50_000, 20_000)
+    (keys_file,) = commitlog.read(t.io, r.version).batches[0].keys_files
+    assert [(f.path, f.rows, f.version) for f in commitlog.read(t.io, r.version).keystore_add] == [
+        (keys_file.path, 70_000, r.version)]
+    assert _keystore_files(t) == before
+    r = t.ingest(_rows([4, 5, 200_000], 3), op_column="op")  # two shared files listed: folded into the buckets
+    assert (r.counts["inserted"], r.counts["updated"]) == (3, 0)
+    assert t.state().keystore.get(keystore.SHARED, []) == []
+    entries = _entries(t)
+    assert {k: entries[k][:2] for k in (4, 5, 7, 120_001, 200_000)} == {
+        4: (3, False), 5: (3, False), 7: (2, True), 120_001: (2, True), 200_000: (3, False)}
+    assert sorted(row["id"] for row in t.to_arrow().to_pylist()) == [4, 5, 200_000]
 
 
 def test_listed_keys_files_merge_into_the_buckets_and_stay_while_their_batch_names_them(tmp_path):

@@ -12,7 +12,8 @@ Parquet files, a base and increments; each row holds the key columns and:
 
 A MetaGen commit writes one increment per bucket it touches. When a bucket piles up more than
 ``keystore.max_increments`` increments, the commit merges them: into one increment while they are small
-against the base, into a new base once they hold ``keystore.base_merge_ratio`` of its rows.
+against the base, into a new base once they hold ``keystore.base_merge_ratio`` of its rows (a base may be several
+files, one a range of keys of a spilled load).
 
 A small commit on the driver writes one **shared** file instead, listed under :data:`SHARED`: its rows of every
 bucket, in key order. A key's entry is then its row of the highest ``_ks_version`` across its bucket's files and
@@ -48,6 +49,10 @@ BUCKET = "_bucket"
 SHARED = -1  # the "bucket" under which the key store lists its shared files
 _TIER_RATIO = 2  # merge_plan: an increment joins the new rows while it holds at most this many times the rows gathered
 AT_ONCE_ROWS = 65_536  # write_bucket_files: a commit of at most this many rows prepares its buckets' rows at once
+# A batch of deletes alone of at most this many rows lists its keys file as a shared file (docs/FORMAT.md, "Keys
+# files as entries"): listing writes nothing, where a bucket file a bucket cost a third of what a delete of 180 K keys
+# wrote at TPC-H SF 30; the rows reach the buckets' files when the shared files are folded in.
+LISTED_ROWS = 1 << 20
 
 
 def file_schema(meta: TableMetadata) -> pa.Schema:
@@ -221,10 +226,12 @@ def with_buckets(table: pa.Table, meta: TableMetadata) -> pa.Table:
     return table.append_column(BUCKET, pa.array(bucket.buckets(table, list(meta.primary_key), meta.num_buckets)))
 
 
-def shares(bucket_files: dict[int, list[BucketFile]], rows: int, meta: TableMetadata) -> bool:
+def shares(bucket_files: dict[int, list[BucketFile]], rows: int, meta: TableMetadata, limit: int = AT_ONCE_ROWS
+           ) -> bool:
     """Whether :func:`write_bucket_files` with ``shared`` writes a commit's ``rows`` key-store rows as one new shared
-    file: a small commit while fewer than ``keystore.max_increments`` are listed."""
-    return 0 < rows <= AT_ONCE_ROWS and len(bucket_files.get(SHARED, [])) < meta.int_prop("keystore.max_increments")
+    file: a commit of at most ``limit`` rows while fewer than ``keystore.max_increments`` are listed (a listed keys
+    file: at most :data:`LISTED_ROWS`)."""
+    return 0 < rows <= limit and len(bucket_files.get(SHARED, [])) < meta.int_prop("keystore.max_increments")
 
 
 def write_bucket_files(io: FileIO, meta: TableMetadata, bucket_files: dict[int, list[BucketFile]],

@@ -215,8 +215,9 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
 
     def keystore_files() -> tuple[list[BucketFile], list[str]]:
         if listed is not None:  # the batch's keys file is the commit's shared key-store file
-            keys_file = (listed.writing()[1] if listed.writing is not None else listed.keys_files)[0]
-            keycache.CACHE.written(io, keys_file.path, keystore_rows, meta)
+            batch, in_file_order = listed
+            keys_file = (batch.writing()[1] if batch.writing is not None else batch.keys_files)[0]
+            keycache.CACHE.written(io, keys_file.path, in_file_order, meta)
             return [BucketFile(keystore.SHARED, keys_file.path, keys_file.rows, keys_file.bytes, False, version)], []
         if not keystore_rows.num_rows:
             return [], []
@@ -241,21 +242,28 @@ def run_inline(io: FileIO, state: TableState, batches: list[Landed], version: in
 
 
 def _listed_keys_file(state: TableState, batches: list[Landed], records: pa.Table, keystore_rows: pa.Table
-                      ) -> Landed | None:
+                      ) -> tuple[Landed, pa.Table] | None:
     """The batch whose keys file holds exactly the commit's key-store rows, when one does: a batch of deletes alone
-    in one keys file, in key order, one a key, each accepted, of few enough rows for a shared file. That file is
+    in one keys file, in key order, one a key, each accepted, of at most ``keystore.LISTED_ROWS``. That file is
     then listed in the key store (at the commit's version) instead of a copy of its rows, near half a small delete's
-    bytes (docs/FORMAT.md, "Key store", "Keys files as entries")."""
+    bytes (docs/FORMAT.md, "Key store", "Keys files as entries"). Returns the batch and the key-store rows in the
+    file's order (a large commit has them in the key index's order)."""
     batch = batches[0]
     if len(batches) != 1 or batch.data_files or len(batch.keys_files) != 1:
         return None
     n = keystore_rows.num_rows
-    if n != records.num_rows or n != batch.keys_files[0].rows or not keystore.shares(state.keystore, n, state.metadata):
+    if n != records.num_rows or n != batch.keys_files[0].rows or \
+            not keystore.shares(state.keystore, n, state.metadata, keystore.LISTED_ROWS):
         return None
-    # The rows are the records themselves (every record its key's one, accepted), in the order the file has them
-    # (the landing kept them, or they were read from it).
-    same = np.array_equal(keystore_rows.column(keystore.ROW_ID).to_numpy(), records.column(keystore.ROW_ID).to_numpy())
-    return batch if same and keystore.in_key_order(keystore_rows, list(state.metadata.primary_key)) else None
+    # The rows are the records themselves (every record its key's one, accepted), the records in the order the file
+    # has them (the landing kept them, or they were read from it): in key order, and numbered in that order.
+    rids, in_file = keystore_rows.column(keystore.ROW_ID).to_numpy(), records.column(keystore.ROW_ID).to_numpy()
+    if not strictly_increasing(in_file) or not keystore.in_key_order(records, list(state.metadata.primary_key)):
+        return None
+    if np.array_equal(rids, in_file):
+        return batch, keystore_rows
+    by_row = np.argsort(rids)
+    return (batch, keystore_rows.take(pa.array(by_row))) if np.array_equal(rids[by_row], in_file) else None
 
 
 def _run_spilled(io: FileIO, state: TableState, batches: list[Landed], version: int, index, reads: list
