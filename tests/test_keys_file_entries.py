@@ -181,3 +181,21 @@ def test_the_spark_metagen_takes_the_markers_of_a_listed_keys_file(tmp_path, spa
     r = t.ingest(_rows([6, 7, 8], 2), op_column="op", inline=False, spark=spark)  # 6, 7: older than their markers
     assert (r.counts["stale"], r.counts["updated"]) == (2, 1)
     assert sorted(row["id"] for row in t.to_arrow().to_pylist()) == [i for i in range(40) if i not in (6, 7)]
+
+
+def test_a_batch_of_deletes_in_several_chunks_lands_sorted_and_lists_its_keys_file(tmp_path):
+    """A file of keys read with pyarrow is a chunk a row group: its deletes land as one chunk, sorted by key, so the
+    keys file is the commit's key-store rows, listed as they are; the batch's digest is its records' (a retry of the
+    same records in one chunk is a no-op)."""
+    t = _table(tmp_path)
+    t.ingest(_rows(range(1000), 1), op_column="op")
+    chunks = [_rows([900 - i for i in range(0, 300, 3)], 2, "delete"), _rows([5, 1, 3], 2, "delete"),
+              _rows(range(950, 990), 2, "delete")]
+    r = t.ingest(pa.concat_tables(chunks), op_column="op", batch_id="d")
+    assert r.counts["deleted"] == 143
+    c = commitlog.read(t.io, r.version)
+    (keys_file,) = c.batches[0].keys_files
+    assert [(f.path, f.version) for f in c.keystore_add] == [(keys_file.path, r.version)]
+    assert not t.ingest(pa.concat_tables(chunks).combine_chunks(), op_column="op", batch_id="d").committed
+    view = {row["id"] for row in t.to_arrow().to_pylist()}
+    assert len(view) == 857 and 1 not in view and 900 not in view and 2 in view
