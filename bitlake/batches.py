@@ -11,7 +11,6 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from bitlake import changeevent, faults, memory
 from bitlake.engine.keys import keyindex
@@ -22,7 +21,7 @@ from bitlake.engine.write.metagen import COUNTS, MetaGenOutput
 from bitlake.engine.write.restate import Restatement
 from bitlake.engine.write.spill import KeptRows
 from bitlake.errors import BatchIdReusedError, InvalidInputError
-from bitlake.format import changefile, commitlog, keystore
+from bitlake.format import changefile, commitlog
 from bitlake.format.commit import INGEST, LAND, LIVE, METAGEN, PENDING, BatchRecord, Commit, DataFile, KeysFile
 from bitlake.format.metadata import TableMetadata
 from bitlake.format.protocol import DELETE_POSITIONS, RESTATEMENTS
@@ -147,8 +146,6 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None, keep: bool
     records = None if _is_spark_dataframe(data) else digest.Digest()
     if records is not None:
         batches = records.over(batches)
-    if _deletes_in_chunks(data, op_column):
-        batches = _as_one(batches)
     # A batch the inline MetaGen will take keeps its records' keys-file rows for it, up to its limit (past that,
     # a MetaGen on Spark or one reading the files takes it): in memory up to the records the MetaGen folds at once,
     # beyond in scratch files, by the groups it folds then.
@@ -163,24 +160,6 @@ def landing_of(data: Any, meta: TableMetadata, op_column: str | None, keep: bool
                            records.hexdigest if records is not None else None, landed.spilled)
 
     return land_here
-
-
-def _deletes_in_chunks(data: Any, op_column: str | None) -> bool:
-    """Whether ``data`` is a table of deletes alone in several chunks (a file of keys read with pyarrow, a row group
-    a chunk) of at most ``keystore.LISTED_ROWS`` rows: the landing sorts a chunk of deletes by key, so one chunk
-    makes the whole keys file sorted, which the key store can then list as it is (docs/FORMAT.md, "Keys files as
-    entries"; a TPC-H SF 30 delete of 180 K keys in 3 row groups wrote a key-store file per bucket instead)."""
-    if not isinstance(data, pa.Table) or op_column is None or op_column not in data.column_names:
-        return False
-    op = data.column(op_column)
-    return op.num_chunks > 1 and 0 < data.num_rows <= keystore.LISTED_ROWS and \
-        bool(pc.all(pc.fill_null(pc.equal(op, "delete"), False)).as_py())
-
-
-def _as_one(batches):
-    """``batches`` (a small table's) as one record batch."""
-    table = pa.Table.from_batches(list(batches))
-    yield from table.combine_chunks().to_batches()
 
 
 def _is_spark_dataframe(data: Any) -> bool:

@@ -183,15 +183,19 @@ def test_the_spark_metagen_takes_the_markers_of_a_listed_keys_file(tmp_path, spa
     assert sorted(row["id"] for row in t.to_arrow().to_pylist()) == [i for i in range(40) if i not in (6, 7)]
 
 
-def test_a_batch_of_deletes_in_several_chunks_lands_sorted_and_lists_its_keys_file(tmp_path):
-    """A file of keys read with pyarrow is a chunk a row group: its deletes land as one chunk, sorted by key, so the
-    keys file is the commit's key-store rows, listed as they are; the batch's digest is its records' (a retry of the
-    same records in one chunk is a no-op)."""
+@pytest.mark.parametrize("form", ["table", "stream"])
+def test_a_batch_of_deletes_in_several_chunks_lands_sorted_and_lists_its_keys_file(tmp_path, form):
+    """A file of keys read with pyarrow is a chunk a row group, a stream a record batch at a time: its deletes land as
+    one run, sorted by key, so the keys file is the commit's key-store rows, listed as they are; the batch's digest is
+    its records' (a retry of the same records in one chunk is a no-op)."""
     t = _table(tmp_path)
     t.ingest(_rows(range(1000), 1), op_column="op")
     chunks = [_rows([900 - i for i in range(0, 300, 3)], 2, "delete"), _rows([5, 1, 3], 2, "delete"),
               _rows(range(950, 990), 2, "delete")]
-    r = t.ingest(pa.concat_tables(chunks), op_column="op", batch_id="d")
+    data = pa.concat_tables(chunks)
+    if form == "stream":
+        data = pa.RecordBatchReader.from_batches(data.schema, data.to_batches())
+    r = t.ingest(data, op_column="op", batch_id="d")
     assert r.counts["deleted"] == 143
     c = commitlog.read(t.io, r.version)
     (keys_file,) = c.batches[0].keys_files
@@ -199,3 +203,18 @@ def test_a_batch_of_deletes_in_several_chunks_lands_sorted_and_lists_its_keys_fi
     assert not t.ingest(pa.concat_tables(chunks).combine_chunks(), op_column="op", batch_id="d").committed
     view = {row["id"] for row in t.to_arrow().to_pylist()}
     assert len(view) == 857 and 1 not in view and 900 not in view and 2 in view
+
+
+def test_a_stream_of_delete_runs_between_upserts_keeps_the_order_of_arrival(tmp_path):
+    """Consecutive record batches of deletes alone land as one run, sorted by key; an upsert between two runs still
+    comes after the first and before the second (same delta value: the later arrival wins)."""
+    t = _table(tmp_path)
+    t.ingest(_rows(range(20), 1), op_column="op")
+    batches = [_rows([10, 2], 2, "delete"), _rows([2, 3], 2), _rows([7, 12], 2, "delete"), _rows([3, 1], 2, "delete"),
+               _rows([7], 2)]
+    data = pa.concat_tables(batches)
+    r = t.ingest(pa.RecordBatchReader.from_batches(data.schema, data.to_batches()), op_column="op")
+    assert (r.counts["deleted"], r.counts["updated"], r.counts["inserted"]) == (6, 1, 2)  # 2 and 7 come back
+    view = {row["id"]: row["mod"] for row in t.to_arrow().to_pylist()}
+    assert sorted(view) == [i for i in range(20) if i not in (1, 3, 10, 12)]
+    assert view[2] == 2 and view[7] == 2

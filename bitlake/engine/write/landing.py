@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from bitlake.engine.write.spill import KeptRows
 from bitlake.errors import InvalidInputError, NullValueError, UnknownOperationError
-from bitlake.format import datafile, layout, rowid
+from bitlake.format import datafile, keystore, layout, rowid
 from bitlake.format.commit import DataFile, KeysFile, SegmentRows
 from bitlake.format.metadata import DELTA_INFINITY, OP_COLUMN, OPERATIONS, TableMetadata, deltas_as_int
 from bitlake.fs import FileIO
@@ -67,13 +67,41 @@ class LandTask:
     def cut(self, task: int, batches: Iterable[pa.RecordBatch]) -> _Cut:
         """Takes ``batches`` into task ``task``'s files, checked and with their row ids, and keeps their keys-file
         rows (``keep``); what is still buffered is encoded when the result is closed."""
-        cutter = _Cutter(self, TableMetadata.from_json(self.metadata), task)
-        for rb in batches:
-            cutter.take(pa.Table.from_batches([rb]))
+        meta = TableMetadata.from_json(self.metadata)
+        cutter = _Cutter(self, meta, task)
+        for table in _takes(batches, gather_deletes=self.has_op and meta.keyed):
+            cutter.take(table)
             cutter.flush_if_full()
         if self.kept is not None:
             self.kept.end(task)
         return cutter.result()
+
+
+def _takes(batches: Iterable[pa.RecordBatch], gather_deletes: bool) -> Iterator[pa.Table]:
+    """``batches`` as the tables a cutter takes: a record batch a table, but consecutive batches of deletes alone
+    (when ``gather_deletes``) as one table of up to ``keystore.LISTED_ROWS`` rows. The cutter sorts a table of
+    deletes alone by key, so a delete batch that comes in several chunks (a stream, a file of keys read a row group
+    a chunk) gets one keys file in key order, which the key store lists as it is (docs/FORMAT.md, "Keys files as
+    entries"), and a log whose causes compress as sorted runs."""
+    held: list[pa.RecordBatch] = []
+    rows = 0
+    for rb in batches:
+        deletes = gather_deletes and _deletes_alone(rb)
+        if held and (not deletes or rows + rb.num_rows > keystore.LISTED_ROWS):
+            yield pa.Table.from_batches(held)
+            held, rows = [], 0
+        if deletes:
+            held.append(rb)
+            rows += rb.num_rows
+        else:
+            yield pa.Table.from_batches([rb])
+    if held:
+        yield pa.Table.from_batches(held)
+
+
+def _deletes_alone(rb: pa.RecordBatch) -> bool:
+    op = rb.column(OP_COLUMN)
+    return rb.num_rows > 0 and op.null_count == 0 and bool(pc.all(pc.equal(op, "delete")).as_py())
 
 
 class _Cutter:
