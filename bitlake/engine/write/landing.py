@@ -100,11 +100,8 @@ def _takes(batches: Iterable[pa.RecordBatch], gather_deletes: bool) -> Iterator[
 
 
 def _deletes_alone(rb: pa.RecordBatch) -> bool:
-    """Whether ``rb``'s records are all deletes; its first record decides most batches of a stream of upserts without
-    comparing the others (the cutter compares them all again for its checks)."""
     op = rb.column(OP_COLUMN)
-    return rb.num_rows > 0 and op.null_count == 0 and op[0].as_py() == "delete" and \
-        bool(pc.all(pc.equal(op, "delete")).as_py())
+    return rb.num_rows > 0 and op.null_count == 0 and bool(pc.all(pc.equal(op, "delete")).as_py())
 
 
 class _Cutter:
